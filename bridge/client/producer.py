@@ -1,0 +1,314 @@
+"""The plain producer: RocketMQ's ``Producer`` API over an idempotent Kafka producer.
+
+Sends are idempotent and acknowledged by all in-sync replicas (``acks=all``), so a retried
+send never duplicates a record. Every send is bounded by ``send_msg_timeout_ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from functools import lru_cache
+from types import TracebackType
+from typing import Any, Self
+
+from confluent_kafka import KafkaError
+
+from bridge.config import ClientConfig
+from bridge.errors import (
+    InvalidMessageError,
+    MessageTooLargeError,
+    SendError,
+    SendTimeoutError,
+)
+from bridge.kafka.clients import new_producer, translate_error
+from bridge.lifecycle import Lifecycle, ServiceState
+from bridge.message import Message, MessageConst, MessageIdGenerator, local_ipv4
+from topics.naming import to_kafka_topic, validate_group
+
+logger = logging.getLogger(__name__)
+
+OnSuccess = Callable[["SendResult"], None]
+OnException = Callable[[Exception], None]
+
+_POLL_INTERVAL_S = 0.1
+_HEADER_MSG_ID = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+_HEADER_BORN_HOST = MessageConst.BORN_HOST
+
+
+class SendStatus(Enum):
+    """RocketMQ's ``SendStatus``. With ``acks=all`` a stored message is always SEND_OK."""
+
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Where a sent message was stored: ``queue_id`` is the partition, ``offset`` the offset."""
+
+    status: SendStatus
+    msg_id: str
+    offset: int
+    topic: str
+    queue_id: int
+
+
+@lru_cache(maxsize=4096)
+def _kafka_topic(topic: str, namespace: str) -> str:
+    return to_kafka_topic(topic, namespace)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRecord:
+    """A message ready for ``confluent_kafka.Producer.produce``."""
+
+    kafka_topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    msg_id: str
+    born_timestamp_ms: int
+
+
+class _SyncWaiter:
+    __slots__ = ("error", "event", "offset", "partition")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.error: KafkaError | None = None
+        self.partition = -1
+        self.offset = -1
+
+    def __call__(self, err: KafkaError | None, kmsg: Any) -> None:
+        if err is not None:
+            self.error = err
+        else:
+            self.partition = kmsg.partition()
+            self.offset = kmsg.offset()
+        self.event.set()
+
+
+def _log_oneway_failure(err: KafkaError | None, kmsg: Any) -> None:
+    if err is not None:
+        logger.warning("oneway send to %s failed: %s", kmsg.topic(), err.str())
+
+
+class Producer:
+    """Sends messages to real topics: ``send_sync``, ``send_async`` and ``send_oneway``.
+
+    ``Producer("group", bootstrap_servers="host:9092")`` or ``Producer("group",
+    config=ClientConfig.from_env())``; keyword arguments win over ``config``. Call
+    :meth:`start` (or use ``with``) before sending and :meth:`shutdown` after.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        bootstrap_servers: str | None = None,
+        namespace: str | None = None,
+        send_msg_timeout_ms: int | None = None,
+        config: ClientConfig | None = None,
+    ) -> None:
+        self.group = validate_group(group)
+        self.config = (config or ClientConfig()).replace(
+            bootstrap_servers=bootstrap_servers,
+            namespace=namespace,
+            send_msg_timeout_ms=send_msg_timeout_ms,
+        )
+        self._lifecycle = Lifecycle(f"producer {group}")
+        self._ids = MessageIdGenerator()
+        self._born_host = local_ipv4().encode("ascii")
+        self._kafka: Any = None
+        self._poller: threading.Thread | None = None
+        self._stop_polling = threading.Event()
+
+    # --- lifecycle --------------------------------------------------------------------
+    @property
+    def state(self) -> ServiceState:
+        """The producer's lifecycle state."""
+        return self._lifecycle.state
+
+    def start(self) -> None:
+        """Create the Kafka client and its delivery thread. May be called once."""
+        self._lifecycle.transition(ServiceState.RUNNING)
+        try:
+            self._kafka = new_producer(self.config, client_id=self.group)
+        except Exception:
+            self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
+            raise
+        self._poller = threading.Thread(
+            target=self._poll_loop, name=f"bridge-producer-{self.group}", daemon=True
+        )
+        self._poller.start()
+        logger.info("producer %s started (bootstrap %s)", self.group, self.config.bootstrap_servers)
+
+    def shutdown(self, timeout_ms: int | None = None) -> None:
+        """Wait up to ``timeout_ms`` (default ``send_msg_timeout_ms``) for outstanding sends,
+        then stop. Idempotent."""
+        if self._lifecycle.state in (ServiceState.SHUTDOWN_ALREADY, ServiceState.CREATE_JUST):
+            if self._lifecycle.state is ServiceState.CREATE_JUST:
+                self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
+            return
+        timeout = timeout_ms if timeout_ms is not None else self.config.send_msg_timeout_ms
+        remaining = self._kafka.flush(timeout / 1000)
+        if remaining:
+            logger.warning(
+                "producer %s: %d messages still unacknowledged at shutdown", self.group, remaining
+            )
+        self._stop_polling.set()
+        if self._poller is not None:
+            self._poller.join()
+        self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
+        logger.info("producer %s shut down", self.group)
+
+    def flush(self, timeout_ms: int | None = None) -> int:
+        """Wait for outstanding sends; return how many are still unacknowledged."""
+        self._lifecycle.require_running()
+        timeout = timeout_ms if timeout_ms is not None else self.config.send_msg_timeout_ms
+        return int(self._kafka.flush(timeout / 1000))
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+    def _poll_loop(self) -> None:
+        kafka = self._kafka
+        while not self._stop_polling.is_set():
+            kafka.poll(_POLL_INTERVAL_S)
+
+    # --- sending ----------------------------------------------------------------------
+    def prepare(self, msg: Message) -> PreparedRecord:
+        """Validate ``msg`` and build its Kafka record (topic, key, value, headers, id).
+
+        Raises :class:`InvalidMessageError` (or a subclass) naming the problem.
+        """
+        if not isinstance(msg, Message):
+            raise InvalidMessageError(f"expected a Message, got {type(msg).__name__}")
+        body = msg.body
+        if not body:
+            raise InvalidMessageError("the message body length is zero")
+        if len(body) > self.config.max_message_bytes:
+            raise MessageTooLargeError(len(body), self.config.max_message_bytes)
+        kafka_topic = _kafka_topic(msg.topic, self.config.namespace)
+        msg_id = self._ids.next_id()
+        headers = [(_HEADER_MSG_ID, msg_id.encode("ascii")), (_HEADER_BORN_HOST, self._born_host)]
+        for name, value in msg.wire_properties().items():
+            headers.append((name, value.encode("utf-8")))
+        return PreparedRecord(
+            kafka_topic, msg.kafka_key(), body, headers, msg_id, time.time_ns() // 1_000_000
+        )
+
+    def _produce(self, record: PreparedRecord, partition: int, callback: Any) -> None:
+        deadline = time.monotonic() + self.config.send_msg_timeout_ms / 1000
+        while True:
+            try:
+                self._kafka.produce(
+                    record.kafka_topic,
+                    record.value,
+                    record.key,
+                    partition=partition,
+                    on_delivery=callback,
+                    timestamp=record.born_timestamp_ms,
+                    headers=record.headers,
+                )
+                return
+            except BufferError:
+                # The local queue is full: let deliveries drain, within the send timeout.
+                if time.monotonic() >= deadline:
+                    raise SendTimeoutError(
+                        f"send of {record.msg_id} to {record.kafka_topic}: local queue full for "
+                        f"{self.config.send_msg_timeout_ms} ms"
+                    ) from None
+                self._kafka.poll(0.01)
+            except Exception as exc:  # KafkaException: unknown partition, bad config, ...
+                raise translate_error(
+                    exc, f"send of {record.msg_id} to {record.kafka_topic}"
+                ) from exc
+
+    def send_sync(self, msg: Message, *, partition: int = -1) -> SendResult:
+        """Send and wait for the broker's acknowledgement (at most ``send_msg_timeout_ms``).
+
+        ``partition`` picks a partition (RocketMQ's queue); -1 lets the key decide.
+        Raises :class:`SendError` (:class:`SendTimeoutError` on timeout, including an
+        unreachable broker) or :class:`InvalidMessageError`.
+        """
+        self._lifecycle.require_running()
+        record = self.prepare(msg)
+        waiter = _SyncWaiter()
+        self._produce(record, partition, waiter)
+        # librdkafka fails the message after message.timeout.ms; the extra second covers
+        # the delivery report's trip through the poll thread.
+        if not waiter.event.wait(self.config.send_msg_timeout_ms / 1000 + 1.0):
+            raise SendTimeoutError(
+                f"send of {record.msg_id} to {record.kafka_topic}: no acknowledgement within "
+                f"{self.config.send_msg_timeout_ms} ms"
+            )
+        if waiter.error is not None:
+            raise translate_error(waiter.error, f"send of {record.msg_id} to {record.kafka_topic}")
+        return SendResult(
+            SendStatus.SEND_OK, record.msg_id, waiter.offset, msg.topic, waiter.partition
+        )
+
+    def send_async(
+        self,
+        msg: Message,
+        on_success: OnSuccess | None = None,
+        on_exception: OnException | None = None,
+        *,
+        partition: int = -1,
+    ) -> str:
+        """Send without waiting; return the message id.
+
+        ``on_success(SendResult)`` or ``on_exception(SendError)`` is called once, on the
+        producer's delivery thread. Invalid messages raise here, before anything is sent.
+        """
+        self._lifecycle.require_running()
+        record = self.prepare(msg)
+        topic = msg.topic
+        msg_id = record.msg_id
+
+        def deliver(err: KafkaError | None, kmsg: Any) -> None:
+            try:
+                if err is not None:
+                    error = translate_error(err, f"send of {msg_id} to {record.kafka_topic}")
+                    if on_exception is not None:
+                        on_exception(error)
+                    else:
+                        logger.warning("async send failed: %s", error)
+                elif on_success is not None:
+                    on_success(
+                        SendResult(
+                            SendStatus.SEND_OK, msg_id, kmsg.offset(), topic, kmsg.partition()
+                        )
+                    )
+            except Exception:
+                logger.exception("send callback for %s raised", msg_id)
+
+        self._produce(record, partition, deliver)
+        return msg_id
+
+    def send_oneway(self, msg: Message, *, partition: int = -1) -> str:
+        """Send without any result; failures are only logged. Return the message id."""
+        self._lifecycle.require_running()
+        record = self.prepare(msg)
+        self._produce(record, partition, _log_oneway_failure)
+        return record.msg_id
+
+
+__all__ = ["Producer", "SendError", "SendResult", "SendStatus"]

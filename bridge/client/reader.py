@@ -1,0 +1,60 @@
+"""A small reader of real, retry and DLQ topics, for manual checks and the self-check."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+
+from bridge.codec import message_from_record
+from bridge.config import ClientConfig
+from bridge.errors import KafkaClientError
+from bridge.kafka.clients import new_consumer
+from bridge.message import MessageExt
+from topics.catalog import TopicCatalog
+from topics.naming import to_kafka_topic
+
+
+def read_messages(
+    config: ClientConfig,
+    topics: Sequence[str],
+    *,
+    group: str | None = None,
+    max_messages: int | None = None,
+    timeout_ms: int = 10_000,
+    from_beginning: bool = True,
+    commit: bool = False,
+) -> Iterator[MessageExt]:
+    """Yield committed messages of ``topics`` (RocketMQ names) until ``max_messages`` were
+    read or ``timeout_ms`` passed without a new one.
+
+    Without ``group`` a throw-away group reads from the beginning and commits nothing.
+    """
+    catalog = TopicCatalog(namespace=config.namespace)
+    kafka_topics = [to_kafka_topic(t, config.namespace) for t in topics]
+    consumer = new_consumer(
+        config,
+        group or f"bridge-reader-{uuid.uuid4().hex[:12]}",
+        client_id="bridge-reader",
+        auto_offset_reset="earliest" if from_beginning else "latest",
+    )
+    consumer.subscribe(kafka_topics)
+    count = 0
+    try:
+        idle_deadline = time.monotonic() + timeout_ms / 1000
+        while max_messages is None or count < max_messages:
+            remaining = idle_deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            record = consumer.poll(min(remaining, 0.5))
+            if record is None:
+                continue
+            if record.error() is not None:
+                raise KafkaClientError(f"reading {kafka_topics}: {record.error().str()}")
+            count += 1
+            idle_deadline = time.monotonic() + timeout_ms / 1000
+            if commit:
+                consumer.commit(record, asynchronous=False)
+            yield message_from_record(record, catalog)
+    finally:
+        consumer.close()

@@ -1,0 +1,107 @@
+"""Conversion between messages and Kafka records.
+
+Real, retry and DLQ topics carry plain records (see :mod:`bridge.message`); system topics carry
+the Avro ``MessageEnvelope`` (see :mod:`topics.avro`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bridge.message import MessageConst, MessageExt
+from topics.avro import default_registry
+from topics.catalog import TopicCatalog
+from topics.errors import InvalidTopicNameError
+
+Headers = list[tuple[str, bytes]]
+
+# confluent-kafka's TIMESTAMP_LOG_APPEND_TIME (kept literal to keep this module import-light).
+_TIMESTAMP_LOG_APPEND_TIME = 2
+ENVELOPE_SCHEMA = "MessageEnvelope"
+
+
+def encode_headers(properties: Mapping[str, str]) -> Headers:
+    """Properties as Kafka headers (UTF-8 values)."""
+    return [(name, value.encode("utf-8")) for name, value in properties.items()]
+
+
+def decode_headers(headers: Sequence[tuple[str, bytes | None]] | None) -> dict[str, str]:
+    """Kafka headers as properties. Bytes that are not UTF-8 are kept losslessly
+    (``surrogateescape``); a null header value becomes ``""``; a repeated name keeps the last."""
+    if not headers:
+        return {}
+    return {
+        name: (value.decode("utf-8", "surrogateescape") if value is not None else "")
+        for name, value in headers
+    }
+
+
+def message_from_record(record: Any, catalog: TopicCatalog | None = None) -> MessageExt:
+    """Decode a consumed ``confluent_kafka.Message`` of a real, retry or DLQ topic.
+
+    Records written by other Kafka producers decode too: their headers become properties and
+    the message id is ``<topic>-<partition>-<offset>`` when no ``UNIQ_KEY`` header is present.
+    """
+    kafka_topic: str = record.topic()
+    props = decode_headers(record.headers())
+    topic = kafka_topic
+    if catalog is not None:
+        try:
+            topic = catalog.parse(kafka_topic).rocketmq_name
+        except InvalidTopicNameError:
+            topic = kafka_topic
+    ts_type, ts = record.timestamp()
+    msg_id = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or (
+        f"{kafka_topic}-{record.partition()}-{record.offset()}"
+    )
+    value = record.value()
+    return MessageExt(
+        topic,
+        value if value is not None else b"",
+        msg_id=msg_id,
+        queue_id=record.partition(),
+        queue_offset=record.offset(),
+        born_timestamp_ms=ts if ts is not None and ts >= 0 else 0,
+        born_host=props.get(MessageConst.BORN_HOST, ""),
+        store_timestamp_ms=ts if ts_type == _TIMESTAMP_LOG_APPEND_TIME else None,
+        kafka_topic=kafka_topic,
+        keys=props.get(MessageConst.KEYS),
+        tags=props.get(MessageConst.TAGS),
+        properties=props,
+    )
+
+
+def encode_envelope(
+    msg_id: str, body: bytes, properties: Mapping[str, str], born_timestamp_ms: int, born_host: str
+) -> bytes:
+    """A whole message as a ``MessageEnvelope`` record for a system topic."""
+    return default_registry().encode(
+        ENVELOPE_SCHEMA,
+        {
+            "msg_id": msg_id,
+            "body": body,
+            "properties": dict(properties),
+            "born_timestamp_ms": born_timestamp_ms,
+            "born_host": born_host,
+        },
+    )
+
+
+def decode_envelope(data: bytes | None, topic: str = "") -> MessageExt:
+    """A ``MessageEnvelope`` back into a message; ``topic`` defaults to ``REAL_TOPIC``.
+
+    Raises a :class:`~topics.errors.WireFormatError` subclass on bad bytes.
+    """
+    record = default_registry().decode(ENVELOPE_SCHEMA, data)
+    props: dict[str, str] = record["properties"]
+    return MessageExt(
+        topic or props.get(MessageConst.REAL_TOPIC, ""),
+        record["body"],
+        msg_id=record["msg_id"],
+        born_timestamp_ms=record["born_timestamp_ms"],
+        born_host=record["born_host"],
+        keys=props.get(MessageConst.KEYS),
+        tags=props.get(MessageConst.TAGS),
+        properties=props,
+    )

@@ -1,0 +1,118 @@
+"""The project's error hierarchy: one root, :class:`BridgeError`, with a branch per concern.
+
+::
+
+    BridgeError
+    +-- InvalidArgumentError (also ValueError)   bad argument or configuration value
+    |   +-- InvalidTopicNameError                topic, group or namespace name
+    |   +-- InvalidMessageError                  message content (+ MessageTooLargeError)
+    |   +-- InvalidPropertyError                 a user property uses a reserved name
+    +-- WireFormatError                          undecodable record (quarantined)
+    |   +-- UnknownSchemaError, MalformedRecordError
+    +-- IllegalStateError                        illegal lifecycle or state transition
+    +-- KafkaClientError                         the Kafka client or broker failed a call
+    |   +-- BrokerUnreachableError               no broker answered within the timeout
+    |   +-- SendError                            a message was not stored
+    |       +-- SendTimeoutError                 ... within send_msg_timeout_ms
+    |   +-- TopicProvisioningError               creating or checking topics failed
+    +-- RuntimeSetupError                        the local runtime cannot be set up
+        +-- MissingToolError                     java or mvn is not installed
+        +-- ArtifactFetchError                   Maven could not fetch the jars
+        +-- BrokerStartError                     the local broker did not come up
+"""
+
+from __future__ import annotations
+
+from topics.errors import (
+    BridgeError,
+    InvalidArgumentError,
+    InvalidTopicNameError,
+    MalformedRecordError,
+    UnknownSchemaError,
+    WireFormatError,
+)
+
+__all__ = [
+    "ArtifactFetchError",
+    "BridgeError",
+    "BrokerStartError",
+    "BrokerUnreachableError",
+    "IllegalStateError",
+    "InvalidArgumentError",
+    "InvalidMessageError",
+    "InvalidPropertyError",
+    "InvalidTopicNameError",
+    "KafkaClientError",
+    "MalformedRecordError",
+    "MessageTooLargeError",
+    "MissingToolError",
+    "RuntimeSetupError",
+    "SendError",
+    "SendTimeoutError",
+    "TopicProvisioningError",
+    "UnknownSchemaError",
+    "WireFormatError",
+]
+
+
+class InvalidMessageError(InvalidArgumentError):
+    """A message cannot be sent as it is (wrong body type, empty topic, ...)."""
+
+
+class MessageTooLargeError(InvalidMessageError):
+    """A message's body is larger than the configured maximum."""
+
+    def __init__(self, size_bytes: int, max_bytes: int) -> None:
+        super().__init__(
+            f"message body is {size_bytes} bytes, more than max_message_bytes={max_bytes}"
+        )
+        self.size_bytes = size_bytes
+        self.max_bytes = max_bytes
+
+
+class InvalidPropertyError(InvalidArgumentError):
+    """A user property uses a name reserved for the system, or is not a string."""
+
+
+class IllegalStateError(BridgeError):
+    """An operation is not allowed in the object's current state."""
+
+
+class KafkaClientError(BridgeError):
+    """The Kafka client or broker failed a call; ``kafka_error`` holds librdkafka's error."""
+
+    def __init__(self, message: str, kafka_error: object | None = None) -> None:
+        super().__init__(message)
+        self.kafka_error = kafka_error
+
+
+class BrokerUnreachableError(KafkaClientError):
+    """No broker answered within the timeout."""
+
+
+class SendError(KafkaClientError):
+    """A message was not stored by the broker."""
+
+
+class SendTimeoutError(SendError):
+    """A message was not acknowledged within ``send_msg_timeout_ms``."""
+
+
+class TopicProvisioningError(KafkaClientError):
+    """Creating or checking topics failed."""
+
+
+class RuntimeSetupError(BridgeError):
+    """The local runtime (Java, Maven, jars, broker process) cannot be set up."""
+
+
+class MissingToolError(RuntimeSetupError):
+    """A required program is not installed; the message names what to install."""
+
+
+class ArtifactFetchError(RuntimeSetupError):
+    """Maven could not fetch the jars into the cache."""
+
+
+class BrokerStartError(RuntimeSetupError):
+    """The local Kafka broker did not become ready; the message carries its log's tail."""

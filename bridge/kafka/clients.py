@@ -1,0 +1,116 @@
+"""confluent-kafka client construction with the project's defaults, and error translation.
+
+librdkafka's own log lines go to the ``bridge.kafka.rdkafka`` logger instead of stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from bridge.config import ClientConfig
+from bridge.errors import (
+    BrokerUnreachableError,
+    KafkaClientError,
+    SendError,
+    SendTimeoutError,
+)
+
+rdkafka_logger = logging.getLogger("bridge.kafka.rdkafka")
+
+# Headroom above the body limit for key, headers and record overhead, in bytes.
+RECORD_OVERHEAD_BYTES = 64 * 1024
+
+_UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE})
+
+
+def _common(config: ClientConfig, client_id: str) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": config.bootstrap_servers,
+        "client.id": client_id,
+        "logger": rdkafka_logger,
+    }
+
+
+def producer_config(config: ClientConfig, client_id: str, **overrides: Any) -> dict[str, Any]:
+    """An idempotent, ``acks=all`` producer config bounded by ``send_msg_timeout_ms``.
+
+    ``overrides`` use librdkafka names with ``_`` for ``.`` (``transactional_id=...``).
+    """
+    conf = _common(config, client_id)
+    conf.update(
+        {
+            "enable.idempotence": True,
+            "acks": "all",
+            # The Java client's partitioner, so keyed records land where Kafka's tools expect.
+            "partitioner": "murmur2_random",
+            "linger.ms": config.linger_ms,
+            "message.timeout.ms": config.send_msg_timeout_ms,
+            "message.max.bytes": config.max_message_bytes + RECORD_OVERHEAD_BYTES,
+            "socket.connection.setup.timeout.ms": min(config.send_msg_timeout_ms, 30_000),
+        }
+    )
+    conf.update(config.kafka)
+    conf.update({k.replace("_", "."): v for k, v in overrides.items()})
+    return conf
+
+
+def consumer_config(
+    config: ClientConfig, group_id: str, client_id: str, **overrides: Any
+) -> dict[str, Any]:
+    """A ``read_committed`` consumer config with manual offset commits."""
+    conf = _common(config, client_id)
+    conf.update(
+        {
+            "group.id": group_id,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+        }
+    )
+    conf.update(config.kafka)
+    conf.update({k.replace("_", "."): v for k, v in overrides.items()})
+    return conf
+
+
+def new_producer(config: ClientConfig, client_id: str, **overrides: Any) -> Producer:
+    """A confluent-kafka ``Producer`` with :func:`producer_config`."""
+    return Producer(producer_config(config, client_id, **overrides))
+
+
+def new_consumer(config: ClientConfig, group_id: str, client_id: str, **overrides: Any) -> Consumer:
+    """A confluent-kafka ``Consumer`` with :func:`consumer_config`."""
+    return Consumer(consumer_config(config, group_id, client_id, **overrides))
+
+
+def new_admin(config: ClientConfig, client_id: str = "bridge-admin") -> AdminClient:
+    """A confluent-kafka ``AdminClient``."""
+    conf = _common(config, client_id)
+    conf.update(config.kafka)
+    return AdminClient(conf)
+
+
+def translate_error(
+    error: KafkaError | KafkaException | BaseException,
+    context: str,
+    default: type[KafkaClientError] = SendError,
+) -> KafkaClientError:
+    """A typed project error for a librdkafka error, with ``context`` in its message.
+
+    Timeouts of a send become :class:`SendTimeoutError`, transport failures
+    :class:`BrokerUnreachableError`, anything else ``default``.
+    """
+    kafka_error = error.args[0] if isinstance(error, KafkaException) and error.args else error
+    if not isinstance(kafka_error, KafkaError):
+        return KafkaClientError(f"{context}: {error}", error)
+    code = kafka_error.code()
+    text = f"{context}: {kafka_error.str()} ({kafka_error.name()})"
+    if code == KafkaError._MSG_TIMED_OUT:
+        return SendTimeoutError(text, kafka_error)
+    if code in _UNREACHABLE:
+        return BrokerUnreachableError(text, kafka_error)
+    return default(text, kafka_error)

@@ -1,0 +1,160 @@
+"""Lifecycle state machine and the base class of every background service thread.
+
+The states are RocketMQ's ``ServiceState``; the allowed transitions are an explicit table and an
+illegal one raises :class:`~bridge.errors.IllegalStateError`.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+from enum import Enum
+from types import TracebackType
+from typing import Self
+
+from bridge.errors import IllegalStateError
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceState(Enum):
+    """RocketMQ's ``ServiceState``."""
+
+    CREATE_JUST = "CREATE_JUST"
+    RUNNING = "RUNNING"
+    SHUTDOWN_ALREADY = "SHUTDOWN_ALREADY"
+    START_FAILED = "START_FAILED"
+
+
+TRANSITIONS: dict[ServiceState, frozenset[ServiceState]] = {
+    ServiceState.CREATE_JUST: frozenset(
+        {ServiceState.RUNNING, ServiceState.START_FAILED, ServiceState.SHUTDOWN_ALREADY}
+    ),
+    ServiceState.RUNNING: frozenset({ServiceState.SHUTDOWN_ALREADY}),
+    ServiceState.START_FAILED: frozenset({ServiceState.SHUTDOWN_ALREADY}),
+    ServiceState.SHUTDOWN_ALREADY: frozenset(),
+}
+
+
+class Lifecycle:
+    """A thread-safe :class:`ServiceState` holder that only follows :data:`TRANSITIONS`."""
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._state = ServiceState.CREATE_JUST
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> ServiceState:
+        """The current state."""
+        return self._state
+
+    def transition(self, target: ServiceState) -> ServiceState:
+        """Move to ``target``; return the previous state or raise if the move is illegal."""
+        with self._lock:
+            current = self._state
+            if target not in TRANSITIONS[current]:
+                raise IllegalStateError(
+                    f"{self._owner}: cannot go from {current.value} to {target.value}"
+                    + (" (start() may be called once)" if target is ServiceState.RUNNING else "")
+                )
+            self._state = target
+            return current
+
+    def require_running(self) -> None:
+        """Raise unless the state is RUNNING."""
+        if self._state is not ServiceState.RUNNING:
+            raise IllegalStateError(
+                f"{self._owner} is {self._state.value}, not RUNNING: call start() first"
+            )
+
+
+class ServiceThread(abc.ABC):
+    """A named background thread that calls :meth:`run_once` until stopped.
+
+    Like RocketMQ's ``ServiceThread``: ``wakeup()`` cuts the wait short. An exception in
+    ``run_once`` is logged and the loop goes on, so one bad input never stalls the service.
+    """
+
+    def __init__(self, name: str, interval_ms: int) -> None:
+        if interval_ms <= 0:
+            raise ValueError(f"interval_ms must be positive, got {interval_ms}")
+        self.name = name
+        self.interval_ms = interval_ms
+        self._lifecycle = Lifecycle(name)
+        self._stopped = threading.Event()
+        self._wakeup = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def state(self) -> ServiceState:
+        """The service's lifecycle state."""
+        return self._lifecycle.state
+
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` has been called."""
+        return self._stopped.is_set()
+
+    def start(self) -> None:
+        """Start the thread (once)."""
+        self._lifecycle.transition(ServiceState.RUNNING)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+        logger.info("service %s started", self.name)
+
+    def stop(self, timeout_ms: int = 10_000) -> None:
+        """Ask the loop to end, wait up to ``timeout_ms`` for it, then release resources."""
+        if self._lifecycle.state is ServiceState.SHUTDOWN_ALREADY:
+            return
+        self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
+        self._stopped.set()
+        self._wakeup.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_ms / 1000)
+            if self._thread.is_alive():
+                logger.warning("service %s did not stop within %d ms", self.name, timeout_ms)
+        logger.info("service %s stopped", self.name)
+
+    def wakeup(self) -> None:
+        """Run the next iteration now instead of after the interval."""
+        self._wakeup.set()
+
+    def _run(self) -> None:
+        try:
+            self.on_start()
+            while not self._stopped.is_set():
+                try:
+                    self.run_once()
+                except Exception:
+                    logger.exception("service %s: iteration failed; continuing", self.name)
+                self._wakeup.wait(self.interval_ms / 1000)
+                self._wakeup.clear()
+        finally:
+            try:
+                self.on_stop()
+            except Exception:
+                logger.exception("service %s: on_stop failed", self.name)
+
+    def on_start(self) -> None:  # noqa: B027 - optional hook
+        """Called on the service thread before the first iteration."""
+
+    def on_stop(self) -> None:  # noqa: B027 - optional hook
+        """Called on the service thread after the last iteration."""
+
+    @abc.abstractmethod
+    def run_once(self) -> None:
+        """One iteration of the service's work."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,164 @@
+"""Fetch Java artifacts (the Kafka broker, Spark's Kafka source) from Maven into a cache.
+
+Nothing is committed: a generated ``pom.xml`` and ``mvn dependency:copy-dependencies`` fill
+``<cache>/jars/<set>-<version>/libs``; a marker file records a complete fetch, so a warm cache
+costs nothing. The cache is ``$BRIDGE_CACHE_DIR`` if set, else ``.cache/`` of the source
+checkout (git-ignored), else ``~/.cache/rocketmq-kafka-bridge``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from xml.sax.saxutils import escape
+
+from bridge.errors import ArtifactFetchError, MissingToolError
+
+logger = logging.getLogger(__name__)
+
+KAFKA_VERSION = "4.1.1"
+"""The Apache Kafka release the local broker runs."""
+LOG4J_VERSION = "2.24.3"
+"""log4j-core's version in Kafka 4.1.1; the slf4j 1.7 binding must match it."""
+SPARK_VERSION = "4.2.0"
+"""Must equal the pinned pyspark version."""
+
+_MAVEN_TIMEOUT_S = 900
+JAVA_HINT = "a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)"
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactSet:
+    """A named set of Maven coordinates resolved together with their runtime dependencies."""
+
+    name: str
+    version: str
+    coordinates: tuple[str, ...]
+    """``group:artifact:version`` strings."""
+
+
+ARTIFACT_SETS: Mapping[str, ArtifactSet] = MappingProxyType(
+    {
+        "kafka": ArtifactSet(
+            "kafka",
+            KAFKA_VERSION,
+            (
+                f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}",
+                # Kafka 4 logs through slf4j 1.7 into log4j2.
+                f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}",
+            ),
+        ),
+        "spark": ArtifactSet(
+            "spark",
+            SPARK_VERSION,
+            (
+                f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
+                f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",
+            ),
+        ),
+    }
+)
+
+
+def _checkout_root() -> Path | None:
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "bridge").is_dir():
+        return root
+    return None
+
+
+def cache_dir() -> Path:
+    """The cache directory (created on demand)."""
+    configured = os.environ.get("BRIDGE_CACHE_DIR")
+    if configured:
+        path = Path(configured)
+    else:
+        root = _checkout_root()
+        path = root / ".cache" if root else Path.home() / ".cache" / "rocketmq-kafka-bridge"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def require_tool(name: str, install_hint: str) -> str:
+    """The path of program ``name``, or :class:`MissingToolError` naming what to install."""
+    found = shutil.which(name)
+    if found is None:
+        raise MissingToolError(f"'{name}' was not found on PATH: install {install_hint}")
+    return found
+
+
+def _pom(artifacts: ArtifactSet) -> str:
+    deps = []
+    for coordinate in artifacts.coordinates:
+        group, artifact, version = coordinate.split(":")
+        deps.append(
+            "    <dependency>"
+            f"<groupId>{escape(group)}</groupId><artifactId>{escape(artifact)}</artifactId>"
+            f"<version>{escape(version)}</version></dependency>"
+        )
+    return (
+        '<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
+        "  <modelVersion>4.0.0</modelVersion>\n"
+        "  <groupId>local.rocketmq-kafka-bridge</groupId>\n"
+        f"  <artifactId>{artifacts.name}-runtime</artifactId>\n"
+        f"  <version>{artifacts.version}</version>\n"
+        "  <packaging>pom</packaging>\n"
+        "  <dependencies>\n" + "\n".join(deps) + "\n  </dependencies>\n</project>\n"
+    )
+
+
+def jar_dir(name: str) -> Path:
+    """Where the set ``name`` is (or would be) cached."""
+    artifacts = ARTIFACT_SETS[name]
+    return cache_dir() / "jars" / f"{artifacts.name}-{artifacts.version}" / "libs"
+
+
+def ensure_jars(name: str) -> Path:
+    """Fetch the artifact set ``name`` (``kafka`` or ``spark``) unless cached; return its
+    ``libs`` directory. Raises :class:`MissingToolError` without Maven or Java and
+    :class:`ArtifactFetchError` when Maven fails (its output's tail is in the message)."""
+    if name not in ARTIFACT_SETS:
+        raise ArtifactFetchError(f"unknown artifact set {name!r}; known: {sorted(ARTIFACT_SETS)}")
+    libs = jar_dir(name)
+    marker = libs.parent / ".complete"
+    if marker.is_file() and any(libs.glob("*.jar")):
+        return libs
+    require_tool("java", JAVA_HINT)
+    mvn = require_tool("mvn", "Apache Maven 3.6+ (Debian: apt-get install maven)")
+    work = libs.parent
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pom.xml").write_text(_pom(ARTIFACT_SETS[name]))
+    if libs.exists():
+        shutil.rmtree(libs)
+    logger.info("fetching %s jars into %s (first run only)", name, libs)
+    try:
+        proc = subprocess.run(
+            [
+                mvn,
+                "-B",
+                "-q",
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={libs}",
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=_MAVEN_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ArtifactFetchError(f"mvn did not finish within {_MAVEN_TIMEOUT_S} s") from exc
+    if proc.returncode != 0 or not any(libs.glob("*.jar")):
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
+        raise ArtifactFetchError(
+            f"mvn failed to fetch the {name} jars (exit {proc.returncode}):\n{tail}"
+        )
+    marker.write_text("\n".join(sorted(p.name for p in libs.glob("*.jar"))) + "\n")
+    return libs

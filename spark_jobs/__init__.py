@@ -1,0 +1,1 @@
+"""PySpark Structured Streaming jobs over the committed real topics (ingest, audits, reports)."""

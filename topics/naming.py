@@ -1,0 +1,221 @@
+"""Reversible mapping between RocketMQ topic names and Kafka topic names.
+
+RocketMQ names its retry and dead-letter topics ``%RETRY%<group>`` and ``%DLQ%<group>``
+and accepts ``%`` and ``|`` in names; Kafka only accepts ``[a-zA-Z0-9._-]`` (at most 249
+characters) and, in addition, refuses to create two topics whose names differ only by
+``.`` versus ``_`` (they would collide in its metric names).
+
+The mapping, documented in the README:
+
+* a name that is already a legal Kafka name and does not start with ``%`` is used as it is,
+  so Kafka users' topics keep their names and their tools keep working;
+* ``%RETRY%<group>`` becomes ``<namespace>.RETRY.<escaped group>`` and ``%DLQ%<group>``
+  becomes ``<namespace>.DLQ.<escaped group>``;
+* system topics (HALF, OP, SCHEDULE, ...) become ``<namespace>.<RocketMQ system name>``.
+
+The group is escaped with ``_`` as the escape character: ``_`` is written ``__`` and every
+character outside ``[a-zA-Z0-9-]`` is written ``_`` followed by two upper-case hex digits
+(``.`` -> ``_2E``, ``%`` -> ``_25``, ``|`` -> ``_7C``). An escaped group therefore never
+contains ``.``, so no two mapped names can collide even under Kafka's ``.``/``_`` rule, and
+decoding is unambiguous.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from topics.errors import InvalidTopicNameError
+
+KAFKA_TOPIC_MAX_LENGTH = 249
+"""Kafka's limit on a topic name's length, in characters."""
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+"""RocketMQ's ``MixAll.RETRY_GROUP_TOPIC_PREFIX``."""
+
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+"""RocketMQ's ``MixAll.DLQ_GROUP_TOPIC_PREFIX``."""
+
+DEFAULT_NAMESPACE = "rmq"
+
+_KAFKA_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+_NAMESPACE_LEGAL = re.compile(r"^[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)*$")
+# RocketMQ's TopicValidator accepts ^[%|a-zA-Z0-9_-]+$; Kafka users also use '.'.
+_GROUP_LEGAL = re.compile(r"^[%|a-zA-Z0-9._-]+$")
+_GROUP_MAX_LENGTH = 200
+_ESCAPE_PLAIN = re.compile(r"[a-zA-Z0-9-]")
+_ESCAPED_TOKEN = re.compile(r"__|_([0-9A-F]{2})|[a-zA-Z0-9-]")
+
+
+class TopicKind(Enum):
+    """What a Kafka topic is for, as far as this project is concerned."""
+
+    REAL = "real"
+    RETRY = "retry"
+    DLQ = "dlq"
+    SYSTEM = "system"
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedTopic:
+    """A Kafka topic name read back into RocketMQ terms."""
+
+    kind: TopicKind
+    rocketmq_name: str
+    group: str | None = None
+
+
+def validate_namespace(namespace: str) -> str:
+    """Return ``namespace`` if it can prefix system topics, else raise.
+
+    A namespace is one or more dot-separated words of ``[a-zA-Z0-9-]`` (no ``_``, so it can
+    never collide with another namespace under Kafka's ``.``/``_`` rule), at most 64
+    characters.
+    """
+    if not namespace or len(namespace) > 64 or not _NAMESPACE_LEGAL.match(namespace):
+        raise InvalidTopicNameError(
+            namespace,
+            "a namespace must be 1-64 characters of dot-separated words of [a-zA-Z0-9-]",
+        )
+    return namespace
+
+
+def validate_group(group: str) -> str:
+    """Return ``group`` if it is a usable producer or consumer group name, else raise."""
+    if not group:
+        raise InvalidTopicNameError(group, "a group name must not be empty")
+    if len(group) > _GROUP_MAX_LENGTH:
+        raise InvalidTopicNameError(
+            group, f"a group name must be at most {_GROUP_MAX_LENGTH} characters"
+        )
+    if not _GROUP_LEGAL.match(group):
+        bad = sorted({c for c in group if not _GROUP_LEGAL.match(c)})
+        raise InvalidTopicNameError(
+            group, f"a group name may only contain [%|a-zA-Z0-9._-], found {bad!r}"
+        )
+    return group
+
+
+def escape_group(group: str) -> str:
+    """Escape a group name into Kafka-legal characters without any ``.`` (see module doc)."""
+    validate_group(group)
+    out: list[str] = []
+    for ch in group:
+        if ch == "_":
+            out.append("__")
+        elif _ESCAPE_PLAIN.match(ch):
+            out.append(ch)
+        else:
+            out.append(f"_{ord(ch):02X}")
+    return "".join(out)
+
+
+def unescape_group(escaped: str) -> str:
+    """Invert :func:`escape_group`; raise if ``escaped`` is not an escaped group name."""
+    out: list[str] = []
+    pos = 0
+    while pos < len(escaped):
+        m = _ESCAPED_TOKEN.match(escaped, pos)
+        if m is None:
+            raise InvalidTopicNameError(escaped, f"not an escaped group name at index {pos}")
+        token = m.group(0)
+        if token == "__":
+            out.append("_")
+        elif m.group(1) is not None:
+            out.append(chr(int(m.group(1), 16)))
+        else:
+            out.append(token)
+        pos = m.end()
+    group = "".join(out)
+    if escape_group(group) != escaped:
+        raise InvalidTopicNameError(escaped, "not the canonical escape of any group name")
+    return group
+
+
+def _check_kafka_name(name: str, original: str) -> str:
+    if len(name) > KAFKA_TOPIC_MAX_LENGTH:
+        raise InvalidTopicNameError(
+            original,
+            f"maps to a Kafka topic of {len(name)} characters, "
+            f"more than Kafka's {KAFKA_TOPIC_MAX_LENGTH}",
+        )
+    if name in (".", ".."):
+        raise InvalidTopicNameError(original, "'.' and '..' are not valid Kafka topic names")
+    return name
+
+
+def retry_topic(group: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Kafka name of RocketMQ's ``%RETRY%<group>``."""
+    validate_namespace(namespace)
+    return _check_kafka_name(
+        f"{namespace}.RETRY.{escape_group(group)}", RETRY_GROUP_TOPIC_PREFIX + group
+    )
+
+
+def dlq_topic(group: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Kafka name of RocketMQ's ``%DLQ%<group>``."""
+    validate_namespace(namespace)
+    return _check_kafka_name(
+        f"{namespace}.DLQ.{escape_group(group)}", DLQ_GROUP_TOPIC_PREFIX + group
+    )
+
+
+def system_topic(system_name: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Kafka name of a system topic such as ``RMQ_SYS_TRANS_HALF_TOPIC``."""
+    validate_namespace(namespace)
+    return _check_kafka_name(f"{namespace}.{system_name}", system_name)
+
+
+def to_kafka_topic(name: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Map a RocketMQ topic name (as a user writes it) to its Kafka topic name.
+
+    Raises :class:`InvalidTopicNameError` naming the problem when no mapping exists.
+    """
+    if not name:
+        raise InvalidTopicNameError(name, "a topic name must not be empty")
+    if name.startswith(RETRY_GROUP_TOPIC_PREFIX):
+        return retry_topic(name[len(RETRY_GROUP_TOPIC_PREFIX) :], namespace)
+    if name.startswith(DLQ_GROUP_TOPIC_PREFIX):
+        return dlq_topic(name[len(DLQ_GROUP_TOPIC_PREFIX) :], namespace)
+    if not _KAFKA_LEGAL.match(name):
+        bad = sorted({c for c in name if not _KAFKA_LEGAL.match(c)})
+        raise InvalidTopicNameError(
+            name,
+            f"Kafka topic names may only contain [a-zA-Z0-9._-], found {bad!r} "
+            "(only %RETRY%<group> and %DLQ%<group> are mapped)",
+        )
+    validate_namespace(namespace)
+    if kafka_collision_key(name).startswith(kafka_collision_key(namespace) + "_"):
+        raise InvalidTopicNameError(
+            name, f"the namespace {namespace!r} is reserved for system, retry and DLQ topics"
+        )
+    return _check_kafka_name(name, name)
+
+
+def parse_kafka_topic(
+    kafka_name: str, namespace: str = DEFAULT_NAMESPACE, system_names: frozenset[str] = frozenset()
+) -> ParsedTopic:
+    """Read a Kafka topic name back into RocketMQ terms (the inverse of :func:`to_kafka_topic`).
+
+    ``system_names`` lists the known system topic names (without namespace); a namespaced
+    name that is neither retry, DLQ nor a known system topic raises.
+    """
+    prefix = namespace + "."
+    if not kafka_name.startswith(prefix):
+        return ParsedTopic(TopicKind.REAL, kafka_name)
+    rest = kafka_name[len(prefix) :]
+    if rest.startswith("RETRY."):
+        group = unescape_group(rest[len("RETRY.") :])
+        return ParsedTopic(TopicKind.RETRY, RETRY_GROUP_TOPIC_PREFIX + group, group)
+    if rest.startswith("DLQ."):
+        group = unescape_group(rest[len("DLQ.") :])
+        return ParsedTopic(TopicKind.DLQ, DLQ_GROUP_TOPIC_PREFIX + group, group)
+    if rest in system_names:
+        return ParsedTopic(TopicKind.SYSTEM, rest)
+    raise InvalidTopicNameError(kafka_name, f"unknown topic in namespace {namespace!r}")
+
+
+def kafka_collision_key(kafka_name: str) -> str:
+    """The key under which Kafka considers two topic names to collide ('.' == '_')."""
+    return kafka_name.replace(".", "_")
