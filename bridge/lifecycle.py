@@ -13,7 +13,7 @@ from enum import Enum
 from types import TracebackType
 from typing import Self
 
-from bridge.errors import IllegalStateError
+from bridge.errors import IllegalStateError, InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class ServiceThread(abc.ABC):
 
     def __init__(self, name: str, interval_ms: int) -> None:
         if interval_ms <= 0:
-            raise ValueError(f"interval_ms must be positive, got {interval_ms}")
+            raise InvalidArgumentError(f"interval_ms must be positive, got {interval_ms}")
         self.name = name
         self.interval_ms = interval_ms
         self._lifecycle = Lifecycle(name)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 import fastavro.schema
@@ -152,8 +152,8 @@ class SchemaRegistry:
         stream = io.BytesIO(data)
         stream.seek(HEADER_LENGTH)
         try:
-            record: dict[str, Any] = fastavro.schemaless_reader(
-                stream, writer.parsed, reader.parsed
+            record = cast(
+                dict[str, Any], fastavro.schemaless_reader(stream, writer.parsed, reader.parsed)
             )
         except Exception as exc:  # fastavro raises a wide range of errors on bad bytes
             raise MalformedRecordError(f"cannot decode {name} v{writer.version}: {exc!r}") from exc

@@ -6,6 +6,8 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 
+from confluent_kafka import KafkaError, TopicPartition
+
 from bridge.codec import message_from_record
 from bridge.config import ClientConfig
 from bridge.errors import KafkaClientError
@@ -49,12 +51,45 @@ def read_messages(
             record = consumer.poll(min(remaining, 0.5))
             if record is None:
                 continue
-            if record.error() is not None:
-                raise KafkaClientError(f"reading {kafka_topics}: {record.error().str()}")
+            error = record.error()
+            if error is not None:
+                if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    continue  # not created yet: wait for it, as Kafka consumers do
+                raise KafkaClientError(f"reading {kafka_topics}: {error.str()}", error)
             count += 1
             idle_deadline = time.monotonic() + timeout_ms / 1000
             if commit:
-                consumer.commit(record, asynchronous=False)
+                consumer.commit(message=record, asynchronous=False)
             yield message_from_record(record, catalog)
+    finally:
+        consumer.close()
+
+
+def read_message_at(
+    config: ClientConfig, topic: str, partition: int, offset: int, timeout_ms: int = 10_000
+) -> MessageExt:
+    """The committed message at ``offset`` of ``partition`` of ``topic`` (a RocketMQ name).
+
+    Raises :class:`KafkaClientError` if it cannot be read within ``timeout_ms``.
+    """
+    kafka_topic = to_kafka_topic(topic, config.namespace)
+    consumer = new_consumer(
+        config, f"bridge-reader-{uuid.uuid4().hex[:12]}", client_id="bridge-reader"
+    )
+    try:
+        consumer.assign([TopicPartition(kafka_topic, partition, offset)])
+        deadline = time.monotonic() + timeout_ms / 1000
+        while time.monotonic() < deadline:
+            record = consumer.poll(0.2)
+            if record is None:
+                continue
+            error = record.error()
+            if error is not None:
+                raise KafkaClientError(f"reading {kafka_topic}: {error.str()}", error)
+            if record.offset() == offset:
+                return message_from_record(record, TopicCatalog(namespace=config.namespace))
+        raise KafkaClientError(
+            f"no message at {kafka_topic}[{partition}]@{offset} within {timeout_ms} ms"
+        )
     finally:
         consumer.close()

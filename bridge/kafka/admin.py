@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException
@@ -49,15 +50,20 @@ class TopicAdmin:
         """
         wanted = list(specs)
         existing = self.list_topics(include_internal=True)
-        for spec in wanted:
-            have = existing.get(spec.kafka_name)
-            if have is not None and have < spec.partitions:
-                raise TopicProvisioningError(
-                    f"topic {spec.kafka_name} has {have} partitions, {spec.partitions} needed"
-                )
         missing = [s for s in wanted if s.kafka_name not in existing]
-        if not missing:
-            return []
+        created = self._create(missing) if missing else []
+        # Check what is there once metadata shows every topic (a topic created a moment ago,
+        # by us or by another process, may not be visible yet).
+        counts = self.wait_for_topics(s.kafka_name for s in wanted)
+        for spec in wanted:
+            if counts[spec.kafka_name] < spec.partitions:
+                raise TopicProvisioningError(
+                    f"topic {spec.kafka_name} has {counts[spec.kafka_name]} partitions, "
+                    f"{spec.partitions} needed"
+                )
+        return created
+
+    def _create(self, missing: list[TopicSpec]) -> list[str]:
         futures = self._admin.create_topics(
             [
                 NewTopic(
@@ -87,12 +93,29 @@ class TopicAdmin:
                 raise TopicProvisioningError(f"creating topic {name} timed out") from exc
         return created
 
+    def wait_for_topics(self, names: Iterable[str]) -> dict[str, int]:
+        """Poll metadata until every topic of ``names`` is visible (a just-created topic may
+        not be yet); return their partition counts. Bounded by ``request_timeout_ms``."""
+        wanted = set(names)
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            counts = self.list_topics(include_internal=True)
+            if wanted <= counts.keys():
+                return {name: counts[name] for name in wanted}
+            if time.monotonic() > deadline:
+                raise TopicProvisioningError(
+                    f"topics {sorted(wanted - counts.keys())} not visible in metadata "
+                    f"within {self._config.request_timeout_ms} ms"
+                )
+            time.sleep(0.1)
+
     def ensure_system_topics(self, catalog: TopicCatalog) -> list[str]:
-        """Create every system topic of ``catalog``; check HALF and OP are co-partitioned."""
+        """Create every system topic of ``catalog``, wait until all are visible, and check
+        that HALF and OP are co-partitioned."""
         created = self.ensure_topics(catalog.system_specs())
         counts = self.list_topics(include_internal=True)
-        half = counts.get(catalog.topic(SystemTopic.HALF))
-        op = counts.get(catalog.topic(SystemTopic.OP))
+        half = counts[catalog.topic(SystemTopic.HALF)]
+        op = counts[catalog.topic(SystemTopic.OP)]
         if half != op:
             raise TopicProvisioningError(
                 f"{catalog.topic(SystemTopic.HALF)} has {half} partitions but "

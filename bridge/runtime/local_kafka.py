@@ -70,8 +70,12 @@ def port_in_use(port: int) -> bool:
 
 
 def _new_cluster_id() -> str:
-    # Kafka's Uuid.toString(): URL-safe base64 of 16 random bytes, unpadded.
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    # Kafka's Uuid.toString(): URL-safe base64 of 16 random bytes, unpadded; like Kafka's
+    # Uuid.randomUuid(), never one starting with "-" (command lines would take it for a flag).
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +157,10 @@ class LocalKafka:
         if not self._state:
             if self._state_file.is_file():
                 self._state = json.loads(self._state_file.read_text())
+                # An explicitly configured port wins over the remembered one.
+                for name in ("port", "controller_port"):
+                    if getattr(self.config, name):
+                        self._state[name] = getattr(self.config, name)
             else:
                 self._state = {
                     "port": self.config.port or free_port(),
@@ -243,7 +251,7 @@ class LocalKafka:
         base = self._java_base(java, libs)
         if not (self.data_dir / "kraft" / "meta.properties").is_file():
             fmt = subprocess.run(
-                [*base, "kafka.tools.StorageTool", "format", "-t", state["cluster_id"],
+                [*base, "kafka.tools.StorageTool", "format", f"--cluster-id={state['cluster_id']}",
                  "-c", str(props_file)],
                 capture_output=True, text=True, timeout=120, check=False,
             )  # fmt: skip
@@ -276,7 +284,11 @@ class LocalKafka:
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], started: float) -> None:
         deadline = started + self.config.start_timeout_ms / 1000
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "logger": _probe_logger})
+        admin_config: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "logger": _probe_logger,
+        }
+        admin = AdminClient(admin_config)
         while True:
             code = proc.poll()
             if code is not None:

@@ -1,0 +1,414 @@
+"""The ``bridge`` command line: bring the stack up, manage topics, send and consume.
+
+Every option that has an environment variable says so in ``--help``; they are the same names
+``ClientConfig.from_env`` and ``CoordinatorConfig.from_env`` read.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from bridge.client.producer import Producer
+from bridge.client.reader import read_message_at, read_messages
+from bridge.config import ClientConfig
+from bridge.coordinator import Coordinator, CoordinatorConfig
+from bridge.errors import BridgeError
+from bridge.kafka.admin import TopicAdmin
+from bridge.message import Message
+from bridge.runtime.jars import ARTIFACT_SETS, cache_dir, ensure_jars
+from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
+from topics.catalog import TopicCatalog, TopicSpec
+from topics.naming import to_kafka_topic
+
+console = Console(highlight=False, soft_wrap=True)
+logger = logging.getLogger("bridge.cli")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SELF_CHECK_TOPIC = "bridge-self-check"
+DEFAULT_LOCAL_PORT = 9092
+
+
+def _configure_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"
+    )
+    if verbose == 0:
+        # librdkafka warns about every retriable hiccup (e.g. a coordinator still loading).
+        logging.getLogger("bridge.kafka.rdkafka").setLevel(logging.ERROR)
+
+
+def _client_config(ctx: click.Context, bootstrap_servers: str | None = None) -> ClientConfig:
+    base = ClientConfig.from_env()
+    return base.replace(
+        bootstrap_servers=bootstrap_servers, namespace=ctx.obj.get("namespace") or None
+    )
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGINT or SIGTERM while the block runs."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--namespace",
+    envvar="BRIDGE_NAMESPACE",
+    default=None,
+    help="Prefix of system, retry and DLQ topics [env BRIDGE_NAMESPACE; default rmq].",
+)
+@click.option("-v", "--verbose", count=True, help="-v for info logs, -vv for debug.")
+@click.pass_context
+def cli(ctx: click.Context, namespace: str | None, verbose: int) -> None:
+    """RocketMQ's reliable-messaging semantics on Apache Kafka."""
+    _configure_logging(verbose)
+    ctx.obj = {"namespace": namespace, "verbose": verbose}
+
+
+def _bootstrap_option(help_text: str) -> Callable[[F], F]:
+    return click.option(
+        "-b",
+        "--bootstrap-servers",
+        envvar="KAFKA_BOOTSTRAP_SERVERS",
+        default=None,
+        help=help_text + " [env KAFKA_BOOTSTRAP_SERVERS]",
+    )
+
+
+def _local_broker(data_dir: Path | None, port: int) -> LocalKafka:
+    return LocalKafka(LocalKafkaConfig(data_dir=data_dir or cache_dir() / "broker", port=port))
+
+
+def _self_check(config: ClientConfig) -> None:
+    """Send one message and read it back, printing both."""
+    started = time.monotonic()
+    with Producer("bridge-self-check", config=config) as producer:
+        result = producer.send_sync(
+            Message(SELF_CHECK_TOPIC, b"hello from the bridge", keys="self-check", tags="SelfCheck")
+        )
+    console.print(f"sent     {result.msg_id} to {result.topic}[{result.queue_id}]@{result.offset}")
+    received = read_message_at(config, SELF_CHECK_TOPIC, result.queue_id, result.offset)
+    elapsed_ms = (time.monotonic() - started) * 1000
+    if received.msg_id != result.msg_id:
+        raise click.ClickException(f"self-check read {received.msg_id}, expected {result.msg_id}")
+    console.print(
+        f"received {received.msg_id}: {received.body.decode()!r} tags={received.tags} "
+        f"keys={received.keys} ({elapsed_ms:.0f} ms round trip)"
+    )
+
+
+@cli.command()
+@_bootstrap_option("Use this Kafka instead of starting the local broker.")
+@click.option("--data-dir", type=click.Path(path_type=Path), help="Local broker data directory.")
+@click.option(
+    "--port",
+    type=int,
+    default=DEFAULT_LOCAL_PORT,
+    show_default=True,
+    help="Local broker port (0: any free).",
+)
+@click.option(
+    "--self-check/--no-self-check",
+    default=None,
+    help="Send and receive one message after start (default: on with the local broker).",
+)
+@click.option("--once", is_flag=True, help="Stop right after start-up (and the self-check).")
+@click.pass_context
+def up(
+    ctx: click.Context,
+    bootstrap_servers: str | None,
+    data_dir: Path | None,
+    port: int,
+    self_check: bool | None,
+    once: bool,
+) -> None:
+    """Start the stack in the foreground: the local Kafka broker (unless bootstrap servers
+    are configured) and the coordinator. Ctrl-C stops both cleanly."""
+    broker: LocalKafka | None = None
+    coordinator: Coordinator | None = None
+    with _stop_on_signals() as stop:
+        try:
+            if bootstrap_servers is None:
+                broker = _local_broker(data_dir, port)
+                console.print("starting the local Kafka broker (first run fetches its jars)...")
+                broker.start()
+                bootstrap_servers = broker.bootstrap_servers
+                console.print(f"Kafka     {bootstrap_servers} (data in {broker.data_dir})")
+            config = _client_config(ctx, bootstrap_servers)
+            coordinator = Coordinator(CoordinatorConfig.from_env().with_client(config))
+            coordinator.start()
+            console.print(
+                f"coordinator {coordinator.config.coordinator_id} running "
+                f"(namespace {config.namespace}, {len(coordinator.services)} services)"
+            )
+            if self_check if self_check is not None else broker is not None:
+                _self_check(config)
+            if not once:
+                console.print("up; press Ctrl-C to stop")
+                stop.wait()
+                console.print("stopping...")
+        except BridgeError as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            if coordinator is not None:
+                coordinator.stop()
+            if broker is not None:
+                broker.stop()
+    console.print("stopped")
+
+
+@cli.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), help="Broker data directory.")
+@click.option("--port", type=int, default=DEFAULT_LOCAL_PORT, show_default=True)
+def broker(data_dir: Path | None, port: int) -> None:
+    """Run only the local Kafka broker in the foreground."""
+    kafka = _local_broker(data_dir, port)
+    with _stop_on_signals() as stop:
+        try:
+            kafka.start()
+        except BridgeError as exc:
+            raise click.ClickException(str(exc)) from exc
+        try:
+            console.print(
+                f"Kafka {kafka.bootstrap_servers} (data in {kafka.data_dir}); Ctrl-C stops"
+            )
+            stop.wait()
+        finally:
+            kafka.stop()
+
+
+@cli.command()
+@_bootstrap_option("Kafka to coordinate.")
+@click.pass_context
+def coordinator(ctx: click.Context, bootstrap_servers: str | None) -> None:
+    """Run only the coordinator (against configured Kafka) in the foreground."""
+    config = CoordinatorConfig.from_env().with_client(_client_config(ctx, bootstrap_servers))
+    with _stop_on_signals() as stop:
+        try:
+            with Coordinator(config) as running:
+                console.print(f"coordinator {running.config.coordinator_id} running; Ctrl-C stops")
+                stop.wait()
+        except BridgeError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@cli.group()
+def topics() -> None:
+    """List, create and map topics."""
+
+
+@topics.command("list")
+@_bootstrap_option("Kafka to inspect.")
+@click.option("--all", "show_all", is_flag=True, help="Include Kafka's internal topics.")
+@click.pass_context
+def topics_list(ctx: click.Context, bootstrap_servers: str | None, show_all: bool) -> None:
+    """List topics with their kind and RocketMQ name."""
+    config = _client_config(ctx, bootstrap_servers)
+    catalog = TopicCatalog(namespace=config.namespace)
+    try:
+        found = TopicAdmin(config).list_topics(include_internal=show_all)
+    except BridgeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    rows = []
+    for name in sorted(found):
+        try:
+            parsed = catalog.parse(name)
+            kind, rmq = parsed.kind.value, parsed.rocketmq_name
+        except BridgeError:
+            kind, rmq = "unknown", ""
+        rows.append((name, str(found[name]), kind, rmq))
+    if console.is_terminal:
+        table = Table("Kafka topic", "partitions", "kind", "RocketMQ name")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    else:  # scripts get one tab-separated line per topic
+        for row in rows:
+            click.echo("\t".join(row))
+
+
+@topics.command("create")
+@_bootstrap_option("Kafka to provision.")
+@click.option("--system", is_flag=True, help="Create every system topic of the catalog.")
+@click.option(
+    "--group", "groups", multiple=True, help="Create this consumer group's retry and DLQ topics."
+)
+@click.option("--topic", "names", multiple=True, help="Create this real topic (RocketMQ name).")
+@click.option("--partitions", type=int, default=4, show_default=True, help="For --topic.")
+@click.pass_context
+def topics_create(
+    ctx: click.Context,
+    bootstrap_servers: str | None,
+    system: bool,
+    groups: tuple[str, ...],
+    names: tuple[str, ...],
+    partitions: int,
+) -> None:
+    """Create topics idempotently (existing ones are left as they are)."""
+    config = _client_config(ctx, bootstrap_servers)
+    catalog = TopicCatalog(namespace=config.namespace)
+    try:
+        specs: list[TopicSpec] = list(catalog.system_specs()) if system else []
+        for group in groups:
+            specs.extend(catalog.group_specs(group))
+        specs.extend(TopicSpec(to_kafka_topic(n, config.namespace), partitions) for n in names)
+        if not specs:
+            raise click.UsageError("nothing to create: give --system, --group or --topic")
+        created = TopicAdmin(config).ensure_topics(specs)
+    except BridgeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for spec in specs:
+        console.print(f"{'created' if spec.kafka_name in created else 'exists '} {spec.kafka_name}")
+
+
+@topics.command("map")
+@click.argument("names", nargs=-1, required=True)
+@click.pass_context
+def topics_map(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """Show the Kafka topic name of RocketMQ topic names, and back."""
+    namespace = ctx.obj.get("namespace") or ClientConfig.from_env().namespace
+    catalog = TopicCatalog(namespace=namespace)
+    for name in names:
+        try:
+            kafka_name = to_kafka_topic(name, namespace)
+            console.print(f"{name} -> {kafka_name}")
+        except BridgeError:
+            try:
+                console.print(f"{name} <- {catalog.parse(name).rocketmq_name}")
+            except BridgeError as exc:
+                raise click.ClickException(str(exc)) from exc
+
+
+def _parse_properties(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected NAME=VALUE, got {pair!r}", param_hint="--property")
+        out[name] = value
+    return out
+
+
+@cli.command()
+@_bootstrap_option("Kafka to send to.")
+@click.argument("topic")
+@click.argument("body")
+@click.option("--keys", default=None, help="Space-separated business keys.")
+@click.option("--tags", default=None, help="The message tag.")
+@click.option("-p", "--property", "properties", multiple=True, help="NAME=VALUE user property.")
+@click.option("--group", default="bridge-cli", show_default=True, help="Producer group.")
+@click.option("--count", type=int, default=1, show_default=True, help="Send the message N times.")
+@click.pass_context
+def send(
+    ctx: click.Context,
+    bootstrap_servers: str | None,
+    topic: str,
+    body: str,
+    keys: str | None,
+    tags: str | None,
+    properties: tuple[str, ...],
+    group: str,
+    count: int,
+) -> None:
+    """Send BODY to TOPIC and print where it was stored."""
+    config = _client_config(ctx, bootstrap_servers)
+    try:
+        with Producer(group, config=config) as producer:
+            for _ in range(count):
+                msg = Message(
+                    topic, body, keys=keys, tags=tags, properties=_parse_properties(properties)
+                )
+                result = producer.send_sync(msg)
+                console.print(
+                    f"{result.status.value} {result.msg_id} "
+                    f"{result.topic}[{result.queue_id}]@{result.offset}"
+                )
+    except BridgeError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@cli.command()
+@_bootstrap_option("Kafka to read from.")
+@click.argument("topics_", metavar="TOPIC...", nargs=-1, required=True)
+@click.option(
+    "--group", default=None, help="Consumer group (default: a throw-away one, from the start)."
+)
+@click.option("--count", type=int, default=None, help="Stop after N messages.")
+@click.option(
+    "--timeout-ms",
+    type=int,
+    default=5000,
+    show_default=True,
+    help="Stop after this long without a message.",
+)
+@click.pass_context
+def consume(
+    ctx: click.Context,
+    bootstrap_servers: str | None,
+    topics_: tuple[str, ...],
+    group: str | None,
+    count: int | None,
+    timeout_ms: int,
+) -> None:
+    """Print committed messages of TOPIC... (RocketMQ names, e.g. %DLQ%my_group)."""
+    config = _client_config(ctx, bootstrap_servers)
+    try:
+        for msg in read_messages(
+            config, list(topics_), group=group, max_messages=count, timeout_ms=timeout_ms,
+            commit=group is not None,
+        ):  # fmt: skip
+            console.print(
+                f"{msg.topic}[{msg.queue_id}]@{msg.queue_offset} {msg.msg_id} tags={msg.tags} "
+                f"keys={msg.keys} props={msg.user_properties} body={msg.body!r}"
+            )
+    except BridgeError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@cli.command()
+@click.argument("sets", nargs=-1, type=click.Choice(sorted(ARTIFACT_SETS)))
+def fetch(sets: tuple[str, ...]) -> None:
+    """Fetch the broker's (kafka) and Spark's Kafka source (spark) jars into the cache."""
+    for name in sets or tuple(sorted(ARTIFACT_SETS)):
+        try:
+            libs = ensure_jars(name)
+        except BridgeError as exc:
+            raise click.ClickException(str(exc)) from exc
+        console.print(f"{name}: {len(list(libs.glob('*.jar')))} jars in {libs}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        cli(standalone_mode=True)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

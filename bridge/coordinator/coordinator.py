@@ -1,0 +1,182 @@
+"""The coordinator process: provisions the system topics and runs the services.
+
+Services (end-transaction handling, check-back, delayed delivery, ...) are
+:class:`~bridge.lifecycle.ServiceThread` instances registered with the coordinator; several
+coordinator processes share the system topics' partitions through Kafka's group protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Self
+
+from bridge.config import ClientConfig
+from bridge.errors import InvalidArgumentError
+from bridge.kafka.admin import TopicAdmin
+from bridge.lifecycle import Lifecycle, ServiceState, ServiceThread
+from topics.catalog import (
+    DEFAULT_DELAY_LEVEL_COUNT,
+    DEFAULT_TIMER_PARTITIONS,
+    DEFAULT_TRANSACTION_PARTITIONS,
+    TopicCatalog,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _default_coordinator_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    """Settings of one coordinator process."""
+
+    client: ClientConfig = field(default_factory=ClientConfig)
+    coordinator_id: str = field(default_factory=_default_coordinator_id)
+    """Names this process in logs and Kafka client ids."""
+    transaction_partitions: int = DEFAULT_TRANSACTION_PARTITIONS
+    delay_level_count: int = DEFAULT_DELAY_LEVEL_COUNT
+    timer_partitions: int = DEFAULT_TIMER_PARTITIONS
+    status_interval_ms: int = 60_000
+    """How often the coordinator logs the state of its services, ms."""
+
+    def __post_init__(self) -> None:
+        if not self.coordinator_id:
+            raise InvalidArgumentError("coordinator_id must not be empty")
+        if self.status_interval_ms <= 0:
+            raise InvalidArgumentError(
+                f"status_interval_ms must be positive, got {self.status_interval_ms}"
+            )
+        self.catalog  # noqa: B018 - validates the partition counts
+
+    @property
+    def catalog(self) -> TopicCatalog:
+        """The system topic catalog these settings describe."""
+        return TopicCatalog(
+            namespace=self.client.namespace,
+            transaction_partitions=self.transaction_partitions,
+            delay_level_count=self.delay_level_count,
+            timer_partitions=self.timer_partitions,
+        )
+
+    def with_client(self, client: ClientConfig) -> Self:
+        """A copy using ``client``."""
+        return dataclasses.replace(self, client=client)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """``ClientConfig.from_env`` plus ``BRIDGE_COORDINATOR_ID``,
+        ``BRIDGE_TRANSACTION_PARTITIONS``, ``BRIDGE_DELAY_LEVEL_COUNT``,
+        ``BRIDGE_TIMER_PARTITIONS`` and ``BRIDGE_STATUS_INTERVAL_MS``."""
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {"client": ClientConfig.from_env(env)}
+        for f in dataclasses.fields(cls):
+            raw = env.get(f"BRIDGE_{f.name.upper()}")
+            if f.name == "client" or not raw:
+                continue
+            if f.name == "coordinator_id":
+                values[f.name] = raw
+                continue
+            try:
+                values[f.name] = int(raw)
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"BRIDGE_{f.name.upper()} must be an integer, got {raw!r}"
+                ) from None
+        return cls(**values)  # type: ignore[arg-type]
+
+
+class _StatusService(ServiceThread):
+    def __init__(self, coordinator: Coordinator, interval_ms: int) -> None:
+        super().__init__(
+            f"bridge-coordinator-status-{coordinator.config.coordinator_id}", interval_ms
+        )
+        self._coordinator = coordinator
+
+    def run_once(self) -> None:
+        states = {s.name: s.state.value for s in self._coordinator.services}
+        logger.info("coordinator %s: services %s", self._coordinator.config.coordinator_id, states)
+
+
+class Coordinator:
+    """Provisions the system topics, then runs its services until stopped.
+
+    ``with Coordinator(CoordinatorConfig.from_env(), services) as c: c.wait()``.
+    """
+
+    def __init__(self, config: CoordinatorConfig, services: Sequence[ServiceThread] = ()) -> None:
+        self.config = config
+        self.services: list[ServiceThread] = list(services)
+        self._lifecycle = Lifecycle(f"coordinator {config.coordinator_id}")
+        self._status = _StatusService(self, config.status_interval_ms)
+        self._stopped = threading.Event()
+
+    @property
+    def state(self) -> ServiceState:
+        """The coordinator's lifecycle state."""
+        return self._lifecycle.state
+
+    def start(self) -> None:
+        """Create missing system topics and start every service."""
+        self._lifecycle.transition(ServiceState.RUNNING)
+        try:
+            created = TopicAdmin(self.config.client).ensure_system_topics(self.config.catalog)
+            logger.info(
+                "coordinator %s: system topics ready (%d created) in namespace %s",
+                self.config.coordinator_id,
+                len(created),
+                self.config.client.namespace,
+            )
+            for service in self.services:
+                service.start()
+            self._status.start()
+        except BaseException:
+            self._stop_services()
+            self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
+            self._stopped.set()
+            raise
+        logger.info(
+            "coordinator %s started with %d services",
+            self.config.coordinator_id,
+            len(self.services),
+        )
+
+    def _stop_services(self) -> None:
+        for service in reversed(self.services):
+            if service.state is ServiceState.RUNNING:
+                service.stop()
+        if self._status.state is ServiceState.RUNNING:
+            self._status.stop()
+
+    def stop(self) -> None:
+        """Stop every service (in reverse start order). Idempotent."""
+        if self._lifecycle.state is ServiceState.SHUTDOWN_ALREADY:
+            return
+        self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
+        self._stop_services()
+        self._stopped.set()
+        logger.info("coordinator %s stopped", self.config.coordinator_id)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until stopped (or ``timeout_s`` passes); True if stopped."""
+        return self._stopped.wait(timeout_s)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,127 @@
+"""The command line, run as a user runs it (a subprocess), against real brokers."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge.config import ClientConfig
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.broker
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def env_without_bootstrap() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+
+
+@pytest.mark.slow
+def test_up_starts_a_local_broker_and_shows_a_message_round_trip(tmp_path: Path) -> None:
+    out = run_cli(
+        "up",
+        "--once",
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path / "b"),
+        env=env_without_bootstrap(),
+    )
+    sent = re.search(r"^sent\s+([0-9A-F]{32}) to bridge-self-check", out, re.M)
+    assert sent, out
+    assert re.search(rf"^received {sent.group(1)}: 'hello from the bridge'", out, re.M), out
+    assert "coordinator" in out
+
+
+@pytest.mark.slow
+def test_up_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bridge.cli",
+            "up",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "b"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env_without_bootstrap(),
+    )
+    lines: list[str] = []
+    assert proc.stdout is not None
+
+    def ready() -> bool:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        lines.append(line)
+        return "press Ctrl-C to stop" in line or proc.poll() is not None
+
+    wait_until(ready, timeout_s=120, interval_s=0)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, "".join(lines) + out
+    assert "stopped" in out
+    state = (tmp_path / "b" / "broker.json").read_text()
+    pid_match = re.search(r'"pid": (\d+)', state)
+    assert pid_match, state
+    status = Path(f"/proc/{pid_match.group(1)}/status")
+    # The broker process is gone (or a zombie of an exited child).
+    assert not status.exists() or "zombie" in status.read_text().lower()
+
+
+def test_send_consume_and_topics_commands(client_config: ClientConfig, topic: str) -> None:
+    common = ["--namespace", client_config.namespace]
+    b = ["-b", client_config.bootstrap_servers]
+    out = run_cli(
+        *common, "send", *b, topic, "hi there", "--tags", "TagA", "-p", "k=v", "--count", "2"
+    )
+    assert len(re.findall(r"^SEND_OK [0-9A-F]{32} ", out, re.M)) == 2
+    out = run_cli(*common, "consume", *b, topic, "--count", "2")
+    assert out.count("tags=TagA") == 2 and "props={'k': 'v'}" in out and "b'hi there'" in out
+    out = run_cli(*common, "topics", "create", *b, "--system", "--group", "my_group")
+    assert f"created {client_config.namespace}.RMQ_SYS_TRANS_HALF_TOPIC" in out
+    assert f"created {client_config.namespace}.RETRY.my__group" in out
+    out = run_cli(*common, "topics", "list", *b)
+    assert "%DLQ%my_group" in out and topic in out
+
+
+def test_bad_cli_input_is_a_clear_error(client_config: ClientConfig) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bridge.cli",
+            "send",
+            "-b",
+            client_config.bootstrap_servers,
+            "bad topic",
+            "x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "invalid name 'bad topic'" in proc.stderr

@@ -1,0 +1,181 @@
+"""The plain producer against a real broker."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from bridge import ClientConfig, Message, Producer, SendStatus, read_messages
+from bridge.errors import (
+    IllegalStateError,
+    InvalidMessageError,
+    InvalidTopicNameError,
+    MessageTooLargeError,
+    SendError,
+    SendTimeoutError,
+)
+from bridge.runtime.local_kafka import free_port
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.broker
+
+
+def raw_consume(bootstrap: str, topic: str, count: int, timeout_s: float = 20) -> list[Any]:
+    """Read with a plain confluent-kafka consumer, as any Kafka user would."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"raw-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([topic])
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < count and time.monotonic() < deadline:
+            record = consumer.poll(0.5)
+            if record is not None and record.error() is None:
+                out.append(record)
+    finally:
+        consumer.close()
+    return out
+
+
+def test_send_sync_round_trip_readable_by_a_raw_kafka_consumer(
+    client_config: ClientConfig, topic: str
+) -> None:
+    msg = Message(
+        topic, b"payload", keys="order-1 order-2", tags="TagA", properties={"region": "eu"}
+    )
+    with Producer("pg", config=client_config) as producer:
+        result = producer.send_sync(msg)
+    assert result.status is SendStatus.SEND_OK
+    assert result.topic == topic
+    assert result.offset == 0
+
+    (record,) = raw_consume(client_config.bootstrap_servers, topic, 1)
+    assert record.value() == b"payload"
+    assert record.key() == b"order-1 order-2"
+    headers = dict(record.headers())
+    assert headers["UNIQ_KEY"] == result.msg_id.encode()
+    assert headers["TAGS"] == b"TagA"
+    assert headers["KEYS"] == b"order-1 order-2"
+    assert headers["region"] == b"eu"
+    assert (record.partition(), record.offset()) == (result.queue_id, result.offset)
+
+    (received,) = read_messages(client_config, [topic], max_messages=1)
+    assert received.msg_id == result.msg_id
+    assert received.tags == "TagA"
+    assert received.keys == ["order-1", "order-2"]
+    assert received.user_properties == {"region": "eu"}
+    assert abs(received.born_timestamp_ms - time.time() * 1000) < 60_000
+
+
+def test_send_async_and_oneway_deliver_every_message_once(
+    client_config: ClientConfig, topic: str
+) -> None:
+    results: list[Any] = []
+    errors: list[Exception] = []
+    lock = threading.Lock()
+
+    def ok(result: Any) -> None:
+        with lock:
+            results.append(result)
+
+    with Producer("pg", config=client_config) as producer:
+        sent_ids = [
+            producer.send_async(Message(topic, f"m{i}"), ok, errors.append) for i in range(500)
+        ]
+        oneway_ids = [producer.send_oneway(Message(topic, f"o{i}")) for i in range(100)]
+        assert producer.flush() == 0
+    wait_until(lambda: len(results) == 500)
+    assert not errors
+    assert sorted(r.msg_id for r in results) == sorted(sent_ids)
+    assert len(set(sent_ids + oneway_ids)) == 600
+    received = list(read_messages(client_config, [topic], max_messages=600))
+    assert sorted(m.msg_id for m in received) == sorted(sent_ids + oneway_ids)
+
+
+def test_explicit_partition_is_honoured(client_config: ClientConfig, topic: str) -> None:
+    from bridge.kafka.admin import TopicAdmin
+    from topics.catalog import TopicSpec
+
+    TopicAdmin(client_config).ensure_topics([TopicSpec(topic, 3)])
+    with Producer("pg", config=client_config) as producer:
+        results = [producer.send_sync(Message(topic, b"x"), partition=p) for p in (2, 0, 2)]
+    assert [r.queue_id for r in results] == [2, 0, 2]
+    assert [r.offset for r in results] == [0, 0, 1]
+
+
+def test_bad_input_raises_typed_errors_before_sending(
+    client_config: ClientConfig, topic: str
+) -> None:
+    with Producer("pg", config=client_config.replace(max_message_bytes=1000)) as producer:
+        with pytest.raises(InvalidTopicNameError, match="found"):
+            producer.send_sync(Message("bad topic!", b"x"))
+        with pytest.raises(
+            MessageTooLargeError, match="1001 bytes, more than max_message_bytes=1000"
+        ):
+            producer.send_sync(Message(topic, b"x" * 1001))
+        with pytest.raises(InvalidMessageError, match="body length is zero"):
+            producer.send_async(Message(topic, b""))
+        with pytest.raises(InvalidMessageError, match="expected a Message"):
+            producer.send_oneway("not a message")  # type: ignore[arg-type]
+    # Nothing of the above reached the topic.
+    assert list(read_messages(client_config, [topic], timeout_ms=1500)) == []
+
+
+def test_sending_requires_a_started_producer(client_config: ClientConfig, topic: str) -> None:
+    producer = Producer("pg", config=client_config)
+    with pytest.raises(IllegalStateError, match="call start"):
+        producer.send_sync(Message(topic, b"x"))
+    producer.start()
+    producer.shutdown()
+    producer.shutdown()  # idempotent
+    with pytest.raises(IllegalStateError):
+        producer.send_sync(Message(topic, b"x"))
+
+
+def test_unreachable_broker_fails_within_the_send_timeout(topic: str) -> None:
+    config = ClientConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", send_msg_timeout_ms=1500)
+    failures: list[Exception] = []
+    with Producer("pg", config=config) as producer:
+        started = time.monotonic()
+        with pytest.raises(SendTimeoutError):
+            producer.send_sync(Message(topic, b"x"))
+        assert time.monotonic() - started < 1.5 + 2.0
+        producer.send_async(Message(topic, b"y"), on_exception=failures.append)
+        wait_until(lambda: failures, timeout_s=10)
+    assert isinstance(failures[0], SendError)
+
+
+def test_records_written_by_other_kafka_clients_decode(
+    client_config: ClientConfig, topic: str
+) -> None:
+    from confluent_kafka import Producer as RawProducer
+
+    raw = RawProducer({"bootstrap.servers": client_config.bootstrap_servers})
+    raw.produce(topic, b"foreign", b"k", headers=[("bin", b"\xff\xfe"), ("null", None)])
+    raw.flush(10)
+    (msg,) = read_messages(client_config, [topic], max_messages=1)
+    assert msg.body == b"foreign"
+    assert msg.msg_id == f"{topic}-0-0"
+    assert msg.get_property("bin") == b"\xff\xfe".decode("utf-8", "surrogateescape")
+    assert msg.get_property("null") == ""
+
+
+def test_a_raw_consumer_positions_match_send_results(
+    client_config: ClientConfig, topic: str
+) -> None:
+    with Producer("pg", config=client_config) as producer:
+        last = [producer.send_sync(Message(topic, f"{i}")) for i in range(5)][-1]
+    consumer = Consumer({"bootstrap.servers": client_config.bootstrap_servers, "group.id": "x"})
+    low, high = consumer.get_watermark_offsets(TopicPartition(topic, last.queue_id), timeout=10)
+    consumer.close()
+    assert (low, high) == (0, last.offset + 1)
