@@ -10,11 +10,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 from confluent_kafka import KafkaError
 
@@ -35,7 +34,10 @@ logger = logging.getLogger(__name__)
 OnSuccess = Callable[["SendResult"], None]
 OnException = Callable[[Exception], None]
 
-_POLL_INTERVAL_S = 0.1
+_POLL_INTERVAL_S = 0.02
+"""How often the delivery thread checks whether senders went quiet, seconds."""
+_SYNC_FLUSH_SLICE_S = 0.005
+"""A sync send waits in flush() slices this long, seconds (flush skips linger.ms)."""
 _HEADER_MSG_ID = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 _HEADER_BORN_HOST = MessageConst.BORN_HOST
 
@@ -49,8 +51,7 @@ class SendStatus(Enum):
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
-@dataclass(frozen=True, slots=True)
-class SendResult:
+class SendResult(NamedTuple):
     """Where a sent message was stored: ``queue_id`` is the partition, ``offset`` the offset."""
 
     status: SendStatus
@@ -65,8 +66,7 @@ def _kafka_topic(topic: str, namespace: str) -> str:
     return to_kafka_topic(topic, namespace)
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedRecord:
+class PreparedRecord(NamedTuple):
     """A message ready for ``confluent_kafka.Producer.produce``."""
 
     kafka_topic: str
@@ -129,6 +129,9 @@ class Producer:
         self._kafka: Any = None
         self._poller: threading.Thread | None = None
         self._stop_polling = threading.Event()
+        self._senders_active = False
+        self._running = False
+        """Mirrors ``state is RUNNING`` for a cheap check on every send."""
 
     # --- lifecycle --------------------------------------------------------------------
     @property
@@ -148,6 +151,7 @@ class Producer:
             target=self._poll_loop, name=f"bridge-producer-{self.group}", daemon=True
         )
         self._poller.start()
+        self._running = True
         logger.info("producer %s started (bootstrap %s)", self.group, self.config.bootstrap_servers)
 
     def shutdown(self, timeout_ms: int | None = None) -> None:
@@ -157,6 +161,7 @@ class Producer:
             if self._lifecycle.state is ServiceState.CREATE_JUST:
                 self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
             return
+        self._running = False
         timeout = timeout_ms if timeout_ms is not None else self.config.send_msg_timeout_ms
         remaining = self._kafka.flush(timeout / 1000)
         if remaining:
@@ -188,9 +193,17 @@ class Producer:
         self.shutdown()
 
     def _poll_loop(self) -> None:
+        # Delivery reports are served on the sending threads while they send (confluent-kafka
+        # takes the GIL once per report, so serving them here at the same time would hand the
+        # GIL back and forth for every message); this thread serves them once senders are
+        # quiet, so no callback waits for the next send.
         kafka = self._kafka
         while not self._stop_polling.is_set():
-            kafka.poll(_POLL_INTERVAL_S)
+            if self._senders_active:
+                self._senders_active = False
+                self._stop_polling.wait(_POLL_INTERVAL_S)
+            else:
+                kafka.poll(_POLL_INTERVAL_S)
 
     # --- sending ----------------------------------------------------------------------
     def prepare(self, msg: Message) -> PreparedRecord:
@@ -207,15 +220,15 @@ class Producer:
             raise MessageTooLargeError(len(body), self.config.max_message_bytes)
         kafka_topic = _kafka_topic(msg.topic, self.config.namespace)
         msg_id = self._ids.next_id()
-        headers = [(_HEADER_MSG_ID, msg_id.encode("ascii")), (_HEADER_BORN_HOST, self._born_host)]
-        for name, value in msg.wire_properties().items():
-            headers.append((name, value.encode("utf-8")))
+        headers = msg.wire_headers(
+            [(_HEADER_MSG_ID, msg_id.encode()), (_HEADER_BORN_HOST, self._born_host)]
+        )
         return PreparedRecord(
             kafka_topic, msg.kafka_key(), body, headers, msg_id, time.time_ns() // 1_000_000
         )
 
     def _produce(self, record: PreparedRecord, partition: int, callback: Any) -> None:
-        deadline = time.monotonic() + self.config.send_msg_timeout_ms / 1000
+        deadline = 0.0
         while True:
             try:
                 self._kafka.produce(
@@ -227,10 +240,14 @@ class Producer:
                     timestamp=record.born_timestamp_ms,
                     headers=record.headers,
                 )
+                self._senders_active = True
                 return
             except BufferError:
                 # The local queue is full: let deliveries drain, within the send timeout.
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + self.config.send_msg_timeout_ms / 1000
+                elif now >= deadline:
                     raise SendTimeoutError(
                         f"send of {record.msg_id} to {record.kafka_topic}: local queue full for "
                         f"{self.config.send_msg_timeout_ms} ms"
@@ -248,17 +265,23 @@ class Producer:
         Raises :class:`SendError` (:class:`SendTimeoutError` on timeout, including an
         unreachable broker) or :class:`InvalidMessageError`.
         """
-        self._lifecycle.require_running()
+        if not self._running:
+            self._lifecycle.require_running()
         record = self.prepare(msg)
         waiter = _SyncWaiter()
         self._produce(record, partition, waiter)
-        # librdkafka fails the message after message.timeout.ms; the extra second covers
-        # the delivery report's trip through the poll thread.
-        if not waiter.event.wait(self.config.send_msg_timeout_ms / 1000 + 1.0):
-            raise SendTimeoutError(
-                f"send of {record.msg_id} to {record.kafka_topic}: no acknowledgement within "
-                f"{self.config.send_msg_timeout_ms} ms"
-            )
+        # flush() sends at once instead of waiting linger.ms, and serves delivery reports
+        # (ours among them) on this thread. librdkafka fails the message after
+        # message.timeout.ms; the extra second is for its report to arrive.
+        deadline = time.monotonic() + self.config.send_msg_timeout_ms / 1000 + 1.0
+        while not waiter.event.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SendTimeoutError(
+                    f"send of {record.msg_id} to {record.kafka_topic}: no acknowledgement "
+                    f"within {self.config.send_msg_timeout_ms} ms"
+                )
+            self._kafka.flush(min(remaining, _SYNC_FLUSH_SLICE_S))
         if waiter.error is not None:
             raise translate_error(waiter.error, f"send of {record.msg_id} to {record.kafka_topic}")
         return SendResult(
@@ -275,10 +298,13 @@ class Producer:
     ) -> str:
         """Send without waiting; return the message id.
 
-        ``on_success(SendResult)`` or ``on_exception(SendError)`` is called once, on the
-        producer's delivery thread. Invalid messages raise here, before anything is sent.
+        ``on_success(SendResult)`` or ``on_exception(SendError)`` is called exactly once,
+        on a thread that is sending (delivery reports are served as sends go) or, once
+        sends stop, on the producer's delivery thread; keep callbacks short. Invalid
+        messages raise here, before anything is sent.
         """
-        self._lifecycle.require_running()
+        if not self._running:
+            self._lifecycle.require_running()
         record = self.prepare(msg)
         topic = msg.topic
         msg_id = record.msg_id
@@ -301,13 +327,16 @@ class Producer:
                 logger.exception("send callback for %s raised", msg_id)
 
         self._produce(record, partition, deliver)
+        self._kafka.poll(0)
         return msg_id
 
     def send_oneway(self, msg: Message, *, partition: int = -1) -> str:
         """Send without any result; failures are only logged. Return the message id."""
-        self._lifecycle.require_running()
+        if not self._running:
+            self._lifecycle.require_running()
         record = self.prepare(msg)
         self._produce(record, partition, _log_oneway_failure)
+        self._kafka.poll(0)
         return record.msg_id
 
 

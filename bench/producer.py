@@ -1,0 +1,125 @@
+"""Producer throughput: our ``Producer`` against raw confluent-kafka on the same broker.
+
+Baselines, measured in the same run with the same client settings (idempotent, acks=all,
+linger 5 ms, murmur2 partitioner):
+* ``raw same record``: confluent-kafka producing exactly the record ours produces (value, key,
+  and the ``UNIQ_KEY``/``BORN_HOST``/``TAGS`` headers): the cost of our Python layer;
+* ``raw bare``: confluent-kafka producing the value alone: what our record format costs too.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+from confluent_kafka import Producer as RawProducer
+
+from bench.harness import Row, interleaved_rates, print_rows, timed
+from bridge import ClientConfig, Message, Producer
+from bridge.kafka.clients import producer_config
+from bridge.message import MessageIdGenerator
+
+RawHeaders = list[tuple[str, str | bytes | None]]
+
+ASYNC_MESSAGES = 100_000
+SYNC_MESSAGES = 1_000
+RUNS = 5
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> None:
+        with self.lock:
+            self.count += 1
+
+
+def _raw_async(raw: RawProducer, topic: str, body: bytes, with_headers: bool) -> int:
+    done = _Counter()
+    ids = MessageIdGenerator()
+    for _ in range(ASYNC_MESSAGES):
+        headers: RawHeaders | None = (
+            [("UNIQ_KEY", ids.next_id().encode()), ("BORN_HOST", b"127.0.0.1"), ("TAGS", b"T")]
+            if with_headers
+            else None
+        )
+        while True:
+            try:
+                raw.produce(topic, body, headers=headers, on_delivery=done)
+                break
+            except BufferError:
+                raw.poll(0.01)
+        raw.poll(0)
+    raw.flush(60)
+    if done.count != ASYNC_MESSAGES:
+        raise RuntimeError(f"raw: {done.count} of {ASYNC_MESSAGES} acknowledged")
+    return ASYNC_MESSAGES
+
+
+def _ours_async(producer: Producer, topic: str, body: bytes) -> int:
+    done = _Counter()
+    failed: list[Exception] = []
+    for _ in range(ASYNC_MESSAGES):
+        producer.send_async(Message(topic, body, tags="T"), done, failed.append)
+    producer.flush(60_000)
+    if done.count != ASYNC_MESSAGES or failed:
+        raise RuntimeError(f"ours: {done.count} of {ASYNC_MESSAGES} acknowledged, {failed[:1]}")
+    return ASYNC_MESSAGES
+
+
+def _raw_sync(raw: RawProducer, topic: str, body: bytes) -> int:
+    ids = MessageIdGenerator()
+    for _ in range(SYNC_MESSAGES):
+        headers: RawHeaders = [
+            ("UNIQ_KEY", ids.next_id().encode()),
+            ("BORN_HOST", b"127.0.0.1"),
+            ("TAGS", b"T"),
+        ]
+        raw.produce(topic, body, headers=headers)
+        raw.flush(10)
+    return SYNC_MESSAGES
+
+
+def _ours_sync(producer: Producer, topic: str, body: bytes) -> int:
+    for _ in range(SYNC_MESSAGES):
+        producer.send_sync(Message(topic, body, tags="T"))
+    return SYNC_MESSAGES
+
+
+def _measure_size(raw: RawProducer, producer: Producer, size: int) -> list[Row]:
+    body = b"x" * size
+    topic = f"bench-producer-{size}-{uuid.uuid4().hex[:6]}"
+    # Warm up both clients (connections, idempotent producer id, topic metadata).
+    _raw_sync(raw, topic, body)
+    _ours_sync(producer, topic, body)
+    rates = interleaved_rates(
+        RUNS,
+        {
+            "raw same": lambda: timed(lambda: _raw_async(raw, topic, body, True)),
+            "raw bare": lambda: timed(lambda: _raw_async(raw, topic, body, False)),
+            "ours": lambda: timed(lambda: _ours_async(producer, topic, body)),
+            "raw sync": lambda: timed(lambda: _raw_sync(raw, topic, body)),
+            "ours sync": lambda: timed(lambda: _ours_sync(producer, topic, body)),
+        },
+    )
+    name = f"send_async {size} B"
+    return [
+        Row(name, "msg/s", rates["ours"], rates["raw same"], "raw produce, same record"),
+        Row(name, "msg/s", rates["ours"], rates["raw bare"], "raw produce, value only"),
+        Row(f"send_sync {size} B", "msg/s", rates["ours sync"], rates["raw sync"],
+            "raw produce+flush, same record"),
+    ]  # fmt: skip
+
+
+def run(bootstrap: str) -> list[Row]:
+    """Measure and print; return the rows."""
+    config = ClientConfig(bootstrap_servers=bootstrap)
+    raw = RawProducer(producer_config(config, "bench-raw"))
+    with Producer("bench", config=config) as producer:
+        rows = [row for size in (100, 1024) for row in _measure_size(raw, producer, size)]
+    raw.flush(10)
+    print_rows("Producer throughput, messages/s (ratio = ours / baseline)", rows)
+    return rows
