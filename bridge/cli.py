@@ -75,7 +75,17 @@ def _stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, old)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _BridgeGroup(click.Group):
+    """Turns the project's errors into a one-line ``Error: ...`` and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BridgeError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.group(cls=_BridgeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--namespace",
     envvar="BRIDGE_NAMESPACE",
@@ -172,8 +182,6 @@ def up(
                 console.print("up; press Ctrl-C to stop")
                 stop.wait()
                 console.print("stopping...")
-        except BridgeError as exc:
-            raise click.ClickException(str(exc)) from exc
         finally:
             if coordinator is not None:
                 coordinator.stop()
@@ -189,10 +197,7 @@ def broker(data_dir: Path | None, port: int) -> None:
     """Run only the local Kafka broker in the foreground."""
     kafka = _local_broker(data_dir, port)
     with _stop_on_signals() as stop:
-        try:
-            kafka.start()
-        except BridgeError as exc:
-            raise click.ClickException(str(exc)) from exc
+        kafka.start()
         try:
             console.print(
                 f"Kafka {kafka.bootstrap_servers} (data in {kafka.data_dir}); Ctrl-C stops"
@@ -208,13 +213,9 @@ def broker(data_dir: Path | None, port: int) -> None:
 def coordinator(ctx: click.Context, bootstrap_servers: str | None) -> None:
     """Run only the coordinator (against configured Kafka) in the foreground."""
     config = CoordinatorConfig.from_env().with_client(_client_config(ctx, bootstrap_servers))
-    with _stop_on_signals() as stop:
-        try:
-            with Coordinator(config) as running:
-                console.print(f"coordinator {running.config.coordinator_id} running; Ctrl-C stops")
-                stop.wait()
-        except BridgeError as exc:
-            raise click.ClickException(str(exc)) from exc
+    with _stop_on_signals() as stop, Coordinator(config) as running:
+        console.print(f"coordinator {running.config.coordinator_id} running; Ctrl-C stops")
+        stop.wait()
 
 
 @cli.group()
@@ -230,10 +231,7 @@ def topics_list(ctx: click.Context, bootstrap_servers: str | None, show_all: boo
     """List topics with their kind and RocketMQ name."""
     config = _client_config(ctx, bootstrap_servers)
     catalog = TopicCatalog(namespace=config.namespace)
-    try:
-        found = TopicAdmin(config).list_topics(include_internal=show_all)
-    except BridgeError as exc:
-        raise click.ClickException(str(exc)) from exc
+    found = TopicAdmin(config).list_topics(include_internal=show_all)
     rows = []
     for name in sorted(found):
         try:
@@ -272,16 +270,13 @@ def topics_create(
     """Create topics idempotently (existing ones are left as they are)."""
     config = _client_config(ctx, bootstrap_servers)
     catalog = TopicCatalog(namespace=config.namespace)
-    try:
-        specs: list[TopicSpec] = list(catalog.system_specs()) if system else []
-        for group in groups:
-            specs.extend(catalog.group_specs(group))
-        specs.extend(TopicSpec(to_kafka_topic(n, config.namespace), partitions) for n in names)
-        if not specs:
-            raise click.UsageError("nothing to create: give --system, --group or --topic")
-        created = TopicAdmin(config).ensure_topics(specs)
-    except BridgeError as exc:
-        raise click.ClickException(str(exc)) from exc
+    specs: list[TopicSpec] = list(catalog.system_specs()) if system else []
+    for group in groups:
+        specs.extend(catalog.group_specs(group))
+    specs.extend(TopicSpec(to_kafka_topic(n, config.namespace), partitions) for n in names)
+    if not specs:
+        raise click.UsageError("nothing to create: give --system, --group or --topic")
+    created = TopicAdmin(config).ensure_topics(specs)
     for spec in specs:
         console.print(f"{'created' if spec.kafka_name in created else 'exists '} {spec.kafka_name}")
 
@@ -298,10 +293,7 @@ def topics_map(ctx: click.Context, names: tuple[str, ...]) -> None:
             kafka_name = to_kafka_topic(name, namespace)
             console.print(f"{name} -> {kafka_name}")
         except BridgeError:
-            try:
-                console.print(f"{name} <- {catalog.parse(name).rocketmq_name}")
-            except BridgeError as exc:
-                raise click.ClickException(str(exc)) from exc
+            console.print(f"{name} <- {catalog.parse(name).rocketmq_name}")
 
 
 def _parse_properties(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -337,19 +329,16 @@ def send(
 ) -> None:
     """Send BODY to TOPIC and print where it was stored."""
     config = _client_config(ctx, bootstrap_servers)
-    try:
-        with Producer(group, config=config) as producer:
-            for _ in range(count):
-                msg = Message(
-                    topic, body, keys=keys, tags=tags, properties=_parse_properties(properties)
-                )
-                result = producer.send_sync(msg)
-                console.print(
-                    f"{result.status.value} {result.msg_id} "
-                    f"{result.topic}[{result.queue_id}]@{result.offset}"
-                )
-    except BridgeError as exc:
-        raise click.ClickException(str(exc)) from exc
+    with Producer(group, config=config) as producer:
+        for _ in range(count):
+            msg = Message(
+                topic, body, keys=keys, tags=tags, properties=_parse_properties(properties)
+            )
+            result = producer.send_sync(msg)
+            console.print(
+                f"{result.status.value} {result.msg_id} "
+                f"{result.topic}[{result.queue_id}]@{result.offset}"
+            )
 
 
 @cli.command()
@@ -377,17 +366,14 @@ def consume(
 ) -> None:
     """Print committed messages of TOPIC... (RocketMQ names, e.g. %DLQ%my_group)."""
     config = _client_config(ctx, bootstrap_servers)
-    try:
-        for msg in read_messages(
-            config, list(topics_), group=group, max_messages=count, timeout_ms=timeout_ms,
-            commit=group is not None,
-        ):  # fmt: skip
-            console.print(
-                f"{msg.topic}[{msg.queue_id}]@{msg.queue_offset} {msg.msg_id} tags={msg.tags} "
-                f"keys={msg.keys} props={msg.user_properties} body={msg.body!r}"
-            )
-    except BridgeError as exc:
-        raise click.ClickException(str(exc)) from exc
+    for msg in read_messages(
+        config, list(topics_), group=group, max_messages=count, timeout_ms=timeout_ms,
+        commit=group is not None,
+    ):  # fmt: skip
+        console.print(
+            f"{msg.topic}[{msg.queue_id}]@{msg.queue_offset} {msg.msg_id} tags={msg.tags} "
+            f"keys={msg.keys} props={msg.user_properties} body={msg.body!r}"
+        )
 
 
 @cli.command()
@@ -395,10 +381,7 @@ def consume(
 def fetch(sets: tuple[str, ...]) -> None:
     """Fetch the broker's (kafka) and Spark's Kafka source (spark) jars into the cache."""
     for name in sets or tuple(sorted(ARTIFACT_SETS)):
-        try:
-            libs = ensure_jars(name)
-        except BridgeError as exc:
-            raise click.ClickException(str(exc)) from exc
+        libs = ensure_jars(name)
         console.print(f"{name}: {len(list(libs.glob('*.jar')))} jars in {libs}")
 
 

@@ -70,7 +70,31 @@ class Lifecycle:
             )
 
 
-class ServiceThread(abc.ABC):
+class Startable(abc.ABC):
+    """Something with a ``start()``/``stop()`` lifecycle, usable as a context manager."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Start (acquire resources, start threads or processes)."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop and release everything ``start`` acquired. Idempotent."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ServiceThread(Startable):
     """A named background thread that calls :meth:`run_once` until stopped.
 
     Like RocketMQ's ``ServiceThread``: ``wakeup()`` cuts the wait short. An exception in
@@ -137,24 +161,12 @@ class ServiceThread(abc.ABC):
             except Exception:
                 logger.exception("service %s: on_stop failed", self.name)
 
-    def on_start(self) -> None:  # noqa: B027 - optional hook
+    def on_start(self) -> None:
         """Called on the service thread before the first iteration."""
 
-    def on_stop(self) -> None:  # noqa: B027 - optional hook
+    def on_stop(self) -> None:
         """Called on the service thread after the last iteration."""
 
     @abc.abstractmethod
     def run_once(self) -> None:
         """One iteration of the service's work."""
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

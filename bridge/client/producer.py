@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable
 from enum import Enum
 from functools import lru_cache
-from types import TracebackType
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError
 
@@ -25,7 +24,7 @@ from bridge.errors import (
     SendTimeoutError,
 )
 from bridge.kafka.clients import new_producer, translate_error
-from bridge.lifecycle import Lifecycle, ServiceState
+from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageConst, MessageIdGenerator, local_ipv4
 from topics.naming import to_kafka_topic, validate_group
 
@@ -100,7 +99,7 @@ def _log_oneway_failure(err: KafkaError | None, kmsg: Any) -> None:
         logger.warning("oneway send to %s failed: %s", kmsg.topic(), err.str())
 
 
-class Producer:
+class Producer(Startable):
     """Sends messages to real topics: ``send_sync``, ``send_async`` and ``send_oneway``.
 
     ``Producer("group", bootstrap_servers="host:9092")`` or ``Producer("group",
@@ -174,23 +173,15 @@ class Producer:
         self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
         logger.info("producer %s shut down", self.group)
 
+    def stop(self) -> None:
+        """:meth:`shutdown` with the default timeout (the ``start()/stop()`` lifecycle)."""
+        self.shutdown()
+
     def flush(self, timeout_ms: int | None = None) -> int:
         """Wait for outstanding sends; return how many are still unacknowledged."""
         self._lifecycle.require_running()
         timeout = timeout_ms if timeout_ms is not None else self.config.send_msg_timeout_ms
         return int(self._kafka.flush(timeout / 1000))
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.shutdown()
 
     def _poll_loop(self) -> None:
         # Delivery reports are served on the sending threads while they send (confluent-kafka

@@ -14,13 +14,12 @@ import socket
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Self
 
 from bridge.config import ClientConfig
 from bridge.errors import InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
-from bridge.lifecycle import Lifecycle, ServiceState, ServiceThread
+from bridge.lifecycle import Lifecycle, ServiceState, ServiceThread, Startable
 from topics.catalog import (
     DEFAULT_DELAY_LEVEL_COUNT,
     DEFAULT_TIMER_PARTITIONS,
@@ -106,7 +105,7 @@ class _StatusService(ServiceThread):
         logger.info("coordinator %s: services %s", self._coordinator.config.coordinator_id, states)
 
 
-class Coordinator:
+class Coordinator(Startable):
     """Provisions the system topics, then runs its services until stopped.
 
     ``with Coordinator(CoordinatorConfig.from_env(), services) as c: c.wait()``.
@@ -168,15 +167,3 @@ class Coordinator:
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until stopped (or ``timeout_s`` passes); True if stopped."""
         return self._stopped.wait(timeout_s)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -26,8 +26,9 @@ KAFKA_VERSION = "4.1.1"
 """The Apache Kafka release the local broker runs."""
 LOG4J_VERSION = "2.24.3"
 """log4j-core's version in Kafka 4.1.1; the slf4j 1.7 binding must match it."""
-SPARK_VERSION = "4.2.0"
-"""Must equal the pinned pyspark version."""
+SPARK_VERSION = "4.0.0"
+"""Must equal the pinned pyspark version: the newest Spark whose Kafka source, its token
+provider and spark-avro all resolve from the package registry this project uses."""
 
 _MAVEN_TIMEOUT_S = 900
 JAVA_HINT = "a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)"
@@ -93,6 +94,13 @@ def require_tool(name: str, install_hint: str) -> str:
     return found
 
 
+SHADOWED_REPOSITORIES = ("gcs-maven-central-mirror",)
+"""Repository ids that dependency POMs declare (Spark's parent POM lists a mirror first) and
+that Maven must not try: on a network that only reaches the configured registry, Maven 3.8
+aborts on the first unreachable repository instead of trying the next one. Declaring the same
+id, disabled, in the project POM shadows it; Maven's own configured repositories remain."""
+
+
 def _pom(artifacts: ArtifactSet) -> str:
     deps = []
     for coordinate in artifacts.coordinates:
@@ -102,6 +110,12 @@ def _pom(artifacts: ArtifactSet) -> str:
             f"<groupId>{escape(group)}</groupId><artifactId>{escape(artifact)}</artifactId>"
             f"<version>{escape(version)}</version></dependency>"
         )
+    shadowed = [
+        f"    <repository><id>{escape(repo_id)}</id><url>file:///nonexistent</url>"
+        "<releases><enabled>false</enabled></releases>"
+        "<snapshots><enabled>false</enabled></snapshots></repository>"
+        for repo_id in SHADOWED_REPOSITORIES
+    ]
     return (
         '<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
         "  <modelVersion>4.0.0</modelVersion>\n"
@@ -109,6 +123,7 @@ def _pom(artifacts: ArtifactSet) -> str:
         f"  <artifactId>{artifacts.name}-runtime</artifactId>\n"
         f"  <version>{artifacts.version}</version>\n"
         "  <packaging>pom</packaging>\n"
+        "  <repositories>\n" + "\n".join(shadowed) + "\n  </repositories>\n"
         "  <dependencies>\n" + "\n".join(deps) + "\n  </dependencies>\n</project>\n"
     )
 
@@ -143,6 +158,7 @@ def ensure_jars(name: str) -> Path:
                 mvn,
                 "-B",
                 "-q",
+                "-U",  # retry artifacts a failed earlier attempt marked missing
                 "dependency:copy-dependencies",
                 "-DincludeScope=runtime",
                 f"-DoutputDirectory={libs}",

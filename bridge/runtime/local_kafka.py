@@ -20,13 +20,14 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType, TracebackType
-from typing import Any, Self
+from types import MappingProxyType
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from bridge.errors import BrokerStartError, InvalidArgumentError
+from bridge.lifecycle import Startable
 from bridge.runtime.jars import JAVA_HINT, ensure_jars, require_tool
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class LocalKafkaConfig:
             raise InvalidArgumentError("start_timeout_ms and stop_timeout_ms must be positive")
 
 
-class LocalKafka:
+class LocalKafka(Startable):
     """Start, stop, kill and restart one local broker process.
 
     ``with LocalKafka(LocalKafkaConfig(data_dir)) as kafka: kafka.bootstrap_servers``.
@@ -345,15 +346,3 @@ class LocalKafka:
         """Stop cleanly and start again on the same data and ports."""
         self.stop()
         self.start()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
