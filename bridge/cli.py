@@ -27,6 +27,7 @@ from bridge.config import ClientConfig
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import BridgeError
 from bridge.kafka.admin import TopicAdmin
+from bridge.kafka.quarantine import read_quarantine
 from bridge.message import Message
 from bridge.runtime.jars import ARTIFACT_SETS, cache_dir, ensure_jars
 from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
@@ -374,6 +375,25 @@ def consume(
             f"{msg.topic}[{msg.queue_id}]@{msg.queue_offset} {msg.msg_id} tags={msg.tags} "
             f"keys={msg.keys} props={msg.user_properties} body={msg.body!r}"
         )
+
+
+@cli.command("quarantine")
+@_bootstrap_option("Kafka to inspect.")
+@click.option("--count", type=int, default=None, help="Show at most N records.")
+@click.pass_context
+def quarantine_list(ctx: click.Context, bootstrap_servers: str | None, count: int | None) -> None:
+    """Print the quarantined records: origin, reason and size."""
+    config = _client_config(ctx, bootstrap_servers)
+    shown = 0
+    for kept in read_quarantine(config, max_records=count):
+        shown += 1
+        size = len(kept.value) if kept.value is not None else 0
+        console.print(
+            f"@{kept.offset} from {kept.source_topic}[{kept.source_partition}]@"
+            f"{kept.source_offset} by {kept.quarantined_by} ({size} bytes): {kept.reason}"
+        )
+    if not shown:
+        console.print("no quarantined records")
 
 
 @cli.command()

@@ -26,15 +26,24 @@ def encode_headers(properties: Mapping[str, str]) -> Headers:
     return [(name, value.encode("utf-8")) for name, value in properties.items()]
 
 
-def decode_headers(headers: Sequence[tuple[str, bytes | None]] | None) -> dict[str, str]:
+RawHeaders = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None]
+
+
+def _header_text(value: str | bytes | None) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return value.decode("utf-8", "surrogateescape")
+
+
+def decode_headers(headers: RawHeaders | None) -> dict[str, str]:
     """Kafka headers as properties. Bytes that are not UTF-8 are kept losslessly
     (``surrogateescape``); a null header value becomes ``""``; a repeated name keeps the last."""
     if not headers:
         return {}
-    return {
-        name: (value.decode("utf-8", "surrogateescape") if value is not None else "")
-        for name, value in headers
-    }
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    return {name: _header_text(value) for name, value in pairs}
 
 
 def message_from_record(record: Any, catalog: TopicCatalog | None = None) -> MessageExt:
