@@ -12,6 +12,12 @@ from bridge.client import Producer, SendResult, SendStatus, read_messages
 from bridge.config import ClientConfig
 from bridge.errors import BridgeError
 from bridge.message import Message, MessageConst, MessageExt
+from bridge.transaction import (
+    TransactionListener,
+    TransactionMQProducer,
+    TransactionSendResult,
+    TransactionStatus,
+)
 
 __version__ = "0.1.0"
 
@@ -24,6 +30,10 @@ __all__ = [
     "Producer",
     "SendResult",
     "SendStatus",
+    "TransactionListener",
+    "TransactionMQProducer",
+    "TransactionSendResult",
+    "TransactionStatus",
     "__version__",
     "read_messages",
 ]

@@ -102,8 +102,12 @@ def decode_envelope(data: bytes | None, topic: str = "") -> MessageExt:
 
     Raises a :class:`~topics.errors.WireFormatError` subclass on bad bytes.
     """
-    record = default_registry().decode(ENVELOPE_SCHEMA, data)
-    props: dict[str, str] = record["properties"]
+    return envelope_to_message(default_registry().decode(ENVELOPE_SCHEMA, data), topic)
+
+
+def envelope_to_message(record: Mapping[str, Any], topic: str = "") -> MessageExt:
+    """A decoded ``MessageEnvelope`` record as a message (see :func:`decode_envelope`)."""
+    props: dict[str, str] = dict(record["properties"])
     return MessageExt(
         topic or props.get(MessageConst.REAL_TOPIC, ""),
         record["body"],

@@ -56,8 +56,13 @@ class MessageConst:
     KEY_SEPARATOR: Final = " "
 
 
+USER_SETTABLE_PROPERTIES: Final = frozenset({MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS})
+"""System names RocketMQ users set through ``putUserProperty`` all the same."""
+
 RESERVED_PROPERTIES: Final = frozenset(
-    v for k, v in vars(MessageConst).items() if k.isupper() and k != "KEY_SEPARATOR"
+    v
+    for k, v in vars(MessageConst).items()
+    if k.isupper() and k != "KEY_SEPARATOR" and v not in USER_SETTABLE_PROPERTIES
 )
 """Names a user property may not take (RocketMQ's ``putUserProperty`` refuses them too)."""
 

@@ -128,16 +128,24 @@ class SchemaRegistry:
             raise InvalidArgumentError(f"record does not fit schema {name}: {exc}") from exc
         return buf.getvalue()
 
+    def decode_any(self, data: bytes | None) -> tuple[str, dict[str, Any]]:
+        """Decode a record of any known schema; return its schema name and the record."""
+        return self._decode(None, data)
+
     def decode(self, name: str, data: bytes | None) -> dict[str, Any]:
         """Decode a record written with any known version of ``name`` into its newest version.
 
         Raises :class:`MalformedRecordError` or :class:`UnknownSchemaError` with the reason.
         """
+        return self._decode(name, data)[1]
+
+    def _decode(self, expected: str | None, data: bytes | None) -> tuple[str, dict[str, Any]]:
+        what = f"a {expected} record" if expected else "a system record"
         if data is None:
-            raise MalformedRecordError(f"expected a {name} record, found a null value")
+            raise MalformedRecordError(f"expected {what}, found a null value")
         if len(data) < HEADER_LENGTH or data[:2] != SINGLE_OBJECT_MARKER:
             raise MalformedRecordError(
-                f"expected a {name} record in Avro single object encoding "
+                f"expected {what} in Avro single object encoding "
                 f"(marker C3 01), found {data[:HEADER_LENGTH].hex(' ') or 'no bytes'}"
             )
         writer = self._by_fingerprint.get(bytes(data[2:HEADER_LENGTH]))
@@ -146,9 +154,9 @@ class SchemaRegistry:
                 f"record's schema fingerprint {data[2:HEADER_LENGTH].hex()} is unknown here "
                 "(written by a newer version?)"
             )
-        if writer.name != name:
-            raise MalformedRecordError(f"expected a {name} record, found a {writer.name} record")
-        reader = self._latest[name]
+        if expected is not None and writer.name != expected:
+            raise MalformedRecordError(f"expected {what}, found a {writer.name} record")
+        reader = self._latest[writer.name]
         stream = io.BytesIO(data)
         stream.seek(HEADER_LENGTH)
         try:
@@ -156,12 +164,14 @@ class SchemaRegistry:
                 dict[str, Any], fastavro.schemaless_reader(stream, writer.parsed, reader.parsed)
             )
         except Exception as exc:  # fastavro raises a wide range of errors on bad bytes
-            raise MalformedRecordError(f"cannot decode {name} v{writer.version}: {exc!r}") from exc
+            raise MalformedRecordError(
+                f"cannot decode {writer.name} v{writer.version}: {exc!r}"
+            ) from exc
         if stream.tell() != len(data):
             raise MalformedRecordError(
-                f"{len(data) - stream.tell()} trailing bytes after a {name} record"
+                f"{len(data) - stream.tell()} trailing bytes after a {writer.name} record"
             )
-        return record
+        return writer.name, record
 
 
 @cache

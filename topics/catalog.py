@@ -16,6 +16,7 @@ from topics.errors import InvalidArgumentError
 from topics.naming import (
     DEFAULT_NAMESPACE,
     ParsedTopic,
+    check_topic,
     dlq_topic,
     parse_kafka_topic,
     retry_topic,
@@ -58,7 +59,7 @@ class SystemTopic(Enum):
 
 RECORD_SCHEMAS: Mapping[SystemTopic, str | None] = MappingProxyType(
     {
-        SystemTopic.HALF: "MessageEnvelope",
+        SystemTopic.HALF: "MessageEnvelope",  # and EndTransactionRequest
         SystemTopic.OP: "OpRecord",
         SystemTopic.CHECK_MAX: "MessageEnvelope",
         SystemTopic.SCHEDULE: "MessageEnvelope",
@@ -132,6 +133,21 @@ class TopicCatalog:
         """The Kafka name of ``%DLQ%<group>`` in this namespace."""
         return dlq_topic(group, self.namespace)
 
+    def check_topic(self, producer_group: str) -> str:
+        """The Kafka name of a producer group's check-request topic."""
+        return check_topic(producer_group, self.namespace)
+
+    def check_topic_spec(self, producer_group: str, partitions: int = 4) -> TopicSpec:
+        """How to create a producer group's check-request topic (checks expire after a day:
+        an unanswered one is asked again at the next check interval anyway)."""
+        return TopicSpec(
+            self.check_topic(producer_group),
+            partitions,
+            {"retention.ms": str(DAY_MS)},
+            record_schema="CheckRequest",
+            replication_factor=self.replication_factor,
+        )
+
     def parse(self, kafka_name: str) -> ParsedTopic:
         """Read a Kafka topic name of this namespace back into RocketMQ terms."""
         return parse_kafka_topic(
@@ -157,10 +173,15 @@ class TopicCatalog:
             SystemTopic.CHECK_MAX: -1,
             SystemTopic.QUARANTINE: -1,
         }[system]
+        configs = {"cleanup.policy": "delete", "retention.ms": str(retention_ms)}
+        if system in (SystemTopic.HALF, SystemTopic.OP):
+            # One clock (the broker's) for both: recovery looks OP records up by the append
+            # time of the oldest undecided half message.
+            configs["message.timestamp.type"] = "LogAppendTime"
         return TopicSpec(
             kafka_name=self.topic(system),
             partitions=partitions,
-            configs={"cleanup.policy": "delete", "retention.ms": str(retention_ms)},
+            configs=configs,
             record_schema=RECORD_SCHEMAS[system],
             system=system,
             replication_factor=self.replication_factor,

@@ -11,7 +11,8 @@ The mapping, documented in the README:
   so Kafka users' topics keep their names and their tools keep working;
 * ``%RETRY%<group>`` becomes ``<namespace>.RETRY.<escaped group>`` and ``%DLQ%<group>``
   becomes ``<namespace>.DLQ.<escaped group>``;
-* system topics (HALF, OP, SCHEDULE, ...) become ``<namespace>.<RocketMQ system name>``.
+* system topics (HALF, OP, SCHEDULE, ...) become ``<namespace>.<RocketMQ system name>``;
+* each producer group's check-request topic is ``<namespace>.CHECK.<escaped group>``.
 
 The group is escaped with ``_`` as the escape character: ``_`` is written ``__`` and every
 character outside ``[a-zA-Z0-9-]`` is written ``_`` followed by two upper-case hex digits
@@ -54,6 +55,7 @@ class TopicKind(Enum):
     REAL = "real"
     RETRY = "retry"
     DLQ = "dlq"
+    CHECK = "check"
     SYSTEM = "system"
 
 
@@ -161,6 +163,15 @@ def dlq_topic(group: str, namespace: str = DEFAULT_NAMESPACE) -> str:
     )
 
 
+def check_topic(producer_group: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Kafka name of the topic that carries check requests to a producer group's live members
+    (RocketMQ sends them over the producers' connections instead)."""
+    validate_namespace(namespace)
+    return _check_kafka_name(
+        f"{namespace}.CHECK.{escape_group(producer_group)}", f"check topic of {producer_group}"
+    )
+
+
 def system_topic(system_name: str, namespace: str = DEFAULT_NAMESPACE) -> str:
     """Kafka name of a system topic such as ``RMQ_SYS_TRANS_HALF_TOPIC``."""
     validate_namespace(namespace)
@@ -211,6 +222,9 @@ def parse_kafka_topic(
     if rest.startswith("DLQ."):
         group = unescape_group(rest[len("DLQ.") :])
         return ParsedTopic(TopicKind.DLQ, DLQ_GROUP_TOPIC_PREFIX + group, group)
+    if rest.startswith("CHECK."):
+        group = unescape_group(rest[len("CHECK.") :])
+        return ParsedTopic(TopicKind.CHECK, f"check topic of {group}", group)
     if rest in system_names:
         return ParsedTopic(TopicKind.SYSTEM, rest)
     raise InvalidTopicNameError(kafka_name, f"unknown topic in namespace {namespace!r}")

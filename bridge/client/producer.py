@@ -259,6 +259,15 @@ class Producer(Startable):
         if not self._running:
             self._lifecycle.require_running()
         record = self.prepare(msg)
+        stored_partition, offset = self.send_record_sync(record, partition)
+        return SendResult(SendStatus.SEND_OK, record.msg_id, offset, msg.topic, stored_partition)
+
+    def send_record_sync(self, record: PreparedRecord, partition: int = -1) -> tuple[int, int]:
+        """Send a prepared record and wait for its acknowledgement; return (partition, offset).
+
+        The building block of ``send_sync`` for clients that write system records.
+        """
+        self._lifecycle.require_running()
         waiter = _SyncWaiter()
         self._produce(record, partition, waiter)
         # flush() sends at once instead of waiting linger.ms, and serves delivery reports
@@ -275,9 +284,13 @@ class Producer(Startable):
             self._kafka.flush(min(remaining, _SYNC_FLUSH_SLICE_S))
         if waiter.error is not None:
             raise translate_error(waiter.error, f"send of {record.msg_id} to {record.kafka_topic}")
-        return SendResult(
-            SendStatus.SEND_OK, record.msg_id, waiter.offset, msg.topic, waiter.partition
-        )
+        return waiter.partition, waiter.offset
+
+    def send_record_async(self, record: PreparedRecord, partition: int, callback: Any) -> None:
+        """Send a prepared record; ``callback(err, kafka_message)`` gets the delivery report."""
+        self._lifecycle.require_running()
+        self._produce(record, partition, callback)
+        self._kafka.poll(0)
 
     def send_async(
         self,

@@ -20,6 +20,8 @@ from bridge.config import ClientConfig
 from bridge.errors import InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
 from bridge.lifecycle import Lifecycle, ServiceState, ServiceThread, Startable
+from bridge.transaction.service import TransactionService, TransactionServiceConfig
+from bridge.transaction.state import CheckPolicy
 from topics.catalog import (
     DEFAULT_DELAY_LEVEL_COUNT,
     DEFAULT_TIMER_PARTITIONS,
@@ -46,6 +48,21 @@ class CoordinatorConfig:
     timer_partitions: int = DEFAULT_TIMER_PARTITIONS
     status_interval_ms: int = 60_000
     """How often the coordinator logs the state of its services, ms."""
+    transaction_timeout_ms: int = 6_000
+    """RocketMQ's ``transactionTimeOut``: a half message is first checked this long after its
+    birth (unless its ``CHECK_IMMUNITY_TIME_IN_SECONDS`` says otherwise), ms."""
+    check_interval_ms: int = 30_000
+    """RocketMQ 5.2+'s ``transactionCheckInterval`` (4.x: 60 s), ms."""
+    transaction_check_max: int = 15
+    """RocketMQ's ``transactionCheckMax``: checks before a half message is parked."""
+    file_reserved_time_ms: int = 72 * 3_600_000
+    """RocketMQ's ``fileReservedTime``: older half messages are parked (after one check), ms."""
+    session_timeout_ms: int = 10_000
+    """Kafka's ``session.timeout.ms`` for the coordinator's consumers: how long a crashed
+    coordinator keeps its partitions before the others take them over, ms (Kafka: 45 s)."""
+    kafka_transaction_timeout_ms: int = 10_000
+    """``transaction.timeout.ms`` of the coordinator's Kafka transactions: how long a crashed
+    coordinator's unfinished transaction can hold readers back, ms."""
 
     def __post_init__(self) -> None:
         if not self.coordinator_id:
@@ -55,6 +72,12 @@ class CoordinatorConfig:
                 f"status_interval_ms must be positive, got {self.status_interval_ms}"
             )
         self.catalog  # noqa: B018 - validates the partition counts
+        for name in (
+            "transaction_timeout_ms", "check_interval_ms", "transaction_check_max",
+            "file_reserved_time_ms", "kafka_transaction_timeout_ms", "session_timeout_ms",
+        ):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise InvalidArgumentError(f"{name} must be positive, got {getattr(self, name)}")
 
     @property
     def catalog(self) -> TopicCatalog:
@@ -93,6 +116,28 @@ class CoordinatorConfig:
         return cls(**values)  # type: ignore[arg-type]
 
 
+def default_services(config: CoordinatorConfig) -> list[ServiceThread]:
+    """The services a coordinator runs: end-transaction handling and check-back."""
+    policy = CheckPolicy(
+        transaction_timeout_ms=config.transaction_timeout_ms,
+        check_interval_ms=config.check_interval_ms,
+        transaction_check_max=config.transaction_check_max,
+        file_reserved_time_ms=config.file_reserved_time_ms,
+    )
+    return [
+        TransactionService(
+            TransactionServiceConfig(
+                client=config.client,
+                catalog=config.catalog,
+                coordinator_id=config.coordinator_id,
+                policy=policy,
+                kafka_transaction_timeout_ms=config.kafka_transaction_timeout_ms,
+                session_timeout_ms=config.session_timeout_ms,
+            )
+        )
+    ]
+
+
 class _StatusService(ServiceThread):
     def __init__(self, coordinator: Coordinator, interval_ms: int) -> None:
         super().__init__(
@@ -111,9 +156,13 @@ class Coordinator(Startable):
     ``with Coordinator(CoordinatorConfig.from_env(), services) as c: c.wait()``.
     """
 
-    def __init__(self, config: CoordinatorConfig, services: Sequence[ServiceThread] = ()) -> None:
+    def __init__(
+        self, config: CoordinatorConfig, services: Sequence[ServiceThread] | None = None
+    ) -> None:
         self.config = config
-        self.services: list[ServiceThread] = list(services)
+        self.services: list[ServiceThread] = (
+            list(services) if services is not None else default_services(config)
+        )
         self._lifecycle = Lifecycle(f"coordinator {config.coordinator_id}")
         self._status = _StatusService(self, config.status_interval_ms)
         self._stopped = threading.Event()

@@ -12,6 +12,7 @@ from topics.errors import InvalidTopicNameError
 from topics.naming import (
     KAFKA_TOPIC_MAX_LENGTH,
     TopicKind,
+    check_topic,
     dlq_topic,
     escape_group,
     kafka_collision_key,
@@ -60,6 +61,8 @@ def test_mapping_is_reversible_for_random_groups() -> None:
             assert parsed.rocketmq_name == name
             assert parsed.group == group
         assert unescape_group(escape_group(group)) == group
+        parsed_check = parse_kafka_topic(check_topic(group, "ns"), "ns", system_names)
+        assert (parsed_check.kind, parsed_check.group) == (TopicKind.CHECK, group)
 
 
 def test_escaped_group_never_contains_a_dot() -> None:
@@ -71,6 +74,7 @@ def test_no_two_names_collide_even_under_kafkas_dot_underscore_rule() -> None:
     groups = sorted(set(random_groups(5000, seed=3)) | {"a.b", "a_b", "a__b", "a_2Eb", "a|b"})
     catalog = TopicCatalog()
     names = [retry_topic(g) for g in groups] + [dlq_topic(g) for g in groups]
+    names += [check_topic(g) for g in groups]
     names += [catalog.topic(t) for t in SystemTopic]
     keys = [kafka_collision_key(n) for n in names]
     assert len(set(names)) == len(names)

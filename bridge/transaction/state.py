@@ -1,0 +1,214 @@
+"""The coordinator's view of one HALF partition: which transactions are undecided, when each is
+due for a check, and how far the partition is safely processed. Pure logic, no I/O.
+
+The rules are RocketMQ's (``TransactionalMessageServiceImpl#check``):
+
+* a half message is first checked once it is older than ``transaction_timeout_ms``, or than its
+  own ``CHECK_IMMUNITY_TIME_IN_SECONDS`` when set; then every ``check_interval_ms``;
+* each check increments ``TRANSACTION_CHECK_TIMES``; a message whose count has reached
+  ``transaction_check_max`` is discarded (parked) instead of checked again;
+* a message older than the retention is discarded too, but (unlike RocketMQ, #8311) never
+  before it was checked at least once.
+
+Duplicates are decided by transaction id: once a transaction is committed, rolled back or
+discarded, any later decision for it (a second commit, a commit racing a check answer, a commit
+after a rollback; RocketMQ #5574, #8158) changes nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from enum import Enum
+
+from bridge.message import MessageConst, MessageExt
+
+
+class CheckAction(Enum):
+    """What a due half message needs."""
+
+    CHECK = "CHECK"
+    DISCARD = "DISCARD"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckPolicy:
+    """RocketMQ's check-back settings, in milliseconds."""
+
+    transaction_timeout_ms: int = 6_000
+    check_interval_ms: int = 30_000
+    transaction_check_max: int = 15
+    file_reserved_time_ms: int = 72 * 3_600_000
+
+    def immunity_ms(self, msg: MessageExt) -> int:
+        """How long after its birth a message is left alone (RocketMQ's ``getImmunityTime``:
+        ``CHECK_IMMUNITY_TIME_IN_SECONDS`` when it is a valid number, else the timeout)."""
+        raw = msg.get_property(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS)
+        if raw:
+            try:
+                seconds = int(raw)
+            except ValueError:
+                return self.transaction_timeout_ms
+            if seconds > 0:
+                return seconds * 1000
+        return self.transaction_timeout_ms
+
+    def action(self, check_times: int, born_ms: int, now_ms: int) -> CheckAction:
+        """Check or discard a due message that was checked ``check_times`` times so far."""
+        if check_times >= self.transaction_check_max:
+            return CheckAction.DISCARD
+        if now_ms - born_ms > self.file_reserved_time_ms and check_times >= 1:
+            return CheckAction.DISCARD
+        return CheckAction.CHECK
+
+
+@dataclass(slots=True)
+class PendingHalf:
+    """An undecided transaction: its newest half message copy and its check schedule."""
+
+    transaction_id: str
+    offset: int
+    """Offset of the newest copy in the HALF partition (-1 while a copy is being written)."""
+    envelope: bytes
+    message: MessageExt
+    check_times: int
+    born_ms: int
+    next_check_ms: int
+
+    @property
+    def producer_group(self) -> str:
+        """The producer group that sent it (``PGROUP``)."""
+        return self.message.get_property(MessageConst.PRODUCER_GROUP) or ""
+
+
+@dataclass
+class HalfPartition:
+    """State of one HALF partition as the coordinator that owns it sees it."""
+
+    partition: int
+    policy: CheckPolicy
+    position: int = 0
+    """The next offset to read."""
+    catch_up_offset: int = 0
+    """Checks wait until the partition has been read this far (so a replay after a restart
+    sees every newer copy of a half message before checking it)."""
+    pending: dict[str, PendingHalf] = field(default_factory=dict)
+    _decided: dict[str, int] = field(default_factory=dict)
+    _schedule: list[tuple[int, str, int]] = field(default_factory=list)
+
+    @property
+    def caught_up(self) -> bool:
+        """True once the partition was read up to where it ended when recovery began."""
+        return self.position >= self.catch_up_offset
+
+    @property
+    def decided_count(self) -> int:
+        """How many decided transactions are remembered."""
+        return len(self._decided)
+
+    def is_decided(self, transaction_id: str) -> bool:
+        """True if the transaction was committed, rolled back or discarded."""
+        return transaction_id in self._decided
+
+    def mark_decided(self, transaction_id: str, offset: int) -> None:
+        """Record a decision (from an OP record, or one just made) on the copy at ``offset``."""
+        self._decided[transaction_id] = max(offset, self._decided.get(transaction_id, -1))
+
+    def on_half(
+        self, offset: int, append_ms: int, envelope: bytes, msg: MessageExt, now_ms: int
+    ) -> None:
+        """A half message (or a newer copy of one, written at a check) at ``offset``."""
+        self.position = max(self.position, offset + 1)
+        tid = msg.transaction_id or msg.msg_id
+        if tid in self._decided:
+            self.mark_decided(tid, offset)
+            return
+        current = self.pending.get(tid)
+        if current is not None and current.offset > offset:
+            return
+        raw_times = msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES) or "0"
+        check_times = int(raw_times) if raw_times.isdigit() else 0
+        born_ms = msg.born_timestamp_ms
+        if check_times == 0:
+            due = born_ms + self.policy.immunity_ms(msg)
+            if born_ms > now_ms + 1000:
+                due = now_ms  # born in the future: a clock is off, check now (as RocketMQ)
+        else:
+            # A copy is written when its message is checked: the next check is an interval on.
+            due = append_ms + self.policy.check_interval_ms
+        if current is not None:
+            check_times = max(check_times, current.check_times)
+            due = max(due, current.next_check_ms)
+        pending = PendingHalf(tid, offset, envelope, msg, check_times, born_ms, due)
+        self.pending[tid] = pending
+        heapq.heappush(self._schedule, (due, tid, check_times))
+
+    def on_end(self, offset: int, transaction_id: str) -> PendingHalf | None:
+        """An end-transaction request at ``offset``: the pending transaction it decides, or
+        None when there is nothing to decide (already decided, or unknown here)."""
+        self.position = max(self.position, offset + 1)
+        return self.pending.get(transaction_id)
+
+    def on_other(self, offset: int) -> None:
+        """A record that changes nothing (quarantined, or an UNKNOWN answer)."""
+        self.position = max(self.position, offset + 1)
+
+    def resolve(self, pending: PendingHalf) -> None:
+        """``pending`` was committed, rolled back or discarded."""
+        self.pending.pop(pending.transaction_id, None)
+        self.mark_decided(pending.transaction_id, pending.offset)
+
+    def due(self, now_ms: int, limit: int) -> list[PendingHalf]:
+        """Up to ``limit`` pending transactions whose check is due (none before caught up)."""
+        out: list[PendingHalf] = []
+        if not self.caught_up:
+            return out
+        while self._schedule and len(out) < limit and self._schedule[0][0] <= now_ms:
+            due, tid, times = heapq.heappop(self._schedule)
+            pending = self.pending.get(tid)
+            # Skip stale schedule entries (resolved, or rescheduled since).
+            if (
+                pending is not None
+                and pending.next_check_ms == due
+                and pending.check_times == times
+            ):
+                out.append(pending)
+        return out
+
+    def checked(self, pending: PendingHalf, now_ms: int) -> None:
+        """``pending`` was just checked: count it and schedule the next check. Its new copy's
+        offset arrives with :meth:`copy_written`."""
+        pending.check_times += 1
+        pending.offset = -1
+        pending.next_check_ms = now_ms + self.policy.check_interval_ms
+        heapq.heappush(
+            self._schedule, (pending.next_check_ms, pending.transaction_id, pending.check_times)
+        )
+
+    def postpone(self, pending: PendingHalf, now_ms: int) -> None:
+        """A check could not be made: try again an interval later (not counted)."""
+        pending.next_check_ms = now_ms + self.policy.check_interval_ms
+        heapq.heappush(
+            self._schedule, (pending.next_check_ms, pending.transaction_id, pending.check_times)
+        )
+
+    def copy_written(self, transaction_id: str, offset: int) -> None:
+        """The copy written at a check landed at ``offset``."""
+        pending = self.pending.get(transaction_id)
+        if pending is not None and pending.offset == -1:
+            pending.offset = offset
+        elif pending is None:
+            self.mark_decided(transaction_id, offset)
+
+    def checkpoint(self) -> int:
+        """The offset from which a restart must read again: the oldest undecided copy, or the
+        read position when nothing is undecided. Also forgets decisions older than it."""
+        offsets = [p.offset for p in self.pending.values() if p.offset >= 0]
+        checkpoint = min(offsets, default=self.position)
+        checkpoint = min(checkpoint, self.position)
+        if len(self._decided) > 1024:
+            self._decided = {t: o for t, o in self._decided.items() if o >= checkpoint}
+        if len(self._schedule) > 4 * len(self.pending) + 1024:
+            self._schedule = [e for e in self._schedule if e[1] in self.pending]
+            heapq.heapify(self._schedule)
+        return checkpoint
