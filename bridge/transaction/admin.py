@@ -1,0 +1,117 @@
+"""Operator views of transactions: parked (check-max) messages and undecided ones."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from bridge.codec import envelope_to_message
+from bridge.config import ClientConfig
+from bridge.errors import WireFormatError
+from bridge.kafka.clients import new_consumer
+from bridge.message import MessageConst, MessageExt
+from bridge.transaction.model import END_TRANSACTION_SCHEMA, ENVELOPE_SCHEMA, OpEntry
+from topics.avro import default_registry
+from topics.catalog import SystemTopic, TopicCatalog
+
+
+def _read_topic(config: ClientConfig, kafka_topic: str, timeout_ms: int) -> Iterator[Any]:
+    """Every committed record of ``kafka_topic`` from the beginning to its current end."""
+    consumer = new_consumer(
+        config, f"bridge-admin-{uuid.uuid4().hex[:12]}", "bridge-admin", enable_partition_eof=True
+    )
+    try:
+        metadata = consumer.list_topics(kafka_topic, timeout=timeout_ms / 1000)
+        partitions = (
+            metadata.topics[kafka_topic].partitions if kafka_topic in metadata.topics else {}
+        )
+        if not partitions:
+            return
+        consumer.assign([TopicPartition(kafka_topic, p, 0) for p in partitions])
+        remaining = set(partitions)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while remaining and time.monotonic() < deadline:
+            record = consumer.poll(0.2)
+            if record is None:
+                continue
+            error = record.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    remaining.discard(record.partition())
+                continue
+            yield record
+    finally:
+        consumer.close()
+
+
+def read_parked(config: ClientConfig, timeout_ms: int = 10_000) -> list[MessageExt]:
+    """Half messages parked in the check-max topic (``TRANS_CHECK_MAX_TIME_TOPIC``)."""
+    topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.CHECK_MAX)
+    out = []
+    for record in _read_topic(config, topic, timeout_ms):
+        try:
+            msg = envelope_to_message(default_registry().decode(ENVELOPE_SCHEMA, record.value()))
+        except WireFormatError:
+            continue
+        msg.queue_offset = record.offset()
+        out.append(msg)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class UndecidedTransaction:
+    """A half message with no decision yet."""
+
+    transaction_id: str
+    producer_group: str
+    real_topic: str
+    half_partition: int
+    half_offset: int
+    check_times: int
+    age_ms: int
+
+
+def list_undecided(config: ClientConfig, timeout_ms: int = 30_000) -> list[UndecidedTransaction]:
+    """Transactions whose half message has neither an OP record nor a decision yet.
+
+    Reads HALF and OP from the beginning of their retention: an operator's view, not a
+    hot path.
+    """
+    catalog = TopicCatalog(namespace=config.namespace)
+    decided: set[str] = set()
+    for record in _read_topic(config, catalog.topic(SystemTopic.OP), timeout_ms):
+        try:
+            decided.add(OpEntry.decode(record.value()).transaction_id)
+        except WireFormatError:
+            continue
+    latest: dict[str, UndecidedTransaction] = {}
+    now = time.time_ns() // 1_000_000
+    for record in _read_topic(config, catalog.topic(SystemTopic.HALF), timeout_ms):
+        try:
+            name, fields = default_registry().decode_any(record.value())
+        except WireFormatError:
+            continue
+        if name == END_TRANSACTION_SCHEMA:
+            continue
+        if name != ENVELOPE_SCHEMA:
+            continue
+        msg = envelope_to_message(fields)
+        tid = msg.transaction_id or msg.msg_id
+        if tid in decided:
+            continue
+        times = msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES) or "0"
+        latest[tid] = UndecidedTransaction(
+            transaction_id=tid,
+            producer_group=msg.get_property(MessageConst.PRODUCER_GROUP) or "",
+            real_topic=msg.get_property(MessageConst.REAL_TOPIC) or "",
+            half_partition=record.partition(),
+            half_offset=record.offset(),
+            check_times=int(times) if times.isdigit() else 0,
+            age_ms=now - msg.born_timestamp_ms,
+        )
+    return sorted(latest.values(), key=lambda t: -t.age_ms)

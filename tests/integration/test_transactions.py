@@ -1,0 +1,373 @@
+"""Transactional messages against a real broker: outcomes, check-back, duplicates, crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer as RawProducer
+
+from bridge import (
+    ClientConfig,
+    Message,
+    MessageExt,
+    TransactionListener,
+    TransactionMQProducer,
+    TransactionStatus,
+    read_messages,
+)
+from bridge.coordinator import Coordinator, CoordinatorConfig
+from bridge.errors import IllegalStateError
+from bridge.kafka.admin import TopicAdmin
+from bridge.kafka.quarantine import read_quarantine
+from bridge.message import MessageConst
+from bridge.transaction.admin import list_undecided, read_parked
+from tests.conftest import REPO_ROOT, wait_until
+from topics.catalog import SystemTopic, TopicCatalog
+
+pytestmark = pytest.mark.broker
+
+FAST: dict[str, int] = {
+    "transaction_partitions": 2,
+    "transaction_timeout_ms": 1500,
+    "check_interval_ms": 1000,
+    "transaction_check_max": 3,
+    "session_timeout_ms": 6000,
+}
+C, R, U = TransactionStatus.COMMIT, TransactionStatus.ROLLBACK, TransactionStatus.UNKNOWN
+Outcome = TransactionStatus | Exception
+
+
+class Scripted(TransactionListener):
+    """Answers by message body: ``execute[body]`` once, then ``check[body]`` for each check."""
+
+    def __init__(self, execute: dict[str, Outcome], check: dict[str, Outcome] | None = None):
+        self.execute = execute
+        self.check = check or {}
+        self.checks: dict[str, list[float]] = {}
+        self.lock = threading.Lock()
+        self.on_check: Callable[[MessageExt], None] | None = None
+
+    @staticmethod
+    def _answer(outcome: Outcome) -> TransactionStatus:
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        return self._answer(self.execute.get(msg.body.decode(), U))
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        body = msg.body.decode()
+        with self.lock:
+            self.checks.setdefault(body, []).append(time.time())
+        if self.on_check is not None:
+            self.on_check(msg)
+        return self._answer(self.check.get(body, U))
+
+
+def coordinator_config(client: ClientConfig, **overrides: int) -> CoordinatorConfig:
+    return CoordinatorConfig(
+        client=client, coordinator_id=f"c-{uuid.uuid4().hex[:8]}", **{**FAST, **overrides}
+    )
+
+
+@pytest.fixture()
+def coordinator(client_config: ClientConfig) -> Iterator[Coordinator]:
+    with Coordinator(coordinator_config(client_config)) as running:
+        yield running
+
+
+def bodies(config: ClientConfig, topic: str, expected: int, idle_ms: int = 3000) -> list[str]:
+    """Bodies on the real topic (read_committed), read until ``expected`` arrived and then
+    until ``idle_ms`` passed without another (so duplicates would be seen)."""
+    out = [
+        m.body.decode()
+        for m in read_messages(config, [topic], max_messages=expected, timeout_ms=60_000)
+    ]
+    out += [m.body.decode() for m in read_messages(config, [topic], timeout_ms=idle_ms)][len(out) :]
+    return sorted(out)
+
+
+def test_commit_rollback_check_outcomes_and_parking(
+    client_config: ClientConfig, coordinator: Coordinator, topic: str
+) -> None:
+    listener = Scripted(
+        execute={"commit": C, "rollback": R, "raises": RuntimeError("db down")},
+        check={"check-commit": C, "check-rollback": R, "raises": C},
+    )
+    names = ["commit", "rollback", "check-commit", "check-rollback", "forever", "raises"]
+    with TransactionMQProducer("tx_outcomes", listener, config=client_config) as producer:
+        results = {
+            name: producer.send_message_in_transaction(
+                Message(topic, name, keys=f"key-{name}", tags="TagA", properties={"p": name}), name
+            )
+            for name in names
+        }
+        assert results["commit"].local_transaction_state is C
+        assert results["raises"].local_transaction_state is U
+        parked = wait_until(lambda: read_parked(client_config, timeout_ms=2000), timeout_s=60)
+
+    assert bodies(client_config, topic, 3) == ["check-commit", "commit", "raises"]
+    (real,) = [
+        m for m in read_messages(client_config, [topic], max_messages=3) if m.body == b"commit"
+    ]
+    assert real.keys == ["key-commit"] and real.tags == "TagA"
+    assert real.user_properties == {"p": "commit"}
+    assert real.msg_id == results["commit"].msg_id == real.transaction_id
+    for gone in (
+        MessageConst.REAL_TOPIC,
+        MessageConst.REAL_QUEUE_ID,
+        MessageConst.TRANSACTION_PREPARED,
+    ):
+        assert gone not in real.properties
+
+    assert [m.body for m in parked] == [b"forever"]
+    assert parked[0].get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "3"
+    assert len(listener.checks["forever"]) == 3
+    assert "commit" not in listener.checks and "rollback" not in listener.checks
+
+
+def test_first_check_follows_the_timeout_and_checks_follow_the_interval(
+    client_config: ClientConfig, coordinator: Coordinator, topic: str
+) -> None:
+    listener = Scripted(execute={}, check={})
+    with TransactionMQProducer("tx_timing", listener, config=client_config) as producer:
+        sent = time.time()
+        producer.send_message_in_transaction(Message(topic, "slow"))
+        wait_until(lambda: len(listener.checks.get("slow", [])) >= 2, timeout_s=30)
+    first, second = listener.checks["slow"][:2]
+    assert 1.5 <= first - sent < 1.5 + 1.0  # within a second of the 1.5 s timeout
+    assert 1.0 <= second - first < 2.0
+
+
+def test_duplicate_late_and_racing_decisions_commit_once(
+    client_config: ClientConfig, coordinator: Coordinator, topic: str
+) -> None:
+    listener = Scripted(execute={}, check={"racing": C})
+    with TransactionMQProducer("tx_dupes", listener, config=client_config) as producer:
+        # A commit arriving while the check answer (also COMMIT) is on its way (#5574, #8158).
+        listener.on_check = lambda msg: producer._end(
+            msg.msg_id, partitions[msg.msg_id], C, from_check=False
+        )
+        partitions: dict[str, int] = {}
+        sent = {}
+        for name in ("twice", "rolled-back", "racing"):
+            result = producer.send_message_in_transaction(Message(topic, name))
+            partitions[result.transaction_id] = result.queue_id
+            sent[name] = result
+        twice, rolled = sent["twice"], sent["rolled-back"]
+        producer._end(twice.transaction_id, twice.queue_id, C, from_check=False)
+        producer._end(twice.transaction_id, twice.queue_id, C, from_check=False)
+        producer._end(rolled.transaction_id, rolled.queue_id, R, from_check=False)
+        producer._end(rolled.transaction_id, rolled.queue_id, C, from_check=False)  # too late
+        assert bodies(client_config, topic, 2, idle_ms=4000) == ["racing", "twice"]
+
+
+def test_long_immunity_is_honoured_and_checked_before_any_discard(
+    client_config: ClientConfig, topic: str
+) -> None:
+    # Retention shorter than the immunity: RocketMQ #8311 discarded such messages unchecked.
+    config = coordinator_config(client_config, file_reserved_time_ms=1000)
+    listener = Scripted(execute={}, check={})
+    with (
+        Coordinator(config),
+        TransactionMQProducer("tx_immune", listener, config=client_config) as producer,
+    ):
+        msg = Message(
+            topic, "immune", properties={MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: "4"}
+        )
+        sent = time.time()
+        producer.send_message_in_transaction(msg)
+        parked = wait_until(lambda: read_parked(client_config, timeout_ms=2000), timeout_s=30)
+    assert len(listener.checks["immune"]) == 1
+    assert listener.checks["immune"][0] - sent >= 4.0
+    assert parked[0].get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "1"
+
+
+def test_malformed_half_records_are_quarantined_and_nothing_stalls(
+    client_config: ClientConfig, coordinator: Coordinator, topic: str
+) -> None:
+    catalog = TopicCatalog(namespace=client_config.namespace)
+    raw = RawProducer({"bootstrap.servers": client_config.bootstrap_servers})
+    for partition in (0, 1):
+        raw.produce(catalog.topic(SystemTopic.HALF), b"not avro", partition=partition)
+    raw.flush(10)
+    listener = Scripted(
+        execute={"a": C, "b": U, "c": U},
+        check={"b": RuntimeError("check blew up"), "c": C},  # #9500: one failing check
+    )
+    with TransactionMQProducer("tx_bad", listener, config=client_config) as producer:
+        for name in ("a", "b", "c"):
+            producer.send_message_in_transaction(Message(topic, name))
+        assert bodies(client_config, topic, 2) == ["a", "c"]
+    kept = list(read_quarantine(client_config, max_records=2))
+    assert sorted(k.source_partition for k in kept) == [0, 1]
+    assert all("marker C3 01" in k.reason and k.value == b"not avro" for k in kept)
+
+
+def test_undecided_transactions_are_listed_for_operators(
+    client_config: ClientConfig, coordinator: Coordinator, topic: str
+) -> None:
+    listener = Scripted(execute={"done": C}, check={})
+    with TransactionMQProducer("tx_list", listener, config=client_config) as producer:
+        waiting = producer.send_message_in_transaction(Message(topic, "waiting"))
+        producer.send_message_in_transaction(Message(topic, "done"))
+        bodies(client_config, topic, 1, idle_ms=0)
+        undecided = wait_until(
+            lambda: [t for t in list_undecided(client_config) if t.check_times >= 1], timeout_s=30
+        )
+    assert [t.transaction_id for t in undecided] == [waiting.transaction_id]
+    assert undecided[0].producer_group == "tx_list" and undecided[0].real_topic == topic
+
+
+def test_missing_listener_is_a_clear_error(client_config: ClientConfig) -> None:
+    with pytest.raises(IllegalStateError, match="no transaction listener"):
+        TransactionMQProducer("tx_none", None, config=client_config).start()
+
+
+# --- crashes ------------------------------------------------------------------------------------
+
+PRODUCER_THAT_DIES = """
+import os, sys
+from bridge import ClientConfig, Message, TransactionMQProducer, TransactionListener
+class Dies(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        print("half stored", flush=True)
+        os._exit(0)  # dies after the half send, before the end
+    def check_local_transaction(self, msg):
+        raise AssertionError("a dead producer cannot answer")
+config = ClientConfig(bootstrap_servers=sys.argv[1], namespace=sys.argv[2])
+producer = TransactionMQProducer("tx_dead", Dies(), config=config, session_timeout_ms=6000)
+producer.start()
+producer.send_message_in_transaction(Message(sys.argv[3], "orphan"))
+"""
+
+
+def test_another_producer_of_the_group_answers_for_a_dead_one(
+    client_config: ClientConfig, topic: str
+) -> None:
+    # Checks must outlast the dead member's session (6 s) before the message is parked.
+    config = coordinator_config(client_config, transaction_check_max=20)
+    with Coordinator(config):
+        _answer_for_a_dead_producer(client_config, topic)
+
+
+def _answer_for_a_dead_producer(client_config: ClientConfig, topic: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", PRODUCER_THAT_DIES, client_config.bootstrap_servers,
+         client_config.namespace, topic],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, check=False,
+    )  # fmt: skip
+    assert "half stored" in proc.stdout, proc.stderr
+    listener = Scripted(execute={}, check={"orphan": C})
+    with TransactionMQProducer("tx_dead", listener, config=client_config, session_timeout_ms=6000):
+        assert bodies(client_config, topic, 1) == ["orphan"]
+    assert listener.checks["orphan"]
+
+
+def coordinator_process(config: ClientConfig, coordinator_id: str) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": config.bootstrap_servers,
+        "BRIDGE_NAMESPACE": config.namespace,
+        "BRIDGE_COORDINATOR_ID": coordinator_id,
+        **{f"BRIDGE_{k.upper()}": str(v) for k, v in FAST.items()},
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "bridge.cli", "coordinator"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+
+
+def send_committing(
+    config: ClientConfig, topic: str, count: int, stop: threading.Event
+) -> list[str]:
+    listener = Scripted(
+        execute={f"m{i}": C for i in range(count)}, check={f"m{i}": C for i in range(count)}
+    )
+    sent = []
+    with TransactionMQProducer("tx_load", listener, config=config) as producer:
+        for i in range(count):
+            if stop.is_set():
+                break
+            producer.send_message_in_transaction(Message(topic, f"m{i}"))
+            sent.append(f"m{i}")
+            time.sleep(0.005)
+    return sent
+
+
+def test_sigkill_of_the_coordinator_mid_commit_loses_and_duplicates_nothing(
+    client_config: ClientConfig, topic: str
+) -> None:
+    TopicAdmin(client_config).ensure_system_topics(
+        TopicCatalog(namespace=client_config.namespace, transaction_partitions=2)
+    )
+    first = coordinator_process(client_config, "crashy")
+    stop = threading.Event()
+    sent: list[str] = []
+    sender = threading.Thread(
+        target=lambda: sent.extend(send_committing(client_config, topic, 400, stop)), name="sender"
+    )
+    sender.start()
+    try:
+        # Kill it while commits are flowing.
+        wait_until(
+            lambda: len(list(read_messages(client_config, [topic], timeout_ms=500))) >= 50,
+            timeout_s=60,
+        )
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        visible_at_kill = len(list(read_messages(client_config, [topic], timeout_ms=1000)))
+        sender.join(120)
+        assert visible_at_kill < len(sent), "the coordinator was killed after all work was done"
+        second = coordinator_process(client_config, "crashy")
+        try:
+            assert bodies(client_config, topic, len(sent), idle_ms=5000) == sorted(sent)
+        finally:
+            second.terminate()
+            second.wait(30)
+    finally:
+        stop.set()
+        if first.poll() is None:
+            first.kill()
+
+
+def test_two_coordinators_one_killed_the_survivor_finishes(
+    client_config: ClientConfig, topic: str
+) -> None:
+    TopicAdmin(client_config).ensure_system_topics(
+        TopicCatalog(namespace=client_config.namespace, transaction_partitions=2)
+    )
+    survivor = coordinator_process(client_config, "survivor")
+    victim = coordinator_process(client_config, "victim")
+    stop = threading.Event()
+    try:
+        sent: list[str] = []
+        sender = threading.Thread(
+            target=lambda: sent.extend(send_committing(client_config, topic, 200, stop)),
+            name="sender",
+        )
+        sender.start()
+        wait_until(
+            lambda: len(list(read_messages(client_config, [topic], timeout_ms=500))) >= 30,
+            timeout_s=60,
+        )
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        sender.join(120)
+        assert bodies(client_config, topic, len(sent), idle_ms=5000) == sorted(sent)
+    finally:
+        stop.set()
+        for proc in (survivor, victim):
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
