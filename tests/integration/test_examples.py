@@ -8,19 +8,21 @@ import sys
 
 import pytest
 
+from bridge.config import ClientConfig
+from bridge.coordinator import Coordinator, CoordinatorConfig
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.broker
 
 
-def run_example(module: str, bootstrap: str) -> str:
+def run_example(module: str, bootstrap: str, namespace: str = "rmq") -> str:
     proc = subprocess.run(
         [sys.executable, "-m", f"examples.{module}"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
         cwd=REPO_ROOT,
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "BRIDGE_NAMESPACE": namespace},
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -33,3 +35,21 @@ def test_simple_producer_example(kafka_bootstrap: str) -> None:
     received = [line for line in out.splitlines() if line.startswith("received ")]
     assert [line.split("tags=")[1].split()[0] for line in received] == ["TagA", "TagB", "TagC"]
     assert "properties={'region': 'eu'}" in received[0]
+
+
+def test_transaction_producer_example_receives_only_the_committed(
+    client_config: ClientConfig,
+) -> None:
+    config = CoordinatorConfig(
+        client=client_config, coordinator_id="example", transaction_partitions=2,
+        transaction_timeout_ms=1500, check_interval_ms=1000,
+    )  # fmt: skip
+    with Coordinator(config):
+        out = run_example(
+            "transaction_producer", client_config.bootstrap_servers, client_config.namespace
+        )
+    assert out.count(" UNKNOWN") == 10
+    received = [line for line in out.splitlines() if line.startswith("received ")]
+    assert sorted(line.split("body=")[1] for line in received) == [
+        "'Hello RocketMQ 1'", "'Hello RocketMQ 4'", "'Hello RocketMQ 7'",
+    ]  # fmt: skip
