@@ -1,10 +1,12 @@
-"""Run every benchmark: ``python -m bench`` (uses KAFKA_BOOTSTRAP_SERVERS or a local broker)."""
+"""Run the benchmarks: ``python -m bench [producer] [transactions]`` (all by default; uses
+KAFKA_BOOTSTRAP_SERVERS or a local broker)."""
 
 from __future__ import annotations
 
 import logging
+import sys
 
-from bench import producer
+from bench import producer, transactions
 from bench.harness import broker
 
 
@@ -14,7 +16,11 @@ def main() -> None:
     logging.getLogger("bridge.kafka.rdkafka").setLevel(logging.ERROR)
     with broker() as bootstrap:
         print(f"broker: {bootstrap}")
-        producer.run(bootstrap)
+        only = set(sys.argv[1:])
+        if not only or "producer" in only:
+            producer.run(bootstrap)
+        if not only or "transactions" in only:
+            transactions.run(bootstrap)
 
 
 if __name__ == "__main__":

@@ -28,9 +28,11 @@ from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import BridgeError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.quarantine import read_quarantine
-from bridge.message import Message
+from bridge.message import Message, MessageConst
 from bridge.runtime.jars import ARTIFACT_SETS, cache_dir, ensure_jars
 from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
+from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
+from bridge.transaction.model import OpAction
 from topics.catalog import TopicCatalog, TopicSpec
 from topics.naming import to_kafka_topic
 
@@ -375,6 +377,89 @@ def consume(
             f"{msg.topic}[{msg.queue_id}]@{msg.queue_offset} {msg.msg_id} tags={msg.tags} "
             f"keys={msg.keys} props={msg.user_properties} body={msg.body!r}"
         )
+
+
+@cli.group()
+def transactions() -> None:
+    """Inspect undecided and parked transactions; replay or drop parked ones."""
+
+
+@transactions.command("list")
+@_bootstrap_option("Kafka to inspect.")
+@click.pass_context
+def transactions_list(ctx: click.Context, bootstrap_servers: str | None) -> None:
+    """Undecided transactions, oldest first: age, check count, group, real topic."""
+    config = _client_config(ctx, bootstrap_servers)
+    undecided = list_undecided(config)
+    for t in undecided:
+        console.print(
+            f"{t.transaction_id} group={t.producer_group} topic={t.real_topic} "
+            f"age={t.age_ms / 1000:.1f}s checks={t.check_times} "
+            f"half={t.half_partition}@{t.half_offset}"
+        )
+    console.print(f"{len(undecided)} undecided")
+
+
+@transactions.command("show")
+@_bootstrap_option("Kafka to inspect.")
+@click.argument("transaction_id")
+@click.pass_context
+def transactions_show(
+    ctx: click.Context, bootstrap_servers: str | None, transaction_id: str
+) -> None:
+    """One transaction: undecided (with its checks), parked, or decided."""
+    config = _client_config(ctx, bootstrap_servers)
+    for t in list_undecided(config):
+        if t.transaction_id == transaction_id:
+            console.print(
+                f"undecided: group={t.producer_group} topic={t.real_topic} "
+                f"age={t.age_ms / 1000:.1f}s checks={t.check_times}"
+            )
+            return
+    for msg in read_parked(config, include_resolved=True):
+        if (msg.transaction_id or msg.msg_id) == transaction_id:
+            console.print(
+                f"parked at check-max offset {msg.queue_offset} after "
+                f"{msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)} checks: {msg!r}"
+            )
+            return
+    console.print(f"{transaction_id}: decided, or not found")
+
+
+@transactions.command("parked")
+@_bootstrap_option("Kafka to inspect.")
+@click.pass_context
+def transactions_parked(ctx: click.Context, bootstrap_servers: str | None) -> None:
+    """Messages parked in the check-max topic and not yet replayed or dropped."""
+    config = _client_config(ctx, bootstrap_servers)
+    parked = read_parked(config)
+    for msg in parked:
+        console.print(
+            f"{msg.msg_id} group={msg.get_property(MessageConst.PRODUCER_GROUP)} "
+            f"topic={msg.get_property(MessageConst.REAL_TOPIC)} "
+            f"checks={msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)} body={msg.body!r}"
+        )
+    console.print(f"{len(parked)} parked")
+
+
+@transactions.command("replay")
+@_bootstrap_option("Kafka to write to.")
+@click.argument("msg_id")
+@click.pass_context
+def transactions_replay(ctx: click.Context, bootstrap_servers: str | None, msg_id: str) -> None:
+    """Commit a parked message: deliver it to its real topic, once."""
+    msg = resolve_parked(_client_config(ctx, bootstrap_servers), msg_id, OpAction.COMMIT)
+    console.print(f"replayed {msg.msg_id} to {msg.get_property(MessageConst.REAL_TOPIC)}")
+
+
+@transactions.command("drop")
+@_bootstrap_option("Kafka to write to.")
+@click.argument("msg_id")
+@click.pass_context
+def transactions_drop(ctx: click.Context, bootstrap_servers: str | None, msg_id: str) -> None:
+    """Roll back a parked message for good."""
+    msg = resolve_parked(_client_config(ctx, bootstrap_servers), msg_id, OpAction.ROLLBACK)
+    console.print(f"dropped {msg.msg_id}")
 
 
 @cli.command("quarantine")

@@ -36,17 +36,16 @@ from bridge.message import MessageConst
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
     ENVELOPE_SCHEMA,
-    REMOVED_ON_COMMIT,
     CheckRequest,
     EndTransaction,
     OpAction,
     OpEntry,
     TransactionStatus,
+    committed_record,
 )
 from bridge.transaction.state import CheckAction, CheckPolicy, HalfPartition, PendingHalf
 from topics.avro import default_registry
 from topics.catalog import SystemTopic, TopicCatalog
-from topics.naming import to_kafka_topic
 
 logger = logging.getLogger(__name__)
 
@@ -240,25 +239,10 @@ class TransactionService(ServiceThread):
         logger.debug("transaction %s: %s", end.transaction_id, end.status.value)
 
     def _write_real(self, pending: PendingHalf, batch: _Batch) -> None:
-        msg = pending.message
-        real_topic = to_kafka_topic(
-            msg.get_property(MessageConst.REAL_TOPIC) or msg.topic, self.catalog.namespace
-        )
-        raw_qid = msg.get_property(MessageConst.REAL_QUEUE_ID) or "-1"
-        partition = int(raw_qid) if raw_qid.lstrip("-").isdigit() else -1
-        headers = [
-            (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg.msg_id.encode()),
-            (MessageConst.BORN_HOST, msg.born_host.encode()),
-        ]
-        headers += [
-            (name, value.encode())
-            for name, value in msg.properties.items()
-            if name not in REMOVED_ON_COMMIT
-            and name not in (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MessageConst.BORN_HOST)
-        ]
+        real = committed_record(pending.message, self.catalog.namespace)
         batch.add(
-            real_topic, msg.body, partition=max(partition, -1), key=msg.kafka_key(),
-            headers=headers, timestamp=pending.born_ms,
+            real.topic, real.value, partition=real.partition, key=real.key,
+            headers=real.headers, timestamp=real.timestamp_ms,
         )  # fmt: skip
 
     def _write_op(

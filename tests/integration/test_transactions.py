@@ -377,3 +377,37 @@ def test_two_coordinators_one_killed_the_survivor_finishes(
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(30)
+
+
+def run_cli(config: ClientConfig, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "--namespace", config.namespace, *args,
+         "-b", config.bootstrap_servers],
+        capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, check=False,
+    )  # fmt: skip
+    assert (proc.returncode == 0) is ok, proc.stdout + proc.stderr
+    return proc
+
+
+def test_operators_replay_or_drop_parked_messages_once(
+    client_config: ClientConfig, topic: str
+) -> None:
+    config = coordinator_config(client_config, transaction_check_max=1)
+    listener = Scripted(execute={}, check={})
+    with (
+        Coordinator(config),
+        TransactionMQProducer("tx_ops", listener, config=client_config) as producer,
+    ):
+        keep = producer.send_message_in_transaction(Message(topic, "keep", tags="T"))
+        drop = producer.send_message_in_transaction(Message(topic, "drop"))
+        wait_until(lambda: len(read_parked(client_config, timeout_ms=2000)) == 2, timeout_s=60)
+    listed = run_cli(client_config, "transactions", "parked").stdout
+    assert keep.msg_id in listed and drop.msg_id in listed and "2 parked" in listed
+    run_cli(client_config, "transactions", "replay", keep.msg_id)
+    again = run_cli(client_config, "transactions", "replay", keep.msg_id, ok=False)
+    assert f"no parked, unresolved message with id '{keep.msg_id}'" in again.stderr
+    run_cli(client_config, "transactions", "drop", drop.msg_id)
+    assert "0 parked" in run_cli(client_config, "transactions", "parked").stdout
+    (replayed,) = read_messages(client_config, [topic], timeout_ms=3000)
+    assert (replayed.body, replayed.tags, replayed.msg_id) == (b"keep", "T", keep.msg_id)
+    assert MessageConst.TRANSACTION_CHECK_TIMES not in replayed.properties

@@ -1,0 +1,223 @@
+"""Transactional messages: throughput, commit-to-visible latency, first-check lateness.
+
+The coordinator runs as its own process (``bridge coordinator``), as deployed. Baselines from
+the same run and broker:
+* plain ``Producer.send_sync`` with the same number of sending threads (a transactional send
+  is synchronous too: the half message must be stored before the local transaction runs);
+* the naive approach: one Kafka transaction per message (begin, produce, commit).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer as RawProducer
+
+from bench.harness import Row, print_rows
+from bridge import (
+    ClientConfig,
+    Message,
+    MessageExt,
+    Producer,
+    TransactionListener,
+    TransactionMQProducer,
+    TransactionStatus,
+)
+from bridge.codec import decode_headers
+from bridge.kafka.admin import TopicAdmin
+from bridge.kafka.clients import new_consumer, producer_config
+from topics.catalog import TopicCatalog, TopicSpec
+
+THREADS = 4
+SECONDS = 8.0
+LATENCY_MESSAGES = 400
+LATENCY_RATE_PER_S = 100
+FIRST_CHECKS = 40
+TIMEOUT_MS = 6000
+
+
+class _Commit(TransactionListener):
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        return TransactionStatus.COMMIT
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        return TransactionStatus.COMMIT
+
+
+class _CheckTimes(TransactionListener):
+    """Unknown at first; records when each check arrives, then commits."""
+
+    def __init__(self) -> None:
+        self.checked_at: dict[str, float] = {}
+
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        return TransactionStatus.UNKNOWN
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        self.checked_at.setdefault(msg.msg_id, time.time() * 1000 - msg.born_timestamp_ms)
+        return TransactionStatus.COMMIT
+
+
+def _threads_rate(send_one: Any) -> float:
+    """Messages per second over ``SECONDS`` with ``THREADS`` threads calling ``send_one(i)``."""
+    counts = [0] * THREADS
+    deadline = time.monotonic() + SECONDS
+
+    def work(slot: int) -> None:
+        i = 0
+        while time.monotonic() < deadline:
+            send_one(slot, i)
+            i += 1
+        counts[slot] = i
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=work, args=(s,), name=f"bench-{s}") for s in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.monotonic() - started)
+
+
+def _naive_rate(config: ClientConfig, topic: str) -> float:
+    producers = []
+    for slot in range(THREADS):
+        raw = RawProducer(
+            producer_config(config, f"naive-{slot}", transactional_id=f"naive-{uuid.uuid4().hex}")
+        )
+        raw.init_transactions(30)
+        producers.append(raw)
+
+    def send(slot: int, i: int) -> None:
+        raw = producers[slot]
+        raw.begin_transaction()
+        raw.produce(topic, b"x" * 100)
+        raw.commit_transaction(30)
+
+    return _threads_rate(send)
+
+
+def _coordinator(config: ClientConfig) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": config.bootstrap_servers,
+        "BRIDGE_NAMESPACE": config.namespace,
+        "BRIDGE_COORDINATOR_ID": "bench",
+        "BRIDGE_TRANSACTION_TIMEOUT_MS": str(TIMEOUT_MS),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "bridge.cli", "coordinator"],
+        env=env, cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _visible_latencies(
+    config: ClientConfig, topic: str, producer: TransactionMQProducer
+) -> list[float]:
+    """Send at a moderate pace; milliseconds from the end of each send to visibility."""
+    ended: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    TopicAdmin(config).ensure_topics([TopicSpec(topic, 1)])
+    # A fresh topic read from its start; a short fetch wait, as a latency-minded consumer sets.
+    consumer = new_consumer(config, f"bench-{uuid.uuid4().hex}", "bench", fetch_wait_max_ms=10)
+    consumer.subscribe([topic])
+    assigned_by = time.monotonic() + 30
+    while not consumer.assignment():
+        if time.monotonic() > assigned_by:
+            raise RuntimeError(f"no partition of {topic} assigned within 30 s")
+        consumer.poll(0.1)
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set() or len(seen) < len(ended):
+            record = consumer.poll(0.05)
+            if record is not None and record.error() is None:
+                seen[decode_headers(record.headers())["UNIQ_KEY"]] = time.monotonic()
+            if done.is_set() and time.monotonic() > give_up:
+                return
+
+    give_up = float("inf")
+    reader = threading.Thread(target=read, name="bench-reader")
+    reader.start()
+    for i in range(LATENCY_MESSAGES):
+        result = producer.send_message_in_transaction(Message(topic, f"lat{i}"))
+        ended[result.msg_id] = time.monotonic()
+        time.sleep(1 / LATENCY_RATE_PER_S)
+    give_up = time.monotonic() + 30
+    done.set()
+    reader.join()
+    consumer.close()
+    return [(seen[m] - t) * 1000 for m, t in ended.items() if m in seen]
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def run(bootstrap: str) -> list[Row]:
+    """Measure and print; return the rows."""
+    config = ClientConfig(bootstrap_servers=bootstrap, namespace=f"bench{uuid.uuid4().hex[:6]}")
+    TopicAdmin(config).ensure_system_topics(TopicCatalog(namespace=config.namespace))
+    coordinator = _coordinator(config)
+    rows: list[Row] = []
+    try:
+        topic = f"bench-tx-{uuid.uuid4().hex[:6]}"
+        with Producer("bench_plain", config=config) as plain:
+            plain.send_sync(Message(topic, b"warm"))
+            plain_rate = _threads_rate(lambda s, i: plain.send_sync(Message(topic, b"x" * 100)))
+        naive = _naive_rate(config, topic)
+        with TransactionMQProducer("bench_tx", _Commit(), config=config) as producer:
+            producer.send_message_in_transaction(Message(topic, b"warm"))
+            tx_rate = _threads_rate(
+                lambda s, i: producer.send_message_in_transaction(Message(topic, b"x" * 100))
+            )
+            latencies = _visible_latencies(config, f"{topic}-lat", producer)
+        rows += [
+            Row(
+                f"transactional msg/s ({THREADS} threads)",
+                "msg/s",
+                tx_rate,
+                plain_rate,
+                "plain send_sync, same threads",
+            ),
+            Row(
+                f"transactional msg/s ({THREADS} threads)",
+                "msg/s",
+                tx_rate,
+                naive,
+                "one Kafka transaction per message",
+            ),
+        ]
+        print_rows("Transactional messages (ratio = ours / baseline)", rows)
+        print(
+            f"commit-to-visible at {LATENCY_RATE_PER_S}/s: p50 {_pct(latencies, 0.5):.1f} ms, "
+            f"p99 {_pct(latencies, 0.99):.1f} ms, "
+            f"max {max(latencies, default=float('nan')):.1f} ms "
+            f"({len(latencies)}/{LATENCY_MESSAGES} seen)"
+        )
+        listener = _CheckTimes()
+        with TransactionMQProducer("bench_check", listener, config=config) as producer:
+            for i in range(FIRST_CHECKS):
+                producer.send_message_in_transaction(Message(topic, f"check{i}"))
+            deadline = time.monotonic() + TIMEOUT_MS / 1000 + 30
+            while len(listener.checked_at) < FIRST_CHECKS and time.monotonic() < deadline:
+                time.sleep(0.1)
+        late = [age - TIMEOUT_MS for age in listener.checked_at.values()]
+        print(
+            f"first check after the {TIMEOUT_MS} ms timeout: late by p50 {_pct(late, 0.5):.0f} ms, "
+            f"p99 {_pct(late, 0.99):.0f} ms, max {max(late, default=float('nan')):.0f} ms, "
+            f"min {min(late, default=float('nan')):.0f} ms ({len(late)}/{FIRST_CHECKS} checked)"
+        )
+    finally:
+        coordinator.terminate()
+        coordinator.wait(30)
+    return rows
