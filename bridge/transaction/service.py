@@ -393,7 +393,12 @@ class TransactionService(ServiceThread):
         )  # fmt: skip
         try:
             for p in partitions:
-                self._recover_partition(consumer, reader, p, p in assigned, timeout_s)
+                try:
+                    self._recover_partition(consumer, reader, p, p in assigned, timeout_s)
+                except KafkaException as exc:
+                    # E.g. a leader not elected yet: the partition stays to be recovered and
+                    # is tried again on the next iteration.
+                    logger.warning("%s: recovering HALF partition %d failed: %s", self.name, p, exc)
         finally:
             reader.close()
 
@@ -401,8 +406,8 @@ class TransactionService(ServiceThread):
         self, consumer: Consumer, reader: Consumer, p: int, assigned: bool, timeout_s: float
     ) -> None:
         started = time.monotonic()
-        self._to_recover.discard(p)
         if not assigned:
+            self._to_recover.discard(p)
             return
         committed = consumer.committed([TopicPartition(self._half, p)], timeout_s)[0].offset
         low, high = consumer.get_watermark_offsets(TopicPartition(self._half, p), timeout_s)
@@ -412,6 +417,7 @@ class TransactionService(ServiceThread):
             self._load_decisions(reader, state, start)
         consumer.seek(TopicPartition(self._half, p, start if start >= 0 else OFFSET_BEGINNING))
         self._partitions[p] = state
+        self._to_recover.discard(p)
         logger.info(
             "%s: HALF partition %d recovered in %.2f s: reading from %d (end %d), "
             "%d decisions loaded",
