@@ -7,14 +7,30 @@ the Avro ``MessageEnvelope`` (see :mod:`topics.avro`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from bridge.message import MessageConst, MessageExt
 from topics.avro import default_registry
 from topics.catalog import TopicCatalog
 from topics.errors import InvalidTopicNameError
+from topics.naming import to_kafka_topic
 
 Headers = list[tuple[str, bytes]]
+
+
+class PreparedRecord(NamedTuple):
+    """A message ready for ``confluent_kafka.Producer.produce``."""
+
+    kafka_topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    msg_id: str
+    born_timestamp_ms: int
+    partition: int = -1
+    """The partition to write to; -1 lets the key decide."""
+
 
 # confluent-kafka's TIMESTAMP_LOG_APPEND_TIME (kept literal to keep this module import-light).
 _TIMESTAMP_LOG_APPEND_TIME = 2
@@ -117,4 +133,39 @@ def envelope_to_message(record: Mapping[str, Any], topic: str = "") -> MessageEx
         keys=props.get(MessageConst.KEYS),
         tags=props.get(MessageConst.TAGS),
         properties=props,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RealRecord:
+    """A message as the Kafka record written to its real topic."""
+
+    topic: str
+    partition: int
+    """-1: the key (murmur2) or the partitioner decides."""
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    timestamp_ms: int
+
+
+def real_record(msg: MessageExt, namespace: str, removed: frozenset[str]) -> RealRecord:
+    """The real-topic record of a message leaving a system topic (a committed half message, a
+    delayed message whose time came): its ``REAL_TOPIC`` and ``REAL_QID``, key, body and born
+    time, and every property but those in ``removed``."""
+    real_topic = to_kafka_topic(msg.get_property(MessageConst.REAL_TOPIC) or msg.topic, namespace)
+    raw_qid = msg.get_property(MessageConst.REAL_QUEUE_ID) or "-1"
+    partition = int(raw_qid) if raw_qid.lstrip("-").isdigit() else -1
+    own = (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MessageConst.BORN_HOST)
+    headers = [
+        (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg.msg_id.encode()),
+        (MessageConst.BORN_HOST, msg.born_host.encode()),
+    ]
+    headers += [
+        (name, value.encode())
+        for name, value in msg.properties.items()
+        if name not in removed and name not in own
+    ]
+    return RealRecord(
+        real_topic, max(partition, -1), msg.kafka_key(), msg.body, headers, msg.born_timestamp_ms
     )

@@ -13,9 +13,11 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Self
 
+from bridge.delay.model import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy
 from bridge.errors import InvalidArgumentError
 from topics.naming import DEFAULT_NAMESPACE, validate_namespace
 
@@ -55,6 +57,12 @@ class ClientConfig:
     """How long the client waits to fill a batch, in ms (Kafka's ``linger.ms``)."""
     request_timeout_ms: int = 10_000
     """Bound on admin and metadata calls, in ms."""
+    message_delay_level: str = DEFAULT_MESSAGE_DELAY_LEVEL
+    """RocketMQ's ``messageDelayLevel``: the delay of each level, e.g. ``"1s 5s 10s 30s 1m"``."""
+    timer_precision_ms: int = 1000
+    """RocketMQ 5's ``timerPrecisionMs`` (100, 200, 500 or 1000): timers are late by less."""
+    timer_max_delay_ms: int = 3 * 86_400_000
+    """RocketMQ 5's ``timerMaxDelaySec`` in ms (3 days; up to 400 days): longer is an error."""
     kafka: Mapping[str, str] = field(default_factory=dict)
     """Extra librdkafka properties (security, tuning); they win over the defaults."""
 
@@ -77,6 +85,14 @@ class ClientConfig:
                 f"kafka properties {sorted(managed)} are set by the client itself"
             )
         object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
+        self.delay_policy  # noqa: B018 - validates the delay settings
+
+    @property
+    def delay_policy(self) -> DelayPolicy:
+        """The delay level table and timer settings."""
+        return _delay_policy(
+            self.message_delay_level, self.timer_precision_ms, self.timer_max_delay_ms
+        )
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` applied (``None`` values are ignored)."""
@@ -110,6 +126,11 @@ class ClientConfig:
             if key.startswith(ENV_KAFKA_PREFIX):
                 kafka[key[len(ENV_KAFKA_PREFIX) :].lower().replace("_", ".")] = raw
         return cls(**values, kafka=kafka)
+
+
+@lru_cache(maxsize=16)
+def _delay_policy(levels: str, precision_ms: int, max_delay_ms: int) -> DelayPolicy:
+    return DelayPolicy(levels, precision_ms, max_delay_ms)
 
 
 def bootstrap_from_env(environ: Mapping[str, str] | None = None) -> str | None:

@@ -56,6 +56,14 @@ class MessageConst:
     KEY_SEPARATOR: Final = " "
 
 
+DELAY_PROPERTIES: Final = (
+    MessageConst.DELAY_TIME_LEVEL,
+    MessageConst.TIMER_DELIVER_MS,
+    MessageConst.TIMER_DELAY_MS,
+    MessageConst.TIMER_DELAY_SEC,
+)
+"""Properties that make a message wait before delivery; removed when it is delivered."""
+
 USER_SETTABLE_PROPERTIES: Final = frozenset({MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS})
 """System names RocketMQ users set through ``putUserProperty`` all the same."""
 
@@ -280,6 +288,24 @@ class Message:
             self._properties.pop(MessageConst.DELAY_TIME_LEVEL, None)
         else:
             self._properties[MessageConst.DELAY_TIME_LEVEL] = str(level)
+
+    @property
+    def is_delayed(self) -> bool:
+        """True if a delay level or a timer property is set."""
+        props = self._properties
+        return bool(props) and any(name in props for name in DELAY_PROPERTIES)
+
+    def set_deliver_time_ms(self, epoch_ms: int) -> None:
+        """RocketMQ 5's ``setDeliverTimeMs``: deliver at ``epoch_ms`` (epoch milliseconds)."""
+        self._properties[MessageConst.TIMER_DELIVER_MS] = str(int(epoch_ms))
+
+    def set_delay_time_ms(self, delay_ms: int) -> None:
+        """RocketMQ 5's ``setDelayTimeMs``: deliver ``delay_ms`` milliseconds after sending."""
+        self._properties[MessageConst.TIMER_DELAY_MS] = str(int(delay_ms))
+
+    def set_delay_time_sec(self, delay_sec: int) -> None:
+        """RocketMQ 5's ``setDelayTimeSec``: deliver ``delay_sec`` seconds after sending."""
+        self._properties[MessageConst.TIMER_DELAY_SEC] = str(int(delay_sec))
 
     @property
     def sharding_key(self) -> str | None:

@@ -97,6 +97,8 @@ class TopicCatalog:
     delay_level_count: int = DEFAULT_DELAY_LEVEL_COUNT
     timer_partitions: int = DEFAULT_TIMER_PARTITIONS
     half_retention_ms: int = FILE_RESERVED_TIME_MS + DAY_MS
+    schedule_max_delay_ms: int = 2 * HOUR_MS
+    """The longest delay level: SCHEDULE keeps records a week longer."""
     timer_max_delay_ms: int = DEFAULT_TIMER_MAX_DELAY_MS
     replication_factor: int = -1
     """-1 takes the broker's ``default.replication.factor``."""
@@ -167,16 +169,16 @@ class TopicCatalog:
         retention_ms = {
             SystemTopic.HALF: self.half_retention_ms,
             SystemTopic.OP: self.half_retention_ms,
-            SystemTopic.SCHEDULE: 7 * DAY_MS,
+            SystemTopic.SCHEDULE: self.schedule_max_delay_ms + 7 * DAY_MS,
             SystemTopic.TIMER: self.timer_max_delay_ms + 7 * DAY_MS,
             # Parked and quarantined records wait for an operator: never expire them.
             SystemTopic.CHECK_MAX: -1,
             SystemTopic.QUARANTINE: -1,
         }[system]
         configs = {"cleanup.policy": "delete", "retention.ms": str(retention_ms)}
-        if system in (SystemTopic.HALF, SystemTopic.OP):
-            # One clock (the broker's) for both: recovery looks OP records up by the append
-            # time of the oldest undecided half message.
+        if system in (SystemTopic.HALF, SystemTopic.OP, SystemTopic.SCHEDULE, SystemTopic.TIMER):
+            # The broker's clock: a delayed message waits from when it was stored, and
+            # transaction recovery finds OP records by the append time of a half message.
             configs["message.timestamp.type"] = "LogAppendTime"
         return TopicSpec(
             kafka_name=self.topic(system),

@@ -16,7 +16,9 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError
 
+from bridge.codec import PreparedRecord
 from bridge.config import ClientConfig
+from bridge.delay.routing import delayed_record, without_delay
 from bridge.errors import (
     InvalidMessageError,
     MessageTooLargeError,
@@ -63,17 +65,6 @@ class SendResult(NamedTuple):
 @lru_cache(maxsize=4096)
 def _kafka_topic(topic: str, namespace: str) -> str:
     return to_kafka_topic(topic, namespace)
-
-
-class PreparedRecord(NamedTuple):
-    """A message ready for ``confluent_kafka.Producer.produce``."""
-
-    kafka_topic: str
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]]
-    msg_id: str
-    born_timestamp_ms: int
 
 
 class _SyncWaiter:
@@ -197,10 +188,13 @@ class Producer(Startable):
                 kafka.poll(_POLL_INTERVAL_S)
 
     # --- sending ----------------------------------------------------------------------
-    def prepare(self, msg: Message) -> PreparedRecord:
-        """Validate ``msg`` and build its Kafka record (topic, key, value, headers, id).
+    def prepare(self, msg: Message, partition: int = -1) -> PreparedRecord:
+        """Validate ``msg`` and build its Kafka record (topic, partition, key, value, headers,
+        id). A delayed message (delay level or timer) becomes a record of the SCHEDULE or
+        timer topic, its real topic and ``partition`` kept in ``REAL_TOPIC``/``REAL_QID``.
 
-        Raises :class:`InvalidMessageError` (or a subclass) naming the problem.
+        Raises :class:`InvalidMessageError` (or a subclass, e.g. ``InvalidDelayError`` for a
+        timer beyond ``timer_max_delay_ms``) naming the problem.
         """
         if not isinstance(msg, Message):
             raise InvalidMessageError(f"expected a Message, got {type(msg).__name__}")
@@ -211,11 +205,20 @@ class Producer(Startable):
             raise MessageTooLargeError(len(body), self.config.max_message_bytes)
         kafka_topic = _kafka_topic(msg.topic, self.config.namespace)
         msg_id = self._ids.next_id()
+        born_ms = time.time_ns() // 1_000_000
+        if msg.is_delayed:
+            delayed = delayed_record(
+                msg, msg_id, born_ms, self._born_host.decode(), partition=partition,
+                config=self.config,
+            )  # fmt: skip
+            if delayed is not None:
+                return delayed
+            msg = without_delay(msg)  # a timer already due: delivered at once
         headers = msg.wire_headers(
             [(_HEADER_MSG_ID, msg_id.encode()), (_HEADER_BORN_HOST, self._born_host)]
         )
         return PreparedRecord(
-            kafka_topic, msg.kafka_key(), body, headers, msg_id, time.time_ns() // 1_000_000
+            kafka_topic, msg.kafka_key(), body, headers, msg_id, born_ms, partition
         )
 
     def _produce(self, record: PreparedRecord, partition: int, callback: Any) -> None:
@@ -258,18 +261,20 @@ class Producer(Startable):
         """
         if not self._running:
             self._lifecycle.require_running()
-        record = self.prepare(msg)
-        stored_partition, offset = self.send_record_sync(record, partition)
+        record = self.prepare(msg, partition)
+        stored_partition, offset = self.send_record_sync(record)
         return SendResult(SendStatus.SEND_OK, record.msg_id, offset, msg.topic, stored_partition)
 
-    def send_record_sync(self, record: PreparedRecord, partition: int = -1) -> tuple[int, int]:
+    def send_record_sync(
+        self, record: PreparedRecord, partition: int | None = None
+    ) -> tuple[int, int]:
         """Send a prepared record and wait for its acknowledgement; return (partition, offset).
 
         The building block of ``send_sync`` for clients that write system records.
         """
         self._lifecycle.require_running()
         waiter = _SyncWaiter()
-        self._produce(record, partition, waiter)
+        self._produce(record, record.partition if partition is None else partition, waiter)
         # flush() sends at once instead of waiting linger.ms, and serves delivery reports
         # (ours among them) on this thread. librdkafka fails the message after
         # message.timeout.ms; the extra second is for its report to arrive.
@@ -309,7 +314,7 @@ class Producer(Startable):
         """
         if not self._running:
             self._lifecycle.require_running()
-        record = self.prepare(msg)
+        record = self.prepare(msg, partition)
         topic = msg.topic
         msg_id = record.msg_id
 
@@ -330,7 +335,7 @@ class Producer(Startable):
             except Exception:
                 logger.exception("send callback for %s raised", msg_id)
 
-        self._produce(record, partition, deliver)
+        self._produce(record, record.partition, deliver)
         self._kafka.poll(0)
         return msg_id
 
@@ -338,8 +343,8 @@ class Producer(Startable):
         """Send without any result; failures are only logged. Return the message id."""
         if not self._running:
             self._lifecycle.require_running()
-        record = self.prepare(msg)
-        self._produce(record, partition, _log_oneway_failure)
+        record = self.prepare(msg, partition)
+        self._produce(record, record.partition, _log_oneway_failure)
         self._kafka.poll(0)
         return record.msg_id
 

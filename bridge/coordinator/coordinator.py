@@ -17,23 +17,33 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from bridge.config import ClientConfig
+from bridge.delay.service import DelayServiceConfig, ScheduleDeliveryService, TimerService
 from bridge.errors import InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
 from bridge.lifecycle import Lifecycle, ServiceState, ServiceThread, Startable
 from bridge.transaction.service import TransactionService, TransactionServiceConfig
 from bridge.transaction.state import CheckPolicy
-from topics.catalog import (
-    DEFAULT_DELAY_LEVEL_COUNT,
-    DEFAULT_TIMER_PARTITIONS,
-    DEFAULT_TRANSACTION_PARTITIONS,
-    TopicCatalog,
-)
+from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
 
 logger = logging.getLogger(__name__)
 
 
 def _default_coordinator_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def catalog_for(client: ClientConfig, transaction_partitions: int) -> TopicCatalog:
+    """The topic catalog of ``client``'s namespace: one SCHEDULE partition per delay level and
+    one timer partition per tier of its delay settings."""
+    policy = client.delay_policy
+    return TopicCatalog(
+        namespace=client.namespace,
+        transaction_partitions=transaction_partitions,
+        delay_level_count=policy.level_count,
+        timer_partitions=policy.tier_count,
+        schedule_max_delay_ms=max(policy.level_delays_ms),
+        timer_max_delay_ms=policy.timer_max_delay_ms,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +54,6 @@ class CoordinatorConfig:
     coordinator_id: str = field(default_factory=_default_coordinator_id)
     """Names this process in logs and Kafka client ids."""
     transaction_partitions: int = DEFAULT_TRANSACTION_PARTITIONS
-    delay_level_count: int = DEFAULT_DELAY_LEVEL_COUNT
-    timer_partitions: int = DEFAULT_TIMER_PARTITIONS
     status_interval_ms: int = 60_000
     """How often the coordinator logs the state of its services, ms."""
     transaction_timeout_ms: int = 6_000
@@ -82,12 +90,7 @@ class CoordinatorConfig:
     @property
     def catalog(self) -> TopicCatalog:
         """The system topic catalog these settings describe."""
-        return TopicCatalog(
-            namespace=self.client.namespace,
-            transaction_partitions=self.transaction_partitions,
-            delay_level_count=self.delay_level_count,
-            timer_partitions=self.timer_partitions,
-        )
+        return catalog_for(self.client, self.transaction_partitions)
 
     def with_client(self, client: ClientConfig) -> Self:
         """A copy using ``client``."""
@@ -95,9 +98,8 @@ class CoordinatorConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
-        """``ClientConfig.from_env`` plus ``BRIDGE_COORDINATOR_ID``,
-        ``BRIDGE_TRANSACTION_PARTITIONS``, ``BRIDGE_DELAY_LEVEL_COUNT``,
-        ``BRIDGE_TIMER_PARTITIONS`` and ``BRIDGE_STATUS_INTERVAL_MS``."""
+        """``ClientConfig.from_env`` plus ``BRIDGE_<FIELD>`` for each field here
+        (``BRIDGE_COORDINATOR_ID``, ``BRIDGE_TRANSACTION_PARTITIONS``, ...)."""
         env = os.environ if environ is None else environ
         values: dict[str, object] = {"client": ClientConfig.from_env(env)}
         for f in dataclasses.fields(cls):
@@ -117,7 +119,8 @@ class CoordinatorConfig:
 
 
 def default_services(config: CoordinatorConfig) -> list[ServiceThread]:
-    """The services a coordinator runs: end-transaction handling and check-back."""
+    """The services a coordinator runs: end-transaction handling and check-back, delay levels
+    and timers."""
     policy = CheckPolicy(
         transaction_timeout_ms=config.transaction_timeout_ms,
         check_interval_ms=config.check_interval_ms,
@@ -134,7 +137,19 @@ def default_services(config: CoordinatorConfig) -> list[ServiceThread]:
                 kafka_transaction_timeout_ms=config.kafka_transaction_timeout_ms,
                 session_timeout_ms=config.session_timeout_ms,
             )
-        )
+        ),
+        *(
+            service(
+                DelayServiceConfig(
+                    client=config.client,
+                    catalog=config.catalog,
+                    coordinator_id=config.coordinator_id,
+                    kafka_transaction_timeout_ms=config.kafka_transaction_timeout_ms,
+                    session_timeout_ms=config.session_timeout_ms,
+                )
+            )
+            for service in (ScheduleDeliveryService, TimerService)
+        ),
     ]
 
 

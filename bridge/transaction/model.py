@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
+from bridge.codec import RealRecord, real_record
 from bridge.message import MessageConst, MessageExt
 from topics.avro import default_registry
-from topics.naming import to_kafka_topic
 
 
 class TransactionStatus(Enum):
@@ -63,39 +63,9 @@ REMOVED_ON_COMMIT: Final = frozenset(
 """Properties a committed message loses on its way to the real topic."""
 
 
-@dataclass(frozen=True, slots=True)
-class RealRecord:
-    """A committed message as the Kafka record written to its real topic."""
-
-    topic: str
-    partition: int
-    """-1: the key (murmur2) or the partitioner decides."""
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]]
-    timestamp_ms: int
-
-
 def committed_record(msg: MessageExt, namespace: str) -> RealRecord:
-    """The real-topic record of a half message being committed: its ``REAL_TOPIC`` and
-    ``REAL_QID``, its key, body and born time, every property but :data:`REMOVED_ON_COMMIT`.
-    """
-    real_topic = to_kafka_topic(msg.get_property(MessageConst.REAL_TOPIC) or msg.topic, namespace)
-    raw_qid = msg.get_property(MessageConst.REAL_QUEUE_ID) or "-1"
-    partition = int(raw_qid) if raw_qid.lstrip("-").isdigit() else -1
-    own = (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MessageConst.BORN_HOST)
-    headers = [
-        (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg.msg_id.encode()),
-        (MessageConst.BORN_HOST, msg.born_host.encode()),
-    ]
-    headers += [
-        (name, value.encode())
-        for name, value in msg.properties.items()
-        if name not in REMOVED_ON_COMMIT and name not in own
-    ]
-    return RealRecord(
-        real_topic, max(partition, -1), msg.kafka_key(), msg.body, headers, msg.born_timestamp_ms
-    )
+    """The real-topic record of a half message being committed (see :func:`real_record`)."""
+    return real_record(msg, namespace, REMOVED_ON_COMMIT)
 
 
 END_TRANSACTION_SCHEMA: Final = "EndTransactionRequest"

@@ -22,8 +22,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from bridge.client.producer import PreparedRecord, Producer, SendStatus
-from bridge.codec import decode_envelope, encode_envelope
+from bridge.client.producer import Producer, SendStatus
+from bridge.codec import PreparedRecord, decode_envelope, encode_envelope
 from bridge.config import ClientConfig
 from bridge.errors import IllegalStateError, InvalidArgumentError, WireFormatError
 from bridge.kafka.admin import TopicAdmin

@@ -1,0 +1,76 @@
+"""Where a delayed message waits: the producer side of delayed delivery."""
+
+from __future__ import annotations
+
+from bridge.codec import PreparedRecord, encode_envelope
+from bridge.config import ClientConfig
+from bridge.delay.model import InvalidDelayError
+from bridge.message import DELAY_PROPERTIES, Message, MessageConst
+from topics.catalog import SystemTopic
+from topics.naming import system_topic
+
+TIMER_ROUTING_HEADER = MessageConst.TIMER_DELIVER_MS
+"""Timer records carry their delivery time in this header too, so a hop needs no decoding."""
+
+
+def delayed_record(
+    msg: Message,
+    msg_id: str,
+    born_ms: int,
+    born_host: str,
+    *,
+    partition: int,
+    config: ClientConfig,
+) -> PreparedRecord | None:
+    """The SCHEDULE or timer record of a delayed message, or None when a timer is already due.
+
+    A delay level wins over timer properties (RocketMQ 5's rule). Raises
+    :class:`InvalidDelayError` for malformed values or a timer beyond the maximum.
+    """
+    policy = config.delay_policy
+    props = msg.wire_properties()
+    raw_level = props.get(MessageConst.DELAY_TIME_LEVEL)
+    try:
+        level = int(raw_level) if raw_level else 0
+    except ValueError:
+        raise InvalidDelayError(f"delay level must be an integer, got {raw_level!r}") from None
+    props.update(
+        {
+            MessageConst.REAL_TOPIC: msg.topic,
+            MessageConst.REAL_QUEUE_ID: str(partition),
+            MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: msg_id,
+        }
+    )
+    if level > 0:
+        level = policy.clamp_level(level)
+        for name in DELAY_PROPERTIES:
+            props.pop(name, None)
+        props[MessageConst.DELAY_TIME_LEVEL] = str(level)
+        value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
+        topic = system_topic(SystemTopic.SCHEDULE.value, config.namespace)
+        return PreparedRecord(topic, msg_id.encode(), value, [], msg_id, born_ms, level - 1)
+    deliver_ms = policy.deliver_time_ms(
+        born_ms=born_ms,
+        deliver_ms=props.get(MessageConst.TIMER_DELIVER_MS),
+        delay_ms=props.get(MessageConst.TIMER_DELAY_MS),
+        delay_sec=props.get(MessageConst.TIMER_DELAY_SEC),
+    )
+    tier = policy.route(deliver_ms, born_ms)
+    if tier is None:
+        return None
+    for name in DELAY_PROPERTIES:
+        props.pop(name, None)
+    props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
+    value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
+    topic = system_topic(SystemTopic.TIMER.value, config.namespace)
+    headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode())]
+    return PreparedRecord(topic, msg_id.encode(), value, headers, msg_id, born_ms, tier)
+
+
+def without_delay(msg: Message) -> Message:
+    """A copy of ``msg`` without delay level and timer properties."""
+    copy = Message(msg.topic, msg.body, keys=msg.keys, tags=msg.tags)
+    for name, value in msg.properties.items():
+        if name not in DELAY_PROPERTIES:
+            copy.put_system_property(name, value)
+    return copy

@@ -1,0 +1,277 @@
+"""The coordinator's delay services: ``ScheduleDeliveryService`` (delay levels) and
+``TimerService`` (timer messages), on one engine.
+
+Each partition of the SCHEDULE and timer topics is a FIFO queue of fixed delay: its records are
+due, in order, a fixed time after the broker stored them (LogAppendTime). The engine reads each
+partition from its committed offset; when the head record is not due yet, it seeks back to it
+and pauses the partition until it is. So memory holds a batch per partition, whatever is
+waiting, and recovery after a crash is reading from the committed offsets: nothing to rebuild.
+
+Every batch is one Kafka transaction: the delivered (or re-routed) records and the offsets
+that say they are done. A crash at any point delivers each message exactly once (G5).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from bridge.codec import decode_envelope, decode_headers, real_record
+from bridge.config import ClientConfig
+from bridge.delay.model import DelayPolicy
+from bridge.delay.routing import TIMER_ROUTING_HEADER
+from bridge.errors import WireFormatError
+from bridge.kafka.clients import new_consumer, new_producer
+from bridge.kafka.quarantine import quarantine
+from bridge.lifecycle import ServiceThread
+from bridge.message import DELAY_PROPERTIES, MessageConst
+from topics.catalog import SystemTopic, TopicCatalog
+
+logger = logging.getLogger(__name__)
+
+_BATCH = 2000
+_MAX_POLL_WAIT_MS = 50
+REMOVED_ON_DELIVERY = frozenset(
+    {MessageConst.REAL_TOPIC, MessageConst.REAL_QUEUE_ID, *DELAY_PROPERTIES}
+)
+"""Properties a delayed message loses when it reaches its real topic."""
+
+
+def now_ms() -> int:
+    """Wall-clock time, epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class DelayServiceConfig:
+    """Settings shared by the delay services (see ``CoordinatorConfig``)."""
+
+    client: ClientConfig
+    catalog: TopicCatalog
+    coordinator_id: str
+    kafka_transaction_timeout_ms: int = 10_000
+    session_timeout_ms: int = 10_000
+
+
+class _FifoDelayService(ServiceThread):
+    """Reads FIFO partitions of fixed delay; subclasses say what a due record becomes."""
+
+    kind: str = ""
+    system: SystemTopic = SystemTopic.SCHEDULE
+
+    def __init__(self, config: DelayServiceConfig) -> None:
+        super().__init__(f"bridge-{self.kind}-{config.coordinator_id}", interval_ms=1)
+        self.config = config
+        self.policy: DelayPolicy = config.client.delay_policy
+        self.topic = config.catalog.topic(self.system)
+        self._consumer: Consumer | None = None
+        self._producer: Any = None
+        self._paused: dict[int, int] = {}
+        """Partition -> when its head record is due, epoch ms."""
+        self.delivered = 0
+        """Messages delivered to their real topics (for tests and metrics)."""
+
+    def partition_delay_ms(self, partition: int) -> int:
+        """How long records wait in ``partition``."""
+        raise NotImplementedError
+
+    def process(self, record: Any, now: int, out: list[tuple[Any, ...]]) -> None:
+        """Append what the due ``record`` becomes to ``out`` (topic, partition, key, value,
+        headers, timestamp)."""
+        raise NotImplementedError
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def on_start(self) -> None:
+        client = self.config.client
+        self._producer = self._new_producer()
+        self._consumer = new_consumer(
+            client,
+            f"{client.namespace}.coordinator.{self.kind}",
+            client_id=self.name,
+            fetch_wait_max_ms=_MAX_POLL_WAIT_MS,
+            session_timeout_ms=self.config.session_timeout_ms,
+            heartbeat_interval_ms=max(self.config.session_timeout_ms // 6, 500),
+            # Bounded prefetch: what waits stays in Kafka, not here.
+            queued_max_messages_kbytes=8192,
+        )
+        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def _new_producer(self) -> Any:
+        producer = new_producer(
+            self.config.client,
+            self.name,
+            transactional_id=f"{self.config.client.namespace}.coordinator.{self.kind}."
+            f"{self.config.coordinator_id}",
+            transaction_timeout_ms=self.config.kafka_transaction_timeout_ms,
+            linger_ms=1,
+        )
+        producer.init_transactions(self.config.client.request_timeout_ms / 1000)
+        return producer
+
+    def on_stop(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+        if self._producer is not None:
+            self._producer.flush(5)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        started = time.monotonic()
+        pending = 0
+        for tp in consumer.committed(partitions, self.config.client.request_timeout_ms / 1000):
+            low, high = consumer.get_watermark_offsets(tp, cached=False, timeout=5)
+            pending += max(high - max(tp.offset, low), 0)
+        logger.info(
+            "%s: assigned %s partitions %s, about %d messages waiting (%.2f s)",
+            self.name, self.topic, [tp.partition for tp in partitions], pending,
+            time.monotonic() - started,
+        )  # fmt: skip
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._paused.pop(tp.partition, None)
+
+    # --- main loop ------------------------------------------------------------------------
+    def run_once(self) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        now = now_ms()
+        due = [p for p, at in self._paused.items() if at <= now]
+        if due:
+            consumer.resume([TopicPartition(self.topic, p) for p in due])
+            for p in due:
+                del self._paused[p]
+        wait_ms = min([_MAX_POLL_WAIT_MS, *(at - now for at in self._paused.values())])
+        first = consumer.poll(max(wait_ms, 0) / 1000)
+        if first is None:
+            return
+        records: list[Any] = [first, *consumer.consume(_BATCH, 0)]
+        out: list[tuple[Any, ...]] = []
+        offsets: dict[int, int] = {}
+        now = now_ms()
+        for record in records:
+            error = record.error()
+            partition = record.partition()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    logger.warning("%s: consumer error %s", self.name, error.str())
+                continue
+            if partition in self._paused:
+                continue  # fetched before its partition was paused
+            due_at = record.timestamp()[1] + self.partition_delay_ms(partition)
+            if due_at > now:
+                tp = TopicPartition(self.topic, partition, record.offset())
+                consumer.pause([tp])
+                consumer.seek(tp)
+                self._paused[partition] = due_at
+                continue
+            try:
+                self.process(record, now, out)
+            except (WireFormatError, ValueError) as exc:
+                quarantine(_Collect(out), self.config.catalog, record, str(exc), self.name)
+            offsets[partition] = record.offset() + 1
+        if offsets:
+            self._commit(out, offsets)
+
+    def _commit(self, out: list[tuple[Any, ...]], offsets: dict[int, int]) -> None:
+        producer = self._producer
+        consumer = self._consumer
+        timeout_s = self.config.client.request_timeout_ms / 1000
+        if consumer is None:
+            return
+        try:
+            producer.begin_transaction()
+            for topic, partition, key, value, headers, timestamp in out:
+                producer.produce(
+                    topic, value, key, partition=partition, headers=headers, timestamp=timestamp
+                )
+            producer.send_offsets_to_transaction(
+                [TopicPartition(self.topic, p, o) for p, o in offsets.items()],
+                consumer.consumer_group_metadata(),
+                timeout_s,
+            )
+            producer.commit_transaction(timeout_s)
+            self.delivered += sum(1 for item in out if item[0] != self.topic)
+        except KafkaException as exc:
+            logger.warning("%s: Kafka transaction failed (%s); re-reading", self.name, exc)
+            error = exc.args[0] if exc.args else None
+            fatal = isinstance(error, KafkaError) and error.fatal()
+            if not fatal:
+                try:
+                    producer.abort_transaction(timeout_s)
+                except KafkaException:
+                    fatal = True
+            if fatal:
+                self._producer = self._new_producer()
+            self._rewind()
+
+    def _rewind(self) -> None:
+        """Go back to the committed offsets of every owned partition (after a failed batch)."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        assigned = consumer.assignment()
+        if self._paused:
+            consumer.resume([TopicPartition(self.topic, p) for p in self._paused])
+            self._paused.clear()
+        for tp in consumer.committed(assigned, self.config.client.request_timeout_ms / 1000):
+            consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
+
+    def deliver(self, record: Any, out: list[tuple[Any, ...]]) -> None:
+        """Append the real-topic record of a delayed message that is due."""
+        msg = decode_envelope(record.value())
+        real = real_record(msg, self.config.catalog.namespace, REMOVED_ON_DELIVERY)
+        out.append(
+            (real.topic, real.partition, real.key, real.value, real.headers, real.timestamp_ms)
+        )
+
+
+class _Collect:
+    """Producer-like: a quarantine copy joins the batch's Kafka transaction."""
+
+    def __init__(self, out: list[tuple[Any, ...]]) -> None:
+        self._out = out
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None = None, **kw: Any) -> None:
+        self._out.append((topic, -1, key, value, kw.get("headers"), kw.get("timestamp", 0)))
+
+
+class ScheduleDeliveryService(_FifoDelayService):
+    """RocketMQ's ``ScheduleMessageService``: partition ``L - 1`` of SCHEDULE holds delay
+    level ``L``; each record is delivered the level's delay after it was stored."""
+
+    kind = "schedule"
+    system = SystemTopic.SCHEDULE
+
+    def partition_delay_ms(self, partition: int) -> int:
+        delays = self.policy.level_delays_ms
+        return delays[min(partition, len(delays) - 1)]
+
+    def process(self, record: Any, now: int, out: list[tuple[Any, ...]]) -> None:
+        self.deliver(record, out)
+
+
+class TimerService(_FifoDelayService):
+    """RocketMQ 5's timer: a record in tier ``k`` waits ``precision * 2**k``, then goes to the
+    largest tier that does not pass its delivery time, or to its real topic when due."""
+
+    kind = "timer"
+    system = SystemTopic.TIMER
+
+    def partition_delay_ms(self, partition: int) -> int:
+        return self.policy.tier_delay_ms(partition)
+
+    def process(self, record: Any, now: int, out: list[tuple[Any, ...]]) -> None:
+        raw = decode_headers(record.headers()).get(TIMER_ROUTING_HEADER)
+        if raw is None:  # written by another client: the envelope has it too
+            raw = decode_envelope(record.value()).get_property(TIMER_ROUTING_HEADER) or "0"
+        deliver_ms = int(raw)
+        tier = self.policy.route(deliver_ms, now, self.policy.tier_count)
+        if tier is None:
+            self.deliver(record, out)
+        else:
+            out.append((self.topic, tier, record.key(), record.value(), record.headers(), 0))
