@@ -25,6 +25,7 @@ from bridge.client.producer import Producer
 from bridge.client.reader import read_message_at, read_messages
 from bridge.config import ClientConfig
 from bridge.coordinator import Coordinator, CoordinatorConfig
+from bridge.delay.admin import delay_status
 from bridge.errors import BridgeError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.quarantine import read_quarantine
@@ -460,6 +461,39 @@ def transactions_drop(ctx: click.Context, bootstrap_servers: str | None, msg_id:
     """Roll back a parked message for good."""
     msg = resolve_parked(_client_config(ctx, bootstrap_servers), msg_id, OpAction.ROLLBACK)
     console.print(f"dropped {msg.msg_id}")
+
+
+@cli.group()
+def delays() -> None:
+    """Inspect delayed messages (delay levels and timers)."""
+
+
+@delays.command("status")
+@_bootstrap_option("Kafka to inspect.")
+@click.pass_context
+def delays_status(ctx: click.Context, bootstrap_servers: str | None) -> None:
+    """How many messages wait in each delay level and timer tier, with a histogram, and when
+    the next of each is due."""
+    config = _client_config(ctx, bootstrap_servers)
+    queues = delay_status(config)
+    widest = max((q.pending for q in queues), default=0) or 1
+    now = time.time_ns() // 1_000_000
+    for q in queues:
+        if q.kind == "tier" and not q.pending:
+            continue
+        bar = "#" * max(round(30 * q.pending / widest), 1 if q.pending else 0)
+        due = f"next in {(q.next_due_ms - now) / 1000:.1f}s" if q.next_due_ms else ""
+        console.print(
+            f"{q.kind} {q.index:>2} ({_human_ms(q.delay_ms):>6}) {q.pending:>9} {bar:<30} {due}"
+        )
+    console.print(f"{sum(q.pending for q in queues)} waiting")
+
+
+def _human_ms(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms / size:g}{unit}" if ms % size == 0 else f"{ms / size:.1f}{unit}"
+    return f"{ms}ms"
 
 
 @cli.command("quarantine")

@@ -19,6 +19,7 @@ from typing import Any, Self
 
 from bridge.delay.model import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy
 from bridge.errors import InvalidArgumentError
+from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
 from topics.naming import DEFAULT_NAMESPACE, validate_namespace
 
 DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
@@ -86,6 +87,19 @@ class ClientConfig:
             )
         object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
         self.delay_policy  # noqa: B018 - validates the delay settings
+
+    def catalog(self, transaction_partitions: int = DEFAULT_TRANSACTION_PARTITIONS) -> TopicCatalog:
+        """The topic catalog of this namespace: one SCHEDULE partition per delay level and one
+        timer partition per tier of the delay settings."""
+        policy = self.delay_policy
+        return TopicCatalog(
+            namespace=self.namespace,
+            transaction_partitions=transaction_partitions,
+            delay_level_count=policy.level_count,
+            timer_partitions=policy.tier_count,
+            schedule_max_delay_ms=max(policy.level_delays_ms),
+            timer_max_delay_ms=policy.timer_max_delay_ms,
+        )
 
     @property
     def delay_policy(self) -> DelayPolicy:

@@ -25,9 +25,11 @@ from bridge.errors import (
     SendError,
     SendTimeoutError,
 )
+from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_producer, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageConst, MessageIdGenerator, local_ipv4
+from topics.catalog import SystemTopic
 from topics.naming import to_kafka_topic, validate_group
 
 logger = logging.getLogger(__name__)
@@ -120,6 +122,11 @@ class Producer(Startable):
         self._poller: threading.Thread | None = None
         self._stop_polling = threading.Event()
         self._senders_active = False
+        catalog = self.config.catalog()
+        self._system_topics = frozenset(
+            catalog.topic(t) for t in (SystemTopic.HALF, SystemTopic.SCHEDULE, SystemTopic.TIMER)
+        )
+        self._system_topics_ready = False
         self._running = False
         """Mirrors ``state is RUNNING`` for a cheap check on every send."""
 
@@ -221,7 +228,22 @@ class Producer(Startable):
             kafka_topic, msg.kafka_key(), body, headers, msg_id, born_ms, partition
         )
 
+    def _ensure_system_topics(self) -> None:
+        """Create the system topics (idempotent) before the first record to one of them, so
+        Kafka never auto-creates one with the wrong partition count."""
+        catalog = self.config.catalog()
+        admin = TopicAdmin(self.config)
+        # Levels and tiers are partitions: their counts must be right. Any HALF partition
+        # count works for writing; the coordinator owns that choice.
+        admin.ensure_topics([catalog.spec(SystemTopic.SCHEDULE), catalog.spec(SystemTopic.TIMER)])
+        admin.ensure_topics(
+            [catalog.spec(SystemTopic.HALF), catalog.spec(SystemTopic.OP)], strict=False
+        )
+        self._system_topics_ready = True
+
     def _produce(self, record: PreparedRecord, partition: int, callback: Any) -> None:
+        if not self._system_topics_ready and record.kafka_topic in self._system_topics:
+            self._ensure_system_topics()
         deadline = 0.0
         while True:
             try:

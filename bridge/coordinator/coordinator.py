@@ -32,20 +32,6 @@ def _default_coordinator_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def catalog_for(client: ClientConfig, transaction_partitions: int) -> TopicCatalog:
-    """The topic catalog of ``client``'s namespace: one SCHEDULE partition per delay level and
-    one timer partition per tier of its delay settings."""
-    policy = client.delay_policy
-    return TopicCatalog(
-        namespace=client.namespace,
-        transaction_partitions=transaction_partitions,
-        delay_level_count=policy.level_count,
-        timer_partitions=policy.tier_count,
-        schedule_max_delay_ms=max(policy.level_delays_ms),
-        timer_max_delay_ms=policy.timer_max_delay_ms,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class CoordinatorConfig:
     """Settings of one coordinator process."""
@@ -90,7 +76,7 @@ class CoordinatorConfig:
     @property
     def catalog(self) -> TopicCatalog:
         """The system topic catalog these settings describe."""
-        return catalog_for(self.client, self.transaction_partitions)
+        return self.client.catalog(self.transaction_partitions)
 
     def with_client(self, client: ClientConfig) -> Self:
         """A copy using ``client``."""

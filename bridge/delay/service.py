@@ -3,9 +3,10 @@
 
 Each partition of the SCHEDULE and timer topics is a FIFO queue of fixed delay: its records are
 due, in order, a fixed time after the broker stored them (LogAppendTime). The engine reads each
-partition from its committed offset; when the head record is not due yet, it seeks back to it
-and pauses the partition until it is. So memory holds a batch per partition, whatever is
-waiting, and recovery after a crash is reading from the committed offsets: nothing to rebuild.
+partition from its committed offset; when the head record is not due yet, it keeps what it
+fetched and pauses the partition until the head is due. So memory holds at most a batch per
+partition, whatever is waiting, and recovery after a crash is reading from the committed
+offsets: nothing to rebuild.
 
 Every batch is one Kafka transaction: the delivered (or re-routed) records and the offsets
 that say they are done. A crash at any point delivers each message exactly once (G5).
@@ -70,8 +71,9 @@ class _FifoDelayService(ServiceThread):
         self.topic = config.catalog.topic(self.system)
         self._consumer: Consumer | None = None
         self._producer: Any = None
-        self._paused: dict[int, int] = {}
-        """Partition -> when its head record is due, epoch ms."""
+        self._held: dict[int, list[Any]] = {}
+        """Fetched records not due yet, per partition, in offset order (at most a batch)."""
+        self._paused: set[int] = set()
         self.delivered = 0
         """Messages delivered to their real topics (for tests and metrics)."""
 
@@ -121,9 +123,13 @@ class _FifoDelayService(ServiceThread):
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         started = time.monotonic()
         pending = 0
-        for tp in consumer.committed(partitions, self.config.client.request_timeout_ms / 1000):
-            low, high = consumer.get_watermark_offsets(tp, cached=False, timeout=5)
-            pending += max(high - max(tp.offset, low), 0)
+        try:
+            for tp in consumer.committed(partitions, self.config.client.request_timeout_ms / 1000):
+                low, high = consumer.get_watermark_offsets(tp, cached=False, timeout=5)
+                pending += max(high - max(tp.offset, low), 0)
+        except KafkaException as exc:  # only for the log line: never fail an assignment
+            logger.info("%s: could not count waiting messages: %s", self.name, exc)
+            pending = -1
         logger.info(
             "%s: assigned %s partitions %s, about %d messages waiting (%.2f s)",
             self.name, self.topic, [tp.partition for tp in partitions], pending,
@@ -132,7 +138,8 @@ class _FifoDelayService(ServiceThread):
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
-            self._paused.pop(tp.partition, None)
+            self._held.pop(tp.partition, None)
+            self._paused.discard(tp.partition)
 
     # --- main loop ------------------------------------------------------------------------
     def run_once(self) -> None:
@@ -140,42 +147,49 @@ class _FifoDelayService(ServiceThread):
         if consumer is None:
             return
         now = now_ms()
-        due = [p for p, at in self._paused.items() if at <= now]
-        if due:
-            consumer.resume([TopicPartition(self.topic, p) for p in due])
-            for p in due:
-                del self._paused[p]
-        wait_ms = min([_MAX_POLL_WAIT_MS, *(at - now for at in self._paused.values())])
+        next_due = min((self._due_at(h[0]) for h in self._held.values()), default=None)
+        wait_ms = _MAX_POLL_WAIT_MS if next_due is None else min(_MAX_POLL_WAIT_MS, next_due - now)
+        fetched: list[Any] = []
         first = consumer.poll(max(wait_ms, 0) / 1000)
-        if first is None:
-            return
-        records: list[Any] = [first, *consumer.consume(_BATCH, 0)]
-        out: list[tuple[Any, ...]] = []
-        offsets: dict[int, int] = {}
-        now = now_ms()
-        for record in records:
+        if first is not None:
+            fetched = [first, *consumer.consume(_BATCH, 0)]
+        for record in fetched:
             error = record.error()
-            partition = record.partition()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
                     logger.warning("%s: consumer error %s", self.name, error.str())
                 continue
-            if partition in self._paused:
-                continue  # fetched before its partition was paused
-            due_at = record.timestamp()[1] + self.partition_delay_ms(partition)
-            if due_at > now:
-                tp = TopicPartition(self.topic, partition, record.offset())
+            self._held.setdefault(record.partition(), []).append(record)
+        out: list[tuple[Any, ...]] = []
+        offsets: dict[int, int] = {}
+        now = now_ms()
+        resume = []
+        for partition, held in list(self._held.items()):
+            while held and self._due_at(held[0]) <= now:
+                record = held.pop(0)
+                try:
+                    self.process(record, now, out)
+                except (WireFormatError, ValueError) as exc:
+                    quarantine(_Collect(out), self.config.catalog, record, str(exc), self.name)
+                offsets[partition] = record.offset() + 1
+            tp = TopicPartition(self.topic, partition)
+            if held and partition not in self._paused:
+                # The head is not due: stop fetching this partition until it is (it is FIFO,
+                # so nothing behind it is due either); what was fetched waits here.
                 consumer.pause([tp])
-                consumer.seek(tp)
-                self._paused[partition] = due_at
-                continue
-            try:
-                self.process(record, now, out)
-            except (WireFormatError, ValueError) as exc:
-                quarantine(_Collect(out), self.config.catalog, record, str(exc), self.name)
-            offsets[partition] = record.offset() + 1
+                self._paused.add(partition)
+            elif not held:
+                del self._held[partition]
+                if partition in self._paused:
+                    resume.append(tp)
+                    self._paused.discard(partition)
         if offsets:
             self._commit(out, offsets)
+        if resume:
+            consumer.resume(resume)
+
+    def _due_at(self, record: Any) -> int:
+        return int(record.timestamp()[1]) + self.partition_delay_ms(record.partition())
 
     def _commit(self, out: list[tuple[Any, ...]], offsets: dict[int, int]) -> None:
         producer = self._producer
@@ -215,6 +229,7 @@ class _FifoDelayService(ServiceThread):
         if consumer is None:
             return
         assigned = consumer.assignment()
+        self._held.clear()
         if self._paused:
             consumer.resume([TopicPartition(self.topic, p) for p in self._paused])
             self._paused.clear()

@@ -41,12 +41,12 @@ class TopicAdmin:
             if include_internal or not name.startswith("__")
         }
 
-    def ensure_topics(self, specs: Iterable[TopicSpec]) -> list[str]:
+    def ensure_topics(self, specs: Iterable[TopicSpec], *, strict: bool = True) -> list[str]:
         """Create the topics that do not exist yet; return the names created.
 
         A topic that exists with fewer partitions than its spec raises
         :class:`TopicProvisioningError` (a SCHEDULE topic with too few partitions would lose
-        delay levels); more partitions are accepted.
+        delay levels), unless ``strict`` is False; more partitions are accepted.
         """
         wanted = list(specs)
         existing = self.list_topics(include_internal=True)
@@ -56,7 +56,7 @@ class TopicAdmin:
         # by us or by another process, may not be visible yet).
         counts = self.wait_for_topics(s.kafka_name for s in wanted)
         for spec in wanted:
-            if counts[spec.kafka_name] < spec.partitions:
+            if strict and counts[spec.kafka_name] < spec.partitions:
                 raise TopicProvisioningError(
                     f"topic {spec.kafka_name} has {counts[spec.kafka_name]} partitions, "
                     f"{spec.partitions} needed"

@@ -1,0 +1,101 @@
+"""Operator views of delayed messages: how many wait in each level and timer tier, and when
+the next one is due."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from bridge.codec import decode_headers
+from bridge.config import ClientConfig
+from bridge.delay.routing import TIMER_ROUTING_HEADER
+from bridge.kafka.clients import new_consumer
+from topics.catalog import SystemTopic, TopicCatalog
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """One SCHEDULE level or timer tier."""
+
+    kind: str
+    """``level`` or ``tier``."""
+    index: int
+    """The delay level (1-based) or the timer tier (0-based)."""
+    delay_ms: int
+    pending: int
+    """Records not yet delivered or moved on (counted by offsets, so approximate)."""
+    next_due_ms: int | None
+    """When the oldest one is due, epoch ms; for a timer tier, when it leaves the tier."""
+
+
+def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueStatus]:
+    """The state of every delay level and timer tier of ``config.namespace``."""
+    catalog = TopicCatalog(namespace=config.namespace)
+    policy = config.delay_policy
+    out: list[QueueStatus] = []
+    for kind, system, count in (
+        ("level", SystemTopic.SCHEDULE, policy.level_count),
+        ("tier", SystemTopic.TIMER, policy.tier_count),
+    ):
+        topic = catalog.topic(system)
+        service = "schedule" if system is SystemTopic.SCHEDULE else "timer"
+        consumer = new_consumer(
+            config,
+            f"{config.namespace}.coordinator.{service}",
+            f"bridge-admin-{uuid.uuid4().hex[:6]}",
+        )
+        head_reader = new_consumer(config, f"bridge-admin-{uuid.uuid4().hex}", "bridge-admin")
+        try:
+            tps = [TopicPartition(topic, p) for p in range(count)]
+            committed = consumer.committed(tps, timeout_ms / 1000)
+            for tp in committed:
+                low, high = consumer.get_watermark_offsets(tp, timeout=timeout_ms / 1000)
+                start = tp.offset if tp.offset >= 0 else low
+                delay = (
+                    policy.level_delays_ms[tp.partition]
+                    if kind == "level"
+                    else policy.tier_delay_ms(tp.partition)
+                )
+                next_due = None
+                pending = max(high - start, 0)
+                if start < high:
+                    head = _read_at(head_reader, TopicPartition(topic, tp.partition, start))
+                    if head is None:
+                        pending = 0  # only transaction markers are left
+                    else:
+                        next_due = head.timestamp()[1] + delay
+                        if kind == "tier":
+                            wanted = decode_headers(head.headers()).get(TIMER_ROUTING_HEADER)
+                            next_due = min(next_due, int(wanted)) if wanted else next_due
+                out.append(
+                    QueueStatus(
+                        kind,
+                        tp.partition + 1 if kind == "level" else tp.partition,
+                        delay,
+                        pending,
+                        next_due,
+                    )
+                )
+        finally:
+            consumer.close()
+            head_reader.close()
+    return out
+
+
+def _read_at(reader: Any, tp: TopicPartition) -> Any:
+    reader.assign([tp])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        record = reader.poll(0.2)
+        if record is None:
+            continue
+        error = record.error()
+        if error is None:
+            return record
+        if error.code() == KafkaError._PARTITION_EOF:
+            return None
+    return None
