@@ -53,3 +53,19 @@ def test_transaction_producer_example_receives_only_the_committed(
     assert sorted(line.split("body=")[1] for line in received) == [
         "'Hello RocketMQ 1'", "'Hello RocketMQ 4'", "'Hello RocketMQ 7'",
     ]  # fmt: skip
+
+
+def test_delay_and_timer_examples(client_config: ClientConfig) -> None:
+    config = CoordinatorConfig(client=client_config, coordinator_id="example-delay")
+    with Coordinator(config):
+        levels = run_example(
+            "delay_level_producer", client_config.bootstrap_servers, client_config.namespace
+        )
+        timers = run_example(
+            "timer_producer", client_config.bootstrap_servers, client_config.namespace
+        )
+    received = [line for line in levels.splitlines() if line.startswith("received ")]
+    assert [line.split("'")[1] for line in received] == ["level 1", "level 2", "level 3"]
+    assert "refused  timer delay of" in timers
+    got = [line.split("'")[1] for line in timers.splitlines() if line.startswith("received ")]
+    assert got == ["already due", "in 2 s", "at now + 3 s"]
