@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [producer] [transactions]`` (all by default; uses
+"""Run the benchmarks: ``python -m bench [producer] [transactions] [delays]`` (all by default; uses
 KAFKA_BOOTSTRAP_SERVERS or a local broker)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from bench import producer, transactions
+from bench import delays, producer, transactions
 from bench.harness import broker
 
 
@@ -21,6 +21,8 @@ def main() -> None:
             producer.run(bootstrap)
         if not only or "transactions" in only:
             transactions.run(bootstrap)
+        if not only or "delays" in only:
+            delays.run(bootstrap)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ DEFAULT_MESSAGE_DELAY_LEVEL: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 1
 """RocketMQ's ``messageDelayLevel``."""
 
 TIMER_PRECISIONS_MS: Final = (100, 200, 500, 1000)
+LANDING_MARGIN_MS: Final = 250
+"""A timer hops to land this long before its time, then waits for the exact time in memory, so
+the last hop's commit and fetch latency does not make it late."""
 """RocketMQ 5's allowed ``timerPrecisionMs`` values."""
 
 _UNIT_MS: Final = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -97,16 +100,29 @@ class DelayPolicy:
     def route(self, deliver_ms: int, now_ms: int, tiers: int | None = None) -> int | None:
         """The timer tier for a message due at ``deliver_ms``, or None if it is due now.
 
-        The largest tier whose wait does not pass ``deliver_ms``; below one precision left,
-        tier 0 (so it is late by less than the precision, never early).
+        The largest tier whose wait ends at least :data:`LANDING_MARGIN_MS` before
+        ``deliver_ms``; tier 0 when less is left. Out of a tier, a message with less than
+        :meth:`hold_window_ms` to go waits for its exact time (see :meth:`exit_time_ms`).
         """
         remaining = deliver_ms - now_ms
         if remaining <= 0:
             return None
         count = tiers if tiers is not None else self.tier_count
-        ratio = remaining // self.timer_precision_ms
+        ratio = (remaining - LANDING_MARGIN_MS) // self.timer_precision_ms
         tier = ratio.bit_length() - 1 if ratio >= 1 else 0
         return min(tier, count - 1)
+
+    @property
+    def hold_window_ms(self) -> int:
+        """A message leaving its tier this close to its time waits for the exact time."""
+        return self.timer_precision_ms + LANDING_MARGIN_MS
+
+    def exit_time_ms(self, tier_due_ms: int, deliver_ms: int) -> int:
+        """When a message whose tier wait ends at ``tier_due_ms`` is taken out: its exact
+        time if that is within the hold window, else the end of the tier wait."""
+        if 0 < deliver_ms - tier_due_ms < self.hold_window_ms:
+            return deliver_ms
+        return tier_due_ms
 
     def deliver_time_ms(
         self,

@@ -99,6 +99,9 @@ class _FifoDelayService(ServiceThread):
             heartbeat_interval_ms=max(self.config.session_timeout_ms // 6, 500),
             # Bounded prefetch: what waits stays in Kafka, not here.
             queued_max_messages_kbytes=8192,
+            # Static membership: a coordinator restarted with the same id takes its
+            # partitions back at once instead of after the session timeout.
+            group_instance_id=f"{self.config.coordinator_id}-{self.kind}",
         )
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
 
@@ -189,6 +192,7 @@ class _FifoDelayService(ServiceThread):
             consumer.resume(resume)
 
     def _due_at(self, record: Any) -> int:
+        """When ``record`` is due: a fixed time after it was stored."""
         return int(record.timestamp()[1]) + self.partition_delay_ms(record.partition())
 
     def _commit(self, out: list[tuple[Any, ...]], offsets: dict[int, int]) -> None:
@@ -280,11 +284,25 @@ class TimerService(_FifoDelayService):
     def partition_delay_ms(self, partition: int) -> int:
         return self.policy.tier_delay_ms(partition)
 
-    def process(self, record: Any, now: int, out: list[tuple[Any, ...]]) -> None:
+    def _due_at(self, record: Any) -> int:
+        """Out of its tier, a record close to its time waits here for the exact time rather
+        than another hop (records behind it, FIFO, wait at most the hold window more)."""
+        tier_due = super()._due_at(record)
+        try:
+            deliver_ms = self._deliver_ms(record)
+        except (WireFormatError, ValueError):
+            return tier_due  # process() quarantines it
+        return self.policy.exit_time_ms(tier_due, deliver_ms)
+
+    @staticmethod
+    def _deliver_ms(record: Any) -> int:
         raw = decode_headers(record.headers()).get(TIMER_ROUTING_HEADER)
         if raw is None:  # written by another client: the envelope has it too
             raw = decode_envelope(record.value()).get_property(TIMER_ROUTING_HEADER) or "0"
-        deliver_ms = int(raw)
+        return int(raw)
+
+    def process(self, record: Any, now: int, out: list[tuple[Any, ...]]) -> None:
+        deliver_ms = self._deliver_ms(record)
         tier = self.policy.route(deliver_ms, now, self.policy.tier_count)
         if tier is None:
             self.deliver(record, out)

@@ -133,6 +133,9 @@ class TransactionService(ServiceThread):
             fetch_wait_max_ms=50,
             session_timeout_ms=self.config.session_timeout_ms,
             heartbeat_interval_ms=max(self.config.session_timeout_ms // 6, 500),
+            # Static membership: a coordinator restarted with the same id takes its
+            # partitions back at once instead of after the session timeout.
+            group_instance_id=f"{self.config.coordinator_id}-transaction",
         )
         self._consumer.subscribe([self._half], on_assign=self._on_assign, on_revoke=self._on_revoke)
 

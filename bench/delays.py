@@ -1,0 +1,206 @@
+"""Delayed delivery: timer lateness at a steady rate, a burst due in one second, coordinator
+memory with a million pending timers, and recovery after SIGKILL.
+
+The coordinator runs as its own process, with 100 ms timer precision. Lateness is measured
+on the broker's clock: the real topic stores the append time, compared with the due time the
+sender wrote into each body. Baseline for the burst: a plain consume-and-produce copy of the
+same number of records (what any Kafka pipeline moving them once would cost).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Producer as RawProducer
+
+from bench.harness import Row, print_rows
+from bridge import ClientConfig, Message, Producer, read_messages
+from bridge.kafka.admin import TopicAdmin
+from bridge.kafka.clients import new_consumer, producer_config
+from topics.catalog import TopicSpec
+
+STEADY_RATE_PER_S = int(os.environ.get("BENCH_STEADY_RATE", "5000"))
+STEADY_SECONDS = 10
+BURST = int(os.environ.get("BENCH_BURST", "500000"))
+PENDING = int(os.environ.get("BENCH_PENDING", "1000000"))
+DAY_MS = 86_400_000
+
+
+def _coordinator(config: ClientConfig, coordinator_id: str) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": config.bootstrap_servers,
+        "BRIDGE_NAMESPACE": config.namespace,
+        "BRIDGE_COORDINATOR_ID": coordinator_id,
+        "BRIDGE_TIMER_PRECISION_MS": str(config.timer_precision_ms),
+        "BRIDGE_TIMER_MAX_DELAY_MS": str(config.timer_max_delay_ms),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "bridge.cli", "coordinator"],
+        env=env, cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _stamped(config: ClientConfig, topic: str) -> str:
+    TopicAdmin(config).ensure_topics(
+        [TopicSpec(topic, 1, {"message.timestamp.type": "LogAppendTime"})]
+    )
+    return topic
+
+
+def _lateness(config: ClientConfig, topic: str, count: int, timeout_ms: int) -> list[int]:
+    """Delivered minus due, ms, for each message of ``topic`` (body = due time)."""
+    return [
+        int(msg.store_timestamp_ms or 0) - int(msg.body)
+        for msg in read_messages(config, [topic], max_messages=count, timeout_ms=timeout_ms)
+    ]
+
+
+def _pct(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))]) if ordered else float("nan")
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _steady(config: ClientConfig) -> None:
+    topic = _stamped(config, f"bench-steady-{uuid.uuid4().hex[:6]}")
+    count = STEADY_RATE_PER_S * STEADY_SECONDS
+    with Producer("bench_steady", config=config) as producer:
+        started = time.monotonic()
+        for i in range(count):
+            while time.monotonic() < started + i / STEADY_RATE_PER_S:
+                time.sleep(0.0005)
+            due = time.time_ns() // 1_000_000 + 2000
+            msg = Message(topic, str(due))
+            msg.set_deliver_time_ms(due)
+            producer.send_async(msg)
+        producer.flush(30_000)
+    late = _lateness(config, topic, count, 30_000)
+    early = sum(1 for v in late if v < 0)
+    print(
+        f"timer lateness at {STEADY_RATE_PER_S}/s for {STEADY_SECONDS} s (100 ms precision): "
+        f"p50 {_pct(late, 0.5):.0f} ms, p99 {_pct(late, 0.99):.0f} ms, "
+        f"max {max(late, default=0)} ms, "
+        f"early {early}, delivered {len(late)}/{count}"
+    )
+
+
+def _burst(config: ClientConfig) -> Row:
+    topic = _stamped(config, f"bench-burst-{uuid.uuid4().hex[:6]}")
+    due = time.time_ns() // 1_000_000 + 25_000
+    with Producer("bench_burst", config=config) as producer:
+        for _ in range(BURST):
+            msg = Message(topic, str(due))
+            msg.set_deliver_time_ms(due)
+            producer.send_async(msg)
+        producer.flush(60_000)
+    late = _lateness(config, topic, BURST, 120_000)
+    all_in_ms = max(late, default=0)
+    print(
+        f"burst of {BURST} due in the same second: all delivered {all_in_ms / 1000:.1f} s after "
+        f"the due time (p50 {_pct(late, 0.5):.0f} ms, p99 {_pct(late, 0.99):.0f} ms), "
+        f"{len(late)}/{BURST} delivered"
+    )
+    # Baseline: consume the same number of records and produce each once, plainly.
+    source = f"bench-copy-src-{uuid.uuid4().hex[:6]}"
+    raw = RawProducer(producer_config(config, "bench-copy"))
+    for _ in range(BURST):
+        raw.produce(source, b"x" * 40)
+        raw.poll(0)
+    raw.flush(60)
+    consumer = new_consumer(config, f"bench-copy-{uuid.uuid4().hex}", "bench-copy")
+    consumer.subscribe([source])
+    copied = 0
+    started = time.monotonic()
+    while copied < BURST and time.monotonic() - started < 300:
+        for record in consumer.consume(2000, 0.5):
+            if record.error() is None:
+                raw.produce(source + "-out", record.value())
+                copied += 1
+        raw.poll(0)
+    raw.flush(60)
+    copy_s = time.monotonic() - started
+    consumer.close()
+    ours_rate = BURST / max((all_in_ms + 1) / 1000, 0.001)
+    return Row(
+        f"burst of {BURST}: delivered msg/s",
+        "msg/s",
+        ours_rate,
+        copied / copy_s,
+        "plain consume+produce copy",
+    )
+
+
+def _pending(config: ClientConfig) -> None:
+    idle = _coordinator(config, "bench-memory")
+    time.sleep(8)
+    rss_idle = _rss_bytes(idle.pid)
+    rng = random.Random(7)
+    topic = f"bench-pending-{uuid.uuid4().hex[:6]}"
+    now = time.time_ns() // 1_000_000
+    with Producer("bench_pending", config=config) as producer:
+        for _ in range(PENDING):
+            msg = Message(topic, b"p")
+            msg.set_deliver_time_ms(now + 60_000 + rng.randrange(30 * DAY_MS))
+            producer.send_async(msg)
+        producer.flush(120_000)
+    time.sleep(10)
+    rss_loaded = _rss_bytes(idle.pid)
+    print(
+        f"coordinator memory: {rss_idle / 2**20:.0f} MiB idle, {rss_loaded / 2**20:.0f} MiB with "
+        f"{PENDING} timers pending over 30 days: "
+        f"{max(rss_loaded - rss_idle, 0) / PENDING:.1f} bytes per pending message"
+    )
+    # Recovery: kill -9, restart, time until a message due now is delivered.
+    probe_topic = _stamped(config, f"bench-probe-{uuid.uuid4().hex[:6]}")
+    idle.send_signal(signal.SIGKILL)
+    idle.wait()
+    with Producer("bench_probe", config=config) as producer:
+        producer.send_sync(Message(probe_topic, b"probe", delay_time_level=1))
+    restarted = time.monotonic()
+    again = _coordinator(config, "bench-memory")
+    try:
+        got = list(read_messages(config, [probe_topic], max_messages=1, timeout_ms=120_000))
+        took = time.monotonic() - restarted
+        print(
+            f"recovery after SIGKILL with {PENDING} pending: a due message delivered "
+            f"{took:.1f} s after the restart ({'ok' if got else 'NOT delivered'})"
+        )
+    finally:
+        again.terminate()
+        again.wait(30)
+
+
+def run(bootstrap: str) -> list[Row]:
+    """Measure and print; return the rows."""
+    config = ClientConfig(
+        bootstrap_servers=bootstrap,
+        namespace=f"benchd{uuid.uuid4().hex[:6]}",
+        timer_precision_ms=100,
+        timer_max_delay_ms=31 * DAY_MS,
+    )
+    coordinator = _coordinator(config, "bench")
+    try:
+        time.sleep(5)
+        _steady(config)
+        rows = [_burst(config)]
+    finally:
+        coordinator.terminate()
+        coordinator.wait(30)
+    print_rows("Delayed delivery (ratio = ours / baseline)", rows)
+    _pending(config)
+    return rows
