@@ -145,9 +145,30 @@ class ServiceThread(Startable):
         """Run the next iteration now instead of after the interval."""
         self._wakeup.set()
 
+    def _start_until_stopped(self) -> bool:
+        """Call :meth:`on_start` until it succeeds (a broker still starting, a coordinator still
+        loading) or the service is stopped; back off from 0.5 s to 30 s between tries."""
+        backoff_s = 0.5
+        while not self._stopped.is_set():
+            try:
+                self.on_start()
+                return True
+            except Exception:
+                logger.exception(
+                    "service %s: start failed; retrying in %.1f s", self.name, backoff_s
+                )
+                try:
+                    self.on_stop()
+                except Exception:
+                    logger.exception("service %s: cleaning up after a failed start", self.name)
+                self._stopped.wait(backoff_s)
+                backoff_s = min(backoff_s * 2, 30.0)
+        return False
+
     def _run(self) -> None:
         try:
-            self.on_start()
+            if not self._start_until_stopped():
+                return
             while not self._stopped.is_set():
                 try:
                     self.run_once()

@@ -29,7 +29,8 @@ DAY_MS = 24 * HOUR_MS
 
 DEFAULT_TRANSACTION_PARTITIONS = 8
 DEFAULT_DELAY_LEVEL_COUNT = 18
-DEFAULT_TIMER_PARTITIONS = 8
+DEFAULT_TIMER_PARTITIONS = 18
+"""Timer tiers of the default delay settings (1 s precision, 3 days at most)."""
 DEFAULT_RETRY_PARTITIONS = 1
 """RocketMQ creates each ``%RETRY%`` and ``%DLQ%`` topic with one queue."""
 

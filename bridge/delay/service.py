@@ -26,9 +26,9 @@ from bridge.config import ClientConfig
 from bridge.delay.model import DelayPolicy
 from bridge.delay.routing import TIMER_ROUTING_HEADER
 from bridge.errors import WireFormatError
-from bridge.kafka.clients import new_consumer, new_producer
+from bridge.kafka.clients import new_consumer
 from bridge.kafka.quarantine import quarantine
-from bridge.lifecycle import ServiceThread
+from bridge.kafka.transactional import TransactionalService
 from bridge.message import DELAY_PROPERTIES, MessageConst
 from topics.catalog import SystemTopic, TopicCatalog
 
@@ -58,19 +58,22 @@ class DelayServiceConfig:
     session_timeout_ms: int = 10_000
 
 
-class _FifoDelayService(ServiceThread):
+class _FifoDelayService(TransactionalService):
     """Reads FIFO partitions of fixed delay; subclasses say what a due record becomes."""
 
     kind: str = ""
     system: SystemTopic = SystemTopic.SCHEDULE
 
     def __init__(self, config: DelayServiceConfig) -> None:
-        super().__init__(f"bridge-{self.kind}-{config.coordinator_id}", interval_ms=1)
+        super().__init__(
+            f"bridge-{self.kind}-{config.coordinator_id}",
+            config.client,
+            f"{config.client.namespace}.coordinator.{self.kind}.{config.coordinator_id}",
+            config.kafka_transaction_timeout_ms,
+        )
         self.config = config
         self.policy: DelayPolicy = config.client.delay_policy
         self.topic = config.catalog.topic(self.system)
-        self._consumer: Consumer | None = None
-        self._producer: Any = None
         self._held: dict[int, list[Any]] = {}
         """Fetched records not due yet, per partition, in offset order (at most a batch)."""
         self._paused: set[int] = set()
@@ -89,7 +92,7 @@ class _FifoDelayService(ServiceThread):
     # --- lifecycle ----------------------------------------------------------------------
     def on_start(self) -> None:
         client = self.config.client
-        self._producer = self._new_producer()
+        self.start_producer()
         self._consumer = new_consumer(
             client,
             f"{client.namespace}.coordinator.{self.kind}",
@@ -104,24 +107,6 @@ class _FifoDelayService(ServiceThread):
             group_instance_id=f"{self.config.coordinator_id}-{self.kind}",
         )
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
-
-    def _new_producer(self) -> Any:
-        producer = new_producer(
-            self.config.client,
-            self.name,
-            transactional_id=f"{self.config.client.namespace}.coordinator.{self.kind}."
-            f"{self.config.coordinator_id}",
-            transaction_timeout_ms=self.config.kafka_transaction_timeout_ms,
-            linger_ms=1,
-        )
-        producer.init_transactions(self.config.client.request_timeout_ms / 1000)
-        return producer
-
-    def on_stop(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-        if self._producer is not None:
-            self._producer.flush(5)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         started = time.monotonic()
@@ -215,16 +200,7 @@ class _FifoDelayService(ServiceThread):
             producer.commit_transaction(timeout_s)
             self.delivered += sum(1 for item in out if item[0] != self.topic)
         except KafkaException as exc:
-            logger.warning("%s: Kafka transaction failed (%s); re-reading", self.name, exc)
-            error = exc.args[0] if exc.args else None
-            fatal = isinstance(error, KafkaError) and error.fatal()
-            if not fatal:
-                try:
-                    producer.abort_transaction(timeout_s)
-                except KafkaException:
-                    fatal = True
-            if fatal:
-                self._producer = self._new_producer()
+            self.transaction_failed(exc)
             self._rewind()
 
     def _rewind(self) -> None:

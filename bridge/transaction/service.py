@@ -29,9 +29,9 @@ from bridge.codec import encode_envelope, envelope_to_message
 from bridge.config import ClientConfig
 from bridge.errors import BridgeError, WireFormatError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_consumer, new_producer
+from bridge.kafka.clients import new_consumer
 from bridge.kafka.quarantine import quarantine
-from bridge.lifecycle import ServiceThread
+from bridge.kafka.transactional import TransactionalService
 from bridge.message import MessageConst
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
@@ -101,20 +101,23 @@ class _Batch:
         self.dirty = True
 
 
-class TransactionService(ServiceThread):
+class TransactionService(TransactionalService):
     """End-transaction handling and ``CheckBackService`` for the HALF partitions this
     coordinator owns."""
 
     def __init__(self, config: TransactionServiceConfig) -> None:
-        super().__init__(f"bridge-transaction-{config.coordinator_id}", interval_ms=1)
+        super().__init__(
+            f"bridge-transaction-{config.coordinator_id}",
+            config.client,
+            f"{config.client.namespace}.coordinator.{config.coordinator_id}",
+            config.kafka_transaction_timeout_ms,
+        )
         self.config = config
         self.catalog = config.catalog
         self._half = config.catalog.topic(SystemTopic.HALF)
         self._op = config.catalog.topic(SystemTopic.OP)
         self._partitions: dict[int, HalfPartition] = {}
         self._to_recover: set[int] = set()
-        self._consumer: Consumer | None = None
-        self._producer: Any = None
         self._known_check_topics: set[str] = set()
         self._admin: TopicAdmin | None = None
         self.committed_transactions = 0
@@ -124,7 +127,7 @@ class TransactionService(ServiceThread):
     def on_start(self) -> None:
         client = self.config.client
         self._admin = TopicAdmin(client)
-        self._producer = self._new_producer()
+        self.start_producer()
         self._consumer = new_consumer(
             client,
             f"{client.namespace}.coordinator.transaction",
@@ -138,23 +141,6 @@ class TransactionService(ServiceThread):
             group_instance_id=f"{self.config.coordinator_id}-transaction",
         )
         self._consumer.subscribe([self._half], on_assign=self._on_assign, on_revoke=self._on_revoke)
-
-    def _new_producer(self) -> Any:
-        producer = new_producer(
-            self.config.client,
-            self.name,
-            transactional_id=f"{self.config.client.namespace}.coordinator.{self.config.coordinator_id}",
-            transaction_timeout_ms=self.config.kafka_transaction_timeout_ms,
-            linger_ms=1,
-        )
-        producer.init_transactions(self.config.client.request_timeout_ms / 1000)
-        return producer
-
-    def on_stop(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-        if self._producer is not None:
-            self._producer.flush(5)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -367,18 +353,7 @@ class TransactionService(ServiceThread):
             self._transaction_failed(exc)
 
     def _transaction_failed(self, exc: KafkaException) -> None:
-        error = exc.args[0] if exc.args else None
-        logger.warning(
-            "%s: Kafka transaction failed (%s); re-reading owned partitions", self.name, exc
-        )
-        fatal = isinstance(error, KafkaError) and error.fatal()
-        if not fatal:
-            try:
-                self._producer.abort_transaction(self.config.client.request_timeout_ms / 1000)
-            except KafkaException:
-                fatal = True
-        if fatal:
-            self._producer = self._new_producer()
+        self.transaction_failed(exc)
         # State was changed optimistically: rebuild it from what Kafka committed.
         self._to_recover.update(self._partitions)
         self._partitions.clear()

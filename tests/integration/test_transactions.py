@@ -320,9 +320,7 @@ def send_committing(
 def test_sigkill_of_the_coordinator_mid_commit_loses_and_duplicates_nothing(
     client_config: ClientConfig, topic: str
 ) -> None:
-    TopicAdmin(client_config).ensure_system_topics(
-        TopicCatalog(namespace=client_config.namespace, transaction_partitions=2)
-    )
+    TopicAdmin(client_config).ensure_system_topics(client_config.catalog(transaction_partitions=2))
     first = coordinator_process(client_config, "crashy")
     stop = threading.Event()
     sent: list[str] = []
@@ -353,9 +351,7 @@ def test_sigkill_of_the_coordinator_mid_commit_loses_and_duplicates_nothing(
 def test_two_coordinators_one_killed_the_survivor_finishes(
     client_config: ClientConfig, topic: str
 ) -> None:
-    TopicAdmin(client_config).ensure_system_topics(
-        TopicCatalog(namespace=client_config.namespace, transaction_partitions=2)
-    )
+    TopicAdmin(client_config).ensure_system_topics(client_config.catalog(transaction_partitions=2))
     survivor = coordinator_process(client_config, "survivor")
     victim = coordinator_process(client_config, "victim")
     stop = threading.Event()

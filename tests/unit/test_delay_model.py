@@ -127,3 +127,11 @@ def test_a_timer_beyond_the_maximum_is_refused_at_send_time() -> None:
     with pytest.raises(InvalidDelayError, match="beyond"):
         producer().prepare(far)
     assert producer(timer_max_delay_ms=365 * DAY_MS).prepare(far).partition >= 0
+
+
+def test_the_catalogs_defaults_match_the_default_delay_settings() -> None:
+    default, derived = TopicCatalog(), ClientConfig().catalog()
+    assert (default.delay_level_count, default.timer_partitions) == (
+        derived.delay_level_count,
+        derived.timer_partitions,
+    )
