@@ -49,6 +49,15 @@ def _coordinator(config: ClientConfig, coordinator_id: str) -> subprocess.Popen[
     )  # fmt: skip
 
 
+def _await_coordinator(config: ClientConfig) -> None:
+    """Wait until a coordinator delivers a level-1 message (its services own their partitions)."""
+    topic = f"bench-warmup-{uuid.uuid4().hex[:6]}"
+    with Producer("bench_warmup", config=config) as producer:
+        producer.send_sync(Message(topic, b"warmup", delay_time_level=1))
+    if not list(read_messages(config, [topic], max_messages=1, timeout_ms=120_000)):
+        raise RuntimeError("the coordinator delivered nothing within 120 s")
+
+
 def _stamped(config: ClientConfig, topic: str) -> str:
     TopicAdmin(config).ensure_topics(
         [TopicSpec(topic, 1, {"message.timestamp.type": "LogAppendTime"})]
@@ -147,7 +156,7 @@ def _burst(config: ClientConfig) -> Row:
 
 def _pending(config: ClientConfig) -> None:
     idle = _coordinator(config, "bench-memory")
-    time.sleep(8)
+    _await_coordinator(config)
     rss_idle = _rss_bytes(idle.pid)
     rng = random.Random(7)
     topic = f"bench-pending-{uuid.uuid4().hex[:6]}"
@@ -158,7 +167,7 @@ def _pending(config: ClientConfig) -> None:
             msg.set_deliver_time_ms(now + 60_000 + rng.randrange(30 * DAY_MS))
             producer.send_async(msg)
         producer.flush(120_000)
-    time.sleep(10)
+    time.sleep(10)  # let the coordinator fetch and pause every tier before measuring
     rss_loaded = _rss_bytes(idle.pid)
     print(
         f"coordinator memory: {rss_idle / 2**20:.0f} MiB idle, {rss_loaded / 2**20:.0f} MiB with "
@@ -195,7 +204,7 @@ def run(bootstrap: str) -> list[Row]:
     )
     coordinator = _coordinator(config, "bench")
     try:
-        time.sleep(5)
+        _await_coordinator(config)
         _steady(config)
         rows = [_burst(config)]
     finally:

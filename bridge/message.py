@@ -75,6 +75,11 @@ RESERVED_PROPERTIES: Final = frozenset(
 """Names a user property may not take (RocketMQ's ``putUserProperty`` refuses them too)."""
 
 
+def now_ms() -> int:
+    """Wall-clock time, epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
 class MessageIdGenerator:
     """RocketMQ-style unique message ids (``UNIQ_KEY``): 32 upper-case hex characters.
 

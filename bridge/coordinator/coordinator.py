@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from bridge.config import ClientConfig
-from bridge.delay.service import DelayServiceConfig, ScheduleDeliveryService, TimerService
+from bridge.delay.service import ScheduleDeliveryService, TimerService
 from bridge.errors import InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
+from bridge.kafka.transactional import ServiceConfig
 from bridge.lifecycle import Lifecycle, ServiceState, ServiceThread, Startable
-from bridge.transaction.service import TransactionService, TransactionServiceConfig
+from bridge.transaction.service import TransactionService
 from bridge.transaction.state import CheckPolicy
 from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
 
@@ -107,6 +108,13 @@ class CoordinatorConfig:
 def default_services(config: CoordinatorConfig) -> list[ServiceThread]:
     """The services a coordinator runs: end-transaction handling and check-back, delay levels
     and timers."""
+    shared = ServiceConfig(
+        client=config.client,
+        catalog=config.catalog,
+        coordinator_id=config.coordinator_id,
+        kafka_transaction_timeout_ms=config.kafka_transaction_timeout_ms,
+        session_timeout_ms=config.session_timeout_ms,
+    )
     policy = CheckPolicy(
         transaction_timeout_ms=config.transaction_timeout_ms,
         check_interval_ms=config.check_interval_ms,
@@ -114,28 +122,9 @@ def default_services(config: CoordinatorConfig) -> list[ServiceThread]:
         file_reserved_time_ms=config.file_reserved_time_ms,
     )
     return [
-        TransactionService(
-            TransactionServiceConfig(
-                client=config.client,
-                catalog=config.catalog,
-                coordinator_id=config.coordinator_id,
-                policy=policy,
-                kafka_transaction_timeout_ms=config.kafka_transaction_timeout_ms,
-                session_timeout_ms=config.session_timeout_ms,
-            )
-        ),
-        *(
-            service(
-                DelayServiceConfig(
-                    client=config.client,
-                    catalog=config.catalog,
-                    coordinator_id=config.coordinator_id,
-                    kafka_transaction_timeout_ms=config.kafka_transaction_timeout_ms,
-                    session_timeout_ms=config.session_timeout_ms,
-                )
-            )
-            for service in (ScheduleDeliveryService, TimerService)
-        ),
+        TransactionService(shared, policy),
+        ScheduleDeliveryService(shared),
+        TimerService(shared),
     ]
 
 

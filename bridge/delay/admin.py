@@ -3,17 +3,15 @@ the next one is due."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 
 from bridge.codec import decode_headers
 from bridge.config import ClientConfig
 from bridge.delay.routing import TIMER_ROUTING_HEADER
-from bridge.kafka.clients import new_consumer
+from bridge.kafka.clients import new_consumer, read_record_at
 from topics.catalog import SystemTopic, TopicCatalog
 
 
@@ -48,7 +46,9 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
             f"{config.namespace}.coordinator.{service}",
             f"bridge-admin-{uuid.uuid4().hex[:6]}",
         )
-        head_reader = new_consumer(config, f"bridge-admin-{uuid.uuid4().hex}", "bridge-admin")
+        head_reader = new_consumer(
+            config, f"bridge-admin-{uuid.uuid4().hex}", "bridge-admin", enable_partition_eof=True
+        )
         try:
             tps = [TopicPartition(topic, p) for p in range(count)]
             committed = consumer.committed(tps, timeout_ms / 1000)
@@ -63,7 +63,9 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
                 next_due = None
                 pending = max(high - start, 0)
                 if start < high:
-                    head = _read_at(head_reader, TopicPartition(topic, tp.partition, start))
+                    head = read_record_at(
+                        head_reader, TopicPartition(topic, tp.partition, start), 5.0
+                    )
                     if head is None:
                         pending = 0  # only transaction markers are left
                     else:
@@ -84,18 +86,3 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
             consumer.close()
             head_reader.close()
     return out
-
-
-def _read_at(reader: Any, tp: TopicPartition) -> Any:
-    reader.assign([tp])
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        record = reader.poll(0.2)
-        if record is None:
-            continue
-        error = record.error()
-        if error is None:
-            return record
-        if error.code() == KafkaError._PARTITION_EOF:
-            return None
-    return None

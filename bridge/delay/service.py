@@ -16,21 +16,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.codec import decode_envelope, decode_headers, real_record
-from bridge.config import ClientConfig
 from bridge.delay.model import DelayPolicy
 from bridge.delay.routing import TIMER_ROUTING_HEADER
 from bridge.errors import WireFormatError
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.quarantine import quarantine
-from bridge.kafka.transactional import TransactionalService
-from bridge.message import DELAY_PROPERTIES, MessageConst
-from topics.catalog import SystemTopic, TopicCatalog
+from bridge.kafka.transactional import ServiceConfig, TransactionalService
+from bridge.message import DELAY_PROPERTIES, MessageConst, now_ms
+from topics.catalog import SystemTopic
 
 logger = logging.getLogger(__name__)
 
@@ -42,36 +40,14 @@ REMOVED_ON_DELIVERY = frozenset(
 """Properties a delayed message loses when it reaches its real topic."""
 
 
-def now_ms() -> int:
-    """Wall-clock time, epoch milliseconds."""
-    return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class DelayServiceConfig:
-    """Settings shared by the delay services (see ``CoordinatorConfig``)."""
-
-    client: ClientConfig
-    catalog: TopicCatalog
-    coordinator_id: str
-    kafka_transaction_timeout_ms: int = 10_000
-    session_timeout_ms: int = 10_000
-
-
 class _FifoDelayService(TransactionalService):
     """Reads FIFO partitions of fixed delay; subclasses say what a due record becomes."""
 
     kind: str = ""
     system: SystemTopic = SystemTopic.SCHEDULE
 
-    def __init__(self, config: DelayServiceConfig) -> None:
-        super().__init__(
-            f"bridge-{self.kind}-{config.coordinator_id}",
-            config.client,
-            f"{config.client.namespace}.coordinator.{self.kind}.{config.coordinator_id}",
-            config.kafka_transaction_timeout_ms,
-        )
-        self.config = config
+    def __init__(self, config: ServiceConfig) -> None:
+        super().__init__(self.kind, config)
         self.policy: DelayPolicy = config.client.delay_policy
         self.topic = config.catalog.topic(self.system)
         self._held: dict[int, list[Any]] = {}

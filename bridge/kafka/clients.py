@@ -6,9 +6,10 @@ librdkafka's own log lines go to the ``bridge.kafka.rdkafka`` logger instead of 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from bridge.config import ClientConfig
@@ -85,6 +86,23 @@ def new_producer(config: ClientConfig, client_id: str, **overrides: Any) -> Prod
 def new_consumer(config: ClientConfig, group_id: str, client_id: str, **overrides: Any) -> Consumer:
     """A confluent-kafka ``Consumer`` with :func:`consumer_config`."""
     return Consumer(consumer_config(config, group_id, client_id, **overrides))
+
+
+def read_record_at(reader: Consumer, tp: TopicPartition, timeout_s: float = 10.0) -> Any:
+    """The record at ``tp``'s offset, read with ``reader`` (a consumer created with
+    ``enable_partition_eof=True``); None if the partition ends before it."""
+    reader.assign([tp])
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = reader.poll(0.2)
+        if record is None:
+            continue
+        error = record.error()
+        if error is None:
+            return record
+        if error.code() == KafkaError._PARTITION_EOF:
+            return None
+    return None
 
 
 def new_admin(config: ClientConfig, client_id: str = "bridge-admin") -> AdminClient:

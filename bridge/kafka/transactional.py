@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
@@ -10,8 +11,22 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 from bridge.config import ClientConfig
 from bridge.kafka.clients import new_producer
 from bridge.lifecycle import ServiceThread
+from topics.catalog import TopicCatalog
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """What every coordinator service needs (see ``CoordinatorConfig``)."""
+
+    client: ClientConfig
+    catalog: TopicCatalog
+    coordinator_id: str
+    kafka_transaction_timeout_ms: int = 10_000
+    """How long an unfinished Kafka transaction of a crashed coordinator blocks readers, ms."""
+    session_timeout_ms: int = 10_000
+    """How long a crashed coordinator keeps its partitions, ms."""
 
 
 class TransactionalService(ServiceThread):
@@ -22,17 +37,14 @@ class TransactionalService(ServiceThread):
     with the same id fences its predecessor and aborts what it left open.
     """
 
-    def __init__(
-        self,
-        name: str,
-        client: ClientConfig,
-        transactional_id: str,
-        kafka_transaction_timeout_ms: int,
-    ) -> None:
-        super().__init__(name, interval_ms=1)
-        self.client = client
-        self._transactional_id = transactional_id
-        self._kafka_transaction_timeout_ms = kafka_transaction_timeout_ms
+    def __init__(self, kind: str, config: ServiceConfig) -> None:
+        super().__init__(f"bridge-{kind}-{config.coordinator_id}", interval_ms=1)
+        self.config = config
+        self.client = config.client
+        self._transactional_id = (
+            f"{config.client.namespace}.coordinator.{kind}.{config.coordinator_id}"
+        )
+        self._kafka_transaction_timeout_ms = config.kafka_transaction_timeout_ms
         self._consumer: Consumer | None = None
         self._producer: Any = None
 

@@ -26,13 +26,12 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.codec import encode_envelope, envelope_to_message
-from bridge.config import ClientConfig
 from bridge.errors import BridgeError, WireFormatError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_consumer
+from bridge.kafka.clients import new_consumer, read_record_at
 from bridge.kafka.quarantine import quarantine
-from bridge.kafka.transactional import TransactionalService
-from bridge.message import MessageConst
+from bridge.kafka.transactional import ServiceConfig, TransactionalService
+from bridge.message import MessageConst, now_ms
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
     ENVELOPE_SCHEMA,
@@ -45,7 +44,7 @@ from bridge.transaction.model import (
 )
 from bridge.transaction.state import CheckAction, CheckPolicy, HalfPartition, PendingHalf
 from topics.avro import default_registry
-from topics.catalog import SystemTopic, TopicCatalog
+from topics.catalog import SystemTopic
 
 logger = logging.getLogger(__name__)
 
@@ -55,26 +54,6 @@ _CHECKS_PER_CYCLE = 1000
 _OP_SCAN_SLACK_MS = 60_000
 """Read OP records from this long before the oldest undecided half message (broker clock
 differences between partition leaders)."""
-
-
-def now_ms() -> int:
-    """Wall-clock time, epoch milliseconds."""
-    return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class TransactionServiceConfig:
-    """Settings of the transaction service (see ``CoordinatorConfig``)."""
-
-    client: ClientConfig
-    catalog: TopicCatalog
-    coordinator_id: str
-    policy: CheckPolicy = field(default_factory=CheckPolicy)
-    kafka_transaction_timeout_ms: int = 10_000
-    """How long an unfinished Kafka transaction of a crashed coordinator blocks readers, ms."""
-    check_topic_partitions: int = 4
-    session_timeout_ms: int = 10_000
-    """How long a crashed coordinator keeps its partitions, ms."""
 
 
 @dataclass
@@ -105,14 +84,15 @@ class TransactionService(TransactionalService):
     """End-transaction handling and ``CheckBackService`` for the HALF partitions this
     coordinator owns."""
 
-    def __init__(self, config: TransactionServiceConfig) -> None:
-        super().__init__(
-            f"bridge-transaction-{config.coordinator_id}",
-            config.client,
-            f"{config.client.namespace}.coordinator.{config.coordinator_id}",
-            config.kafka_transaction_timeout_ms,
-        )
-        self.config = config
+    def __init__(
+        self,
+        config: ServiceConfig,
+        policy: CheckPolicy | None = None,
+        check_topic_partitions: int = 4,
+    ) -> None:
+        super().__init__("transaction", config)
+        self.policy = policy or CheckPolicy()
+        self.check_topic_partitions = check_topic_partitions
         self.catalog = config.catalog
         self._half = config.catalog.topic(SystemTopic.HALF)
         self._op = config.catalog.topic(SystemTopic.OP)
@@ -253,7 +233,7 @@ class TransactionService(TransactionalService):
     def _check_or_discard(
         self, state: HalfPartition, pending: PendingHalf, now: int, batch: _Batch
     ) -> None:
-        action = self.config.policy.action(pending.check_times, pending.born_ms, now)
+        action = self.policy.action(pending.check_times, pending.born_ms, now)
         try:
             if action is CheckAction.DISCARD:
                 self._discard(state, pending, batch)
@@ -290,7 +270,7 @@ class TransactionService(TransactionalService):
         topic = self.catalog.check_topic(group)
         if topic not in self._known_check_topics:
             assert_admin(self._admin).ensure_topics(
-                [self.catalog.check_topic_spec(group, self.config.check_topic_partitions)]
+                [self.catalog.check_topic_spec(group, self.check_topic_partitions)]
             )
             self._known_check_topics.add(topic)
         old_offset = pending.offset
@@ -320,7 +300,7 @@ class TransactionService(TransactionalService):
         batch.add(topic, request.encode(), key=tid.encode())
         logger.info(
             "transaction %s (group %s): check %d of %d",
-            tid, group, pending.check_times, self.config.policy.transaction_check_max,
+            tid, group, pending.check_times, self.policy.transaction_check_max,
         )  # fmt: skip
 
     # --- Kafka transaction ----------------------------------------------------------------
@@ -390,7 +370,7 @@ class TransactionService(TransactionalService):
         committed = consumer.committed([TopicPartition(self._half, p)], timeout_s)[0].offset
         low, high = consumer.get_watermark_offsets(TopicPartition(self._half, p), timeout_s)
         start = committed if committed >= 0 else low
-        state = HalfPartition(p, self.config.policy, position=start, catch_up_offset=high)
+        state = HalfPartition(p, self.policy, position=start, catch_up_offset=high)
         if start < high:
             self._load_decisions(reader, state, start)
         consumer.seek(TopicPartition(self._half, p, start if start >= 0 else OFFSET_BEGINNING))
@@ -404,7 +384,7 @@ class TransactionService(TransactionalService):
 
     def _load_decisions(self, reader: Consumer, state: HalfPartition, start: int) -> None:
         """Mark the transactions decided since the half message at ``start``."""
-        first = _read_one(reader, TopicPartition(self._half, state.partition, start))
+        first = read_record_at(reader, TopicPartition(self._half, state.partition, start))
         since_ms = (first.timestamp()[1] if first is not None else now_ms()) - _OP_SCAN_SLACK_MS
         tp = reader.offsets_for_times(
             [TopicPartition(self._op, state.partition, max(since_ms, 0))],
@@ -431,21 +411,6 @@ class TransactionService(TransactionalService):
                 continue
             if entry.half_offset >= start:
                 state.mark_decided(entry.transaction_id, entry.half_offset)
-
-
-def _read_one(reader: Consumer, tp: TopicPartition) -> Any:
-    reader.assign([tp])
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        record = reader.poll(0.5)
-        if record is None:
-            continue
-        error = record.error()
-        if error is None:
-            return record
-        if error.code() == KafkaError._PARTITION_EOF:
-            return None
-    return None
 
 
 def batch_producer(batch: _Batch, producer: Any) -> Any:

@@ -313,7 +313,7 @@ def send_committing(
                 break
             producer.send_message_in_transaction(Message(topic, f"m{i}"))
             sent.append(f"m{i}")
-            time.sleep(0.005)
+            time.sleep(0.005)  # pacing: spread the load so a kill lands mid-flight
     return sent
 
 
