@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from bridge.codec import message_from_record
 from bridge.config import ClientConfig
 from bridge.errors import KafkaClientError
-from bridge.kafka.clients import new_consumer
+from bridge.kafka.clients import new_consumer, read_record_at
 from bridge.message import MessageExt
 from topics.catalog import TopicCatalog
 from topics.naming import to_kafka_topic
@@ -74,22 +74,16 @@ def read_message_at(
     """
     kafka_topic = to_kafka_topic(topic, config.namespace)
     consumer = new_consumer(
-        config, f"bridge-reader-{uuid.uuid4().hex[:12]}", client_id="bridge-reader"
-    )
+        config, f"bridge-reader-{uuid.uuid4().hex[:12]}", "bridge-reader",
+        enable_partition_eof=True,
+    )  # fmt: skip
     try:
-        consumer.assign([TopicPartition(kafka_topic, partition, offset)])
-        deadline = time.monotonic() + timeout_ms / 1000
-        while time.monotonic() < deadline:
-            record = consumer.poll(0.2)
-            if record is None:
-                continue
-            error = record.error()
-            if error is not None:
-                raise KafkaClientError(f"reading {kafka_topic}: {error.str()}", error)
-            if record.offset() == offset:
-                return message_from_record(record, TopicCatalog(namespace=config.namespace))
+        tp = TopicPartition(kafka_topic, partition, offset)
+        record = read_record_at(consumer, tp, timeout_ms / 1000)
+    finally:
+        consumer.close()
+    if record is None or record.offset() != offset:
         raise KafkaClientError(
             f"no message at {kafka_topic}[{partition}]@{offset} within {timeout_ms} ms"
         )
-    finally:
-        consumer.close()
+    return message_from_record(record, TopicCatalog(namespace=config.namespace))

@@ -25,7 +25,7 @@ from bridge.delay.model import DelayPolicy
 from bridge.delay.routing import TIMER_ROUTING_HEADER
 from bridge.errors import WireFormatError
 from bridge.kafka.clients import new_consumer
-from bridge.kafka.quarantine import quarantine
+from bridge.kafka.quarantine import quarantine_copy
 from bridge.kafka.transactional import ServiceConfig, TransactionalService
 from bridge.message import DELAY_PROPERTIES, MessageConst, now_ms
 from topics.catalog import SystemTopic
@@ -134,7 +134,10 @@ class _FifoDelayService(TransactionalService):
                 try:
                     self.process(record, now, out)
                 except (WireFormatError, ValueError) as exc:
-                    quarantine(_Collect(out), self.config.catalog, record, str(exc), self.name)
+                    copy = quarantine_copy(self.config.catalog, record, str(exc), self.name)
+                    out.append(
+                        (copy.topic, -1, copy.key, copy.value, copy.headers, copy.timestamp_ms)
+                    )
                 offsets[partition] = record.offset() + 1
             tp = TopicPartition(self.topic, partition)
             if held and partition not in self._paused:
@@ -199,16 +202,6 @@ class _FifoDelayService(TransactionalService):
         out.append(
             (real.topic, real.partition, real.key, real.value, real.headers, real.timestamp_ms)
         )
-
-
-class _Collect:
-    """Producer-like: a quarantine copy joins the batch's Kafka transaction."""
-
-    def __init__(self, out: list[tuple[Any, ...]]) -> None:
-        self._out = out
-
-    def produce(self, topic: str, value: bytes | None, key: bytes | None = None, **kw: Any) -> None:
-        self._out.append((topic, -1, key, value, kw.get("headers"), kw.get("timestamp", 0)))
 
 
 class ScheduleDeliveryService(_FifoDelayService):

@@ -31,13 +31,23 @@ QUARANTINED_AT_MS: Final = "QUARANTINED_AT_MS"
 _MAX_REASON_CHARS = 2000
 
 
-def quarantine(
-    producer: Any, catalog: TopicCatalog, record: Any, reason: str, quarantined_by: str
-) -> None:
-    """Produce a copy of the consumed ``record`` to the QUARANTINE topic with ``reason``.
+@dataclass(frozen=True, slots=True)
+class QuarantineCopy:
+    """The QUARANTINE record that keeps a consumed record with the reason and its origin."""
 
-    ``producer`` is a confluent-kafka producer; in a transaction the copy commits with it.
-    """
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    timestamp_ms: int
+    """The original record's timestamp, or 0 (the producer's clock)."""
+
+
+def quarantine_copy(
+    catalog: TopicCatalog, record: Any, reason: str, quarantined_by: str
+) -> QuarantineCopy:
+    """The quarantine copy of the consumed ``record`` (logged): services add it to the Kafka
+    transaction of the batch the record belonged to."""
     headers: list[tuple[str, bytes | None]] = list(record.headers() or [])
     headers += [
         (QUARANTINE_REASON, reason[:_MAX_REASON_CHARS].encode()),
@@ -48,19 +58,30 @@ def quarantine(
         (QUARANTINED_AT_MS, str(time.time_ns() // 1_000_000).encode()),
     ]
     _, timestamp = record.timestamp()
-    producer.produce(
-        catalog.topic(SystemTopic.QUARANTINE),
-        record.value(),
-        record.key(),
-        headers=headers,
-        timestamp=timestamp if timestamp and timestamp > 0 else 0,
-    )
     logger.warning(
         "quarantined %s[%d]@%d: %s",
         record.topic(),
         record.partition(),
         record.offset(),
         reason,
+    )
+    return QuarantineCopy(
+        catalog.topic(SystemTopic.QUARANTINE),
+        record.key(),
+        record.value(),
+        headers,
+        timestamp if timestamp and timestamp > 0 else 0,
+    )
+
+
+def quarantine(
+    producer: Any, catalog: TopicCatalog, record: Any, reason: str, quarantined_by: str
+) -> None:
+    """Produce the quarantine copy of the consumed ``record`` with ``producer`` (a
+    confluent-kafka producer; in a transaction the copy commits with it)."""
+    copy = quarantine_copy(catalog, record, reason, quarantined_by)
+    producer.produce(
+        copy.topic, copy.value, copy.key, headers=copy.headers, timestamp=copy.timestamp_ms
     )
 
 

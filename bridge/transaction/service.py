@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ from bridge.codec import encode_envelope, envelope_to_message
 from bridge.errors import BridgeError, WireFormatError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer, read_record_at
-from bridge.kafka.quarantine import quarantine
+from bridge.kafka.quarantine import quarantine_copy
 from bridge.kafka.transactional import ServiceConfig, TransactionalService
 from bridge.message import MessageConst, now_ms
 from bridge.transaction.model import (
@@ -61,7 +62,7 @@ class _Batch:
     """What one Kafka transaction writes: records, and callbacks for their delivery reports."""
 
     records: list[
-        tuple[str, int, bytes | None, bytes | None, list[tuple[str, bytes]], int, Any]
+        tuple[str, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int, Any]
     ] = field(default_factory=list)
     dirty: bool = False
 
@@ -72,7 +73,7 @@ class _Batch:
         *,
         partition: int = -1,
         key: bytes | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
+        headers: Sequence[tuple[str, bytes | None]] | None = None,
         timestamp: int = 0,
         on_delivery: Any = None,
     ) -> None:
@@ -180,9 +181,11 @@ class TransactionService(TransactionalService):
             else:
                 raise WireFormatError(f"a {name} record does not belong in the HALF topic")
         except (WireFormatError, ValueError, KeyError) as exc:
-            quarantine(
-                batch_producer(batch, self._producer), self.catalog, record, str(exc), self.name
-            )
+            copy = quarantine_copy(self.catalog, record, str(exc), self.name)
+            batch.add(
+                copy.topic, copy.value, key=copy.key, headers=copy.headers,
+                timestamp=copy.timestamp_ms,
+            )  # fmt: skip
             state.on_other(offset)
 
     def _on_end(
@@ -411,21 +414,6 @@ class TransactionService(TransactionalService):
                 continue
             if entry.half_offset >= start:
                 state.mark_decided(entry.transaction_id, entry.half_offset)
-
-
-def batch_producer(batch: _Batch, producer: Any) -> Any:
-    """A producer-like object that adds to ``batch`` (so a quarantine copy joins the batch's
-    Kafka transaction)."""
-
-    class _Adder:
-        def produce(
-            self, topic: str, value: bytes | None, key: bytes | None = None, **kw: Any
-        ) -> None:
-            batch.add(
-                topic, value, key=key, headers=kw.get("headers"), timestamp=kw.get("timestamp", 0)
-            )
-
-    return _Adder()
 
 
 def assert_admin(admin: TopicAdmin | None) -> TopicAdmin:
