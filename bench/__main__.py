@@ -1,12 +1,12 @@
-"""Run the benchmarks: ``python -m bench [producer] [transactions] [delays]`` (all by default; uses
-KAFKA_BOOTSTRAP_SERVERS or a local broker)."""
+"""Run the benchmarks: ``python -m bench [producer] [transactions] [delays] [consumer]``
+(all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker)."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
-from bench import delays, producer, transactions
+from bench import consumer, delays, producer, transactions
 from bench.harness import broker
 
 
@@ -23,6 +23,8 @@ def main() -> None:
             transactions.run(bootstrap)
         if not only or "delays" in only:
             delays.run(bootstrap)
+        if not only or "consumer" in only:
+            consumer.run(bootstrap)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,27 @@ Public API (RocketMQ's names)::
 
     with Producer("my_group", bootstrap_servers="127.0.0.1:9092") as producer:
         result = producer.send_sync(Message("orders", b"hello", keys="order-1", tags="TagA"))
+
+    consumer = PushConsumer("my_consumer_group", bootstrap_servers="127.0.0.1:9092")
+    consumer.subscribe("orders", lambda msg: ConsumeStatus.CONSUME_SUCCESS, "TagA || TagB")
+    with consumer:
+        ...
 """
 
 from bridge.client import Producer, SendResult, SendStatus, read_messages
 from bridge.config import ClientConfig
+from bridge.consumer import (
+    ConsumeConcurrentlyContext,
+    ConsumeFromWhere,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    ConsumeStatus,
+    MessageListenerConcurrently,
+    MessageListenerOrderly,
+    MessageModel,
+    PushConsumer,
+    PushConsumerConfig,
+)
 from bridge.errors import BridgeError
 from bridge.message import Message, MessageConst, MessageExt
 from bridge.transaction import (
@@ -24,10 +41,20 @@ __version__ = "0.1.0"
 __all__ = [
     "BridgeError",
     "ClientConfig",
+    "ConsumeConcurrentlyContext",
+    "ConsumeFromWhere",
+    "ConsumeOrderlyContext",
+    "ConsumeOrderlyStatus",
+    "ConsumeStatus",
     "Message",
     "MessageConst",
     "MessageExt",
+    "MessageListenerConcurrently",
+    "MessageListenerOrderly",
+    "MessageModel",
     "Producer",
+    "PushConsumer",
+    "PushConsumerConfig",
     "SendResult",
     "SendStatus",
     "TransactionListener",

@@ -24,6 +24,8 @@ from rich.table import Table
 from bridge.client.producer import Producer
 from bridge.client.reader import read_message_at, read_messages
 from bridge.config import ClientConfig
+from bridge.consumer.admin import dlq_summary, read_dead_letters, replay_dead_letters
+from bridge.consumer.send_back import ReplayTarget
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.delay.admin import delay_status
 from bridge.errors import BridgeError
@@ -494,6 +496,85 @@ def _human_ms(ms: int) -> str:
         if ms >= size:
             return f"{ms / size:g}{unit}" if ms % size == 0 else f"{ms / size:.1f}{unit}"
     return f"{ms}ms"
+
+
+@cli.group()
+def dlq() -> None:
+    """Inspect consumer groups' dead-letter queues and replay dead letters."""
+
+
+@dlq.command("status")
+@_bootstrap_option("Kafka to inspect.")
+@click.option("--group", default=None, help="One consumer group (default: every group).")
+@click.pass_context
+def dlq_status(ctx: click.Context, bootstrap_servers: str | None, group: str | None) -> None:
+    """Dead letters per group: count, origin topics and reconsume depth."""
+    config = _client_config(ctx, bootstrap_servers)
+    summaries = dlq_summary(config, group)
+    for s in summaries:
+        origins = ", ".join(f"{t}={n}" for t, n in sorted(s.origin_topics.items()))
+        depth = ", ".join(f"{d}x={n}" for d, n in s.reconsume_depth.items())
+        console.print(
+            f"{s.group}: {s.count} dead letters; from {origins or '-'}; depth {depth or '-'}"
+        )
+    if not summaries:
+        console.print("no dead-letter queues")
+
+
+@dlq.command("list")
+@_bootstrap_option("Kafka to inspect.")
+@click.option("--group", required=True, help="The consumer group.")
+@click.pass_context
+def dlq_list(ctx: click.Context, bootstrap_servers: str | None, group: str) -> None:
+    """Every dead letter of a group: id, origin topic, failures, keys, tags, body size."""
+    config = _client_config(ctx, bootstrap_servers)
+    letters = read_dead_letters(config, group)
+    for m in letters:
+        console.print(
+            f"{m.msg_id} from={m.get_property(MessageConst.RETRY_TOPIC)} "
+            f"failures={m.reconsume_times} keys={' '.join(m.keys)} tags={m.tags or ''} "
+            f"body={len(m.body)} bytes"
+        )
+    console.print(f"{len(letters)} dead letters")
+
+
+@dlq.command("replay")
+@_bootstrap_option("Kafka to write to.")
+@click.option("--group", required=True, help="The consumer group.")
+@click.option("--key", "keys", multiple=True, help="Only letters with this key (repeatable).")
+@click.option("--tag", "tags", multiple=True, help="Only letters with this tag (repeatable).")
+@click.option("--id", "msg_ids", multiple=True, help="Only this message id (repeatable).")
+@click.option(
+    "--to",
+    "target",
+    type=click.Choice([t.value for t in ReplayTarget]),
+    default=ReplayTarget.ORIGIN.value,
+    show_default=True,
+    help="origin: the topic each was first sent to (every group sees it); "
+    "retry: the group's retry topic (only this group does).",
+)
+@click.option("--dry-run", is_flag=True, help="Only list what would be replayed.")
+@click.pass_context
+def dlq_replay(
+    ctx: click.Context,
+    bootstrap_servers: str | None,
+    group: str,
+    keys: tuple[str, ...],
+    tags: tuple[str, ...],
+    msg_ids: tuple[str, ...],
+    target: str,
+    dry_run: bool,
+) -> None:
+    """Write dead letters back (all, or those the filters choose). Replaying twice writes
+    twice."""
+    config = _client_config(ctx, bootstrap_servers)
+    letters = replay_dead_letters(
+        config, group, keys=keys, tags=tags, msg_ids=msg_ids,
+        target=ReplayTarget(target), dry_run=dry_run,
+    )  # fmt: skip
+    for m in letters:
+        console.print(f"{m.msg_id} -> {m.get_property(MessageConst.RETRY_TOPIC)}")
+    console.print(f"{'would replay' if dry_run else 'replayed'} {len(letters)}")
 
 
 @cli.command("quarantine")

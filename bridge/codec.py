@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from bridge.message import MessageConst, MessageExt
+from bridge.message import Message, MessageConst, MessageExt
 from topics.avro import default_registry
 from topics.catalog import TopicCatalog
 from topics.errors import InvalidTopicNameError
@@ -30,6 +30,27 @@ class PreparedRecord(NamedTuple):
     born_timestamp_ms: int
     partition: int = -1
     """The partition to write to; -1 lets the key decide."""
+
+
+def plain_record(  # noqa: PLR0917 - the fields of the record, in PreparedRecord's order
+    msg: Message,
+    kafka_topic: str,
+    msg_id: str,
+    born_timestamp_ms: int,
+    born_host: bytes,
+    partition: int = -1,
+) -> PreparedRecord:
+    """``msg`` as a plain record of ``kafka_topic`` (a real, retry or DLQ topic): value = body,
+    key from the sharding key or keys, headers = id, born host and every property."""
+    headers = msg.wire_headers(
+        [
+            (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id.encode()),
+            (MessageConst.BORN_HOST, born_host),
+        ]
+    )
+    return PreparedRecord(
+        kafka_topic, msg.kafka_key(), msg.body, headers, msg_id, born_timestamp_ms, partition
+    )
 
 
 # confluent-kafka's TIMESTAMP_LOG_APPEND_TIME (kept literal to keep this module import-light).

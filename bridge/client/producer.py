@@ -16,11 +16,12 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError
 
-from bridge.codec import PreparedRecord
+from bridge.codec import PreparedRecord, plain_record
 from bridge.config import ClientConfig
 from bridge.delay.routing import delayed_record, without_delay
 from bridge.errors import (
     InvalidMessageError,
+    KafkaClientError,
     MessageTooLargeError,
     SendError,
     SendTimeoutError,
@@ -28,7 +29,7 @@ from bridge.errors import (
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_producer, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
-from bridge.message import Message, MessageConst, MessageIdGenerator, local_ipv4
+from bridge.message import Message, MessageIdGenerator, local_ipv4
 from topics.catalog import SystemTopic
 from topics.naming import to_kafka_topic, validate_group
 
@@ -41,8 +42,6 @@ _POLL_INTERVAL_S = 0.02
 """How often the delivery thread checks whether senders went quiet, seconds."""
 _SYNC_FLUSH_SLICE_S = 0.005
 """A sync send waits in flush() slices this long, seconds (flush skips linger.ms)."""
-_HEADER_MSG_ID = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
-_HEADER_BORN_HOST = MessageConst.BORN_HOST
 
 
 class SendStatus(Enum):
@@ -70,11 +69,12 @@ def _kafka_topic(topic: str, namespace: str) -> str:
 
 
 class _SyncWaiter:
-    __slots__ = ("error", "event", "offset", "partition")
+    __slots__ = ("error", "event", "failure", "offset", "partition")
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.error: KafkaError | None = None
+        self.failure: KafkaClientError | None = None
         self.partition = -1
         self.offset = -1
 
@@ -221,12 +221,7 @@ class Producer(Startable):
             if delayed is not None:
                 return delayed
             msg = without_delay(msg)  # a timer already due: delivered at once
-        headers = msg.wire_headers(
-            [(_HEADER_MSG_ID, msg_id.encode()), (_HEADER_BORN_HOST, self._born_host)]
-        )
-        return PreparedRecord(
-            kafka_topic, msg.kafka_key(), body, headers, msg_id, born_ms, partition
-        )
+        return plain_record(msg, kafka_topic, msg_id, born_ms, self._born_host, partition)
 
     def _ensure_system_topics(self) -> None:
         """Create the system topics (idempotent) before the first record to one of them, so
@@ -312,6 +307,41 @@ class Producer(Startable):
         if waiter.error is not None:
             raise translate_error(waiter.error, f"send of {record.msg_id} to {record.kafka_topic}")
         return waiter.partition, waiter.offset
+
+    def send_records_sync(
+        self, records: list[PreparedRecord]
+    ) -> list[tuple[int, int] | KafkaClientError]:
+        """Send prepared records together and wait for every acknowledgement (at most
+        ``send_msg_timeout_ms``); return (partition, offset) or the error, per record."""
+        self._lifecycle.require_running()
+        waiters = []
+        for record in records:
+            waiter = _SyncWaiter()
+            try:
+                self._produce(record, record.partition, waiter)
+            except KafkaClientError as exc:
+                waiter.failure = exc
+                waiter.event.set()
+            waiters.append(waiter)
+        deadline = time.monotonic() + self.config.send_msg_timeout_ms / 1000 + 1.0
+        results: list[tuple[int, int] | KafkaClientError] = []
+        for record, waiter in zip(records, waiters, strict=True):
+            while not waiter.event.is_set() and time.monotonic() < deadline:
+                self._kafka.flush(min(max(deadline - time.monotonic(), 0), _SYNC_FLUSH_SLICE_S))
+            context = f"send of {record.msg_id} to {record.kafka_topic}"
+            if waiter.failure is not None:
+                results.append(waiter.failure)
+            elif not waiter.event.is_set():
+                results.append(
+                    SendTimeoutError(
+                        f"{context}: no acknowledgement within {self.config.send_msg_timeout_ms} ms"
+                    )
+                )
+            elif waiter.error is not None:
+                results.append(translate_error(waiter.error, context))
+            else:
+                results.append((waiter.partition, waiter.offset))
+        return results
 
     def send_record_async(self, record: PreparedRecord, partition: int, callback: Any) -> None:
         """Send a prepared record; ``callback(err, kafka_message)`` gets the delivery report."""

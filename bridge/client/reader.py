@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from bridge.codec import message_from_record
 from bridge.config import ClientConfig
@@ -61,6 +62,43 @@ def read_messages(
             if commit:
                 consumer.commit(message=record, asynchronous=False)
             yield message_from_record(record, catalog)
+    finally:
+        consumer.close()
+
+
+def read_to_end(config: ClientConfig, kafka_topic: str, timeout_ms: int = 10_000) -> Iterator[Any]:
+    """Every committed record of ``kafka_topic`` (a Kafka name), partition by partition, up to
+    the end each partition has now. Raises :class:`KafkaClientError` if the topic is
+    unknown or the end is not reached within ``timeout_ms`` of the last record."""
+    consumer = new_consumer(
+        config, f"bridge-reader-{uuid.uuid4().hex[:12]}", "bridge-reader",
+        enable_partition_eof=True,
+    )  # fmt: skip
+    try:
+        meta = consumer.list_topics(kafka_topic, timeout=config.request_timeout_ms / 1000)
+        info = meta.topics.get(kafka_topic)
+        if info is None or info.error is not None:
+            raise KafkaClientError(f"topic {kafka_topic} does not exist")
+        open_partitions = set(info.partitions)
+        consumer.assign([TopicPartition(kafka_topic, p, OFFSET_BEGINNING) for p in open_partitions])
+        deadline = time.monotonic() + timeout_ms / 1000
+        while open_partitions:
+            if time.monotonic() > deadline:
+                raise KafkaClientError(
+                    f"reading {kafka_topic}: partitions {sorted(open_partitions)} did not reach "
+                    f"their end within {timeout_ms} ms"
+                )
+            record = consumer.poll(0.2)
+            if record is None:
+                continue
+            error = record.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    open_partitions.discard(record.partition())
+                    continue
+                raise KafkaClientError(f"reading {kafka_topic}: {error.str()}", error)
+            deadline = time.monotonic() + timeout_ms / 1000
+            yield record
     finally:
         consumer.close()
 

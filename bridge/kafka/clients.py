@@ -28,6 +28,22 @@ RECORD_OVERHEAD_BYTES = 64 * 1024
 _UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE})
 
 
+_CONSUMER_ONLY_PREFIXES = (
+    "session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "auto.offset.reset",
+    "group.", "fetch.", "partition.assignment.strategy", "queued.", "auto.commit.",
+)  # fmt: skip
+_PRODUCER_ONLY_PREFIXES = (
+    "acks", "linger.ms", "batch.", "compression.", "retries", "retry.backoff",
+    "queue.buffering.", "message.timeout.ms", "delivery.timeout.ms", "partitioner",
+)  # fmt: skip
+
+
+def _extras(config: ClientConfig, other_side: tuple[str, ...]) -> dict[str, str]:
+    """``config.kafka`` without the properties only the other kind of client takes (one
+    setting list serves producers and consumers without librdkafka warnings)."""
+    return {k: v for k, v in config.kafka.items() if not k.startswith(other_side)}
+
+
 def _common(config: ClientConfig, client_id: str) -> dict[str, Any]:
     return {
         "bootstrap.servers": config.bootstrap_servers,
@@ -54,7 +70,7 @@ def producer_config(config: ClientConfig, client_id: str, **overrides: Any) -> d
             "socket.connection.setup.timeout.ms": min(config.send_msg_timeout_ms, 30_000),
         }
     )
-    conf.update(config.kafka)
+    conf.update(_extras(config, _CONSUMER_ONLY_PREFIXES))
     conf.update({k.replace("_", "."): v for k, v in overrides.items()})
     return conf
 
@@ -73,7 +89,7 @@ def consumer_config(
             "enable.partition.eof": False,
         }
     )
-    conf.update(config.kafka)
+    conf.update(_extras(config, _PRODUCER_ONLY_PREFIXES))
     conf.update({k.replace("_", "."): v for k, v in overrides.items()})
     return conf
 
@@ -108,7 +124,7 @@ def read_record_at(reader: Consumer, tp: TopicPartition, timeout_s: float = 10.0
 def new_admin(config: ClientConfig, client_id: str = "bridge-admin") -> AdminClient:
     """A confluent-kafka ``AdminClient``."""
     conf = _common(config, client_id)
-    conf.update(config.kafka)
+    conf.update(_extras(config, _CONSUMER_ONLY_PREFIXES + _PRODUCER_ONLY_PREFIXES))
     return AdminClient(conf)
 
 

@@ -15,14 +15,21 @@ from tests.conftest import REPO_ROOT
 pytestmark = pytest.mark.broker
 
 
-def run_example(module: str, bootstrap: str, namespace: str = "rmq") -> str:
+def run_example(
+    module: str, bootstrap: str, namespace: str = "rmq", extra_env: dict[str, str] | None = None
+) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", f"examples.{module}"],
         capture_output=True,
         text=True,
         timeout=180,
         cwd=REPO_ROOT,
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "BRIDGE_NAMESPACE": namespace},
+        env={
+            **os.environ,
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "BRIDGE_NAMESPACE": namespace,
+            **(extra_env or {}),
+        },
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -69,3 +76,23 @@ def test_delay_and_timer_examples(client_config: ClientConfig) -> None:
     assert "refused  timer delay of" in timers
     got = [line.split("'")[1] for line in timers.splitlines() if line.startswith("received ")]
     assert got == ["already due", "in 2 s", "at now + 3 s"]
+
+
+def test_push_consumer_example_retries_dead_letters_and_replays(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    levels = "1s 1s 1s 1s"
+    client = ClientConfig(
+        bootstrap_servers=kafka_bootstrap, namespace=namespace, message_delay_level=levels
+    )
+    with Coordinator(CoordinatorConfig(client=client, coordinator_id="example-consumer")):
+        out = run_example(
+            "push_consumer", kafka_bootstrap, namespace, {"BRIDGE_MESSAGE_DELAY_LEVEL": levels}
+        )
+    lines = out.splitlines()
+    assert sum("order-2" in line and "-> fail" in line for line in lines) == 1
+    assert any("order-2" in line and "reconsume_times=1) -> ok" in line for line in lines)
+    assert sum("order-4" in line and "-> fail" in line for line in lines) == 2
+    assert "not for us" not in out
+    assert any(line.startswith("DLQ of") and "1 message(s)" in line for line in lines), out
+    assert "replayed 1 dead letter(s)" in out

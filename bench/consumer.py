@@ -1,0 +1,189 @@
+"""Push consumer throughput, with and without failing messages, and the first retry's delay.
+
+Every run reads the same topic (4 partitions, 100-byte bodies) from the start with a new
+consumer group and stops when every message is done: consumed, or (for the failing ones)
+safely sent back to the retry topic. Baseline: a raw confluent-kafka consumer of the same
+topic (``read_committed``, manual commits) that calls a trivial handler per record. The
+coordinator runs as its own process; the first retry waits at delay level 3 (10 s), and its
+end-to-end delay is measured from the failure to the redelivery.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from bench.delays import _await_coordinator, _coordinator
+from bench.harness import Row, interleaved_rates, print_rows
+from bridge import ClientConfig, ConsumeFromWhere, ConsumeStatus, Message, MessageExt, Producer
+from bridge.consumer import PushConsumer
+from bridge.kafka.admin import TopicAdmin
+from bridge.kafka.clients import new_consumer
+from topics.catalog import TopicSpec
+
+MESSAGES = int(os.environ.get("BENCH_CONSUMER_MESSAGES", "100000"))
+ROUNDS = int(os.environ.get("BENCH_CONSUMER_ROUNDS", "3"))
+PARTITIONS = 4
+FAIL_EVERY = 10
+"""One message in ten fails once (10%)."""
+
+
+def _fill(config: ClientConfig, topic: str) -> None:
+    TopicAdmin(config).ensure_topics([TopicSpec(topic, PARTITIONS)])
+    body = b"x" * 100
+    with Producer("bench_consumer_fill", config=config) as producer:
+        for i in range(MESSAGES):
+            producer.send_async(Message(topic, body, keys=f"k{i}", tags="TagA"))
+        producer.flush(60_000)
+
+
+def _raw(config: ClientConfig, topic: str) -> tuple[int, float]:
+    consumer = new_consumer(config, f"bench-raw-{uuid.uuid4().hex[:8]}", "bench-raw")
+    handled = 0
+
+    def handle(record: Any) -> None:
+        nonlocal handled
+        if record.error() is None and record.value() is not None:
+            handled += 1
+
+    started = time.perf_counter()
+    consumer.subscribe([topic])
+    last_commit = started
+    while handled < MESSAGES:
+        for record in consumer.consume(num_messages=500, timeout=0.1):
+            handle(record)
+        if time.perf_counter() - last_commit > 5:
+            consumer.commit(asynchronous=True)
+            last_commit = time.perf_counter()
+    elapsed = time.perf_counter() - started
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    return handled, elapsed
+
+
+def _ours(
+    config: ClientConfig,
+    topic: str,
+    *,
+    failing: bool,
+    batch: int = 1,
+    retries: list[float] | None = None,
+) -> tuple[int, float]:
+    """Consume every message once (failures: sent back); if ``retries`` is given, also wait for
+    the failed ones to come back and put each first retry's delay (s) in it."""
+    failed_at: dict[str, float] = {}
+    back: list[float] = []
+    lock = threading.Lock()
+
+    def listener(msg: MessageExt) -> ConsumeStatus:
+        if failing and msg.queue_offset % FAIL_EVERY == 0:
+            if msg.reconsume_times == 0:
+                with lock:
+                    failed_at[msg.msg_id] = time.monotonic()
+                return ConsumeStatus.RECONSUME_LATER
+            with lock:
+                back.append(time.monotonic() - failed_at[msg.msg_id])
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(
+        f"bench_ours_{uuid.uuid4().hex[:8]}",
+        config=config,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        consume_message_batch_max_size=batch,
+    )
+    consumer.subscribe(topic, listener)
+    started = time.perf_counter()
+    consumer.start()
+    expected_failures = 0
+    try:
+        while True:
+            stats = consumer.stats()
+            if stats.consumed + stats.sent_back >= MESSAGES:
+                break
+            time.sleep(0.005)
+        elapsed = time.perf_counter() - started
+        expected_failures = stats.sent_back
+        if retries is not None:
+            deadline = time.monotonic() + 120
+            while len(back) < expected_failures and time.monotonic() < deadline:
+                time.sleep(0.05)
+            retries.extend(back)
+    finally:
+        consumer.shutdown()
+    return MESSAGES, elapsed
+
+
+def run(bootstrap: str) -> None:
+    """Measure and print."""
+    config = ClientConfig(bootstrap_servers=bootstrap, namespace=f"bc{uuid.uuid4().hex[:8]}")
+    coordinator = _coordinator(config, "bench-consumer")
+    try:
+        _await_coordinator(config)
+        topic = f"bench-consume-{uuid.uuid4().hex[:6]}"
+        _fill(config, topic)
+        measures: dict[str, Callable[[], tuple[int, float]]] = {
+            "raw": lambda: _raw(config, topic),
+            "ours": lambda: _ours(config, topic, failing=False),
+            "ours_fail": lambda: _ours(config, topic, failing=True),
+            "ours_batch": lambda: _ours(config, topic, failing=False, batch=32),
+        }
+        rates = interleaved_rates(ROUNDS, measures)
+        retries: list[float] = []
+        _ours(config, topic, failing=True, retries=retries)
+    finally:
+        coordinator.terminate()
+        coordinator.wait(60)
+    level3_s = config.delay_policy.level_delays_ms[2] / 1000
+    rows = [
+        Row("consume, 0% failing", "msg/s", rates["ours"], rates["raw"], "raw confluent-kafka"),
+        Row(
+            "consume, 10% failing once",
+            "msg/s",
+            rates["ours_fail"],
+            rates["ours"],
+            "ours, 0% failing",
+        ),
+        Row(
+            "consume, 10% failing once (vs raw)",
+            "msg/s",
+            rates["ours_fail"],
+            rates["raw"],
+            "raw confluent-kafka",
+        ),
+        Row(
+            "consume, 0%, batches of 32",
+            "msg/s",
+            rates["ours_batch"],
+            rates["raw"],
+            "raw confluent-kafka",
+        ),
+    ]
+    if retries:
+        ordered = sorted(retries)
+        p50 = statistics.median(ordered)
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        rows += [
+            Row(
+                "first retry delay p50",
+                "ms",
+                p50 * 1000,
+                level3_s * 1000,
+                "level 3 delay",
+                higher_is_better=False,
+            ),
+            Row(
+                "first retry delay p99",
+                "ms",
+                p99 * 1000,
+                level3_s * 1000,
+                "level 3 delay",
+                higher_is_better=False,
+            ),
+        ]
+    print_rows(f"push consumer ({MESSAGES:,} messages x 100 B, {PARTITIONS} partitions)", rows)
+    print(f"retries measured: {len(retries)}")

@@ -1,0 +1,87 @@
+"""The push consumer's settings: RocketMQ's ``DefaultMQPushConsumer`` fields and defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Self
+
+from bridge.consumer.model import ConsumeFromWhere, MessageModel
+from bridge.errors import InvalidArgumentError
+
+
+def _at_least(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidArgumentError(f"{name} must be at least {minimum}, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class PushConsumerConfig:
+    """How a :class:`~bridge.consumer.PushConsumer` consumes. Validated on construction."""
+
+    message_model: MessageModel = MessageModel.CLUSTERING
+    consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    consume_timestamp_ms: int = 0
+    """With CONSUME_FROM_TIMESTAMP: start at this time (epoch ms); 0 means half an hour ago."""
+    consume_thread_count: int = 20
+    """Threads that run the listener (RocketMQ's ``consumeThreadMin``/``Max``)."""
+    consume_message_batch_max_size: int = 1
+    """Most messages handed to the listener at once."""
+    pull_batch_size: int = 32
+    """Most records taken from Kafka per poll, per partition."""
+    pull_threshold_for_queue: int = 1000
+    """A partition with this many messages held (received, not yet done) stops fetching."""
+    max_reconsume_times: int = -1
+    """Failures before a message goes to the dead-letter queue; -1 means RocketMQ's default:
+    16 for a concurrent listener, unlimited for an orderly one."""
+    suspend_current_queue_time_millis: int = 1000
+    """An orderly listener's failed batch is retried in place after this long, in ms."""
+    send_back_retry_delay_ms: int = 5000
+    """When a send-back fails, the message is consumed again locally after this long, in ms."""
+    persist_consumer_offset_interval_ms: int = 5000
+    """How often consumed offsets are committed to Kafka, in ms (also on rebalance and stop)."""
+    drain_timeout_ms: int = 10_000
+    """On rebalance or shutdown, how long running listeners get to finish, in ms; what is
+    still running afterwards is redelivered (its offset is not committed past)."""
+    instance_name: str = ""
+    """Names this consumer in BROADCASTING mode, where each instance keeps its own offsets;
+    empty means ``<host>@<pid>``, RocketMQ's default."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.message_model, MessageModel):
+            raise InvalidArgumentError(
+                f"message_model must be a MessageModel, got {self.message_model!r}"
+            )
+        if not isinstance(self.consume_from_where, ConsumeFromWhere):
+            raise InvalidArgumentError(
+                f"consume_from_where must be a ConsumeFromWhere, got {self.consume_from_where!r}"
+            )
+        _at_least("consume_timestamp_ms", self.consume_timestamp_ms, 0)
+        _at_least("consume_thread_count", self.consume_thread_count, 1)
+        _at_least("consume_message_batch_max_size", self.consume_message_batch_max_size, 1)
+        _at_least("pull_batch_size", self.pull_batch_size, 1)
+        _at_least("pull_threshold_for_queue", self.pull_threshold_for_queue, 1)
+        _at_least("max_reconsume_times", self.max_reconsume_times, -1)
+        _at_least("suspend_current_queue_time_millis", self.suspend_current_queue_time_millis, 0)
+        _at_least("send_back_retry_delay_ms", self.send_back_retry_delay_ms, 0)
+        _at_least(
+            "persist_consumer_offset_interval_ms", self.persist_consumer_offset_interval_ms, 1
+        )
+        _at_least("drain_timeout_ms", self.drain_timeout_ms, 0)
+        if not isinstance(self.instance_name, str):
+            raise InvalidArgumentError(
+                f"instance_name must be a string, got {self.instance_name!r}"
+            )
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` applied (``None`` values are ignored); unknown names raise
+        :class:`InvalidArgumentError`."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown push consumer setting(s) {unknown}; known: {sorted(names)}"
+            )
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,175 @@
+"""The push consumer's public vocabulary and its pure rules: RocketMQ's names throughout.
+
+* :class:`ConsumeStatus` / :class:`ConsumeOrderlyStatus`: what a listener returns;
+* :class:`MessageListenerConcurrently` / :class:`MessageListenerOrderly` and their contexts;
+* :class:`MessageModel`, :class:`ConsumeFromWhere`;
+* :class:`TagFilter`: a subscription expression (``"*"`` or ``"TagA || TagB"``);
+* :func:`retry_route`: where a failed message goes next (retry level or dead-letter queue).
+"""
+
+from __future__ import annotations
+
+import abc
+import sys
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final, NamedTuple
+
+from bridge.errors import InvalidArgumentError
+from bridge.message import MessageExt
+
+DEFAULT_MAX_RECONSUME_TIMES: Final = 16
+"""RocketMQ's retry budget of a concurrent listener (``maxReconsumeTimes = -1`` means this)."""
+ORDERLY_UNLIMITED_RECONSUME: Final = sys.maxsize
+"""An orderly listener's budget when none is set: retry in place for ever (as RocketMQ)."""
+FIRST_RETRY_LEVEL: Final = 3
+"""A message sent back after ``n`` failures waits at delay level ``3 + n`` (10 s, 30 s, ...)."""
+ACK_INDEX_ALL: Final = sys.maxsize
+"""``ConsumeConcurrentlyContext.ack_index`` before the listener sets it: the whole batch."""
+
+
+class ConsumeStatus(Enum):
+    """What a concurrent listener returns for a batch (RocketMQ's ``ConsumeConcurrentlyStatus``,
+    named as in RocketMQ's Python client)."""
+
+    CONSUME_SUCCESS = "CONSUME_SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class ConsumeOrderlyStatus(Enum):
+    """What an orderly listener returns: go on, or retry the same batch in place later."""
+
+    SUCCESS = "SUCCESS"
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+
+
+class MessageModel(Enum):
+    """CLUSTERING: a group shares the messages; BROADCASTING: every consumer gets all."""
+
+    CLUSTERING = "CLUSTERING"
+    BROADCASTING = "BROADCASTING"
+
+
+class ConsumeFromWhere(Enum):
+    """Where a group starts on a partition it has no committed offset for. Retry topics
+    always start from their first message."""
+
+    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
+    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
+    CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
+
+
+class MessageQueue(NamedTuple):
+    """A Kafka partition in RocketMQ's terms: ``topic`` is the RocketMQ name."""
+
+    topic: str
+    queue_id: int
+
+
+@dataclass(slots=True)
+class ConsumeConcurrentlyContext:
+    """Passed to a concurrent listener with its batch.
+
+    ``ack_index``: the index of the last message consumed successfully when the listener
+    returns CONSUME_SUCCESS (the rest are sent back); ``delay_level_when_next_consume``: 0
+    keeps the default (``3 + reconsume times``), a positive level overrides it, a negative one
+    sends the failed messages straight to the dead-letter queue.
+    """
+
+    message_queue: MessageQueue
+    ack_index: int = ACK_INDEX_ALL
+    delay_level_when_next_consume: int = 0
+
+
+@dataclass(slots=True)
+class ConsumeOrderlyContext:
+    """Passed to an orderly listener: ``suspend_current_queue_time_millis`` overrides, for
+    this batch, how long the partition waits before the failed batch is retried (ms)."""
+
+    message_queue: MessageQueue
+    suspend_current_queue_time_millis: int = -1
+    auto_commit: bool = True
+
+
+class MessageListenerConcurrently(abc.ABC):
+    """A listener that consumes batches on many threads at once."""
+
+    @abc.abstractmethod
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+    ) -> ConsumeStatus:
+        """Consume ``msgs``; an exception counts as RECONSUME_LATER."""
+
+
+class MessageListenerOrderly(abc.ABC):
+    """A listener that consumes each partition one batch at a time, in order."""
+
+    @abc.abstractmethod
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        """Consume ``msgs``; an exception counts as SUSPEND_CURRENT_QUEUE_A_MOMENT."""
+
+
+@dataclass(frozen=True, slots=True)
+class TagFilter:
+    """A subscription expression: ``"*"`` (or empty) takes every message, ``"TagA || TagB"``
+    takes messages whose tag is one of those (RocketMQ's TAG expression)."""
+
+    expression: str = "*"
+    tags: frozenset[str] | None = field(init=False)
+    """None: every message."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.expression, str):
+            raise InvalidArgumentError(
+                f"a subscription expression must be a string, got {self.expression!r}"
+            )
+        text = self.expression.strip()
+        if text in ("", "*"):
+            object.__setattr__(self, "tags", None)
+            return
+        tags = frozenset(part.strip() for part in text.split("||") if part.strip())
+        bad = [t for t in tags if any(c.isspace() for c in t) or t == "*" or "|" in t]
+        if not tags or bad:
+            raise InvalidArgumentError(
+                f"subscription expression {self.expression!r} is not '*' or 'TagA || TagB'"
+                + (f" (bad tags: {sorted(bad)})" if bad else "")
+            )
+        object.__setattr__(self, "tags", tags)
+
+    def matches(self, tag: str | None) -> bool:
+        """True if a message with ``tag`` passes the filter."""
+        return self.tags is None or (tag is not None and tag in self.tags)
+
+
+class RetryRoute(NamedTuple):
+    """Where a failed message goes: the group's dead-letter queue, or its retry topic after
+    ``delay_level``."""
+
+    to_dlq: bool
+    delay_level: int
+    reconsume_times: int
+    """The ``RECONSUME_TIME`` the copy carries (one more than the failed message's)."""
+
+
+def retry_route(
+    reconsume_times: int, max_reconsume_times: int, delay_level_when_next_consume: int = 0
+) -> RetryRoute:
+    """RocketMQ's send-back rule (``SendMessageProcessor.consumerSendMessageBack``).
+
+    A message that already failed ``max_reconsume_times`` times, or whose listener asked for a
+    negative level, goes to the dead-letter queue; otherwise it waits at the listener's level
+    or at ``3 + reconsume_times``.
+    """
+    if reconsume_times >= max_reconsume_times or delay_level_when_next_consume < 0:
+        return RetryRoute(True, 0, reconsume_times + 1)
+    level = delay_level_when_next_consume or FIRST_RETRY_LEVEL + reconsume_times
+    return RetryRoute(False, level, reconsume_times + 1)
+
+
+def effective_max_reconsume_times(max_reconsume_times: int, *, orderly: bool) -> int:
+    """``-1`` means RocketMQ's default: 16 for concurrent listeners, unlimited for orderly."""
+    if max_reconsume_times == -1:
+        return ORDERLY_UNLIMITED_RECONSUME if orderly else DEFAULT_MAX_RECONSUME_TIMES
+    return max_reconsume_times

@@ -1,0 +1,873 @@
+"""RocketMQ's push consumer over a Kafka consumer group, with retry topics and a DLQ.
+
+One named thread polls Kafka and commits offsets; a named pool runs the listeners. Each
+partition's received messages are held in a :class:`ProcessQueue` until they are done, and
+the committed offset is the smallest one still held, so work in flight is never skipped,
+whatever order the listener threads finish in, and a rebalance or a crash only redelivers.
+
+A failed message (CLUSTERING) is copied to the group's retry topic through the delay levels,
+or to its dead-letter queue once its retries are spent, and only counts as done once Kafka
+has acknowledged the copy. If the copy cannot be written, the message is consumed again
+locally after ``send_back_retry_delay_ms``, and its offset stays uncommitted meanwhile.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, cast
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, TopicPartition
+
+from bridge.client.producer import Producer
+from bridge.codec import PreparedRecord, message_from_record
+from bridge.config import ClientConfig
+from bridge.consumer.config import PushConsumerConfig
+from bridge.consumer.model import (
+    ConsumeConcurrentlyContext,
+    ConsumeFromWhere,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    ConsumeStatus,
+    MessageListenerConcurrently,
+    MessageListenerOrderly,
+    MessageModel,
+    MessageQueue,
+    TagFilter,
+    effective_max_reconsume_times,
+    retry_route,
+)
+from bridge.consumer.process_queue import ProcessQueue
+from bridge.consumer.send_back import origin_topic, send_back_record
+from bridge.errors import IllegalStateError, InvalidArgumentError, KafkaClientError
+from bridge.kafka.admin import TopicAdmin
+from bridge.kafka.clients import new_consumer
+from bridge.kafka.quarantine import quarantine_copy
+from bridge.lifecycle import Lifecycle, ServiceState, Startable
+from bridge.message import MessageConst, MessageExt, local_ipv4
+from topics.catalog import SystemTopic
+from topics.errors import MalformedRecordError
+from topics.naming import RETRY_GROUP_TOPIC_PREFIX, to_kafka_topic, validate_group
+
+logger = logging.getLogger(__name__)
+
+ConcurrentCallback = Callable[[MessageExt], ConsumeStatus | None]
+Listener = MessageListenerConcurrently | MessageListenerOrderly | ConcurrentCallback
+
+_POLL_TIMEOUT_S = 0.1
+_MAX_RECORDS_PER_POLL = 1000
+_BROADCAST_REFRESH_S = 30.0
+"""How often a BROADCASTING consumer looks for new partitions, seconds."""
+_ORDERLY_SLICE_S = 60.0
+"""An orderly task hands its partition back to the pool after this long (RocketMQ's
+``MAX_TIME_CONSUME_CONTINUOUSLY``), seconds."""
+_RECORD_ERRORS_IGNORED = frozenset({KafkaError._PARTITION_EOF})
+
+
+class ConsumerStats(NamedTuple):
+    """Counters since start: messages the listener consumed, failed, sent back to the retry
+    topic, sent to the DLQ, retried locally after a failed send-back, dropped (BROADCASTING
+    failures), filtered out by tag, and records quarantined."""
+
+    consumed: int
+    failed: int
+    sent_back: int
+    dead_lettered: int
+    retried_locally: int
+    dropped: int
+    filtered: int
+    quarantined: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Subscription:
+    topic: str
+    kafka_topic: str
+    filter: TagFilter
+    listener: Listener
+
+
+@dataclass(order=True)
+class _Later:
+    due: float
+    seq: int
+    action: Callable[[], None] = field(compare=False)
+
+
+def _callback_status(result: object) -> bool:
+    """True if a callback's return value means success."""
+    if result is ConsumeStatus.CONSUME_SUCCESS or result is ConsumeOrderlyStatus.SUCCESS:
+        return True
+    if result is None:
+        logger.warning("a listener returned None: counted as RECONSUME_LATER")
+    return False
+
+
+class PushConsumer(Startable):
+    """RocketMQ's push consumer: ``subscribe(topic, listener, expression)``, then
+    :meth:`start`; :meth:`shutdown` when done (or use ``with``).
+
+    A listener is a :class:`MessageListenerConcurrently`, a :class:`MessageListenerOrderly`,
+    or (as in RocketMQ's Python client) a callable ``listener(msg) -> ConsumeStatus`` called
+    once per message; ``orderly=True`` makes such callables orderly. Settings are the fields
+    of :class:`PushConsumerConfig`, given as keyword arguments or as ``settings``.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        message_model: MessageModel | None = None,
+        orderly: bool = False,
+        bootstrap_servers: str | None = None,
+        namespace: str | None = None,
+        config: ClientConfig | None = None,
+        settings: PushConsumerConfig | None = None,
+        **options: Any,
+    ) -> None:
+        self.group = validate_group(group)
+        if group.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            raise InvalidArgumentError(f"consumer group {group!r} may not start with %RETRY%")
+        self.config = (config or ClientConfig()).replace(
+            bootstrap_servers=bootstrap_servers, namespace=namespace
+        )
+        self.settings = (settings or PushConsumerConfig()).replace(
+            message_model=message_model, **options
+        )
+        self.orderly = orderly
+        self._subscriptions: dict[str, _Subscription] = {}
+        self._lifecycle = Lifecycle(f"push consumer {group}")
+        self._stats_lock = threading.Lock()
+        self._counts = dict.fromkeys(ConsumerStats._fields, 0)
+        self._queues: dict[tuple[str, int], ProcessQueue] = {}
+        self._paused: set[tuple[str, int]] = set()
+        self._later: list[_Later] = []
+        self._later_lock = threading.Lock()
+        self._seq = itertools.count()
+        self._stopping = threading.Event()
+        self._kafka: Any = None
+        self._producer: Producer | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._thread: threading.Thread | None = None
+        self._retry_kafka_topic = ""
+        self._topic_names: dict[str, str] = {}
+        """Kafka topic -> RocketMQ name of every topic consumed."""
+        self._missing_topics: set[str] = set()
+        self._born_host = local_ipv4().encode()
+        self._catalog = self.config.catalog()
+        self._last_commit = 0.0
+        self._last_refresh = 0.0
+
+    # --- configuration -------------------------------------------------------------------
+    @property
+    def message_model(self) -> MessageModel:
+        """CLUSTERING or BROADCASTING."""
+        return self.settings.message_model
+
+    @property
+    def max_reconsume_times(self) -> int:
+        """Failures before the DLQ (``-1`` resolved: 16 concurrent, unlimited orderly)."""
+        return effective_max_reconsume_times(
+            self.settings.max_reconsume_times, orderly=self.orderly
+        )
+
+    def subscribe(self, topic: str, listener: Listener, expression: str = "*") -> None:
+        """Consume ``topic`` (a RocketMQ name) with ``listener``, keeping messages whose tag
+        matches ``expression`` (``"*"`` or ``"TagA || TagB"``). Call before :meth:`start`.
+
+        Raises :class:`InvalidArgumentError` for a missing listener, a bad expression or
+        topic name, or a listener of the other kind than the consumer's (orderly or not).
+        """
+        if self._lifecycle.state is not ServiceState.CREATE_JUST:
+            raise IllegalStateError(f"push consumer {self.group}: subscribe before start()")
+        if listener is None:
+            raise InvalidArgumentError(f"subscribe({topic!r}): a listener is required")
+        if isinstance(listener, MessageListenerOrderly):
+            if self._subscriptions and not self.orderly:
+                raise InvalidArgumentError(
+                    f"subscribe({topic!r}): an orderly listener on a concurrent consumer"
+                )
+            self.orderly = True
+        elif isinstance(listener, MessageListenerConcurrently):
+            if self.orderly:
+                raise InvalidArgumentError(
+                    f"subscribe({topic!r}): a concurrent listener on an orderly consumer"
+                )
+        elif not callable(listener):
+            raise InvalidArgumentError(
+                f"subscribe({topic!r}): the listener must be a MessageListenerConcurrently, "
+                f"a MessageListenerOrderly or a callable, got {type(listener).__name__}"
+            )
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            raise InvalidArgumentError(
+                f"subscribe({topic!r}): a consumer subscribes to its own retry topic by itself"
+            )
+        kafka_topic = to_kafka_topic(topic, self.config.namespace)
+        self._subscriptions[topic] = _Subscription(
+            topic, kafka_topic, TagFilter(expression), listener
+        )
+
+    # --- lifecycle -----------------------------------------------------------------------
+    @property
+    def state(self) -> ServiceState:
+        """The consumer's lifecycle state."""
+        return self._lifecycle.state
+
+    def stats(self) -> ConsumerStats:
+        """A snapshot of the counters."""
+        with self._stats_lock:
+            return ConsumerStats(**self._counts)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._stats_lock:
+            self._counts[name] += n
+
+    def start(self) -> None:
+        """Create the group's retry and DLQ topics, join the group (CLUSTERING) or take every
+        partition (BROADCASTING), and start consuming. May be called once."""
+        if not self._subscriptions:
+            raise IllegalStateError(
+                f"push consumer {self.group}: subscribe(topic, listener) before start()"
+            )
+        self._lifecycle.transition(ServiceState.RUNNING)
+        try:
+            self._start()
+        except Exception:
+            self._close_clients()
+            self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
+            raise
+        logger.info(
+            "push consumer %s started (%s, %s, topics %s)",
+            self.group,
+            self.message_model.value,
+            "orderly" if self.orderly else "concurrently",
+            sorted(self._subscriptions),
+        )
+
+    def _start(self) -> None:
+        clustering = self.message_model is MessageModel.CLUSTERING
+        admin = TopicAdmin(self.config)
+        specs = [self._catalog.spec(SystemTopic.QUARANTINE)]
+        if clustering:
+            specs += self._catalog.group_specs(self.group)
+        admin.ensure_topics(specs)
+        self._topic_names = {s.kafka_topic: s.topic for s in self._subscriptions.values()}
+        if clustering and not self.orderly:
+            self._retry_kafka_topic = self._catalog.retry_topic(self.group)
+            self._topic_names[self._retry_kafka_topic] = RETRY_GROUP_TOPIC_PREFIX + self.group
+        self._producer = Producer(self.group, config=self.config)
+        self._producer.start()
+        self._executor = ThreadPoolExecutor(
+            self.settings.consume_thread_count, thread_name_prefix=f"bridge-consume-{self.group}"
+        )
+        reset = (
+            "earliest"
+            if self.settings.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+            else "latest"
+        )
+        if clustering:
+            self._kafka = new_consumer(
+                self.config, self.group, f"{self.group}-consumer", auto_offset_reset=reset
+            )
+            self._kafka.subscribe(
+                list(self._topic_names),
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_lost,
+            )
+        else:
+            instance = self.settings.instance_name or f"{socket.gethostname()}@{os.getpid()}"
+            self._kafka = new_consumer(
+                self.config,
+                f"{self.group}.broadcast.{instance}",
+                f"{self.group}-broadcast",
+                auto_offset_reset=reset,
+            )
+            self._assign_new_partitions()
+        self._thread = threading.Thread(
+            target=self._run, name=f"bridge-consumer-{self.group}", daemon=True
+        )
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop fetching, let running listeners finish (up to ``drain_timeout_ms``), commit
+        what is done, leave the group. Idempotent."""
+        state = self._lifecycle.state
+        if state is ServiceState.SHUTDOWN_ALREADY:
+            return
+        self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
+        if state is ServiceState.CREATE_JUST:
+            return
+        self._stopping.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._close_clients()
+        logger.info("push consumer %s shut down; %s", self.group, self.stats())
+
+    def stop(self) -> None:
+        """:meth:`shutdown` (the ``start()/stop()`` lifecycle)."""
+        self.shutdown()
+
+    def _close_clients(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._producer is not None:
+            self._producer.shutdown()
+
+    # --- the poll thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        kafka = self._kafka
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._poll_once()
+                except Exception:
+                    logger.exception("push consumer %s: poll loop error", self.group)
+                    self._stopping.wait(1.0)
+        finally:
+            self._release(list(self._queues))
+            try:
+                kafka.close()
+            except Exception:
+                logger.exception("push consumer %s: closing the Kafka consumer", self.group)
+
+    def _poll_once(self) -> None:
+        now = time.monotonic()
+        if self.message_model is MessageModel.BROADCASTING and (
+            now - self._last_refresh > _BROADCAST_REFRESH_S
+        ):
+            self._assign_new_partitions()
+        self._run_due()
+        self._resume_drained()
+        limit = min(
+            _MAX_RECORDS_PER_POLL, self.settings.pull_batch_size * max(1, len(self._queues))
+        )
+        records = self._kafka.consume(num_messages=limit, timeout=_POLL_TIMEOUT_S)
+        if records:
+            self._receive(records)
+        if time.monotonic() - self._last_commit >= (
+            self.settings.persist_consumer_offset_interval_ms / 1000
+        ):
+            self._commit(list(self._queues), asynchronous=True)
+
+    def _receive(self, records: list[Any]) -> None:
+        batches: dict[tuple[str, int], list[MessageExt]] = {}
+        for record in records:
+            error = record.error()
+            if error is not None:
+                self._record_error(record, error)
+                continue
+            key = (record.topic(), record.partition())
+            pq = self._queues.get(key)
+            if pq is None or pq.dropped:
+                continue  # revoked meanwhile: the next owner reads it
+            msg = self._decode(record, pq)
+            if msg is None:
+                continue
+            sub = self._subscriptions.get(msg.topic)
+            if (
+                sub is not None
+                and record.topic() == sub.kafka_topic
+                and not sub.filter.matches(msg.tags)
+            ):
+                pq.skip(msg.queue_offset)
+                self._count("filtered")
+                continue
+            batches.setdefault(key, []).append(msg)
+        for key, msgs in batches.items():
+            pq = self._queues[key]
+            if self.orderly:
+                pq.put(msgs, pending=True)
+                self._schedule_orderly(pq)
+            else:
+                pq.put(msgs)
+                self._dispatch(pq, msgs)
+            if pq.held >= self.settings.pull_threshold_for_queue and key not in self._paused:
+                self._kafka.pause([TopicPartition(*key)])
+                self._paused.add(key)
+
+    def _record_error(self, record: Any, error: KafkaError) -> None:
+        if error.code() in _RECORD_ERRORS_IGNORED:
+            return
+        if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            topic = record.topic() or error.str()
+            if topic not in self._missing_topics:
+                self._missing_topics.add(topic)
+                logger.warning("push consumer %s: topic %s does not exist (yet)", self.group, topic)
+            return
+        logger.warning("push consumer %s: %s", self.group, error.str())
+
+    def _resume_drained(self) -> None:
+        if not self._paused:
+            return
+        threshold = self.settings.pull_threshold_for_queue
+        ready = [
+            key
+            for key in self._paused
+            if key not in self._queues or self._queues[key].held < threshold
+        ]
+        for key in ready:
+            self._paused.discard(key)
+            if key in self._queues:
+                self._kafka.resume([TopicPartition(*key)])
+
+    def _decode(self, record: Any, pq: ProcessQueue) -> MessageExt | None:
+        """The message of ``record``; None when it was quarantined (a malformed retry record)."""
+        msg = message_from_record(record)
+        msg.topic = self._topic_names.get(msg.kafka_topic, msg.kafka_topic)
+        if msg.kafka_topic != self._retry_kafka_topic:
+            return msg
+        origin = msg.get_property(MessageConst.RETRY_TOPIC)
+        times = msg.get_property(MessageConst.RECONSUME_TIME)
+        problem = None
+        if not origin:
+            problem = "a retry record without RETRY_TOPIC"
+        elif times is None or not times.isdigit():
+            problem = f"a retry record with RECONSUME_TIME={times!r}, not a count"
+        if problem is None:
+            msg.topic = cast(str, origin)
+            return msg
+        self._quarantine(record, pq, MalformedRecordError(problem))
+        return None
+
+    def _quarantine(self, record: Any, pq: ProcessQueue, reason: Exception) -> None:
+        """Copy ``record`` to QUARANTINE with ``reason`` and mark it done once acknowledged;
+        until then it stays held (retried at the send-back retry interval)."""
+        assert self._producer is not None
+        copy = quarantine_copy(
+            self._catalog, record, f"{type(reason).__name__}: {reason}", f"consumer {self.group}"
+        )
+        prepared = PreparedRecord(
+            copy.topic,
+            copy.key,
+            copy.value if copy.value is not None else b"",
+            cast(list[tuple[str, bytes]], copy.headers),
+            f"{record.topic()}-{record.partition()}-{record.offset()}",
+            copy.timestamp_ms,
+        )
+        offset = record.offset()
+        result = self._producer.send_records_sync([prepared])[0]
+        if isinstance(result, KafkaClientError):
+            logger.warning("quarantine of %s failed, retrying later: %s", prepared.msg_id, result)
+            placeholder = MessageExt("", msg_id=prepared.msg_id, queue_offset=offset)
+            pq.put([placeholder])
+            self._after(
+                self.settings.send_back_retry_delay_ms,
+                lambda: self._retry_quarantine(record, pq, reason),
+            )
+            return
+        pq.skip(offset)
+        self._count("quarantined")
+
+    def _retry_quarantine(self, record: Any, pq: ProcessQueue, reason: Exception) -> None:
+        if pq.dropped:
+            return
+        pq.remove([record.offset()])
+        self._quarantine(record, pq, reason)
+
+    # --- rebalance -----------------------------------------------------------------------
+    def _start_positions(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Committed offsets where the group has them; else the retry topic from its start
+        and other topics by ``consume_from_where``."""
+        try:
+            committed = self._kafka.committed(
+                partitions, timeout=self.config.request_timeout_ms / 1000
+            )
+        except Exception as exc:
+            logger.warning("push consumer %s: committed offsets unknown (%s)", self.group, exc)
+            return partitions
+        where = self.settings.consume_from_where
+        stamp: list[TopicPartition] = []
+        out: list[TopicPartition] = []
+        for tp in committed:
+            if tp.offset >= 0:
+                out.append(tp)
+            elif tp.topic == self._retry_kafka_topic:
+                out.append(TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING))
+            elif where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
+                when = self.settings.consume_timestamp_ms or int((time.time() - 1800) * 1000)
+                stamp.append(TopicPartition(tp.topic, tp.partition, when))
+            else:
+                first = where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+                out.append(
+                    TopicPartition(
+                        tp.topic, tp.partition, OFFSET_BEGINNING if first else OFFSET_END
+                    )
+                )
+        if stamp:
+            found = self._kafka.offsets_for_times(
+                stamp, timeout=self.config.request_timeout_ms / 1000
+            )
+            out += [
+                TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
+                for tp in found
+            ]
+        return out
+
+    def _take(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        positions = self._start_positions(partitions)
+        for tp in positions:
+            self._queues[(tp.topic, tp.partition)] = ProcessQueue(tp.topic, tp.partition)
+        logger.info(
+            "push consumer %s: assigned %s",
+            self.group,
+            [f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in positions],
+        )
+        return positions
+
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        consumer.assign(self._take(partitions))
+
+    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._release([(tp.topic, tp.partition) for tp in partitions])
+
+    def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        # The partitions already belong to someone else: stop, commit nothing.
+        for tp in partitions:
+            pq = self._queues.pop((tp.topic, tp.partition), None)
+            if pq is not None:
+                pq.dropped = True
+        logger.warning("push consumer %s: lost %d partitions", self.group, len(partitions))
+
+    def _release(self, keys: list[tuple[str, int]]) -> None:
+        """Stop new work on ``keys``, let running listeners finish, commit, forget them."""
+        deadline = time.monotonic() + self.settings.drain_timeout_ms / 1000
+        for key in keys:
+            pq = self._queues.get(key)
+            if pq is not None and not pq.drop_and_drain(max(0.0, deadline - time.monotonic())):
+                logger.warning(
+                    "push consumer %s: %s[%d] still consuming after %d ms; its messages will "
+                    "be redelivered",
+                    self.group,
+                    key[0],
+                    key[1],
+                    self.settings.drain_timeout_ms,
+                )
+        self._commit(keys, asynchronous=False)
+        for key in keys:
+            self._queues.pop(key, None)
+            self._paused.discard(key)
+
+    def _assign_new_partitions(self) -> None:
+        """BROADCASTING: take every partition of the subscribed topics not yet taken."""
+        self._last_refresh = time.monotonic()
+        new: list[TopicPartition] = []
+        for kafka_topic in self._topic_names:
+            try:
+                meta = self._kafka.list_topics(
+                    kafka_topic, timeout=self.config.request_timeout_ms / 1000
+                )
+            except Exception as exc:
+                logger.warning("push consumer %s: metadata of %s: %s", self.group, kafka_topic, exc)
+                continue
+            info = meta.topics.get(kafka_topic)
+            if info is None or info.error is not None:
+                continue
+            new += [
+                TopicPartition(kafka_topic, p)
+                for p in info.partitions
+                if (kafka_topic, p) not in self._queues
+            ]
+        if new:
+            self._kafka.incremental_assign(self._take(new))
+
+    # --- offsets -------------------------------------------------------------------------
+    def _commit(self, keys: Iterable[tuple[str, int]], *, asynchronous: bool) -> None:
+        self._last_commit = time.monotonic()
+        offsets = []
+        for key in keys:
+            pq = self._queues.get(key)
+            if pq is None:
+                continue
+            offset = pq.commit_offset()
+            if offset is not None and offset != pq.last_committed:
+                offsets.append(TopicPartition(key[0], key[1], offset))
+                pq.last_committed = offset
+        if not offsets:
+            return
+        try:
+            self._kafka.commit(offsets=offsets, asynchronous=asynchronous)
+        except Exception as exc:
+            logger.warning("push consumer %s: offset commit failed: %s", self.group, exc)
+            for tp in offsets:
+                pq = self._queues.get((tp.topic, tp.partition))
+                if pq is not None:
+                    pq.last_committed = -1
+
+    # --- deferred work -------------------------------------------------------------------
+    def _after(self, delay_ms: int, action: Callable[[], None]) -> None:
+        """Run ``action`` on the poll thread after ``delay_ms`` (ms)."""
+        item = _Later(time.monotonic() + delay_ms / 1000, next(self._seq), action)
+        with self._later_lock:
+            heapq.heappush(self._later, item)
+
+    def _run_due(self) -> None:
+        now = time.monotonic()
+        while True:
+            with self._later_lock:
+                if not self._later or self._later[0].due > now:
+                    return
+                item = heapq.heappop(self._later)
+            item.action()
+
+    # --- concurrent consumption ----------------------------------------------------------
+    def _dispatch(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        assert self._executor is not None
+        size = self.settings.consume_message_batch_max_size
+        batch: list[MessageExt] = []
+        for msg in msgs:
+            if batch and (len(batch) >= size or batch[0].topic != msg.topic):
+                self._executor.submit(self._consume_concurrently, pq, batch)
+                batch = []
+            batch.append(msg)
+        if batch:
+            self._executor.submit(self._consume_concurrently, pq, batch)
+
+    def _consume_concurrently(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        if not pq.begin():
+            return  # revoked or stopping: the messages stay uncommitted for the next owner
+        try:
+            sub = self._subscriptions.get(msgs[0].topic)
+            context = ConsumeConcurrentlyContext(MessageQueue(msgs[0].topic, pq.partition))
+            if sub is None:
+                # A retry of a topic this consumer no longer subscribes to: keep it, in the DLQ.
+                logger.warning(
+                    "push consumer %s: no subscription for %s; %d messages go to the DLQ",
+                    self.group,
+                    msgs[0].topic,
+                    len(msgs),
+                )
+                context.delay_level_when_next_consume = -1
+                ack_index = -1
+            else:
+                ack_index = self._call_concurrently(sub.listener, msgs, context)
+            self._process_result(pq, msgs, ack_index, context)
+        except Exception:
+            logger.exception("push consumer %s: consume request failed", self.group)
+        finally:
+            pq.end()
+
+    def _call_concurrently(
+        self, listener: Listener, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+    ) -> int:
+        """Run the listener; return the index of the last message consumed successfully."""
+        if isinstance(listener, MessageListenerConcurrently):
+            try:
+                status = listener.consume_message(msgs, context)
+            except Exception:
+                logger.warning(
+                    "listener raised on %s: RECONSUME_LATER",
+                    [m.msg_id for m in msgs],
+                    exc_info=True,
+                )
+                return -1
+            if status is ConsumeStatus.CONSUME_SUCCESS:
+                return min(context.ack_index, len(msgs) - 1)
+            if status is None:
+                logger.warning("listener returned None for %s: RECONSUME_LATER", msgs[0].msg_id)
+            return -1
+        callback = cast(ConcurrentCallback, listener)
+        for index, msg in enumerate(msgs):
+            try:
+                ok = _callback_status(callback(msg))
+            except Exception:
+                logger.warning("listener raised on %s: RECONSUME_LATER", msg.msg_id, exc_info=True)
+                ok = False
+            if not ok:
+                return index - 1
+        return len(msgs) - 1
+
+    def _process_result(
+        self,
+        pq: ProcessQueue,
+        msgs: list[MessageExt],
+        ack_index: int,
+        context: ConsumeConcurrentlyContext,
+    ) -> None:
+        done = msgs[: ack_index + 1]
+        failed = msgs[ack_index + 1 :]
+        self._count("consumed", len(done))
+        if failed:
+            self._count("failed", len(failed))
+            if self.message_model is MessageModel.BROADCASTING:
+                for msg in failed:
+                    logger.warning("BROADCASTING, the message consume failed, drop it: %s", msg)
+                self._count("dropped", len(failed))
+                done += failed
+            else:
+                sent, kept = self._send_back(failed, context.delay_level_when_next_consume)
+                done += sent
+                if kept:
+                    self._retry_locally(pq, kept)
+        pq.remove(m.queue_offset for m in done)
+
+    def _send_back(
+        self, msgs: list[MessageExt], delay_level: int, *, max_times: int | None = None
+    ) -> tuple[list[MessageExt], list[MessageExt]]:
+        """Copy failed ``msgs`` to the retry topic or DLQ; return (acknowledged, not)."""
+        assert self._producer is not None
+        max_times = self.max_reconsume_times if max_times is None else max_times
+        routes = [retry_route(m.reconsume_times, max_times, delay_level) for m in msgs]
+        records = [
+            send_back_record(
+                msg, self.group, route, max_times, config=self.config, born_host=self._born_host
+            )
+            for msg, route in zip(msgs, routes, strict=True)
+        ]
+        results = self._producer.send_records_sync(records)
+        sent: list[MessageExt] = []
+        kept: list[MessageExt] = []
+        for msg, route, result in zip(msgs, routes, results, strict=True):
+            if isinstance(result, KafkaClientError):
+                logger.warning(
+                    "send-back of %s failed, consuming it again later: %s", msg.msg_id, result
+                )
+                kept.append(msg)
+                continue
+            sent.append(msg)
+            if route.to_dlq:
+                self._count("dead_lettered")
+                logger.warning(
+                    "message %s (from %s) goes to the DLQ of %s after %d failures",
+                    msg.msg_id,
+                    origin_topic(msg),
+                    self.group,
+                    route.reconsume_times,
+                )
+            else:
+                self._count("sent_back")
+                logger.debug(
+                    "message %s sent back at level %d (reconsume %d)",
+                    msg.msg_id,
+                    route.delay_level,
+                    route.reconsume_times,
+                )
+        return sent, kept
+
+    def _retry_locally(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Consume again later, here (RocketMQ's ``submitConsumeRequestLater``): the send-back
+        failed, so the messages stay held and uncommitted."""
+        self._count("retried_locally", len(msgs))
+        for msg in msgs:
+            msg.put_system_property(MessageConst.RECONSUME_TIME, str(msg.reconsume_times + 1))
+
+        def again() -> None:
+            if not pq.dropped:
+                self._dispatch(pq, msgs)
+
+        self._after(self.settings.send_back_retry_delay_ms, again)
+
+    # --- orderly consumption -------------------------------------------------------------
+    def _schedule_orderly(self, pq: ProcessQueue, delay_ms: int = 0) -> None:
+        assert self._executor is not None
+        with pq.lock:
+            if pq.orderly_scheduled and delay_ms == 0:
+                return
+            pq.orderly_scheduled = True
+        if delay_ms:
+            self._after(delay_ms, lambda: self._resubmit_orderly(pq))
+        else:
+            self._executor.submit(self._consume_orderly, pq)
+
+    def _resubmit_orderly(self, pq: ProcessQueue) -> None:
+        assert self._executor is not None
+        self._executor.submit(self._consume_orderly, pq)
+
+    def _consume_orderly(self, pq: ProcessQueue) -> None:
+        """Consume ``pq`` in order until it is empty; a failed batch waits and is retried in
+        place. Exactly one such task owns a partition at a time (``orderly_scheduled``)."""
+        if not pq.begin():
+            with pq.lock:
+                pq.orderly_scheduled = False
+            return
+        try:
+            self._consume_orderly_slice(pq)
+        except Exception:
+            logger.exception("push consumer %s: orderly consumption failed", self.group)
+            with pq.lock:
+                pq.orderly_scheduled = False
+        finally:
+            pq.end()
+
+    def _consume_orderly_slice(self, pq: ProcessQueue) -> None:
+        size = self.settings.consume_message_batch_max_size
+        until = time.monotonic() + _ORDERLY_SLICE_S
+        while True:
+            with pq.lock:
+                msgs = pq.take(size) if not pq.dropped else []
+                if not msgs:
+                    pq.orderly_scheduled = False
+                    return
+            context = ConsumeOrderlyContext(MessageQueue(msgs[0].topic, pq.partition))
+            sub = self._subscriptions[msgs[0].topic]
+            ok = self._call_orderly(sub.listener, msgs, context)
+            done, failed = msgs[:ok], msgs[ok:]
+            self._count("consumed", len(done))
+            pq.remove(m.queue_offset for m in done)
+            if failed:
+                self._count("failed", len(failed))
+                retry = self._orderly_failed(pq, failed)
+                if retry:
+                    pq.put_back(retry)
+                    suspend = context.suspend_current_queue_time_millis
+                    if suspend < 0:
+                        suspend = self.settings.suspend_current_queue_time_millis
+                    self._schedule_orderly(pq, max(suspend, 1))
+                    return
+            if time.monotonic() > until:
+                self._resubmit_orderly(pq)
+                return
+
+    def _call_orderly(
+        self, listener: Listener, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> int:
+        """Run an orderly listener; return how many leading messages are done."""
+        if isinstance(listener, MessageListenerOrderly):
+            try:
+                status = listener.consume_message(msgs, context)
+            except Exception:
+                logger.warning(
+                    "orderly listener raised on %s: suspending",
+                    [m.msg_id for m in msgs],
+                    exc_info=True,
+                )
+                return 0
+            return len(msgs) if status is ConsumeOrderlyStatus.SUCCESS else 0
+        callback = cast(ConcurrentCallback, listener)
+        for index, msg in enumerate(msgs):
+            try:
+                ok = _callback_status(callback(msg))
+            except Exception:
+                logger.warning("listener raised on %s: suspending", msg.msg_id, exc_info=True)
+                ok = False
+            if not ok:
+                return index
+        return len(msgs)
+
+    def _orderly_failed(self, pq: ProcessQueue, failed: list[MessageExt]) -> list[MessageExt]:
+        """RocketMQ's ``checkReconsumeTimes``: messages out of retries go to the DLQ (or are
+        dropped, BROADCASTING); the rest count one more failure and are returned for retry."""
+        limit = self.max_reconsume_times
+        spent = [m for m in failed if m.reconsume_times >= limit]
+        retry = [m for m in failed if m.reconsume_times < limit]
+        if spent:
+            if self.message_model is MessageModel.BROADCASTING:
+                for msg in spent:
+                    logger.warning("BROADCASTING, the message consume failed, drop it: %s", msg)
+                self._count("dropped", len(spent))
+                pq.remove(m.queue_offset for m in spent)
+            else:
+                sent, kept = self._send_back(spent, -1, max_times=limit)
+                pq.remove(m.queue_offset for m in sent)
+                retry = sorted(retry + kept, key=lambda m: m.queue_offset)
+        for msg in retry:
+            msg.put_system_property(MessageConst.RECONSUME_TIME, str(msg.reconsume_times + 1))
+        return retry

@@ -1,0 +1,203 @@
+"""The push consumer's pure rules: retry routing, tag filters, the offset it commits, copies."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bridge import ClientConfig, MessageConst, MessageExt
+from bridge.codec import decode_envelope, decode_headers
+from bridge.consumer import PushConsumer, PushConsumerConfig, TagFilter
+from bridge.consumer.model import (
+    DEFAULT_MAX_RECONSUME_TIMES,
+    ORDERLY_UNLIMITED_RECONSUME,
+    effective_max_reconsume_times,
+    retry_route,
+)
+from bridge.consumer.process_queue import ProcessQueue
+from bridge.consumer.send_back import ReplayTarget, replay_record, send_back_record
+from bridge.errors import IllegalStateError, InvalidArgumentError
+from topics.naming import dlq_topic, retry_topic, system_topic
+
+
+def test_first_failure_waits_at_level_three_and_each_next_one_level_more() -> None:
+    assert retry_route(0, 16) == (False, 3, 1)
+    assert retry_route(1, 16) == (False, 4, 2)
+    assert retry_route(15, 16) == (False, 18, 16)
+
+
+def test_the_seventeenth_failure_goes_to_the_dlq() -> None:
+    assert retry_route(16, 16).to_dlq
+    assert retry_route(16, 16).reconsume_times == 17
+
+
+def test_a_listener_level_overrides_and_a_negative_one_means_dlq() -> None:
+    assert retry_route(5, 16, 2) == (False, 2, 6)
+    assert retry_route(0, 16, -1).to_dlq
+
+
+def test_minus_one_means_rocketmqs_default_budget() -> None:
+    assert effective_max_reconsume_times(-1, orderly=False) == DEFAULT_MAX_RECONSUME_TIMES == 16
+    assert effective_max_reconsume_times(-1, orderly=True) == ORDERLY_UNLIMITED_RECONSUME
+    assert effective_max_reconsume_times(3, orderly=True) == 3
+
+
+@pytest.mark.parametrize(
+    ("expression", "tag", "expected"),
+    [
+        ("*", None, True),
+        ("", "X", True),
+        ("TagA", "TagA", True),
+        ("TagA", "TagB", False),
+        ("TagA || TagB", "TagB", True),
+        ("TagA||TagB", "TagC", False),
+        ("TagA || TagB", None, False),
+    ],
+)
+def test_tag_expressions(expression: str, tag: str | None, expected: bool) -> None:
+    assert TagFilter(expression).matches(tag) is expected
+
+
+@pytest.mark.parametrize("expression", ["||", "Tag A", "TagA || *", "a | b"])
+def test_malformed_expressions_are_refused(expression: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="expression"):
+        TagFilter(expression)
+
+
+def _msg(offset: int) -> MessageExt:
+    return MessageExt("t", b"x", msg_id=f"id{offset}", queue_id=0, queue_offset=offset)
+
+
+def test_commit_offset_is_the_smallest_held_whatever_order_work_finishes_in() -> None:
+    pq = ProcessQueue("t", 0)
+    assert pq.commit_offset() is None
+    pq.put(_msg(o) for o in range(10, 20))
+    order = list(range(10, 20))
+    random.Random(7).shuffle(order)
+    done: set[int] = set()
+    for offset in order:
+        pq.remove([offset])
+        done.add(offset)
+        expected = min(set(range(10, 20)) - done, default=20)
+        assert pq.commit_offset() == expected
+
+
+def test_skipped_offsets_advance_the_commit_only_past_done_work() -> None:
+    pq = ProcessQueue("t", 0)
+    pq.put([_msg(3)])
+    pq.skip(4)
+    assert pq.commit_offset() == 3
+    pq.remove([3])
+    assert pq.commit_offset() == 5
+
+
+def test_a_dropped_queue_starts_no_work_and_drains_running_work() -> None:
+    pq = ProcessQueue("t", 0)
+    assert pq.begin()
+    assert not pq.drop_and_drain(0.01)
+    assert not pq.begin()
+    pq.end()
+    assert pq.drop_and_drain(0.01)
+
+
+def test_orderly_take_and_put_back_keep_order() -> None:
+    pq = ProcessQueue("t", 0)
+    pq.put([_msg(o) for o in range(5)], pending=True)
+    first = pq.take(2)
+    pq.put_back(first)
+    assert [m.queue_offset for m in pq.take(10)] == [0, 1, 2, 3, 4]
+
+
+def _received() -> MessageExt:
+    return MessageExt(
+        "orders",
+        b"payload",
+        msg_id="ABC",
+        born_timestamp_ms=1_700_000_000_000,
+        born_host="10.0.0.1",
+        keys="k1 k2",
+        tags="TagA",
+        properties={
+            "KEYS": "k1 k2",
+            "TAGS": "TagA",
+            "UNIQ_KEY": "ABC",
+            "region": "eu",
+            "DELAY": "2",
+        },
+    )
+
+
+def test_a_send_back_keeps_body_keys_tags_properties_and_id() -> None:
+    config = ClientConfig(namespace="ns")
+    record = send_back_record(
+        _received(), "g1", retry_route(0, 16), 16, config=config, born_host=b"h"
+    )
+    assert record.kafka_topic == system_topic("SCHEDULE_TOPIC_XXXX", "ns")
+    assert record.partition == 2  # level 3
+    copy = decode_envelope(record.value)
+    assert copy.msg_id == record.msg_id == "ABC"
+    assert copy.body == b"payload"
+    assert copy.keys == ["k1", "k2"]
+    assert copy.tags == "TagA"
+    props = copy.properties
+    assert props["region"] == "eu"
+    assert props[MessageConst.REAL_TOPIC] == "%RETRY%g1"
+    assert props[MessageConst.RETRY_TOPIC] == "orders"
+    assert props[MessageConst.RECONSUME_TIME] == "1"
+    assert props[MessageConst.ORIGIN_MESSAGE_ID] == "ABC"
+    assert props[MessageConst.MAX_RECONSUME_TIMES] == "16"
+    assert props[MessageConst.DELAY_TIME_LEVEL] == "3"
+    assert copy.born_timestamp_ms == 1_700_000_000_000
+
+
+def test_a_dead_letter_is_a_plain_record_of_the_dlq_topic() -> None:
+    msg = _received()
+    msg.put_system_property(MessageConst.RETRY_TOPIC, "orders")
+    msg.put_system_property(MessageConst.RECONSUME_TIME, "16")
+    msg.put_system_property(MessageConst.ORIGIN_MESSAGE_ID, "FIRST")
+    config = ClientConfig(namespace="ns")
+    record = send_back_record(msg, "g1", retry_route(16, 16), 16, config=config, born_host=b"h")
+    assert record.kafka_topic == dlq_topic("g1", "ns")
+    headers = decode_headers(record.headers)
+    assert headers[MessageConst.RECONSUME_TIME] == "17"
+    assert headers[MessageConst.ORIGIN_MESSAGE_ID] == "FIRST"
+    assert headers[MessageConst.RETRY_TOPIC] == "orders"
+    assert MessageConst.DELAY_TIME_LEVEL not in headers
+    assert [name for name, _ in record.headers].count(MessageConst.KEYS) == 1
+
+
+def test_replay_to_origin_drops_the_retry_properties_and_to_retry_resets_failures() -> None:
+    msg = _received()
+    msg.put_system_property(MessageConst.RETRY_TOPIC, "orders")
+    msg.put_system_property(MessageConst.RECONSUME_TIME, "17")
+    origin = replay_record(msg, "g1", ReplayTarget.ORIGIN, namespace="ns")
+    assert origin.kafka_topic == "orders"
+    assert origin.msg_id == "ABC"
+    assert MessageConst.RETRY_TOPIC not in decode_headers(origin.headers)
+    retry = replay_record(msg, "g1", ReplayTarget.RETRY, namespace="ns")
+    assert retry.kafka_topic == retry_topic("g1", "ns")
+    headers = decode_headers(retry.headers)
+    assert headers[MessageConst.RETRY_TOPIC] == "orders"
+    assert MessageConst.RECONSUME_TIME not in headers
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(InvalidArgumentError, match="consume_thread_count"):
+        PushConsumerConfig(consume_thread_count=0)
+    with pytest.raises(InvalidArgumentError, match="max_reconsume_times"):
+        PushConsumerConfig(max_reconsume_times=-2)
+    with pytest.raises(InvalidArgumentError, match="unknown push consumer setting"):
+        PushConsumer("g", consume_threads=3)
+
+
+def test_subscribe_refuses_bad_input() -> None:
+    consumer = PushConsumer("g")
+    with pytest.raises(InvalidArgumentError, match="listener is required"):
+        consumer.subscribe("t", None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="Kafka topic names"):
+        consumer.subscribe("bad topic", lambda m: None)
+    with pytest.raises(InvalidArgumentError, match="own retry topic"):
+        consumer.subscribe("%RETRY%g", lambda m: None)
+    with pytest.raises(IllegalStateError, match="subscribe"):
+        consumer.start()
