@@ -41,6 +41,7 @@ from bridge.consumer.model import (
     MessageListenerOrderly,
     MessageModel,
     MessageQueue,
+    RetryRoute,
     TagFilter,
     effective_max_reconsume_times,
     retry_route,
@@ -64,11 +65,14 @@ Listener = MessageListenerConcurrently | MessageListenerOrderly | ConcurrentCall
 
 _POLL_TIMEOUT_S = 0.1
 _MAX_RECORDS_PER_POLL = 1000
+_MIN_RECORDS_PER_POLL = 100
 _BROADCAST_REFRESH_S = 30.0
 """How often a BROADCASTING consumer looks for new partitions, seconds."""
 _ORDERLY_SLICE_S = 60.0
 """An orderly task hands its partition back to the pool after this long (RocketMQ's
 ``MAX_TIME_CONSUME_CONTINUOUSLY``), seconds."""
+_MAX_REQUESTS_PER_TASK = 64
+"""Most consume requests one pool task runs in a row."""
 _RECORD_ERRORS_IGNORED = frozenset({KafkaError._PARTITION_EOF})
 
 
@@ -348,7 +352,8 @@ class PushConsumer(Startable):
         self._run_due()
         self._resume_drained()
         limit = min(
-            _MAX_RECORDS_PER_POLL, self.settings.pull_batch_size * max(1, len(self._queues))
+            _MAX_RECORDS_PER_POLL,
+            max(_MIN_RECORDS_PER_POLL, self.settings.pull_batch_size * len(self._queues)),
         )
         records = self._kafka.consume(num_messages=limit, timeout=_POLL_TIMEOUT_S)
         if records:
@@ -551,6 +556,9 @@ class PushConsumer(Startable):
                     key[1],
                     self.settings.drain_timeout_ms,
                 )
+        if self._producer is not None and self.message_model is MessageModel.CLUSTERING:
+            # Copies still in flight: let them be acknowledged so their offsets can pass.
+            self._producer.flush(self.config.send_msg_timeout_ms)
         self._commit(keys, asynchronous=False)
         for key in keys:
             self._queues.pop(key, None)
@@ -620,36 +628,56 @@ class PushConsumer(Startable):
 
     # --- concurrent consumption ----------------------------------------------------------
     def _dispatch(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Cut ``msgs`` into consume requests (up to ``consume_message_batch_max_size``
+        messages of one topic each) and hand them to the pool in chunks: the pool's cost is
+        paid per chunk, and chunks stay small enough to keep every thread busy."""
         assert self._executor is not None
         size = self.settings.consume_message_batch_max_size
+        requests: list[list[MessageExt]] = []
         batch: list[MessageExt] = []
         for msg in msgs:
             if batch and (len(batch) >= size or batch[0].topic != msg.topic):
-                self._executor.submit(self._consume_concurrently, pq, batch)
+                requests.append(batch)
                 batch = []
             batch.append(msg)
         if batch:
-            self._executor.submit(self._consume_concurrently, pq, batch)
+            requests.append(batch)
+        per_task = min(
+            _MAX_REQUESTS_PER_TASK, -(-len(requests) // self.settings.consume_thread_count)
+        )
+        for i in range(0, len(requests), per_task):
+            self._executor.submit(self._consume_requests, pq, requests[i : i + per_task])
 
-    def _consume_concurrently(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+    def _consume_requests(self, pq: ProcessQueue, requests: list[list[MessageExt]]) -> None:
+        """Run the listener on each request, then send every failed message back at once."""
         if not pq.begin():
             return  # revoked or stopping: the messages stay uncommitted for the next owner
         try:
-            sub = self._subscriptions.get(msgs[0].topic)
-            context = ConsumeConcurrentlyContext(MessageQueue(msgs[0].topic, pq.partition))
-            if sub is None:
-                # A retry of a topic this consumer no longer subscribes to: keep it, in the DLQ.
-                logger.warning(
-                    "push consumer %s: no subscription for %s; %d messages go to the DLQ",
-                    self.group,
-                    msgs[0].topic,
-                    len(msgs),
-                )
-                context.delay_level_when_next_consume = -1
-                ack_index = -1
-            else:
-                ack_index = self._call_concurrently(sub.listener, msgs, context)
-            self._process_result(pq, msgs, ack_index, context)
+            done: list[MessageExt] = []
+            failed: list[MessageExt] = []
+            levels: list[int] = []
+            for msgs in requests:
+                if pq.dropped:
+                    break  # what is left stays held: redelivered to the next owner
+                context = ConsumeConcurrentlyContext(MessageQueue(msgs[0].topic, pq.partition))
+                sub = self._subscriptions.get(msgs[0].topic)
+                if sub is None:
+                    # A retry of a topic no longer subscribed to: keep it, in the DLQ.
+                    logger.warning(
+                        "push consumer %s: no subscription for %s; %d messages go to the DLQ",
+                        self.group,
+                        msgs[0].topic,
+                        len(msgs),
+                    )
+                    context.delay_level_when_next_consume = -1
+                    ack_index = -1
+                else:
+                    ack_index = self._call_concurrently(sub.listener, msgs, context)
+                done += msgs[: ack_index + 1]
+                tail = msgs[ack_index + 1 :]
+                failed += tail
+                levels += [context.delay_level_when_next_consume] * len(tail)
+            self._process_result(pq, done, failed, levels)
         except Exception:
             logger.exception("push consumer %s: consume request failed", self.group)
         finally:
@@ -688,12 +716,12 @@ class PushConsumer(Startable):
     def _process_result(
         self,
         pq: ProcessQueue,
-        msgs: list[MessageExt],
-        ack_index: int,
-        context: ConsumeConcurrentlyContext,
+        done: list[MessageExt],
+        failed: list[MessageExt],
+        levels: list[int],
     ) -> None:
-        done = msgs[: ack_index + 1]
-        failed = msgs[ack_index + 1 :]
+        """Send ``failed`` back (CLUSTERING) or drop them (BROADCASTING), then mark done
+        what was consumed or safely sent back."""
         self._count("consumed", len(done))
         if failed:
             self._count("failed", len(failed))
@@ -703,19 +731,54 @@ class PushConsumer(Startable):
                 self._count("dropped", len(failed))
                 done += failed
             else:
-                sent, kept = self._send_back(failed, context.delay_level_when_next_consume)
-                done += sent
-                if kept:
-                    self._retry_locally(pq, kept)
+                self._send_back_async(pq, failed, levels)
         pq.remove(m.queue_offset for m in done)
 
+    def _send_back_async(self, pq: ProcessQueue, msgs: list[MessageExt], levels: list[int]) -> None:
+        """Copy failed ``msgs`` to the retry topic or DLQ without waiting: each stays held
+        until Kafka acknowledges its copy, then is done; a refused copy is consumed again
+        locally. The listener threads never wait for the broker."""
+        assert self._producer is not None
+        max_times = self.max_reconsume_times
+        for msg, level in zip(msgs, levels, strict=True):
+            route = retry_route(msg.reconsume_times, max_times, level)
+            record = send_back_record(
+                msg, self.group, route, max_times, config=self.config, born_host=self._born_host
+            )
+
+            def delivered(
+                err: KafkaError | None, _: Any, msg: MessageExt = msg, route: RetryRoute = route
+            ) -> None:
+                if err is None:
+                    self._sent_back(msg, route)
+                    pq.remove([msg.queue_offset])
+                else:
+                    logger.warning(
+                        "send-back of %s failed, consuming it again later: %s",
+                        msg.msg_id,
+                        err.str(),
+                    )
+                    self._retry_locally(pq, [msg])
+
+            try:
+                self._producer.send_record_async(record, record.partition, delivered)
+            except KafkaClientError as exc:
+                logger.warning(
+                    "send-back of %s failed, consuming it again later: %s", msg.msg_id, exc
+                )
+                self._retry_locally(pq, [msg])
+
     def _send_back(
-        self, msgs: list[MessageExt], delay_level: int, *, max_times: int | None = None
+        self, msgs: list[MessageExt], levels: list[int], *, max_times: int | None = None
     ) -> tuple[list[MessageExt], list[MessageExt]]:
-        """Copy failed ``msgs`` to the retry topic or DLQ; return (acknowledged, not)."""
+        """Copy failed ``msgs`` (each with its listener's level, 0: the default) to the retry
+        topic or DLQ together; return (acknowledged, not)."""
         assert self._producer is not None
         max_times = self.max_reconsume_times if max_times is None else max_times
-        routes = [retry_route(m.reconsume_times, max_times, delay_level) for m in msgs]
+        routes = [
+            retry_route(m.reconsume_times, max_times, level)
+            for m, level in zip(msgs, levels, strict=True)
+        ]
         records = [
             send_back_record(
                 msg, self.group, route, max_times, config=self.config, born_host=self._born_host
@@ -733,24 +796,27 @@ class PushConsumer(Startable):
                 kept.append(msg)
                 continue
             sent.append(msg)
-            if route.to_dlq:
-                self._count("dead_lettered")
-                logger.warning(
-                    "message %s (from %s) goes to the DLQ of %s after %d failures",
-                    msg.msg_id,
-                    origin_topic(msg),
-                    self.group,
-                    route.reconsume_times,
-                )
-            else:
-                self._count("sent_back")
-                logger.debug(
-                    "message %s sent back at level %d (reconsume %d)",
-                    msg.msg_id,
-                    route.delay_level,
-                    route.reconsume_times,
-                )
+            self._sent_back(msg, route)
         return sent, kept
+
+    def _sent_back(self, msg: MessageExt, route: RetryRoute) -> None:
+        if route.to_dlq:
+            self._count("dead_lettered")
+            logger.warning(
+                "message %s (from %s) goes to the DLQ of %s after %d failures",
+                msg.msg_id,
+                origin_topic(msg),
+                self.group,
+                route.reconsume_times,
+            )
+        else:
+            self._count("sent_back")
+            logger.debug(
+                "message %s sent back at level %d (reconsume %d)",
+                msg.msg_id,
+                route.delay_level,
+                route.reconsume_times,
+            )
 
     def _retry_locally(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         """Consume again later, here (RocketMQ's ``submitConsumeRequestLater``): the send-back
@@ -865,7 +931,7 @@ class PushConsumer(Startable):
                 self._count("dropped", len(spent))
                 pq.remove(m.queue_offset for m in spent)
             else:
-                sent, kept = self._send_back(spent, -1, max_times=limit)
+                sent, kept = self._send_back(spent, [-1] * len(spent), max_times=limit)
                 pq.remove(m.queue_offset for m in sent)
                 retry = sorted(retry + kept, key=lambda m: m.queue_offset)
         for msg in retry:

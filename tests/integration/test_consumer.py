@@ -369,13 +369,14 @@ def test_a_rebalance_mid_stream_loses_and_skips_nothing(
     send(retry_config, topic, bodies, tags="T")
 
     def slow(msg: MessageExt, n: int) -> bool:
-        time.sleep(0.005)
+        time.sleep(0.03)  # the work a listener does: keeps the stream going while B joins
         return True
 
     first, second = Recorder(slow), Recorder(slow)
     start_consumer(consumers, retry_config, group, topic, first, consume_thread_count=4)
     wait_until(lambda: len(first.bodies()) >= 50)
     start_consumer(consumers, retry_config, group, topic, second, consume_thread_count=4)
+    assert len(set(first.bodies())) < len(bodies) / 2, "B joined after the stream was done"
     wait_until(lambda: set(first.bodies()) | set(second.bodies()) == set(bodies), timeout_s=90)
     wait_until(lambda: len(second.bodies()) > 0)
     for consumer in consumers:

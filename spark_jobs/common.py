@@ -1,0 +1,223 @@
+"""What every job shares: the Spark session with Kafka's source on its class path, reading
+topics with ``read_committed``, decoding records into message columns, and reports.
+
+Spark's Kafka source comes from the project's jar cache (filled by Maven, ``bridge fetch
+spark``) and is handed to Spark as local jars; ``--packages`` uses ``spark.jars.packages``
+instead (a machine with internet), and ``--no-jars`` adds nothing (``spark-submit --jars``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+SPARK_VERSION = "4.0.0"
+"""The pinned pyspark version; the Kafka source jars must match it."""
+KAFKA_PACKAGES = (
+    f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
+    f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",
+)
+_KAFKA_JAR_PREFIXES = (
+    "spark-sql-kafka-0-10_",
+    "spark-token-provider-kafka-0-10_",
+    "kafka-clients-",
+    "commons-pool2-",
+    "spark-avro_",
+)
+"""What Spark needs beside its own jars (Hadoop and Scala come with pyspark)."""
+
+HEADER_MSG_ID = "UNIQ_KEY"
+HEADER_TAGS = "TAGS"
+HEADER_KEYS = "KEYS"
+HEADER_BORN_HOST = "BORN_HOST"
+_OWN_HEADERS = (HEADER_MSG_ID, HEADER_TAGS, HEADER_KEYS, HEADER_BORN_HOST)
+
+
+def kafka_jars() -> list[Path]:
+    """Spark's Kafka source and its dependencies from the jar cache (fetched on first use)."""
+    # Only the local jar cache needs the bridge package (spark-submit --jars does not).
+    from bridge.runtime.jars import ensure_jars  # noqa: PLC0415
+
+    libs = ensure_jars("spark")
+    jars = sorted(p for p in libs.glob("*.jar") if p.name.startswith(_KAFKA_JAR_PREFIXES))
+    if not any(p.name.startswith("spark-sql-kafka") for p in jars):
+        raise RuntimeError(f"no spark-sql-kafka jar in {libs}: run `bridge fetch spark`")
+    return jars
+
+
+def spark_session(app_name: str, *, jars: str = "cache", master: str | None = None) -> SparkSession:
+    """A session able to read Kafka. ``jars``: ``cache`` (local jars from the cache),
+    ``packages`` (``spark.jars.packages``) or ``none`` (given by ``spark-submit``)."""
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    if jars == "cache":
+        builder = builder.config("spark.jars", ",".join(str(p) for p in kafka_jars()))
+    elif jars == "packages":
+        builder = builder.config("spark.jars.packages", ",".join(KAFKA_PACKAGES))
+    elif jars != "none":
+        raise ValueError(f"jars must be cache, packages or none, got {jars!r}")
+    return (
+        builder.config("spark.sql.session.timeZone", "UTC")
+        # Kafka headers may repeat a name; the last one wins, as in the Python client.
+        .config("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
+        .config("spark.sql.shuffle.partitions", os.environ.get("BRIDGE_SPARK_PARTITIONS", "4"))
+        .getOrCreate()
+    )
+
+
+def kafka_options(
+    bootstrap_servers: str, *, topics: Sequence[str] = (), pattern: str | None = None
+) -> dict[str, str]:
+    """Kafka source options: committed data only, headers included, from the earliest."""
+    if bool(topics) == bool(pattern):
+        raise ValueError("give either topics or a pattern")
+    options = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        # Spark and the Java client default to read_uncommitted: they would see aborted and
+        # not-yet-committed transactional records.
+        "kafka.isolation.level": "read_committed",
+        "includeHeaders": "true",
+        "startingOffsets": "earliest",
+    }
+    if topics:
+        options["subscribe"] = ",".join(topics)
+    else:
+        options["subscribePattern"] = str(pattern)
+    return options
+
+
+def real_topics_pattern(namespace: str) -> str:
+    """Every topic but the namespace's system, retry and DLQ topics and Kafka's own."""
+    escaped = namespace.replace(".", "\\.")
+    return f"^(?!{escaped}[._]|_).+"
+
+
+def header_map(headers: Column) -> Column:
+    """Kafka headers (array of key/binary value) as a map of strings."""
+    return F.map_from_entries(
+        F.transform(
+            F.coalesce(headers, F.array()),
+            lambda h: F.struct(h["key"].alias("key"), h["value"].cast("string").alias("value")),
+        )
+    )
+
+
+def decode_messages(records: DataFrame) -> DataFrame:
+    """Kafka source rows as messages: ``msg_id`` (``UNIQ_KEY``, else topic-partition-offset),
+    ``topic``, ``partition``, ``offset``, ``key``, ``body``, ``tags``, ``keys``, ``properties``
+    (the user's and system ones), ``born_host``, ``born_timestamp`` and ``store_timestamp``
+    (the record time when the topic stores append times), ``ingested_at``."""
+    props = header_map(F.col("headers"))
+    create_time = F.col("timestampType") == F.lit(0)
+    return records.select(
+        F.coalesce(
+            props[HEADER_MSG_ID],
+            F.concat_ws("-", F.col("topic"), F.col("partition"), F.col("offset")),
+        ).alias("msg_id"),
+        F.col("topic"),
+        F.col("partition"),
+        F.col("offset"),
+        F.col("key").cast("string").alias("key"),
+        F.col("value").alias("body"),
+        props[HEADER_TAGS].alias("tags"),
+        props[HEADER_KEYS].alias("keys"),
+        F.map_filter(props, lambda k, v: ~k.isin(*_OWN_HEADERS)).alias("properties"),
+        props[HEADER_BORN_HOST].alias("born_host"),
+        F.when(create_time, F.col("timestamp")).alias("born_timestamp"),
+        F.when(~create_time, F.col("timestamp")).alias("store_timestamp"),
+        F.current_timestamp().alias("ingested_at"),
+    )
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--bootstrap-servers``, ``--namespace``, ``--jars``, ``--master``: the same names and
+    environment variables as the ``bridge`` command line."""
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+        help="Kafka (env KAFKA_BOOTSTRAP_SERVERS)",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("BRIDGE_NAMESPACE", "rmq"),
+        help="system topic namespace (env BRIDGE_NAMESPACE)",
+    )
+    parser.add_argument(
+        "--jars",
+        choices=("cache", "packages", "none"),
+        default=os.environ.get("BRIDGE_SPARK_JARS", "cache"),
+        help="where Spark's Kafka source comes from (env BRIDGE_SPARK_JARS)",
+    )
+    parser.add_argument("--master", default=None, help="Spark master (default: local[*])")
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Print rows as an aligned text table; return the text."""
+    data = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in data]) for i, c in enumerate(columns)]
+    lines = [title, "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in data]
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return str(value)
+
+
+_COLOURS = ("#2e7d32", "#c62828", "#f9a825", "#6a1b9a", "#1565c0", "#ef6c00", "#00838f")
+
+
+def write_bar_chart(
+    path: Path, title: str, bars: Sequence[tuple[str, Mapping[str, float]]]
+) -> Path:
+    """A self-contained HTML page with a stacked horizontal bar per label (inline SVG)."""
+    segments = sorted({s for _, parts in bars for s in parts})
+    colour = {s: _COLOURS[i % len(_COLOURS)] for i, s in enumerate(segments)}
+    widest = max((sum(parts.values()) for _, parts in bars), default=0) or 1
+    row_h, label_w, bar_w = 28, 360, 560
+    height = row_h * (len(bars) + 2)
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 80}" '
+           f'height="{height}" font-family="sans-serif" font-size="13">']  # fmt: skip
+    for i, (label, parts) in enumerate(bars):
+        y = row_h * i + 6
+        svg.append(f'<text x="0" y="{y + 15}">{html.escape(label)}</text>')
+        x = float(label_w)
+        for segment in segments:
+            value = parts.get(segment, 0)
+            if not value:
+                continue
+            w = bar_w * value / widest
+            svg.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 10}" '
+                f'fill="{colour[segment]}"><title>{html.escape(segment)}: {value:g}</title></rect>'
+            )
+            x += w
+        svg.append(f'<text x="{x + 6:.1f}" y="{y + 15}">{sum(parts.values()):g}</text>')
+    legend_y = row_h * len(bars) + 20
+    for i, segment in enumerate(segments):
+        x = label_w + i * 140
+        svg.append(f'<rect x="{x}" y="{legend_y - 11}" width="12" height="12" '
+                   f'fill="{colour[segment]}"/>')  # fmt: skip
+        svg.append(f'<text x="{x + 16}" y="{legend_y}">{html.escape(segment)}</text>')
+    svg.append("</svg>")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<h2 style='font-family:sans-serif'>{html.escape(title)}</h2>{''.join(svg)}\n"
+    )
+    return path

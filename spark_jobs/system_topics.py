@@ -1,0 +1,68 @@
+"""Batch reads of system topics, and their Avro records decoded with Spark's Avro support.
+
+System records use Avro single-object encoding: ``C3 01``, the schema's 8-byte CRC-64-AVRO
+fingerprint, then the Avro body. Each known version of a schema (``topics/schemas``) decodes
+the rows carrying its fingerprint; the versions' rows are unioned, so old records still read
+after a schema evolves.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import from_avro
+
+from spark_jobs.common import kafka_options
+from topics.avro import schema_fingerprint
+
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "topics" / "schemas"
+_HEADER_BYTES = 10
+_VERSION_FILE = re.compile(r"^(?P<name>[A-Za-z_]\w*)\.v(?P<version>\d+)\.avsc$")
+
+
+def read_topic(spark: SparkSession, bootstrap_servers: str, kafka_topic: str) -> DataFrame:
+    """Every committed record of ``kafka_topic`` now (a batch read)."""
+    options = kafka_options(bootstrap_servers, topics=[kafka_topic])
+    options["endingOffsets"] = "latest"
+    return spark.read.format("kafka").options(**options).load()
+
+
+def read_pattern(spark: SparkSession, bootstrap_servers: str, pattern: str) -> DataFrame:
+    """Every committed record now of the topics matching ``pattern`` (a batch read)."""
+    options = kafka_options(bootstrap_servers, pattern=pattern)
+    options["endingOffsets"] = "latest"
+    return spark.read.format("kafka").options(**options).load()
+
+
+def schema_versions(name: str) -> list[tuple[str, str]]:
+    """(fingerprint hex, schema JSON) of every version of the record schema ``name``."""
+    out = []
+    for path in sorted(SCHEMA_DIR.glob(f"{name}.v*.avsc")):
+        if _VERSION_FILE.match(path.name):
+            schema = json.loads(path.read_text())
+            out.append((schema_fingerprint(schema).hex().upper(), json.dumps(schema)))
+    if not out:
+        raise ValueError(f"no schema named {name} in {SCHEMA_DIR}")
+    return out
+
+
+def decode_avro(records: DataFrame, name: str, *keep: str) -> DataFrame:
+    """The ``name`` records among Kafka source ``records``, decoded: the schema's fields as
+    columns, plus the source columns in ``keep``. Rows of other schemas are left out."""
+    header = F.hex(F.substring(F.col("value"), 1, _HEADER_BYTES))
+    body = F.expr(f"substring(value, {_HEADER_BYTES + 1})")
+    parts = []
+    for fingerprint, schema in schema_versions(name):
+        parts.append(
+            records.where(header == F.lit("C301" + fingerprint)).select(
+                *keep, from_avro(body, schema).alias("r")
+            )
+        )
+    union = parts[0]
+    for part in parts[1:]:
+        union = union.unionByName(part, allowMissingColumns=True)
+    return union.select(*keep, "r.*")

@@ -1,0 +1,196 @@
+"""Transaction audit: per producer group and real topic, how transactions ended.
+
+Reads HALF (half messages and their check copies), OP (decisions: COMMIT, ROLLBACK, DISCARD
+when parked) and the check-max topic (parked messages), and reports committed, rolled back,
+pending (no decision yet), parked (ever), check counts and time-to-decision percentiles (from
+the half message's born time to the first decision, ms). Prints a table and writes an HTML
+chart::
+
+    python -m spark_jobs.transaction_audit --chart reports/transactions.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+if __package__ in (None, ""):  # spark-submit runs the file as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from spark_jobs.common import add_common_arguments, print_table, spark_session, write_bar_chart
+from spark_jobs.system_topics import decode_avro, read_topic
+
+HALF = "RMQ_SYS_TRANS_HALF_TOPIC"
+OP = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+CHECK_MAX = "TRANS_CHECK_MAX_TIME_TOPIC"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One producer group and real topic."""
+
+    producer_group: str
+    topic: str
+    committed: int
+    rolled_back: int
+    pending: int
+    parked: int
+    """Parked at some point (replayed or dropped ones included)."""
+    max_checks: int
+    mean_checks: float
+    decision_p50_ms: float | None
+    decision_p99_ms: float | None
+
+
+def transaction_audit(
+    spark: SparkSession, bootstrap_servers: str, namespace: str
+) -> list[AuditRow]:
+    """Compute the audit (see the module docstring)."""
+    tid = F.coalesce(F.col("properties")["__transactionId__"], F.col("msg_id"))
+    halves = (
+        decode_avro(read_topic(spark, bootstrap_servers, f"{namespace}.{HALF}"), "MessageEnvelope")
+        .select(
+            tid.alias("tid"),
+            F.col("properties")["PGROUP"].alias("producer_group"),
+            F.col("properties")["REAL_TOPIC"].alias("topic"),
+            F.coalesce(F.col("properties")["TRANSACTION_CHECK_TIMES"].cast("int"), F.lit(0)).alias(
+                "checks"
+            ),
+            F.col("born_timestamp_ms"),
+        )
+        .groupBy("tid")
+        .agg(
+            F.first("producer_group", ignorenulls=True).alias("producer_group"),
+            F.first("topic", ignorenulls=True).alias("topic"),
+            F.max("checks").alias("checks"),
+            F.min("born_timestamp_ms").alias("born_ms"),
+        )
+    )
+    ops = (
+        decode_avro(read_topic(spark, bootstrap_servers, f"{namespace}.{OP}"), "OpRecord")
+        .groupBy(F.col("transaction_id").alias("tid"))
+        .agg(
+            F.max_by("action", "decided_at_ms").alias("final"),
+            F.min("decided_at_ms").alias("decided_ms"),
+            F.max((F.col("action") == "DISCARD").cast("int")).alias("discarded"),
+        )
+    )
+    parked = (
+        decode_avro(
+            read_topic(spark, bootstrap_servers, f"{namespace}.{CHECK_MAX}"), "MessageEnvelope"
+        )
+        .select(tid.alias("tid"))
+        .distinct()
+        .withColumn("in_check_max", F.lit(1))
+    )
+    joined = halves.join(ops, "tid", "left").join(parked, "tid", "left")
+    was_parked = (
+        F.coalesce(F.col("discarded"), F.lit(0)) + F.coalesce(F.col("in_check_max"), F.lit(0))
+    ) > 0
+    decision_ms = F.when(
+        F.col("final").isin("COMMIT", "ROLLBACK"), F.col("decided_ms") - F.col("born_ms")
+    )
+    report = (
+        joined.groupBy(
+            F.coalesce(F.col("producer_group"), F.lit("?")).alias("producer_group"),
+            F.coalesce(F.col("topic"), F.lit("?")).alias("topic"),
+        )
+        .agg(
+            F.sum((F.col("final") == "COMMIT").cast("int")).alias("committed"),
+            F.sum((F.col("final") == "ROLLBACK").cast("int")).alias("rolled_back"),
+            F.sum((F.col("final").isNull() & ~was_parked).cast("int")).alias("pending"),
+            F.sum(was_parked.cast("int")).alias("parked"),
+            F.max("checks").alias("max_checks"),
+            F.avg("checks").alias("mean_checks"),
+            F.percentile(decision_ms, F.array(F.lit(0.5), F.lit(0.99))).alias("decision"),
+        )
+        .orderBy("producer_group", "topic")
+    )
+    return [
+        AuditRow(
+            r["producer_group"],
+            r["topic"],
+            int(r["committed"] or 0),
+            int(r["rolled_back"] or 0),
+            int(r["pending"] or 0),
+            int(r["parked"] or 0),
+            int(r["max_checks"] or 0),
+            float(r["mean_checks"] or 0.0),
+            float(r["decision"][0]) if r["decision"] and r["decision"][0] is not None else None,
+            float(r["decision"][1]) if r["decision"] and r["decision"][1] is not None else None,
+        )
+        for r in report.collect()
+    ]
+
+
+def report(rows: list[AuditRow], chart: Path | None) -> str:
+    """Print the audit as a table and write the chart; return the table's text."""
+    text = print_table(
+        "transactions by producer group and topic",
+        [
+            "producer group",
+            "topic",
+            "committed",
+            "rolled back",
+            "pending",
+            "parked",
+            "max checks",
+            "mean checks",
+            "decision p50 ms",
+            "decision p99 ms",
+        ],
+        [
+            (
+                r.producer_group,
+                r.topic,
+                r.committed,
+                r.rolled_back,
+                r.pending,
+                r.parked,
+                r.max_checks,
+                r.mean_checks,
+                r.decision_p50_ms,
+                r.decision_p99_ms,
+            )
+            for r in rows
+        ],
+    )
+    if chart is not None:
+        write_bar_chart(
+            chart,
+            "Transactions by producer group and topic",
+            [
+                (
+                    f"{r.producer_group} / {r.topic}",
+                    {
+                        "committed": r.committed,
+                        "rolled back": r.rolled_back,
+                        "pending": r.pending,
+                        "parked": r.parked,
+                    },
+                )
+                for r in rows
+            ],
+        )
+        print(f"chart: {chart}")
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(prog="spark_jobs.transaction_audit")
+    add_common_arguments(parser)
+    parser.add_argument("--chart", type=Path, default=Path("reports/transactions.html"))
+    args = parser.parse_args(argv)
+    spark = spark_session("bridge-transaction-audit", jars=args.jars, master=args.master)
+    report(transaction_audit(spark, args.bootstrap_servers, args.namespace), args.chart)
+
+
+if __name__ == "__main__":
+    main()

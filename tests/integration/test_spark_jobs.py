@@ -1,0 +1,282 @@
+"""The Spark jobs against the real broker and a local Spark: ingest exactly once of committed
+messages only, a stopped and restarted query, the transaction audit and the DLQ report."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer as RawProducer
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
+
+from bridge import (
+    ClientConfig,
+    ConsumeFromWhere,
+    ConsumeStatus,
+    Message,
+    MessageExt,
+    Producer,
+    PushConsumer,
+    TransactionListener,
+    TransactionMQProducer,
+    TransactionStatus,
+    read_messages,
+)
+from bridge.coordinator import Coordinator, CoordinatorConfig
+from bridge.kafka.admin import TopicAdmin
+from bridge.transaction.admin import read_parked
+from spark_jobs import dlq_report, transaction_audit
+from spark_jobs.common import spark_session
+from spark_jobs.ingest import IngestConfig, start_ingest
+from tests.conftest import wait_until
+from topics.catalog import TopicSpec
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session("bridge-tests", master="local[2]")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def spark_config(kafka_bootstrap: str) -> ClientConfig:
+    return ClientConfig(
+        bootstrap_servers=kafka_bootstrap,
+        namespace=f"ns{uuid.uuid4().hex[:10]}",
+        message_delay_level="1s 1s 1s 1s 1s",
+    )
+
+
+def fast_checks(client: ClientConfig, check_max: int) -> CoordinatorConfig:
+    """Checks 1 s after a send and every second after that."""
+    return CoordinatorConfig(
+        client=client, coordinator_id="spark-tests", transaction_partitions=1,
+        transaction_timeout_ms=1000, check_interval_ms=1000, transaction_check_max=check_max,
+        session_timeout_ms=6000,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def coordinator(spark_config: ClientConfig) -> Iterator[Coordinator]:
+    # Checked every second but never parked while the tests run.
+    with Coordinator(fast_checks(spark_config, check_max=1000)) as running:
+        yield running
+
+
+class ByBody(TransactionListener):
+    """Executes by the body's first letter: c commit, r rollback, anything else unknown;
+    checks answer from ``answers`` (UNKNOWN when absent)."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, TransactionStatus] = {}
+
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        first = msg.body.decode()[0]
+        return {"c": TransactionStatus.COMMIT, "r": TransactionStatus.ROLLBACK}.get(
+            first, TransactionStatus.UNKNOWN
+        )
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        return self.answers.get(msg.body.decode(), TransactionStatus.UNKNOWN)
+
+
+def table_ids(spark: SparkSession, path: Path) -> list[str]:
+    """The ids in the table, as Spark reads it (committed files only)."""
+    try:
+        rows = spark.read.parquet(str(path)).select("msg_id").collect()
+    except AnalysisException:  # no batch committed yet
+        return []
+    return [r["msg_id"] for r in rows]
+
+
+def run_available_now(spark: SparkSession, config: IngestConfig) -> None:
+    query = start_ingest(spark, config)
+    query.awaitTermination(300)
+    assert query.exception() is None
+
+
+def test_ingest_lands_committed_messages_once_and_late_commits_later(
+    spark: SparkSession, spark_config: ClientConfig, coordinator: Coordinator,
+    unique: Callable[[str], str], tmp_path: Path,
+) -> None:  # fmt: skip
+    topic = unique("t")
+    TopicAdmin(spark_config).ensure_topics([TopicSpec(topic, 2)])
+    with Producer("plain_pg", config=spark_config) as producer:
+        plain = [
+            producer.send_sync(
+                Message(topic, f"p{i}", keys=f"k{i}", tags="TagP", properties={"region": "eu"})
+            ).msg_id
+            for i in range(5)
+        ]
+    listener = ByBody()
+    with TransactionMQProducer(unique("txg"), listener, config=spark_config) as tx:
+        ids = {
+            body: tx.send_message_in_transaction(Message(topic, body), None).msg_id
+            for body in ("c1", "c2", "r1", "u1", "late")
+        }
+        # A duplicate record of a landed message (same id), as a replay would write.
+        raw = RawProducer({"bootstrap.servers": spark_config.bootstrap_servers})
+        raw.produce(topic, b"p0", headers=[("UNIQ_KEY", plain[0].encode())])
+        raw.flush(10)
+        committed_now = {*plain, ids["c1"], ids["c2"]}
+        wait_until(
+            lambda: (
+                {m.msg_id for m in read_messages(spark_config, [topic], timeout_ms=500)}
+                >= committed_now
+            )
+        )
+        config = IngestConfig(
+            bootstrap_servers=spark_config.bootstrap_servers, output=str(tmp_path / "table"),
+            checkpoint=str(tmp_path / "ckpt"), topics=(topic,),
+        )  # fmt: skip
+        run_available_now(spark, config)
+        first = table_ids(spark, tmp_path / "table")
+        assert Counter(first) == Counter(committed_now), "each committed message once, no other"
+        row = spark.read.parquet(str(tmp_path / "table")).where(f"msg_id = '{plain[1]}'").first()
+        assert row is not None
+        assert (bytes(row["body"]), row["tags"], row["keys"], row["properties"]["region"]) == (
+            b"p1", "TagP", "k1", "eu",
+        )  # fmt: skip
+        assert row["born_timestamp"] is not None and row["offset"] >= 0
+
+        listener.answers["late"] = TransactionStatus.COMMIT  # the check-back commits it
+        wait_until(
+            lambda: (
+                ids["late"]
+                in {m.msg_id for m in read_messages(spark_config, [topic], timeout_ms=500)}
+            ),
+            timeout_s=60,
+        )
+    run_available_now(spark, config)
+    second = table_ids(spark, tmp_path / "table")
+    assert Counter(second) == Counter({*committed_now, ids["late"]})
+    assert ids["r1"] not in second and ids["u1"] not in second
+
+
+def test_ingest_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
+    spark: SparkSession, spark_config: ClientConfig, unique: Callable[[str], str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    topic = unique("t")
+    TopicAdmin(spark_config).ensure_topics([TopicSpec(topic, 2)])
+
+    def send(bodies: list[str]) -> set[str]:
+        with Producer("plain_pg", config=spark_config) as producer:
+            return {producer.send_sync(Message(topic, b)).msg_id for b in bodies}
+
+    sent = send([f"a{i}" for i in range(300)])
+    config = IngestConfig(
+        bootstrap_servers=spark_config.bootstrap_servers, output=str(tmp_path / "table"),
+        checkpoint=str(tmp_path / "ckpt"), topics=(topic,), trigger="continuous",
+        interval="500 milliseconds", max_offsets_per_trigger=60,
+    )  # fmt: skip
+    query = start_ingest(spark, config)
+    try:
+        wait_until(lambda: len(table_ids(spark, tmp_path / "table")) >= 60, timeout_s=120)
+    finally:
+        query.stop()
+    landed = table_ids(spark, tmp_path / "table")
+    assert len(landed) < len(sent), "stopped after everything landed: not mid-stream"
+    sent |= send([f"b{i}" for i in range(100)])
+    run_available_now(
+        spark, dataclasses.replace(config, trigger="available-now", max_offsets_per_trigger=None)
+    )
+    final = table_ids(spark, tmp_path / "table")
+    assert len(final) == len(set(final)), "a row was landed twice"
+    assert set(final) == sent
+
+
+def test_transaction_audit_counts_what_was_produced(
+    spark: SparkSession, client_config: ClientConfig, unique: Callable[[str], str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    topic = unique("t")
+    group = unique("audit")
+    listener = ByBody()
+    listener.answers["checked-commit"] = TransactionStatus.COMMIT
+    spark_config = client_config  # its own namespace: parked after 3 checks
+    with (
+        Coordinator(fast_checks(client_config, check_max=3)),
+        TransactionMQProducer(group, listener, config=spark_config) as tx,
+    ):
+        for body in ("c1", "c2", "c3", "r1", "r2", "checked-commit", "unknown-forever"):
+            tx.send_message_in_transaction(Message(topic, body), None)
+        pending = Message(topic, "u-immune")
+        pending.put_user_property("CHECK_IMMUNITY_TIME_IN_SECONDS", "3600")
+        tx.send_message_in_transaction(pending, None)
+        wait_until(
+            lambda: any(m.body == b"unknown-forever" for m in read_parked(spark_config)),
+            timeout_s=60,
+        )
+        wait_until(
+            lambda: any(
+                m.body == b"checked-commit"
+                for m in read_messages(spark_config, [topic], timeout_ms=500)
+            )
+        )
+    rows = transaction_audit.transaction_audit(
+        spark, spark_config.bootstrap_servers, spark_config.namespace
+    )
+    [row] = [r for r in rows if r.producer_group == group]
+    assert (row.topic, row.committed, row.rolled_back, row.pending, row.parked) == (
+        topic, 4, 2, 1, 1,
+    )  # fmt: skip
+    assert row.max_checks >= 3
+    assert row.decision_p50_ms is not None and row.decision_p50_ms >= 0
+    text = transaction_audit.report(rows, tmp_path / "tx.html")
+    assert group in text
+    assert "<svg" in (tmp_path / "tx.html").read_text()
+
+
+def test_dlq_report_matches_the_retry_history(
+    spark: SparkSession, spark_config: ClientConfig, coordinator: Coordinator,
+    unique: Callable[[str], str], tmp_path: Path,
+) -> None:  # fmt: skip
+    topic = unique("t")
+    group = unique("g")
+    TopicAdmin(spark_config).ensure_topics([TopicSpec(topic, 1)])
+    failures = {"twice": 2, "always": 99}
+    lock = threading.Lock()
+
+    def listener(msg: MessageExt) -> ConsumeStatus:
+        with lock:
+            body = msg.body.decode()
+            if failures.get(body, 0) > 0:
+                failures[body] -= 1
+                return ConsumeStatus.RECONSUME_LATER
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(
+        group, config=spark_config, max_reconsume_times=2,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+    )  # fmt: skip
+    consumer.subscribe(topic, listener)
+    with consumer:
+        with Producer("plain_pg", config=spark_config) as producer:
+            for body in ("ok", "twice", "always"):
+                producer.send_sync(Message(topic, body))
+        wait_until(
+            lambda: consumer.stats().dead_lettered == 1 and consumer.stats().consumed == 2,
+            timeout_s=60,
+        )
+    rows = dlq_report.dlq_report(spark, spark_config.bootstrap_servers, spark_config.namespace)
+    mine = {(r.kind, r.origin_topic, r.reconsume_times): r.count for r in rows if r.group == group}
+    assert mine == {
+        ("retry", topic, 1): 2,  # both failed once
+        ("retry", topic, 2): 2,  # both failed twice
+        ("dlq", topic, 3): 1,  # "always" after its third failure
+    }
+    text = dlq_report.report(rows, tmp_path / "dlq.html")
+    assert group in text
+    assert "DLQ" in (tmp_path / "dlq.html").read_text()
