@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [producer] [transactions] [delays] [consumer]``
+"""Run the benchmarks: ``python -m bench [producer] [transactions] [delays] [consumer] [spark]``
 (all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from bench import consumer, delays, producer, transactions
+from bench import consumer, delays, producer, spark_ingest, transactions
 from bench.harness import broker
 
 
@@ -25,6 +25,8 @@ def main() -> None:
             delays.run(bootstrap)
         if not only or "consumer" in only:
             consumer.run(bootstrap)
+        if not only or "spark" in only:
+            spark_ingest.run(bootstrap)
 
 
 if __name__ == "__main__":

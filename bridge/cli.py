@@ -27,6 +27,7 @@ from bridge.config import ClientConfig
 from bridge.consumer.admin import dlq_summary, read_dead_letters, replay_dead_letters
 from bridge.consumer.send_back import ReplayTarget
 from bridge.coordinator import Coordinator, CoordinatorConfig
+from bridge.coordinator.health import coordinator_health
 from bridge.delay.admin import delay_status
 from bridge.errors import BridgeError
 from bridge.kafka.admin import TopicAdmin
@@ -496,6 +497,18 @@ def _human_ms(ms: int) -> str:
         if ms >= size:
             return f"{ms / size:g}{unit}" if ms % size == 0 else f"{ms / size:.1f}{unit}"
     return f"{ms}ms"
+
+
+@cli.command()
+@_bootstrap_option("Kafka to ask.")
+@click.pass_context
+def health(ctx: click.Context, bootstrap_servers: str | None) -> None:
+    """Exit 0 if every coordinator service is running (a member of its consumer group)."""
+    checks = coordinator_health(_client_config(ctx, bootstrap_servers))
+    for c in checks:
+        console.print(f"{c.kind:<12} {c.state:<20} members={c.members}  {c.group}")
+    if not all(c.healthy for c in checks):
+        raise click.exceptions.Exit(1)
 
 
 @cli.group()

@@ -30,5 +30,5 @@ if [ ! -f "$stamp" ]; then
 fi
 # Jars: the broker's always; Spark's Kafka source when the spark extra is installed.
 sets="kafka"
-case ",$EXTRAS," in *,spark,*) sets="kafka spark" ;; esac
+case ",$EXTRAS," in *,spark,*) sets="kafka spark delta" ;; esac
 .venv/bin/bridge fetch $sets

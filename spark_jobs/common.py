@@ -24,6 +24,8 @@ KAFKA_PACKAGES = (
     f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
     f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",
 )
+DELTA_PACKAGES = ("io.delta:delta-spark_2.13:4.0.0",)
+_DELTA_PREFIXES = ("delta-",)  # antlr4 and Scala come with pyspark
 _KAFKA_JAR_PREFIXES = (
     "spark-sql-kafka-0-10_",
     "spark-token-provider-kafka-0-10_",
@@ -40,8 +42,9 @@ HEADER_BORN_HOST = "BORN_HOST"
 _OWN_HEADERS = (HEADER_MSG_ID, HEADER_TAGS, HEADER_KEYS, HEADER_BORN_HOST)
 
 
-def kafka_jars() -> list[Path]:
-    """Spark's Kafka source and its dependencies from the jar cache (fetched on first use)."""
+def kafka_jars(*, delta: bool = False) -> list[Path]:
+    """Spark's Kafka source and its dependencies (and Delta Lake's jars if ``delta``) from the
+    jar cache, fetched on first use."""
     # Only the local jar cache needs the bridge package (spark-submit --jars does not).
     from bridge.runtime.jars import ensure_jars  # noqa: PLC0415
 
@@ -49,21 +52,34 @@ def kafka_jars() -> list[Path]:
     jars = sorted(p for p in libs.glob("*.jar") if p.name.startswith(_KAFKA_JAR_PREFIXES))
     if not any(p.name.startswith("spark-sql-kafka") for p in jars):
         raise RuntimeError(f"no spark-sql-kafka jar in {libs}: run `bridge fetch spark`")
+    if delta:
+        delta_libs = ensure_jars("delta")
+        jars += sorted(p for p in delta_libs.glob("*.jar") if p.name.startswith(_DELTA_PREFIXES))
     return jars
 
 
-def spark_session(app_name: str, *, jars: str = "cache", master: str | None = None) -> SparkSession:
-    """A session able to read Kafka. ``jars``: ``cache`` (local jars from the cache),
-    ``packages`` (``spark.jars.packages``) or ``none`` (given by ``spark-submit``)."""
+def spark_session(
+    app_name: str, *, jars: str = "cache", master: str | None = None, delta: bool = False
+) -> SparkSession:
+    """A session able to read Kafka (and write Delta Lake if ``delta``). ``jars``: ``cache``
+    (local jars from the cache), ``packages`` (``spark.jars.packages``) or ``none`` (given by
+    ``spark-submit``)."""
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
     if jars == "cache":
-        builder = builder.config("spark.jars", ",".join(str(p) for p in kafka_jars()))
+        builder = builder.config("spark.jars", ",".join(str(p) for p in kafka_jars(delta=delta)))
     elif jars == "packages":
-        builder = builder.config("spark.jars.packages", ",".join(KAFKA_PACKAGES))
+        packages = KAFKA_PACKAGES + (DELTA_PACKAGES if delta else ())
+        builder = builder.config("spark.jars.packages", ",".join(packages))
     elif jars != "none":
         raise ValueError(f"jars must be cache, packages or none, got {jars!r}")
+    if delta:
+        builder = builder.config(
+            "spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension"
+        ).config(
+            "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        )
     return (
         builder.config("spark.sql.session.timeZone", "UTC")
         # Kafka headers may repeat a name; the last one wins, as in the Python client.

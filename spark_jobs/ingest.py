@@ -3,7 +3,8 @@
 A Structured Streaming query reads real topics with ``read_committed`` (so rolled-back and
 undecided transactional messages never appear), decodes each record into message columns
 (see :func:`spark_jobs.common.decode_messages`), drops any message id already landed, and
-appends to Parquet (default) or Delta Lake. The checkpoint holds the Kafka offsets, the ids
+appends to Parquet (default) or Delta Lake (``--format delta``: the session gets Delta's
+jars and extensions). The checkpoint holds the Kafka offsets, the ids
 seen and the sink's commit log, so a query stopped at any point and restarted neither loses
 nor duplicates a row.
 
@@ -107,23 +108,24 @@ def start_ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     return writer.start()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point."""
-    parser = argparse.ArgumentParser(prog="spark_jobs.ingest", description=__doc__.split("\n")[0])
-    add_common_arguments(parser)
-    parser.add_argument("--output", required=True, help="table path")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint path")
-    parser.add_argument(
-        "--topics", default="", help="comma-separated Kafka topics (default: all real)"
-    )
-    parser.add_argument("--format", dest="table_format", choices=FORMATS, default="parquet")
-    parser.add_argument("--trigger", choices=TRIGGERS, default="available-now")
-    parser.add_argument("--interval", default="10 seconds", help="continuous micro-batch interval")
-    parser.add_argument("--dedup-window", default=None, help='e.g. "7 days" (default: unbounded)')
-    parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    config = IngestConfig(
+def parser() -> argparse.ArgumentParser:
+    """The command line (options also read the ``bridge`` CLI's environment variables)."""
+    p = argparse.ArgumentParser(prog="spark_jobs.ingest", description=__doc__.split("\n")[0])
+    add_common_arguments(p)
+    p.add_argument("--output", required=True, help="table path")
+    p.add_argument("--checkpoint", required=True, help="checkpoint path")
+    p.add_argument("--topics", default="", help="comma-separated Kafka topics (default: all real)")
+    p.add_argument("--format", dest="table_format", choices=FORMATS, default="parquet")
+    p.add_argument("--trigger", choices=TRIGGERS, default="available-now")
+    p.add_argument("--interval", default="10 seconds", help="continuous micro-batch interval")
+    p.add_argument("--dedup-window", default=None, help='e.g. "7 days" (default: unbounded)')
+    p.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> IngestConfig:
+    """The :class:`IngestConfig` the parsed command line asks for."""
+    return IngestConfig(
         bootstrap_servers=args.bootstrap_servers,
         output=args.output,
         checkpoint=args.checkpoint,
@@ -135,7 +137,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         dedup_window=args.dedup_window,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
     )
-    spark = spark_session("bridge-ingest", jars=args.jars, master=args.master)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    config = config_from_args(args)
+    spark = spark_session(
+        "bridge-ingest", jars=args.jars, master=args.master, delta=config.table_format == "delta"
+    )
     query = start_ingest(spark, config)
     logger.info("ingest query %s started (%s)", query.id, config.trigger)
     try:

@@ -30,6 +30,9 @@ SPARK_VERSION = "4.0.0"
 """Must equal the pinned pyspark version: the newest Spark whose Kafka source, its token
 provider and spark-avro all resolve from the package registry this project uses."""
 
+DELTA_VERSION = "4.0.0"
+"""The Delta Lake release built for Spark 4.0 (the ingest job's ``--format delta``)."""
+
 _MAVEN_TIMEOUT_S = 900
 JAVA_HINT = "a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)"
 
@@ -62,6 +65,11 @@ ARTIFACT_SETS: Mapping[str, ArtifactSet] = MappingProxyType(
                 f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
                 f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",
             ),
+        ),
+        "delta": ArtifactSet(
+            "delta",
+            DELTA_VERSION,
+            (f"io.delta:delta-spark_2.13:{DELTA_VERSION}",),
         ),
     }
 )

@@ -14,6 +14,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
 from bridge.lifecycle import ServiceState, ServiceThread
 from bridge.runtime.local_kafka import free_port
+from tests.conftest import wait_until
 from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
 
 pytestmark = pytest.mark.broker
@@ -90,3 +91,25 @@ def test_coordinator_start_failure_stops_what_it_started() -> None:
         coordinator.start()
     assert coordinator.state is ServiceState.SHUTDOWN_ALREADY
     assert service.state is ServiceState.CREATE_JUST
+
+
+def test_health_says_whether_a_coordinator_runs(client_config: ClientConfig) -> None:
+    from click.testing import CliRunner
+
+    from bridge.cli import cli
+    from bridge.coordinator.health import coordinator_health
+
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": client_config.bootstrap_servers,
+        "BRIDGE_NAMESPACE": client_config.namespace,
+    }
+    assert not any(c.healthy for c in coordinator_health(client_config))
+    assert CliRunner().invoke(cli, ["health"], env=env).exit_code == 1
+    config = CoordinatorConfig(
+        client=client_config, coordinator_id="health", transaction_partitions=1
+    )
+    with Coordinator(config):
+        wait_until(lambda: all(c.healthy for c in coordinator_health(client_config)), 60)
+        result = CliRunner().invoke(cli, ["health"], env=env)
+        assert result.exit_code == 0, result.output
+        assert result.output.count("STABLE") == 3

@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = spark_session("bridge-tests", master="local[2]")
+    session = spark_session("bridge-tests", master="local[2]", delta=True)
     session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
@@ -195,6 +195,24 @@ def test_ingest_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
     final = table_ids(spark, tmp_path / "table")
     assert len(final) == len(set(final)), "a row was landed twice"
     assert set(final) == sent
+
+
+def test_ingest_into_delta_lake(
+    spark: SparkSession, spark_config: ClientConfig, unique: Callable[[str], str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    topic = unique("t")
+    with Producer("plain_pg", config=spark_config) as producer:
+        sent = [producer.send_sync(Message(topic, f"d{i}", tags="T")).msg_id for i in range(20)]
+    config = IngestConfig(
+        bootstrap_servers=spark_config.bootstrap_servers, output=str(tmp_path / "delta"),
+        checkpoint=str(tmp_path / "ckpt"), topics=(topic,), table_format="delta",
+    )  # fmt: skip
+    run_available_now(spark, config)
+    run_available_now(spark, config)  # nothing new: nothing added
+    rows = spark.read.format("delta").load(str(tmp_path / "delta")).collect()
+    assert sorted(r["msg_id"] for r in rows) == sorted(sent)
+    assert {r["tags"] for r in rows} == {"T"}
 
 
 def test_transaction_audit_counts_what_was_produced(

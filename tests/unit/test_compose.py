@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
 import yaml
 
 from bridge.config import ENV_BOOTSTRAP_SERVERS, ENV_PREFIX, ClientConfig
 from bridge.coordinator import CoordinatorConfig
 from bridge.runtime.jars import KAFKA_VERSION
+from spark_jobs import ingest
 from tests.conftest import REPO_ROOT
 
 
@@ -46,3 +48,44 @@ def test_kafka_is_configured_for_transactions_on_one_node() -> None:
     assert "healthcheck" in compose()["services"]["kafka"]
     depends = compose()["services"]["coordinator"]["depends_on"]["kafka"]
     assert depends["condition"] == "service_healthy"
+
+
+def test_every_service_has_a_health_check_and_waits_for_what_it_needs() -> None:
+    services = compose()["services"]
+    assert set(services) >= {"kafka", "coordinator", "ingest", "kafka-ui"}
+    for name, service in services.items():
+        assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
+    assert services["ingest"]["depends_on"]["coordinator"]["condition"] == "service_healthy"
+    assert services["kafka-ui"]["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert services["coordinator"]["healthcheck"]["test"] == ["CMD", "bridge", "health"]
+
+
+def test_built_services_name_stages_of_the_dockerfile() -> None:
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    stages = {line.split()[-1] for line in dockerfile.splitlines() if line.startswith("FROM ")}
+    for name in ("coordinator", "ingest"):
+        assert compose()["services"][name]["build"]["target"] in stages
+
+
+def test_ingest_command_and_env_parse_with_the_jobs_own_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = compose()["services"]["ingest"]
+    for key in ("KAFKA_BOOTSTRAP_SERVERS", "BRIDGE_NAMESPACE", "BRIDGE_SPARK_JARS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in service["environment"].items():
+        monkeypatch.setenv(key, str(value))
+    args = ingest.parser().parse_args(service["command"])
+    config = ingest.config_from_args(args)
+    assert (config.bootstrap_servers, config.namespace, args.jars) == (
+        "kafka:9092", "rmq", "packages",
+    )  # fmt: skip
+    assert config.trigger == "continuous"
+    assert config.output.startswith("/data/") and config.checkpoint.startswith("/data/")
+    known = {"KAFKA_BOOTSTRAP_SERVERS", "BRIDGE_NAMESPACE", "BRIDGE_SPARK_JARS"}
+    assert set(service["environment"]) <= known
+
+
+def test_the_web_ui_points_at_the_broker() -> None:
+    env = compose()["services"]["kafka-ui"]["environment"]
+    assert env["KAFKA_CLUSTERS_0_BOOTSTRAPSERVERS"] == "kafka:9092"
