@@ -68,8 +68,9 @@ def read_messages(
 
 def read_to_end(config: ClientConfig, kafka_topic: str, timeout_ms: int = 10_000) -> Iterator[Any]:
     """Every committed record of ``kafka_topic`` (a Kafka name), partition by partition, up to
-    the end each partition has now. Raises :class:`KafkaClientError` if the topic is
-    unknown or the end is not reached within ``timeout_ms`` of the last record."""
+    the end each partition has now; nothing if the topic does not exist. Raises
+    :class:`KafkaClientError` if the end is not reached within ``timeout_ms`` of the last
+    record."""
     consumer = new_consumer(
         config, f"bridge-reader-{uuid.uuid4().hex[:12]}", "bridge-reader",
         enable_partition_eof=True,
@@ -77,8 +78,8 @@ def read_to_end(config: ClientConfig, kafka_topic: str, timeout_ms: int = 10_000
     try:
         meta = consumer.list_topics(kafka_topic, timeout=config.request_timeout_ms / 1000)
         info = meta.topics.get(kafka_topic)
-        if info is None or info.error is not None:
-            raise KafkaClientError(f"topic {kafka_topic} does not exist")
+        if info is None or info.error is not None or not info.partitions:
+            return
         open_partitions = set(info.partitions)
         consumer.assign([TopicPartition(kafka_topic, p, OFFSET_BEGINNING) for p in open_partitions])
         deadline = time.monotonic() + timeout_ms / 1000

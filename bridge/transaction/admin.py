@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
-
+from bridge.client.reader import read_to_end
 from bridge.codec import envelope_to_message
 from bridge.config import ClientConfig
 from bridge.errors import InvalidArgumentError, WireFormatError
-from bridge.kafka.clients import new_consumer, new_producer
+from bridge.kafka.clients import new_producer
 from bridge.message import MessageConst, MessageExt
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
@@ -25,36 +22,6 @@ from bridge.transaction.model import (
 from topics.avro import default_registry
 from topics.catalog import SystemTopic, TopicCatalog
 
-
-def _read_topic(config: ClientConfig, kafka_topic: str, timeout_ms: int) -> Iterator[Any]:
-    """Every committed record of ``kafka_topic`` from the beginning to its current end."""
-    consumer = new_consumer(
-        config, f"bridge-admin-{uuid.uuid4().hex[:12]}", "bridge-admin", enable_partition_eof=True
-    )
-    try:
-        metadata = consumer.list_topics(kafka_topic, timeout=timeout_ms / 1000)
-        partitions = (
-            metadata.topics[kafka_topic].partitions if kafka_topic in metadata.topics else {}
-        )
-        if not partitions:
-            return
-        consumer.assign([TopicPartition(kafka_topic, p, 0) for p in partitions])
-        remaining = set(partitions)
-        deadline = time.monotonic() + timeout_ms / 1000
-        while remaining and time.monotonic() < deadline:
-            record = consumer.poll(0.2)
-            if record is None:
-                continue
-            error = record.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    remaining.discard(record.partition())
-                continue
-            yield record
-    finally:
-        consumer.close()
-
-
 OPERATOR_PARTITION = -1
 """``half_partition`` of the OP records an operator writes when replaying or dropping a parked
 message (``half_offset`` is then its offset in the check-max topic)."""
@@ -63,7 +30,7 @@ message (``half_offset`` is then its offset in the check-max topic)."""
 def _operator_resolutions(config: ClientConfig, timeout_ms: int) -> dict[int, OpEntry]:
     op_topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.OP)
     out = {}
-    for record in _read_topic(config, op_topic, timeout_ms):
+    for record in read_to_end(config, op_topic, timeout_ms):
         try:
             entry = OpEntry.decode(record.value())
         except WireFormatError:
@@ -82,7 +49,7 @@ def read_parked(
     topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.CHECK_MAX)
     resolved = {} if include_resolved else _operator_resolutions(config, timeout_ms)
     out = []
-    for record in _read_topic(config, topic, timeout_ms):
+    for record in read_to_end(config, topic, timeout_ms):
         if record.offset() in resolved:
             continue
         try:
@@ -115,14 +82,14 @@ def list_undecided(config: ClientConfig, timeout_ms: int = 30_000) -> list[Undec
     """
     catalog = TopicCatalog(namespace=config.namespace)
     decided: set[str] = set()
-    for record in _read_topic(config, catalog.topic(SystemTopic.OP), timeout_ms):
+    for record in read_to_end(config, catalog.topic(SystemTopic.OP), timeout_ms):
         try:
             decided.add(OpEntry.decode(record.value()).transaction_id)
         except WireFormatError:
             continue
     latest: dict[str, UndecidedTransaction] = {}
     now = time.time_ns() // 1_000_000
-    for record in _read_topic(config, catalog.topic(SystemTopic.HALF), timeout_ms):
+    for record in read_to_end(config, catalog.topic(SystemTopic.HALF), timeout_ms):
         try:
             name, fields = default_registry().decode_any(record.value())
         except WireFormatError:
