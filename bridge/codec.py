@@ -80,7 +80,15 @@ def decode_headers(headers: RawHeaders | None) -> dict[str, str]:
     if not headers:
         return {}
     pairs = headers.items() if isinstance(headers, Mapping) else headers
-    return {name: _header_text(value) for name, value in pairs}
+    # Inlined _header_text: this runs for every header of every record consumed.
+    return {
+        name: (
+            value.decode("utf-8", "surrogateescape")
+            if type(value) is bytes
+            else _header_text(value)
+        )
+        for name, value in pairs
+    }
 
 
 def message_from_record(record: Any, catalog: TopicCatalog | None = None) -> MessageExt:
@@ -98,23 +106,22 @@ def message_from_record(record: Any, catalog: TopicCatalog | None = None) -> Mes
         except InvalidTopicNameError:
             topic = kafka_topic
     ts_type, ts = record.timestamp()
+    partition = record.partition()
+    offset = record.offset()
     msg_id = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or (
-        f"{kafka_topic}-{record.partition()}-{record.offset()}"
+        f"{kafka_topic}-{partition}-{offset}"
     )
     value = record.value()
-    return MessageExt(
+    return MessageExt.received(
         topic,
         value if value is not None else b"",
+        props,
         msg_id=msg_id,
-        queue_id=record.partition(),
-        queue_offset=record.offset(),
+        queue_id=partition,
+        queue_offset=offset,
         born_timestamp_ms=ts if ts is not None and ts >= 0 else 0,
-        born_host=props.get(MessageConst.BORN_HOST, ""),
         store_timestamp_ms=ts if ts_type == _TIMESTAMP_LOG_APPEND_TIME else None,
         kafka_topic=kafka_topic,
-        keys=props.get(MessageConst.KEYS),
-        tags=props.get(MessageConst.TAGS),
-        properties=props,
     )
 
 

@@ -415,6 +415,39 @@ class MessageExt(Message):
         self.store_timestamp_ms = store_timestamp_ms
         self.kafka_topic = kafka_topic
 
+    @classmethod
+    def received(
+        cls,
+        topic: str,
+        body: bytes,
+        properties: dict[str, str],
+        *,
+        msg_id: str,
+        queue_id: int,
+        queue_offset: int,
+        born_timestamp_ms: int,
+        store_timestamp_ms: int | None,
+        kafka_topic: str,
+    ) -> MessageExt:
+        """A consumed message from its decoded parts, without re-validating them: keys and
+        tags come from the ``KEYS``/``TAGS`` properties, the born host from ``BORN_HOST``;
+        ``properties`` is taken over, not copied."""
+        msg = cls.__new__(cls)
+        msg.topic = topic
+        msg._body = body
+        raw_keys = properties.get(MessageConst.KEYS)
+        msg._keys = [k for k in raw_keys.split(MessageConst.KEY_SEPARATOR) if k] if raw_keys else []
+        msg.tags = properties.get(MessageConst.TAGS)
+        msg._properties = properties
+        msg.msg_id = msg_id
+        msg.queue_id = queue_id
+        msg.queue_offset = queue_offset
+        msg.born_timestamp_ms = born_timestamp_ms
+        msg.born_host = properties.get(MessageConst.BORN_HOST, "")
+        msg.store_timestamp_ms = store_timestamp_ms
+        msg.kafka_topic = kafka_topic
+        return msg
+
     @property
     def reconsume_times(self) -> int:
         """How many times the message was sent back for retry (``RECONSUME_TIME``)."""
