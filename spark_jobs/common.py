@@ -2,8 +2,10 @@
 topics with ``read_committed``, decoding records into message columns, and reports.
 
 Spark's Kafka source comes from the project's jar cache (filled by Maven, ``bridge fetch
-spark``) and is handed to Spark as local jars; ``--packages`` uses ``spark.jars.packages``
-instead (a machine with internet), and ``--no-jars`` adds nothing (``spark-submit --jars``).
+spark``) and is handed to Spark as local jars; ``--spark-jars packages`` uses
+``spark.jars.packages`` instead (a machine with internet). Under ``spark-submit`` the driver
+is already running, so its ``--jars`` must carry them: ``python -m spark_jobs.jars`` prints
+the list from the cache.
 """
 
 from __future__ import annotations
@@ -58,12 +60,20 @@ def kafka_jars(*, delta: bool = False) -> list[Path]:
     return jars
 
 
+def under_spark_submit() -> bool:
+    """True when ``spark-submit`` started this Python process (its JVM is already running,
+    so jars can no longer be added to the driver: pass ``spark-submit --jars``)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 def spark_session(
-    app_name: str, *, jars: str = "cache", master: str | None = None, delta: bool = False
+    app_name: str, *, jars: str = "auto", master: str | None = None, delta: bool = False
 ) -> SparkSession:
     """A session able to read Kafka (and write Delta Lake if ``delta``). ``jars``: ``cache``
-    (local jars from the cache), ``packages`` (``spark.jars.packages``) or ``none`` (given by
-    ``spark-submit``)."""
+    (local jars from the cache), ``packages`` (``spark.jars.packages``), ``none`` (given to
+    ``spark-submit --jars``), or ``auto``: ``none`` under ``spark-submit``, else ``cache``."""
+    if jars == "auto":
+        jars = "none" if under_spark_submit() else "cache"
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
@@ -167,10 +177,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         help="system topic namespace (env BRIDGE_NAMESPACE)",
     )
     parser.add_argument(
-        "--jars",
-        choices=("cache", "packages", "none"),
-        default=os.environ.get("BRIDGE_SPARK_JARS", "cache"),
-        help="where Spark's Kafka source comes from (env BRIDGE_SPARK_JARS)",
+        "--spark-jars",
+        dest="jars",
+        choices=("auto", "cache", "packages", "none"),
+        default=os.environ.get("BRIDGE_SPARK_JARS", "auto"),
+        help="where Spark's Kafka source comes from: the jar cache, spark.jars.packages, or "
+        "spark-submit --jars (auto: the latter under spark-submit, else the cache; "
+        "env BRIDGE_SPARK_JARS)",
     )
     parser.add_argument("--master", default=None, help="Spark master (default: local[*])")
 

@@ -13,7 +13,7 @@ one micro-batch every ``--interval`` (Spark's experimental continuous-processing
 deduplicate or write files, so it is not offered)::
 
     python -m spark_jobs.ingest --output /data/messages --checkpoint /data/ckpt/messages
-    spark-submit --py-files spark_jobs.zip spark_jobs/ingest.py --jars none ...
+    spark-submit --jars "$(python -m spark_jobs.jars)" spark_jobs/ingest.py --output ...
 """
 
 from __future__ import annotations

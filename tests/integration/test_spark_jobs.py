@@ -4,6 +4,9 @@ messages only, a stopped and restarted query, the transaction audit and the DLQ 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -35,7 +38,7 @@ from bridge.transaction.admin import read_parked
 from spark_jobs import dlq_report, transaction_audit
 from spark_jobs.common import spark_session
 from spark_jobs.ingest import IngestConfig, start_ingest
-from tests.conftest import wait_until
+from tests.conftest import REPO_ROOT, wait_until
 from topics.catalog import TopicSpec
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -298,3 +301,28 @@ def test_dlq_report_matches_the_retry_history(
     text = dlq_report.report(rows, tmp_path / "dlq.html")
     assert group in text
     assert "DLQ" in (tmp_path / "dlq.html").read_text()
+
+
+def test_a_job_runs_with_spark_submit(kafka_bootstrap: str, tmp_path: Path) -> None:
+    venv_bin = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYSPARK_PYTHON": sys.executable,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "BRIDGE_NAMESPACE": f"ns{uuid.uuid4().hex[:10]}",
+    }
+    chart = tmp_path / "dlq.html"
+    jars = subprocess.run(
+        [sys.executable, "-m", "spark_jobs.jars"], capture_output=True, text=True,
+        cwd=REPO_ROOT, check=True, timeout=120,
+    ).stdout.strip()  # fmt: skip
+    assert "spark-sql-kafka-0-10_2.13" in jars
+    proc = subprocess.run(
+        [str(venv_bin / "spark-submit"), "--master", "local[1]", "--jars", jars,
+         str(REPO_ROOT / "spark_jobs" / "dlq_report.py"), "--chart", str(chart)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "retries and dead letters by consumer group" in proc.stdout
+    assert chart.exists()
