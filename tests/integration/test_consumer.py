@@ -528,3 +528,29 @@ def test_malformed_retry_records_are_quarantined_with_their_reason(
     }
     assert "RETRY_TOPIC" in found[b"no origin"]
     assert "'many'" in found[b"bad count"]
+
+
+class RaisesOnce(MessageListenerConcurrently):
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+    ) -> ConsumeStatus:
+        self.seen += [m.reconsume_times for m in msgs]
+        if msgs[0].reconsume_times == 0:
+            raise RuntimeError("the database is down")
+        return ConsumeStatus.CONSUME_SUCCESS
+
+
+def test_a_listener_exception_counts_as_reconsume_later(
+    retry_config: ClientConfig, coordinator: Coordinator, consumers: list[PushConsumer],
+    unique: Callable[[str], str],
+) -> None:  # fmt: skip
+    topic = make_topic(retry_config, unique("t"))
+    listener = RaisesOnce()
+    consumer = start_consumer(consumers, retry_config, unique("g"), topic, listener)
+    send(retry_config, topic, ["boom"])
+    wait_until(lambda: listener.seen == [0, 1], timeout_s=30)
+    stats = consumer.stats()
+    assert (stats.failed, stats.sent_back, stats.consumed) == (1, 1, 1)
