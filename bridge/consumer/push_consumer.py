@@ -230,6 +230,20 @@ class PushConsumer(Startable):
         with self._stats_lock:
             return ConsumerStats(**self._counts)
 
+    @property
+    def _sender(self) -> Producer:
+        """The producer of copies (send-backs, quarantine), once started."""
+        if self._producer is None:
+            raise IllegalStateError(f"push consumer {self.group} is not started")
+        return self._producer
+
+    @property
+    def _pool(self) -> ThreadPoolExecutor:
+        """The listener threads, once started."""
+        if self._executor is None:
+            raise IllegalStateError(f"push consumer {self.group} is not started")
+        return self._executor
+
     def _count(self, name: str, n: int = 1) -> None:
         with self._stats_lock:
             self._counts[name] += n
@@ -446,7 +460,6 @@ class PushConsumer(Startable):
     def _quarantine(self, record: Any, pq: ProcessQueue, reason: Exception) -> None:
         """Copy ``record`` to QUARANTINE with ``reason`` and mark it done once acknowledged;
         until then it stays held (retried at the send-back retry interval)."""
-        assert self._producer is not None
         copy = quarantine_copy(
             self._catalog, record, f"{type(reason).__name__}: {reason}", f"consumer {self.group}"
         )
@@ -459,7 +472,7 @@ class PushConsumer(Startable):
             copy.timestamp_ms,
         )
         offset = record.offset()
-        result = self._producer.send_records_sync([prepared])[0]
+        result = self._sender.send_records_sync([prepared])[0]
         if isinstance(result, KafkaClientError):
             logger.warning("quarantine of %s failed, retrying later: %s", prepared.msg_id, result)
             placeholder = MessageExt("", msg_id=prepared.msg_id, queue_offset=offset)
@@ -631,7 +644,6 @@ class PushConsumer(Startable):
         """Cut ``msgs`` into consume requests (up to ``consume_message_batch_max_size``
         messages of one topic each) and hand them to the pool in chunks: the pool's cost is
         paid per chunk, and chunks stay small enough to keep every thread busy."""
-        assert self._executor is not None
         size = self.settings.consume_message_batch_max_size
         requests: list[list[MessageExt]] = []
         batch: list[MessageExt] = []
@@ -646,7 +658,7 @@ class PushConsumer(Startable):
             _MAX_REQUESTS_PER_TASK, -(-len(requests) // self.settings.consume_thread_count)
         )
         for i in range(0, len(requests), per_task):
-            self._executor.submit(self._consume_requests, pq, requests[i : i + per_task])
+            self._pool.submit(self._consume_requests, pq, requests[i : i + per_task])
 
     def _consume_requests(self, pq: ProcessQueue, requests: list[list[MessageExt]]) -> None:
         """Run the listener on each request, then send every failed message back at once."""
@@ -738,7 +750,6 @@ class PushConsumer(Startable):
         """Copy failed ``msgs`` to the retry topic or DLQ without waiting: each stays held
         until Kafka acknowledges its copy, then is done; a refused copy is consumed again
         locally. The listener threads never wait for the broker."""
-        assert self._producer is not None
         max_times = self.max_reconsume_times
         for msg, level in zip(msgs, levels, strict=True):
             route = retry_route(msg.reconsume_times, max_times, level)
@@ -761,7 +772,7 @@ class PushConsumer(Startable):
                     self._retry_locally(pq, [msg])
 
             try:
-                self._producer.send_record_async(record, record.partition, delivered)
+                self._sender.send_record_async(record, record.partition, delivered)
             except KafkaClientError as exc:
                 logger.warning(
                     "send-back of %s failed, consuming it again later: %s", msg.msg_id, exc
@@ -773,7 +784,6 @@ class PushConsumer(Startable):
     ) -> tuple[list[MessageExt], list[MessageExt]]:
         """Copy failed ``msgs`` (each with its listener's level, 0: the default) to the retry
         topic or DLQ together; return (acknowledged, not)."""
-        assert self._producer is not None
         max_times = self.max_reconsume_times if max_times is None else max_times
         routes = [
             retry_route(m.reconsume_times, max_times, level)
@@ -785,7 +795,7 @@ class PushConsumer(Startable):
             )
             for msg, route in zip(msgs, routes, strict=True)
         ]
-        results = self._producer.send_records_sync(records)
+        results = self._sender.send_records_sync(records)
         sent: list[MessageExt] = []
         kept: list[MessageExt] = []
         for msg, route, result in zip(msgs, routes, results, strict=True):
@@ -833,7 +843,6 @@ class PushConsumer(Startable):
 
     # --- orderly consumption -------------------------------------------------------------
     def _schedule_orderly(self, pq: ProcessQueue, delay_ms: int = 0) -> None:
-        assert self._executor is not None
         with pq.lock:
             if pq.orderly_scheduled and delay_ms == 0:
                 return
@@ -841,11 +850,10 @@ class PushConsumer(Startable):
         if delay_ms:
             self._after(delay_ms, lambda: self._resubmit_orderly(pq))
         else:
-            self._executor.submit(self._consume_orderly, pq)
+            self._pool.submit(self._consume_orderly, pq)
 
     def _resubmit_orderly(self, pq: ProcessQueue) -> None:
-        assert self._executor is not None
-        self._executor.submit(self._consume_orderly, pq)
+        self._pool.submit(self._consume_orderly, pq)
 
     def _consume_orderly(self, pq: ProcessQueue) -> None:
         """Consume ``pq`` in order until it is empty; a failed batch waits and is retried in
