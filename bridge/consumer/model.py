@@ -88,7 +88,6 @@ class ConsumeOrderlyContext:
 
     message_queue: MessageQueue
     suspend_current_queue_time_millis: int = -1
-    auto_commit: bool = True
 
 
 class MessageListenerConcurrently(abc.ABC):

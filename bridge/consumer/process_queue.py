@@ -69,11 +69,6 @@ class ProcessQueue:
         """How many messages are received and not done."""
         return len(self._held)
 
-    def contains(self, offset: int) -> bool:
-        """True if the message at ``offset`` is held."""
-        with self._lock:
-            return offset in self._held
-
     # --- running work ---------------------------------------------------------------------
     def begin(self) -> bool:
         """Count a listener call as running; False (and nothing counted) once dropped."""
@@ -118,8 +113,3 @@ class ProcessQueue:
         """Return messages taken by :meth:`take` to the head, in order (orderly retry)."""
         with self._lock:
             self._pending.extendleft(reversed(msgs))
-
-    @property
-    def pending(self) -> int:
-        """Messages waiting for an orderly task."""
-        return len(self._pending)

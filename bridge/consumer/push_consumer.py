@@ -60,8 +60,9 @@ from topics.naming import RETRY_GROUP_TOPIC_PREFIX, to_kafka_topic, validate_gro
 
 logger = logging.getLogger(__name__)
 
-ConcurrentCallback = Callable[[MessageExt], ConsumeStatus | None]
-Listener = MessageListenerConcurrently | MessageListenerOrderly | ConcurrentCallback
+MessageCallback = Callable[[MessageExt], ConsumeStatus | ConsumeOrderlyStatus | None]
+"""A per-message listener, as in RocketMQ's Python client."""
+Listener = MessageListenerConcurrently | MessageListenerOrderly | MessageCallback
 
 _POLL_TIMEOUT_S = 0.1
 _MAX_RECORDS_PER_POLL = 1000
@@ -106,13 +107,23 @@ class _Later:
     action: Callable[[], None] = field(compare=False)
 
 
-def _callback_status(result: object) -> bool:
-    """True if a callback's return value means success."""
-    if result is ConsumeStatus.CONSUME_SUCCESS or result is ConsumeOrderlyStatus.SUCCESS:
-        return True
-    if result is None:
-        logger.warning("a listener returned None: counted as RECONSUME_LATER")
-    return False
+def _leading_successes(callback: MessageCallback, msgs: list[MessageExt]) -> int:
+    """Call a per-message listener on ``msgs`` in order until one fails (a failure status,
+    None or an exception); return how many succeeded."""
+    for index, msg in enumerate(msgs):
+        try:
+            result = callback(msg)
+        except Exception:
+            logger.warning("listener raised on %s: a failure", msg.msg_id, exc_info=True)
+            return index
+        if (
+            result is not ConsumeStatus.CONSUME_SUCCESS
+            and result is not ConsumeOrderlyStatus.SUCCESS
+        ):
+            if result is None:
+                logger.warning("listener returned None for %s: a failure", msg.msg_id)
+            return index
+    return len(msgs)
 
 
 class PushConsumer(Startable):
@@ -714,16 +725,7 @@ class PushConsumer(Startable):
             if status is None:
                 logger.warning("listener returned None for %s: RECONSUME_LATER", msgs[0].msg_id)
             return -1
-        callback = cast(ConcurrentCallback, listener)
-        for index, msg in enumerate(msgs):
-            try:
-                ok = _callback_status(callback(msg))
-            except Exception:
-                logger.warning("listener raised on %s: RECONSUME_LATER", msg.msg_id, exc_info=True)
-                ok = False
-            if not ok:
-                return index - 1
-        return len(msgs) - 1
+        return _leading_successes(cast(MessageCallback, listener), msgs) - 1
 
     def _process_result(
         self,
@@ -750,12 +752,8 @@ class PushConsumer(Startable):
         """Copy failed ``msgs`` to the retry topic or DLQ without waiting: each stays held
         until Kafka acknowledges its copy, then is done; a refused copy is consumed again
         locally. The listener threads never wait for the broker."""
-        max_times = self.max_reconsume_times
         for msg, level in zip(msgs, levels, strict=True):
-            route = retry_route(msg.reconsume_times, max_times, level)
-            record = send_back_record(
-                msg, self.group, route, max_times, config=self.config, born_host=self._born_host
-            )
+            route, record = self._copy_of(msg, level)
 
             def delivered(
                 err: KafkaError | None, _: Any, msg: MessageExt = msg, route: RetryRoute = route
@@ -779,30 +777,29 @@ class PushConsumer(Startable):
                 )
                 self._retry_locally(pq, [msg])
 
-    def _send_back(
-        self, msgs: list[MessageExt], levels: list[int], *, max_times: int | None = None
-    ) -> tuple[list[MessageExt], list[MessageExt]]:
-        """Copy failed ``msgs`` (each with its listener's level, 0: the default) to the retry
-        topic or DLQ together; return (acknowledged, not)."""
-        max_times = self.max_reconsume_times if max_times is None else max_times
-        routes = [
-            retry_route(m.reconsume_times, max_times, level)
-            for m, level in zip(msgs, levels, strict=True)
-        ]
-        records = [
-            send_back_record(
-                msg, self.group, route, max_times, config=self.config, born_host=self._born_host
-            )
-            for msg, route in zip(msgs, routes, strict=True)
-        ]
-        results = self._sender.send_records_sync(records)
+    def _copy_of(self, msg: MessageExt, level: int) -> tuple[RetryRoute, PreparedRecord]:
+        """Where failed ``msg`` goes (its listener's ``level``, 0: the default) and the record
+        that takes it there."""
+        route = retry_route(msg.reconsume_times, self.max_reconsume_times, level)
+        record = send_back_record(
+            msg,
+            self.group,
+            route,
+            self.max_reconsume_times,
+            config=self.config,
+            born_host=self._born_host,
+        )
+        return route, record
+
+    def _dead_letter(self, msgs: list[MessageExt]) -> tuple[list[MessageExt], list[MessageExt]]:
+        """Copy ``msgs`` to the DLQ and wait for Kafka; return (acknowledged, not)."""
+        copies = [self._copy_of(msg, -1) for msg in msgs]
+        results = self._sender.send_records_sync([record for _, record in copies])
         sent: list[MessageExt] = []
         kept: list[MessageExt] = []
-        for msg, route, result in zip(msgs, routes, results, strict=True):
+        for msg, (route, _), result in zip(msgs, copies, results, strict=True):
             if isinstance(result, KafkaClientError):
-                logger.warning(
-                    "send-back of %s failed, consuming it again later: %s", msg.msg_id, result
-                )
+                logger.warning("DLQ copy of %s failed, retrying in place: %s", msg.msg_id, result)
                 kept.append(msg)
                 continue
             sent.append(msg)
@@ -915,16 +912,7 @@ class PushConsumer(Startable):
                 )
                 return 0
             return len(msgs) if status is ConsumeOrderlyStatus.SUCCESS else 0
-        callback = cast(ConcurrentCallback, listener)
-        for index, msg in enumerate(msgs):
-            try:
-                ok = _callback_status(callback(msg))
-            except Exception:
-                logger.warning("listener raised on %s: suspending", msg.msg_id, exc_info=True)
-                ok = False
-            if not ok:
-                return index
-        return len(msgs)
+        return _leading_successes(cast(MessageCallback, listener), msgs)
 
     def _orderly_failed(self, pq: ProcessQueue, failed: list[MessageExt]) -> list[MessageExt]:
         """RocketMQ's ``checkReconsumeTimes``: messages out of retries go to the DLQ (or are
@@ -939,7 +927,7 @@ class PushConsumer(Startable):
                 self._count("dropped", len(spent))
                 pq.remove(m.queue_offset for m in spent)
             else:
-                sent, kept = self._send_back(spent, [-1] * len(spent), max_times=limit)
+                sent, kept = self._dead_letter(spent)
                 pq.remove(m.queue_offset for m in sent)
                 retry = sorted(retry + kept, key=lambda m: m.queue_offset)
         for msg in retry:
