@@ -28,21 +28,24 @@ from bridge.consumer.admin import dlq_summary, replay_dead_letters
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.ERROR)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("bridge.kafka.rdkafka").setLevel(logging.ERROR)  # retriable hiccups
     config = ClientConfig.from_env()
     topic = f"example-orders-{uuid.uuid4().hex[:6]}"
     group = f"example_consumer_{uuid.uuid4().hex[:6]}"
     started = time.time()
     done = threading.Event()
     succeeded: set[str] = set()
+    printing = threading.Lock()  # listeners run on several threads: one line at a time
 
     def listener(msg: MessageExt) -> ConsumeStatus:
         body = msg.body.decode()
         failing = body == "order-4" or (body == "order-2" and msg.reconsume_times == 0)
-        print(
-            f"{time.time() - started:5.1f}s {body} (topic {msg.topic}, "
-            f"reconsume_times={msg.reconsume_times}) -> {'fail' if failing else 'ok'}"
-        )
+        with printing:
+            print(
+                f"{time.time() - started:5.1f}s {body} (topic {msg.topic}, "
+                f"reconsume_times={msg.reconsume_times}) -> {'fail' if failing else 'ok'}"
+            )
         if failing:
             return ConsumeStatus.RECONSUME_LATER
         succeeded.add(body)

@@ -90,9 +90,9 @@ def test_push_consumer_example_retries_dead_letters_and_replays(
             "push_consumer", kafka_bootstrap, namespace, {"BRIDGE_MESSAGE_DELAY_LEVEL": levels}
         )
     lines = out.splitlines()
-    assert sum("order-2" in line and "-> fail" in line for line in lines) == 1
-    assert any("order-2" in line and "reconsume_times=1) -> ok" in line for line in lines)
-    assert sum("order-4" in line and "-> fail" in line for line in lines) == 2
+    assert sum("order-2" in line and "-> fail" in line for line in lines) == 1, out
+    assert any("order-2" in line and "reconsume_times=1) -> ok" in line for line in lines), out
+    assert sum("order-4" in line and "-> fail" in line for line in lines) == 2, out
     assert "not for us" not in out
     assert any(line.startswith("DLQ of") and "1 message(s)" in line for line in lines), out
     assert "replayed 1 dead letter(s)" in out
