@@ -18,6 +18,10 @@ from topics.naming import to_kafka_topic
 
 Headers = list[tuple[str, bytes]]
 
+new_tuple = tuple.__new__
+"""``new_tuple(SomeNamedTuple, values)`` builds a NamedTuple without its Python-level
+``__new__``: for records built once per send or delivery."""
+
 
 class PreparedRecord(NamedTuple):
     """A message ready for ``confluent_kafka.Producer.produce``."""
@@ -48,8 +52,9 @@ def plain_record(  # noqa: PLR0917 - the fields of the record, in PreparedRecord
             (MessageConst.BORN_HOST, born_host),
         ]
     )
-    return PreparedRecord(
-        kafka_topic, msg.kafka_key(), msg.body, headers, msg_id, born_timestamp_ms, partition
+    return new_tuple(
+        PreparedRecord,
+        (kafka_topic, msg.kafka_key(), msg.body, headers, msg_id, born_timestamp_ms, partition),
     )
 
 

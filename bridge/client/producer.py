@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError
 
-from bridge.codec import PreparedRecord, plain_record
+from bridge.codec import PreparedRecord, new_tuple, plain_record
 from bridge.config import ClientConfig
 from bridge.delay.routing import delayed_record, without_delay
 from bridge.errors import (
@@ -40,6 +40,9 @@ OnException = Callable[[Exception], None]
 
 _POLL_INTERVAL_S = 0.02
 """How often the delivery thread checks whether senders went quiet, seconds."""
+_REPORTS_EVERY_SENDS = 32
+"""Asynchronous sends serve waiting delivery reports every this many sends: each poll hands
+the GIL around, so serving after every send costs more than the reports themselves."""
 _SYNC_FLUSH_SLICE_S = 0.005
 """A sync send waits in flush() slices this long, seconds (flush skips linger.ms)."""
 
@@ -87,6 +90,45 @@ class _SyncWaiter:
         self.event.set()
 
 
+class _AsyncReport:
+    """The delivery report handler of one ``send_async``.
+
+    One small object per message in flight and nothing else: confluent-kafka keeps it until
+    the report arrives, and a closure (function, cells, captured record) would keep several
+    objects per message alive for the garbage collector to walk through.
+    """
+
+    __slots__ = ("kafka_topic", "msg_id", "on_exception", "on_success", "topic")
+
+    def __init__(
+        self,
+        msg_id: str,
+        topic: str,
+        kafka_topic: str,
+        on_success: OnSuccess | None,
+        on_exception: OnException | None,
+    ) -> None:
+        self.msg_id = msg_id
+        self.topic = topic
+        self.kafka_topic = kafka_topic
+        self.on_success = on_success
+        self.on_exception = on_exception
+
+    def __call__(self, err: KafkaError | None, kmsg: Any) -> None:
+        try:
+            if err is not None:
+                error = translate_error(err, f"send of {self.msg_id} to {self.kafka_topic}")
+                if self.on_exception is not None:
+                    self.on_exception(error)
+                else:
+                    logger.warning("async send failed: %s", error)
+            elif self.on_success is not None:
+                stored = (SendStatus.SEND_OK, self.msg_id, kmsg.offset(), self.topic)
+                self.on_success(new_tuple(SendResult, (*stored, kmsg.partition())))
+        except Exception:
+            logger.exception("send callback for %s raised", self.msg_id)
+
+
 def _log_oneway_failure(err: KafkaError | None, kmsg: Any) -> None:
     if err is not None:
         logger.warning("oneway send to %s failed: %s", kmsg.topic(), err.str())
@@ -127,6 +169,10 @@ class Producer(Startable):
             catalog.topic(t) for t in (SystemTopic.HALF, SystemTopic.SCHEDULE, SystemTopic.TIMER)
         )
         self._system_topics_ready = False
+        self._max_message_bytes = self.config.max_message_bytes
+        self._sends_unserved = 0
+        """Asynchronous sends since reports were last served (approximate across threads)."""
+        self._namespace = self.config.namespace
         self._running = False
         """Mirrors ``state is RUNNING`` for a cheap check on every send."""
 
@@ -208,11 +254,11 @@ class Producer(Startable):
         body = msg.body
         if not body:
             raise InvalidMessageError("the message body length is zero")
-        if len(body) > self.config.max_message_bytes:
-            raise MessageTooLargeError(len(body), self.config.max_message_bytes)
-        kafka_topic = _kafka_topic(msg.topic, self.config.namespace)
-        msg_id = self._ids.next_id()
+        if len(body) > self._max_message_bytes:
+            raise MessageTooLargeError(len(body), self._max_message_bytes)
+        kafka_topic = _kafka_topic(msg.topic, self._namespace)
         born_ms = time.time_ns() // 1_000_000
+        msg_id = self._ids.next_id(born_ms)
         if msg.is_delayed:
             delayed = delayed_record(
                 msg, msg_id, born_ms, self._born_host.decode(), partition=partition,
@@ -235,6 +281,14 @@ class Producer(Startable):
             [catalog.spec(SystemTopic.HALF), catalog.spec(SystemTopic.OP)], strict=False
         )
         self._system_topics_ready = True
+
+    def _serve_reports(self) -> None:
+        """Serve waiting delivery reports on this (sending) thread every
+        ``_REPORTS_EVERY_SENDS`` sends; the delivery thread serves them once sends stop."""
+        self._sends_unserved += 1
+        if self._sends_unserved >= _REPORTS_EVERY_SENDS:
+            self._sends_unserved = 0
+            self._kafka.poll(0)
 
     def _produce(self, record: PreparedRecord, partition: int, callback: Any) -> None:
         if not self._system_topics_ready and record.kafka_topic in self._system_topics:
@@ -347,7 +401,7 @@ class Producer(Startable):
         """Send a prepared record; ``callback(err, kafka_message)`` gets the delivery report."""
         self._lifecycle.require_running()
         self._produce(record, partition, callback)
-        self._kafka.poll(0)
+        self._serve_reports()
 
     def send_async(
         self,
@@ -367,29 +421,13 @@ class Producer(Startable):
         if not self._running:
             self._lifecycle.require_running()
         record = self.prepare(msg, partition)
-        topic = msg.topic
-        msg_id = record.msg_id
-
-        def deliver(err: KafkaError | None, kmsg: Any) -> None:
-            try:
-                if err is not None:
-                    error = translate_error(err, f"send of {msg_id} to {record.kafka_topic}")
-                    if on_exception is not None:
-                        on_exception(error)
-                    else:
-                        logger.warning("async send failed: %s", error)
-                elif on_success is not None:
-                    on_success(
-                        SendResult(
-                            SendStatus.SEND_OK, msg_id, kmsg.offset(), topic, kmsg.partition()
-                        )
-                    )
-            except Exception:
-                logger.exception("send callback for %s raised", msg_id)
-
-        self._produce(record, record.partition, deliver)
-        self._kafka.poll(0)
-        return msg_id
+        self._produce(
+            record,
+            record.partition,
+            _AsyncReport(record.msg_id, msg.topic, record.kafka_topic, on_success, on_exception),
+        )
+        self._serve_reports()
+        return record.msg_id
 
     def send_oneway(self, msg: Message, *, partition: int = -1) -> str:
         """Send without any result; failures are only logged. Return the message id."""
@@ -397,7 +435,7 @@ class Producer(Startable):
             self._lifecycle.require_running()
         record = self.prepare(msg, partition)
         self._produce(record, record.partition, _log_oneway_failure)
-        self._kafka.poll(0)
+        self._serve_reports()
         return record.msg_id
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from bridge import ClientConfig, Message, Producer, SendStatus, read_messages
+from bridge import ClientConfig, Message, Producer, SendResult, SendStatus, read_messages
 from bridge.errors import (
     IllegalStateError,
     InvalidMessageError,
@@ -100,6 +100,19 @@ def test_send_async_and_oneway_deliver_every_message_once(
     assert len(set(sent_ids + oneway_ids)) == 600
     received = list(read_messages(client_config, [topic], max_messages=600))
     assert sorted(m.msg_id for m in received) == sorted(sent_ids + oneway_ids)
+
+
+def test_a_few_async_sends_get_their_results_without_flush(
+    client_config: ClientConfig, topic: str
+) -> None:
+    # Fewer sends than the sending thread serves reports for: the delivery thread must.
+    results: list[SendResult] = []
+    with Producer("pg", config=client_config) as producer:
+        ids = [producer.send_async(Message(topic, f"m{i}"), results.append) for i in range(3)]
+        wait_until(lambda: len(results) == 3, timeout_s=10)
+    assert sorted(r.msg_id for r in results) == sorted(ids)
+    assert sorted(r.offset for r in results) == [0, 1, 2]
+    assert {(r.status, r.topic, r.queue_id) for r in results} == {(SendStatus.SEND_OK, topic, 0)}
 
 
 def test_explicit_partition_is_honoured(client_config: ClientConfig, topic: str) -> None:
