@@ -65,6 +65,11 @@ MessageCallback = Callable[[MessageExt], ConsumeStatus | ConsumeOrderlyStatus | 
 Listener = MessageListenerConcurrently | MessageListenerOrderly | MessageCallback
 
 _POLL_TIMEOUT_S = 0.1
+_PAUSED_POLL_TIMEOUT_S = 0.005
+"""The poll timeout while a partition is paused, seconds: its listeners may drain it at any
+moment, and a paused partition fetches nothing, so waiting the full timeout would idle it."""
+_FETCH_WAIT_MAX_MS = 100
+"""librdkafka's ``fetch.wait.max.ms`` for push consumers (its default: 500 ms)."""
 _MAX_RECORDS_PER_POLL = 1000
 _MIN_RECORDS_PER_POLL = 100
 _BROADCAST_REFRESH_S = 30.0
@@ -304,7 +309,11 @@ class PushConsumer(Startable):
         )
         if clustering:
             self._kafka = new_consumer(
-                self.config, self.group, f"{self.group}-consumer", auto_offset_reset=reset
+                self.config,
+                self.group,
+                f"{self.group}-consumer",
+                auto_offset_reset=reset,
+                **self._fetch_tuning(),
             )
             self._kafka.subscribe(
                 list(self._topic_names),
@@ -319,12 +328,22 @@ class PushConsumer(Startable):
                 f"{self.group}.broadcast.{instance}",
                 f"{self.group}-broadcast",
                 auto_offset_reset=reset,
+                **self._fetch_tuning(),
             )
             self._assign_new_partitions()
         self._thread = threading.Thread(
             target=self._run, name=f"bridge-consumer-{self.group}", daemon=True
         )
         self._thread.start()
+
+    def _fetch_tuning(self) -> dict[str, Any]:
+        """Kafka's fetch wait, shortened unless the user set it: a fetch request spans every
+        assigned partition, so a partition resumed after flow control (pause at
+        ``pull_threshold_for_queue``) gets records only once the fetch in flight for the
+        others (an idle retry topic, say) returns, up to ``fetch.wait.max.ms`` later."""
+        if "fetch.wait.max.ms" in self.config.kafka:
+            return {}
+        return {"fetch_wait_max_ms": _FETCH_WAIT_MAX_MS}
 
     def shutdown(self) -> None:
         """Stop fetching, let running listeners finish (up to ``drain_timeout_ms``), commit
@@ -380,7 +399,8 @@ class PushConsumer(Startable):
             _MAX_RECORDS_PER_POLL,
             max(_MIN_RECORDS_PER_POLL, self.settings.pull_batch_size * len(self._queues)),
         )
-        records = self._kafka.consume(num_messages=limit, timeout=_POLL_TIMEOUT_S)
+        timeout = _PAUSED_POLL_TIMEOUT_S if self._paused else _POLL_TIMEOUT_S
+        records = self._kafka.consume(num_messages=limit, timeout=timeout)
         if records:
             self._receive(records)
         if time.monotonic() - self._last_commit >= (
