@@ -228,15 +228,16 @@ class Producer(Startable):
         return int(self._kafka.flush(timeout / 1000))
 
     def _poll_loop(self) -> None:
-        # Delivery reports are served on the sending threads while they send (confluent-kafka
-        # takes the GIL once per report, so serving them here at the same time would hand the
-        # GIL back and forth for every message); this thread serves them once senders are
-        # quiet, so no callback waits for the next send.
+        # Delivery reports are served on the sending threads every few sends (confluent-kafka
+        # takes the GIL once per report, so serving each as it arrives here would hand the GIL
+        # back and forth for every message); while senders are busy this thread serves what
+        # waits once per interval, so no report waits longer than that for the next sends.
         kafka = self._kafka
         while not self._stop_polling.is_set():
             if self._senders_active:
                 self._senders_active = False
                 self._stop_polling.wait(_POLL_INTERVAL_S)
+                kafka.poll(0)
             else:
                 kafka.poll(_POLL_INTERVAL_S)
 
