@@ -170,9 +170,9 @@ class Producer(Startable):
         )
         self._system_topics_ready = False
         self._max_message_bytes = self.config.max_message_bytes
+        self._namespace = self.config.namespace
         self._sends_unserved = 0
         """Asynchronous sends since reports were last served (approximate across threads)."""
-        self._namespace = self.config.namespace
         self._running = False
         """Mirrors ``state is RUNNING`` for a cheap check on every send."""
 
@@ -285,7 +285,7 @@ class Producer(Startable):
 
     def _serve_reports(self) -> None:
         """Serve waiting delivery reports on this (sending) thread every
-        ``_REPORTS_EVERY_SENDS`` sends; the delivery thread serves them once sends stop."""
+        ``_REPORTS_EVERY_SENDS`` sends; the delivery thread serves the rest (``_poll_loop``)."""
         self._sends_unserved += 1
         if self._sends_unserved >= _REPORTS_EVERY_SENDS:
             self._sends_unserved = 0

@@ -201,3 +201,9 @@ def test_subscribe_refuses_bad_input() -> None:
         consumer.subscribe("%RETRY%g", lambda m: None)
     with pytest.raises(IllegalStateError, match="subscribe"):
         consumer.start()
+
+
+def test_fetch_wait_is_shortened_unless_the_user_set_it() -> None:
+    assert PushConsumer("g")._fetch_tuning() == {"fetch_wait_max_ms": 100}
+    mine = ClientConfig(kafka={"fetch.wait.max.ms": "500"})
+    assert PushConsumer("g", config=mine)._fetch_tuning() == {}
