@@ -2,6 +2,10 @@
 
 Real, retry and DLQ topics carry plain records (see :mod:`bridge.message`); system topics carry
 the Avro ``MessageEnvelope`` (see :mod:`topics.avro`).
+
+Properties are binary-safe: :func:`header_bytes` writes a property value as a header (text as
+UTF-8, bytes as they are) and :func:`header_value` reads one back (text when the bytes are
+valid UTF-8, else the bytes), so ``header_bytes(header_value(raw)) == raw`` for any bytes.
 """
 
 from __future__ import annotations
@@ -10,10 +14,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from bridge.message import Message, MessageConst, MessageExt
+from bridge.errors import InvalidPropertyError
+from bridge.message import (
+    Message,
+    MessageConst,
+    MessageExt,
+    PropertyValue,
+    is_unicode,
+    parse_count,
+    property_text,
+)
 from topics.avro import default_registry
 from topics.catalog import TopicCatalog
-from topics.errors import InvalidTopicNameError
+from topics.errors import InvalidArgumentError, InvalidTopicNameError
 from topics.naming import to_kafka_topic
 
 Headers = list[tuple[str, bytes]]
@@ -63,37 +76,53 @@ _TIMESTAMP_LOG_APPEND_TIME = 2
 ENVELOPE_SCHEMA = "MessageEnvelope"
 
 
-def encode_headers(properties: Mapping[str, str]) -> Headers:
-    """Properties as Kafka headers (UTF-8 values)."""
-    return [(name, value.encode("utf-8")) for name, value in properties.items()]
+def header_bytes(value: PropertyValue) -> bytes:
+    """A property value as a Kafka header value: text as UTF-8, bytes as they are.
+
+    Text with a lone surrogate raises ``UnicodeEncodeError`` (the producer refuses such text
+    before it gets here, see ``Message.check_wire``).
+    """
+    return value.encode() if isinstance(value, str) else value
+
+
+def header_value(raw: bytes | str | None) -> PropertyValue:
+    """A Kafka header value as a property value: ``str`` when the bytes are valid UTF-8,
+    else the ``bytes`` themselves; a null value is ``""``. Inverse of :func:`header_bytes`."""
+    if raw is None:
+        return ""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return bytes(raw)
+
+
+def encode_headers(properties: Mapping[str, PropertyValue]) -> Headers:
+    """Properties as Kafka headers (see :func:`header_bytes`)."""
+    return [(name, header_bytes(value)) for name, value in properties.items()]
 
 
 RawHeaders = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None]
 
 
-def _header_text(value: str | bytes | None) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    return value.decode("utf-8", "surrogateescape")
-
-
-def decode_headers(headers: RawHeaders | None) -> dict[str, str]:
-    """Kafka headers as properties. Bytes that are not UTF-8 are kept losslessly
-    (``surrogateescape``); a null header value becomes ``""``; a repeated name keeps the last."""
+def decode_headers(headers: RawHeaders | None) -> dict[str, PropertyValue]:
+    """Kafka headers as properties (see :func:`header_value`): text when valid UTF-8, else
+    bytes; a null header value becomes ``""``; a repeated name keeps the last."""
     if not headers:
         return {}
     pairs = headers.items() if isinstance(headers, Mapping) else headers
-    # Inlined _header_text: this runs for every header of every record consumed.
-    return {
-        name: (
-            value.decode("utf-8", "surrogateescape")
-            if type(value) is bytes
-            else _header_text(value)
-        )
-        for name, value in pairs
-    }
+    out: dict[str, PropertyValue] = {}
+    # header_value inlined for bytes: this runs for every header of every record consumed.
+    for name, value in pairs:
+        if type(value) is bytes:
+            try:
+                out[name] = value.decode()
+            except UnicodeDecodeError:
+                out[name] = value
+        else:
+            out[name] = header_value(value)
+    return out
 
 
 def message_from_record(record: Any, catalog: TopicCatalog | None = None) -> MessageExt:
@@ -113,9 +142,11 @@ def message_from_record(record: Any, catalog: TopicCatalog | None = None) -> Mes
     ts_type, ts = record.timestamp()
     partition = record.partition()
     offset = record.offset()
-    msg_id = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or (
-        f"{kafka_topic}-{partition}-{offset}"
-    )
+    uniq = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+    if uniq:
+        msg_id = uniq if type(uniq) is str else property_text(uniq)
+    else:
+        msg_id = f"{kafka_topic}-{partition}-{offset}"
     value = record.value()
     return MessageExt.received(
         topic,
@@ -130,20 +161,52 @@ def message_from_record(record: Any, catalog: TopicCatalog | None = None) -> Mes
     )
 
 
+ENVELOPE_TEXT_ONLY_VERSION = 1
+"""``MessageEnvelope`` v1 holds text properties only; v2 adds ``binary_properties``."""
+
+
 def encode_envelope(
-    msg_id: str, body: bytes, properties: Mapping[str, str], born_timestamp_ms: int, born_host: str
+    msg_id: str,
+    body: bytes,
+    properties: Mapping[str, PropertyValue],
+    born_timestamp_ms: int,
+    born_host: str,
 ) -> bytes:
-    """A whole message as a ``MessageEnvelope`` record for a system topic."""
-    return default_registry().encode(
-        ENVELOPE_SCHEMA,
-        {
-            "msg_id": msg_id,
-            "body": body,
-            "properties": dict(properties),
-            "born_timestamp_ms": born_timestamp_ms,
-            "born_host": born_host,
-        },
-    )
+    """A whole message as a ``MessageEnvelope`` record for a system topic.
+
+    Text values go to ``properties``, bytes values to ``binary_properties`` (v2). A message
+    without bytes values is written in v1, which every version of the bridge reads (a rolling
+    upgrade keeps working); readers resolve either into the newest version. A text value with
+    a lone surrogate raises :class:`InvalidPropertyError` naming the property.
+    """
+    text: dict[str, str] = {}
+    binary: dict[str, bytes] = {}
+    for name, value in properties.items():
+        if isinstance(value, str):
+            text[name] = value
+        else:
+            binary[name] = bytes(value)
+    record: dict[str, Any] = {
+        "msg_id": msg_id,
+        "body": body,
+        "properties": text,
+        "born_timestamp_ms": born_timestamp_ms,
+        "born_host": born_host,
+    }
+    registry = default_registry()
+    try:
+        if binary:
+            record["binary_properties"] = binary
+            return registry.encode(ENVELOPE_SCHEMA, record)
+        return registry.encode(ENVELOPE_SCHEMA, record, version=ENVELOPE_TEXT_ONLY_VERSION)
+    except InvalidArgumentError as exc:
+        for name, value in text.items():
+            if not is_unicode(name) or not is_unicode(value):
+                raise InvalidPropertyError(
+                    f"property {name!r} is not valid Unicode text (a lone surrogate); "
+                    "pass bytes for a binary value"
+                ) from exc
+        raise
 
 
 def decode_envelope(data: bytes | None, topic: str = "") -> MessageExt:
@@ -155,18 +218,29 @@ def decode_envelope(data: bytes | None, topic: str = "") -> MessageExt:
 
 
 def envelope_to_message(record: Mapping[str, Any], topic: str = "") -> MessageExt:
-    """A decoded ``MessageEnvelope`` record as a message (see :func:`decode_envelope`)."""
-    props: dict[str, str] = dict(record["properties"])
-    return MessageExt(
-        topic or props.get(MessageConst.REAL_TOPIC, ""),
+    """A decoded ``MessageEnvelope`` record (any version) as a message, text and bytes
+    properties together (see :func:`decode_envelope`)."""
+    props: dict[str, PropertyValue] = dict(record["properties"])
+    binary = record.get("binary_properties")
+    if binary:
+        props.update(binary)
+    msg = MessageExt(
+        topic,
         record["body"],
         msg_id=record["msg_id"],
         born_timestamp_ms=record["born_timestamp_ms"],
         born_host=record["born_host"],
-        keys=props.get(MessageConst.KEYS),
-        tags=props.get(MessageConst.TAGS),
+        keys=_text_or_none(props.get(MessageConst.KEYS)),
+        tags=_text_or_none(props.get(MessageConst.TAGS)),
         properties=props,
     )
+    if not topic:
+        msg.topic = msg.get_property(MessageConst.REAL_TOPIC) or ""
+    return msg
+
+
+def _text_or_none(value: PropertyValue | None) -> str | None:
+    return None if value is None else property_text(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,18 +261,23 @@ def real_record(msg: MessageExt, namespace: str, removed: frozenset[str]) -> Rea
     delayed message whose time came): its ``REAL_TOPIC`` and ``REAL_QID``, key, body and born
     time, and every property but those in ``removed``."""
     real_topic = to_kafka_topic(msg.get_property(MessageConst.REAL_TOPIC) or msg.topic, namespace)
-    raw_qid = msg.get_property(MessageConst.REAL_QUEUE_ID) or "-1"
-    partition = int(raw_qid) if raw_qid.lstrip("-").isdigit() else -1
+    # -1 (or anything that is not a partition number) lets the key decide.
+    partition = parse_count(msg.get_property(MessageConst.REAL_QUEUE_ID))
     own = (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MessageConst.BORN_HOST)
     headers = [
         (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg.msg_id.encode()),
         (MessageConst.BORN_HOST, msg.born_host.encode()),
     ]
     headers += [
-        (name, value.encode())
+        (name, header_bytes(value))
         for name, value in msg.properties.items()
         if name not in removed and name not in own
     ]
     return RealRecord(
-        real_topic, max(partition, -1), msg.kafka_key(), msg.body, headers, msg.born_timestamp_ms
+        real_topic,
+        -1 if partition is None else partition,
+        msg.kafka_key(),
+        msg.body,
+        headers,
+        msg.born_timestamp_ms,
     )

@@ -6,9 +6,15 @@ On a real topic a message is a plain Kafka record that any Kafka client reads:
 * value = body;
 * key = the sharding key if set, else the keys joined by spaces, else no key;
 * timestamp = the born timestamp (CreateTime);
-* headers = every property under RocketMQ's name as UTF-8: ``UNIQ_KEY`` (message id),
-  ``TAGS``, ``KEYS``, ``BORN_HOST``, the user's properties, and the system properties a
-  feature adds (``RECONSUME_TIME``, ``ORIGIN_MESSAGE_ID``, ...).
+* headers = every property under RocketMQ's name: ``UNIQ_KEY`` (message id), ``TAGS``,
+  ``KEYS``, ``BORN_HOST``, the user's properties, and the system properties a feature adds
+  (``RECONSUME_TIME``, ``ORIGIN_MESSAGE_ID``, ...).
+
+A property value is :data:`PropertyValue`, ``str | bytes`` (binary-safe properties): text is
+written as UTF-8 and bytes as they are; a header read back is ``str`` when its bytes are valid
+UTF-8 and ``bytes`` otherwise, so whatever another Kafka client wrote in its headers (binary
+trace contexts, schema ids) is kept byte for byte through every copy (retry, DLQ, delay,
+transactions, replay). System properties are always text (:meth:`Message.get_property`).
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ import socket
 import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Literal, overload
 
+from bridge.delay.model import InvalidDelayError
 from bridge.errors import InvalidMessageError, InvalidPropertyError
+
+PropertyValue = str | bytes
+"""A property's value: text (UTF-8 on the wire) or bytes (written as they are)."""
 
 
 class MessageConst:
@@ -52,6 +62,12 @@ class MessageConst:
     SHARDING_KEY: Final = "__SHARDINGKEY"
     BORN_HOST: Final = "BORN_HOST"
     """Not a RocketMQ property (RocketMQ keeps it in the message header): the sender's host."""
+    DELIVERY_ATTEMPTS: Final = "DELIVERY_ATTEMPTS"
+    """Not a RocketMQ property: how many times delivering a delayed or committed message to
+    its real topic failed so far; removed when it gets there."""
+    DELIVERY_ERROR: Final = "DELIVERY_ERROR"
+    """Not a RocketMQ property: why the last delivery attempt failed (at most 500 characters);
+    removed when the message reaches its real topic."""
 
     KEY_SEPARATOR: Final = " "
 
@@ -73,6 +89,77 @@ RESERVED_PROPERTIES: Final = frozenset(
     if k.isupper() and k != "KEY_SEPARATOR" and v not in USER_SETTABLE_PROPERTIES
 )
 """Names a user property may not take (RocketMQ's ``putUserProperty`` refuses them too)."""
+
+SYSTEM_PROPERTIES: Final = RESERVED_PROPERTIES | USER_SETTABLE_PROPERTIES
+"""Every :class:`MessageConst` name: their values are text."""
+
+SystemPropertyName = Literal[
+    "KEYS",
+    "TAGS",
+    "WAIT",
+    "DELAY",
+    "RETRY_TOPIC",
+    "REAL_TOPIC",
+    "REAL_QID",
+    "TRAN_MSG",
+    "PGROUP",
+    "ORIGIN_MESSAGE_ID",
+    "RECONSUME_TIME",
+    "UNIQ_KEY",
+    "MAX_RECONSUME_TIMES",
+    "CONSUME_START_TIME",
+    "TRAN_PREPARED_QUEUE_OFFSET",
+    "TRANSACTION_CHECK_TIMES",
+    "CHECK_IMMUNITY_TIME_IN_SECONDS",
+    "TIMER_DELIVER_MS",
+    "TIMER_DELAY_SEC",
+    "TIMER_DELAY_MS",
+    "__transactionId__",
+    "__SHARDINGKEY",
+    "BORN_HOST",
+    "DELIVERY_ATTEMPTS",
+    "DELIVERY_ERROR",
+]
+"""The values of :data:`SYSTEM_PROPERTIES` as a type: ``get_property(MessageConst.X)`` is
+``str | None``."""
+
+_MAX_COUNT_DIGITS: Final = 18
+"""Longer counts are refused: 18 digits always fit a signed 64-bit integer."""
+
+
+def parse_count(raw: PropertyValue | None) -> int | None:
+    """A count property (``RECONSUME_TIME``, ``TRANSACTION_CHECK_TIMES``, ...) as an int, or
+    None unless ``raw`` is 1 to 18 ASCII digits: missing, empty, signed, spaced, or non-ASCII
+    digits such as ``"²"`` (which ``str.isdigit()`` accepts and ``int()`` refuses) give None.
+    Pure and cheap."""
+    if not raw or len(raw) > _MAX_COUNT_DIGITS or not raw.isascii() or not raw.isdigit():
+        return None
+    return int(raw)
+
+
+def property_text(value: PropertyValue) -> str:
+    """A property value as text: bytes decode as UTF-8, U+FFFD replacing what is not."""
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")
+
+
+def is_unicode(text: str) -> bool:
+    """True if ``text`` can be written as UTF-8, i.e. holds no lone surrogate (such as
+    ``"\\ud800"``, which Python strings allow and UTF-8 does not)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(text: str) -> str:
+    """Where the first lone surrogate of ``text`` is, for error messages."""
+    for index, char in enumerate(text):
+        if 0xD800 <= ord(char) <= 0xDFFF:
+            return f"a lone surrogate U+{ord(char):04X} at index {index}"
+    return "no lone surrogate"  # pragma: no cover - called for text that has one
 
 
 def now_ms() -> int:
@@ -157,6 +244,10 @@ def _normalise_keys(keys: str | Iterable[str] | None) -> list[str]:
         return []
     if isinstance(keys, str):
         return [k for k in keys.split(MessageConst.KEY_SEPARATOR) if k]
+    if isinstance(keys, bytes | bytearray | memoryview) or not isinstance(keys, Iterable):
+        raise InvalidMessageError(
+            f"keys must be a string or an iterable of strings, got {type(keys).__name__}"
+        )
     out = []
     for k in keys:
         if not isinstance(k, str) or not k or MessageConst.KEY_SEPARATOR in k:
@@ -165,17 +256,54 @@ def _normalise_keys(keys: str | Iterable[str] | None) -> list[str]:
     return out
 
 
-def _check_user_property(name: object, value: object) -> None:
+def _check_property_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise InvalidPropertyError(f"a property name must be a non-empty string, got {name!r}")
-    if name in RESERVED_PROPERTIES:
+    if not is_unicode(name):
         raise InvalidPropertyError(
-            f"the property {name!r} is used by the system; choose another name"
+            f"the property name {name!r} is not valid Unicode text ({_lone_surrogate(name)})"
         )
-    if not isinstance(value, str):
+    return name
+
+
+def _property_value(name: str, value: object) -> PropertyValue:
+    """``value`` as a property value: text that is valid Unicode, or bytes."""
+    if isinstance(value, str):
+        if not is_unicode(value):
+            raise InvalidPropertyError(
+                f"property {name!r} is not valid Unicode text ({_lone_surrogate(value)}); "
+                "pass bytes for a binary value"
+            )
+        return value
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise InvalidPropertyError(
+        f"property {name!r} must have a string value or bytes, got {type(value).__name__}"
+    )
+
+
+def _check_user_property(name: object, value: object) -> PropertyValue:
+    checked = _check_property_name(name)
+    if checked in RESERVED_PROPERTIES:
         raise InvalidPropertyError(
-            f"property {name!r} must have a string value, got {type(value).__name__}"
+            f"the property {checked!r} is used by the system; choose another name"
         )
+    if checked in USER_SETTABLE_PROPERTIES and not isinstance(value, str):
+        raise InvalidPropertyError(
+            f"property {checked!r} must have a string value, got {type(value).__name__}"
+        )
+    return _property_value(checked, value)
+
+
+def _delay_number(setter: str, value: float | str) -> int:
+    """``value`` (a timer setter's argument) as a whole number, or :class:`InvalidDelayError`
+    for what has none (``nan``, ``inf``, ``"soon"``, ``None``)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidDelayError(f"{setter} needs a finite whole number, got {value!r}") from None
 
 
 class Message:
@@ -183,7 +311,8 @@ class Message:
 
     ``body`` is bytes (a ``str`` is encoded as UTF-8). ``keys`` are business keys (a string of
     space-separated keys or a list), ``tags`` one tag used for filtering. ``properties`` are
-    user properties; system properties (``MessageConst``) are set through the methods.
+    user properties, text or bytes; system properties (``MessageConst``) are set through the
+    methods.
     """
 
     __slots__ = ("_body", "_keys", "_properties", "tags", "topic")
@@ -195,7 +324,7 @@ class Message:
         *,
         keys: str | Iterable[str] | None = None,
         tags: str | None = None,
-        properties: Mapping[str, str] | None = None,
+        properties: Mapping[str, PropertyValue] | None = None,
         delay_time_level: int = 0,
         sharding_key: str | None = None,
     ) -> None:
@@ -207,14 +336,20 @@ class Message:
         else:
             self.body = body
         self._keys = _normalise_keys(keys) if keys is not None else []
+        if tags is not None and not isinstance(tags, str):
+            raise InvalidMessageError(f"tags must be a string, got {type(tags).__name__}")
         self.tags = tags
-        self._properties: dict[str, str] = {}
+        self._properties: dict[str, PropertyValue] = {}
         if properties:
             for name, value in properties.items():
                 self.put_user_property(name, value)
         if delay_time_level:
             self.set_delay_time_level(delay_time_level)
         if sharding_key is not None:
+            if not isinstance(sharding_key, str):
+                raise InvalidMessageError(
+                    f"the sharding key must be a string, got {type(sharding_key).__name__}"
+                )
             self._properties[MessageConst.SHARDING_KEY] = sharding_key
 
     # --- body, keys, tags -------------------------------------------------------------
@@ -256,29 +391,59 @@ class Message:
 
     # --- properties -------------------------------------------------------------------
     @property
-    def properties(self) -> dict[str, str]:
-        """All properties (user and system), a copy."""
+    def properties(self) -> dict[str, PropertyValue]:
+        """All properties (user and system), a copy; values as they travel (text or bytes)."""
         return dict(self._properties)
 
     @property
-    def user_properties(self) -> dict[str, str]:
+    def user_properties(self) -> dict[str, PropertyValue]:
         """The properties the user set."""
         return {k: v for k, v in self._properties.items() if k not in RESERVED_PROPERTIES}
 
-    def put_user_property(self, name: str, value: str) -> None:
-        """Set a user property; a reserved name raises :class:`InvalidPropertyError`."""
-        _check_user_property(name, value)
-        self._properties[name] = value
+    def put_user_property(self, name: str, value: str | bytes | bytearray | memoryview) -> None:
+        """Set a user property: text (valid Unicode) or bytes (kept as they are; a bytearray
+        or memoryview is copied to bytes).
+
+        A reserved name, a lone surrogate in a name or text value, or another type raises
+        :class:`InvalidPropertyError` naming the property.
+        """
+        if (
+            type(name) is str
+            and type(value) is str
+            and name.isascii()
+            and value.isascii()
+            and name
+            and name not in RESERVED_PROPERTIES
+            and name not in USER_SETTABLE_PROPERTIES
+        ):
+            self._properties[name] = value  # the common case, valid as it is
+        else:
+            self._properties[name] = _check_user_property(name, value)
 
     set_property = put_user_property
     """The name RocketMQ's Python client uses."""
 
-    def get_property(self, name: str) -> str | None:
-        """Any property, user or system."""
-        return self._properties.get(name)
+    @overload
+    def get_property(self, name: SystemPropertyName) -> str | None: ...
+    @overload
+    def get_property(self, name: str) -> PropertyValue | None: ...
+    def get_property(self, name: str) -> PropertyValue | None:
+        """Any property, user or system: ``str``, or ``bytes`` for a value that is not text.
 
-    def put_system_property(self, name: str, value: str) -> None:
-        """Set a system property (used by the producer and the services)."""
+        System properties (:data:`SYSTEM_PROPERTIES`) always read as text: one that arrived
+        as bytes that are not UTF-8 (another client's header under a reserved name) reads
+        with U+FFFD for the bad bytes, while :attr:`properties` keeps the bytes.
+        """
+        value = self._properties.get(name)
+        if type(value) is bytes and name in SYSTEM_PROPERTIES:
+            return value.decode("utf-8", "replace")
+        return value
+
+    def put_system_property(self, name: str, value: PropertyValue) -> None:
+        """Set a system property (used by the producer and the services); not validated
+        (the producer checks what it sends)."""
+        if type(value) is not str and type(value) is not bytes:
+            value = bytes(value) if isinstance(value, bytearray | memoryview) else value
         self._properties[name] = value
 
     def clear_property(self, name: str) -> None:
@@ -288,9 +453,8 @@ class Message:
     # --- delay --------------------------------------------------------------------------
     @property
     def delay_time_level(self) -> int:
-        """RocketMQ 4's delay level (0: none)."""
-        raw = self._properties.get(MessageConst.DELAY_TIME_LEVEL)
-        return int(raw) if raw else 0
+        """RocketMQ 4's delay level (0: none, or not a number)."""
+        return parse_count(self._properties.get(MessageConst.DELAY_TIME_LEVEL)) or 0
 
     def set_delay_time_level(self, level: int) -> None:
         """Deliver after delay level ``level``; 0 or below means no delay."""
@@ -308,32 +472,79 @@ class Message:
         return bool(props) and any(name in props for name in DELAY_PROPERTIES)
 
     def set_deliver_time_ms(self, epoch_ms: int) -> None:
-        """RocketMQ 5's ``setDeliverTimeMs``: deliver at ``epoch_ms`` (epoch milliseconds)."""
-        self._properties[MessageConst.TIMER_DELIVER_MS] = str(int(epoch_ms))
+        """RocketMQ 5's ``setDeliverTimeMs``: deliver at ``epoch_ms`` (epoch milliseconds).
+
+        Not a finite number (``nan``, ``inf``, ``"soon"``): :class:`InvalidDelayError`.
+        """
+        due = _delay_number("set_deliver_time_ms", epoch_ms)
+        self._properties[MessageConst.TIMER_DELIVER_MS] = str(due)
 
     def set_delay_time_ms(self, delay_ms: int) -> None:
-        """RocketMQ 5's ``setDelayTimeMs``: deliver ``delay_ms`` milliseconds after sending."""
-        self._properties[MessageConst.TIMER_DELAY_MS] = str(int(delay_ms))
+        """RocketMQ 5's ``setDelayTimeMs``: deliver ``delay_ms`` milliseconds after sending.
+
+        Not a finite number: :class:`InvalidDelayError`.
+        """
+        delay = _delay_number("set_delay_time_ms", delay_ms)
+        self._properties[MessageConst.TIMER_DELAY_MS] = str(delay)
 
     def set_delay_time_sec(self, delay_sec: int) -> None:
-        """RocketMQ 5's ``setDelayTimeSec``: deliver ``delay_sec`` seconds after sending."""
-        self._properties[MessageConst.TIMER_DELAY_SEC] = str(int(delay_sec))
+        """RocketMQ 5's ``setDelayTimeSec``: deliver ``delay_sec`` seconds after sending.
+
+        Not a finite number: :class:`InvalidDelayError`.
+        """
+        delay = _delay_number("set_delay_time_sec", delay_sec)
+        self._properties[MessageConst.TIMER_DELAY_SEC] = str(delay)
 
     @property
     def sharding_key(self) -> str | None:
         """The key that picks the partition (RocketMQ 5's message group), if any."""
-        return self._properties.get(MessageConst.SHARDING_KEY)
+        return self.get_property(MessageConst.SHARDING_KEY)
 
     def kafka_key(self) -> bytes | None:
         """The Kafka record key: sharding key, else keys joined by spaces, else None."""
         sharding = self._properties.get(MessageConst.SHARDING_KEY)
         if sharding is not None:
-            return sharding.encode("utf-8")
+            return sharding.encode() if isinstance(sharding, str) else sharding
         if self._keys:
             return MessageConst.KEY_SEPARATOR.join(self._keys).encode("utf-8")
         return None
 
-    def wire_properties(self) -> dict[str, str]:
+    def check_wire(self) -> None:
+        """Raise the typed error for content that cannot travel: tags or a sharding key that
+        are not strings, text with a lone surrogate in tags, keys or a property
+        (:class:`InvalidMessageError`, :class:`InvalidPropertyError` naming the property).
+
+        Building a record fails on such content anyway; the producer calls this only then,
+        so valid messages pay nothing for the diagnosis.
+        """
+        tags = self.tags
+        if tags is not None:
+            if not isinstance(tags, str):
+                raise InvalidMessageError(f"tags must be a string, got {type(tags).__name__}")
+            if not is_unicode(tags):
+                raise InvalidMessageError(
+                    f"tags {tags!r} are not valid Unicode text ({_lone_surrogate(tags)})"
+                )
+        for key in self._keys:
+            if not is_unicode(key):
+                raise InvalidMessageError(
+                    f"keys {self._keys!r} are not valid Unicode text ({_lone_surrogate(key)})"
+                )
+        for name, value in self._properties.items():
+            if name == MessageConst.SHARDING_KEY:
+                if not isinstance(value, str | bytes):
+                    raise InvalidMessageError(
+                        f"the sharding key must be a string, got {type(value).__name__}"
+                    )
+                if isinstance(value, str) and not is_unicode(value):
+                    raise InvalidMessageError(
+                        f"the sharding key {value!r} is not valid Unicode text "
+                        f"({_lone_surrogate(value)})"
+                    )
+                continue
+            _property_value(_check_property_name(name), value)
+
+    def wire_properties(self) -> dict[str, PropertyValue]:
         """Every property as it travels, with ``KEYS`` and ``TAGS`` folded in."""
         props = dict(self._properties)
         if self._keys:
@@ -343,13 +554,14 @@ class Message:
         return props
 
     def wire_headers(self, head: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
-        """Append :meth:`wire_properties` to ``head`` as Kafka headers (UTF-8); return it.
+        """Append :meth:`wire_properties` to ``head`` as Kafka headers (text as UTF-8, bytes
+        as they are); return it.
 
         The same content as ``encode_headers(wire_properties())``, without the copies: this
-        runs once per send.
+        runs once per send (``bridge.codec.header_bytes``, inlined).
         """
         for name, value in self._properties.items():
-            head.append((name, value.encode()))
+            head.append((name, value.encode() if isinstance(value, str) else value))
         if self._keys:
             head.append((MessageConst.KEYS, MessageConst.KEY_SEPARATOR.join(self._keys).encode()))
         if self.tags:
@@ -409,7 +621,7 @@ class MessageExt(Message):
         kafka_topic: str = "",
         keys: str | Iterable[str] | None = None,
         tags: str | None = None,
-        properties: Mapping[str, str] | None = None,
+        properties: Mapping[str, PropertyValue] | None = None,
     ) -> None:
         super().__init__(topic, body, keys=keys, tags=tags)
         # Received properties are taken as they are, system ones included.
@@ -427,7 +639,7 @@ class MessageExt(Message):
         cls,
         topic: str,
         body: bytes,
-        properties: dict[str, str],
+        properties: dict[str, PropertyValue],
         *,
         msg_id: str,
         queue_id: int,
@@ -437,29 +649,35 @@ class MessageExt(Message):
         kafka_topic: str,
     ) -> MessageExt:
         """A consumed message from its decoded parts, without re-validating them: keys and
-        tags come from the ``KEYS``/``TAGS`` properties, the born host from ``BORN_HOST``;
-        ``properties`` is taken over, not copied."""
+        tags come from the ``KEYS``/``TAGS`` properties, the born host from ``BORN_HOST``
+        (as text, see :meth:`get_property`); ``properties`` is taken over, not copied."""
         msg = cls.__new__(cls)
         msg.topic = topic
         msg._body = body
         raw_keys = properties.get(MessageConst.KEYS)
-        msg._keys = [k for k in raw_keys.split(MessageConst.KEY_SEPARATOR) if k] if raw_keys else []
-        msg.tags = properties.get(MessageConst.TAGS)
+        if raw_keys:
+            text = raw_keys if type(raw_keys) is str else property_text(raw_keys)
+            msg._keys = [k for k in text.split(MessageConst.KEY_SEPARATOR) if k]
+        else:
+            msg._keys = []
+        tags = properties.get(MessageConst.TAGS)
+        msg.tags = tags if tags is None or type(tags) is str else property_text(tags)
         msg._properties = properties
         msg.msg_id = msg_id
         msg.queue_id = queue_id
         msg.queue_offset = queue_offset
         msg.born_timestamp_ms = born_timestamp_ms
-        msg.born_host = properties.get(MessageConst.BORN_HOST, "")
+        host = properties.get(MessageConst.BORN_HOST, "")
+        msg.born_host = host if type(host) is str else property_text(host)
         msg.store_timestamp_ms = store_timestamp_ms
         msg.kafka_topic = kafka_topic
         return msg
 
     @property
     def reconsume_times(self) -> int:
-        """How many times the message was sent back for retry (``RECONSUME_TIME``)."""
-        raw = self.get_property(MessageConst.RECONSUME_TIME)
-        return int(raw) if raw and raw.isdigit() else 0
+        """How many times the message was sent back for retry (``RECONSUME_TIME``); 0 when
+        the property is missing or not ASCII digits (see :func:`parse_count`)."""
+        return parse_count(self._properties.get(MessageConst.RECONSUME_TIME)) or 0
 
     @property
     def transaction_id(self) -> str | None:

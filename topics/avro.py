@@ -78,6 +78,7 @@ class SchemaRegistry:
 
     def __init__(self, schemas: Mapping[tuple[str, int], Mapping[str, Any]]) -> None:
         self._by_fingerprint: dict[bytes, SchemaVersion] = {}
+        self._by_version: dict[tuple[str, int], SchemaVersion] = {}
         self._latest: dict[str, SchemaVersion] = {}
         for (name, version), schema in sorted(schemas.items()):
             full_name = schema.get("name")
@@ -92,6 +93,7 @@ class SchemaRegistry:
                 fingerprint=schema_fingerprint(schema),
             )
             self._by_fingerprint[entry.fingerprint] = entry
+            self._by_version[(name, version)] = entry
             self._latest[name] = entry
 
     @classmethod
@@ -116,9 +118,18 @@ class SchemaRegistry:
         except KeyError:
             raise UnknownSchemaError(f"no schema named {name!r} is known") from None
 
-    def encode(self, name: str, record: Mapping[str, Any]) -> bytes:
-        """Encode ``record`` with the newest version of ``name`` (single object encoding)."""
-        schema = self.latest(name)
+    def version(self, name: str, version: int) -> SchemaVersion:
+        """Version ``version`` of the schema ``name``."""
+        try:
+            return self._by_version[(name, version)]
+        except KeyError:
+            raise UnknownSchemaError(f"no schema {name!r} v{version} is known") from None
+
+    def encode(self, name: str, record: Mapping[str, Any], version: int | None = None) -> bytes:
+        """Encode ``record`` with the newest version of ``name`` (single object encoding), or
+        with ``version``: a writer may keep writing an older version while the record fits
+        it, so that readers which do not know the newer one yet can still read it."""
+        schema = self.latest(name) if version is None else self.version(name, version)
         buf = io.BytesIO()
         buf.write(SINGLE_OBJECT_MARKER)
         buf.write(schema.fingerprint)

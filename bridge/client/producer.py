@@ -2,6 +2,11 @@
 
 Sends are idempotent and acknowledged by all in-sync replicas (``acks=all``), so a retried
 send never duplicates a record. Every send is bounded by ``send_msg_timeout_ms``.
+
+:meth:`Producer.prepare` checks what can be checked before sending, each with a typed error
+naming the problem: argument types and text that is not valid Unicode, delays, the body size
+and the size of properties, keys and tags, Kafka's internal and the bridge's system topics,
+and an explicit partition against the topic's partition count.
 """
 
 from __future__ import annotations
@@ -12,15 +17,18 @@ import time
 from collections.abc import Callable
 from enum import Enum
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
-from bridge.codec import PreparedRecord, new_tuple, plain_record
+from bridge.codec import PreparedRecord, header_bytes, new_tuple, plain_record
 from bridge.config import ClientConfig
 from bridge.delay.routing import delayed_record, without_delay
 from bridge.errors import (
+    InvalidArgumentError,
     InvalidMessageError,
+    InvalidPropertyError,
+    InvalidTopicNameError,
     KafkaClientError,
     MessageTooLargeError,
     SendError,
@@ -31,7 +39,7 @@ from bridge.kafka.clients import new_producer, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageIdGenerator, local_ipv4
 from topics.catalog import SystemTopic
-from topics.naming import to_kafka_topic, validate_group
+from topics.naming import kafka_collision_key, to_kafka_topic, validate_group
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +74,64 @@ class SendResult(NamedTuple):
     queue_id: int
 
 
+MAX_PROPERTIES_BYTES: Final = 32_767
+"""The largest a message's properties, keys and tags may be together, in bytes, measured as
+RocketMQ encodes them (each ``name`` and value in UTF-8, plus 2 separator bytes): RocketMQ's
+broker refuses a properties block over ``Short.MAX_VALUE`` bytes. Without this limit a
+message with megabytes of properties would only fail at the broker, as a generic send error."""
+_OWN_HEADERS_BYTES: Final = 128
+"""Room left for what the producer adds (``UNIQ_KEY``, ``BORN_HOST``, ``REAL_TOPIC``, ...)."""
+_TAGS_ALWAYS_FIT: Final = (MAX_PROPERTIES_BYTES - _OWN_HEADERS_BYTES) // 4
+"""Tags this many characters or fewer (4 UTF-8 bytes at most each) always fit: a message
+without properties or keys needs no measuring."""
+_PARTITION_COUNT_TTL_S: Final = 30.0
+"""How long a topic's partition count is trusted for checking explicit partitions, seconds."""
+_PARTITION_COUNT_CACHE_SIZE: Final = 4096
+
+_SYSTEM_TOPIC_NAMES: Final = frozenset(system.value for system in SystemTopic)
+
+
 @lru_cache(maxsize=4096)
 def _kafka_topic(topic: str, namespace: str) -> str:
-    return to_kafka_topic(topic, namespace)
+    """The Kafka topic a message for ``topic`` goes to; raises
+    :class:`InvalidTopicNameError` for names that cannot be mapped and for topics no message
+    may be sent to: Kafka's internal topics (``__consumer_offsets``, ...) and the bridge's
+    system topics, by their RocketMQ name (``SCHEDULE_TOPIC_XXXX``) or their Kafka name
+    (``<namespace>.SCHEDULE_TOPIC_XXXX``, refused by :func:`to_kafka_topic`). Cached, so a
+    send pays nothing for the checks. ``%RETRY%<group>`` and ``%DLQ%<group>`` are allowed,
+    as RocketMQ allows them."""
+    if topic in _SYSTEM_TOPIC_NAMES:
+        raise InvalidTopicNameError(
+            topic,
+            "is a system topic of the bridge; delayed and transactional messages get there "
+            "by being sent to their real topic",
+        )
+    kafka_topic = to_kafka_topic(topic, namespace)
+    # Kafka treats '.' and '_' alike in topic names, so '._x' would collide with '__x'.
+    if kafka_collision_key(kafka_topic).startswith("__"):
+        raise InvalidTopicNameError(
+            topic, "names starting with '__' are Kafka's internal topics (__consumer_offsets, ...)"
+        )
+    return kafka_topic
+
+
+def _properties_size(msg: Message) -> int:
+    """The bytes of ``msg``'s properties, keys and tags as RocketMQ encodes them (see
+    :data:`MAX_PROPERTIES_BYTES`)."""
+    return sum(
+        len(name.encode()) + len(header_bytes(value)) + 2
+        for name, value in msg.wire_properties().items()
+    )
+
+
+def _properties_too_large(size: int) -> MessageTooLargeError:
+    error = MessageTooLargeError(size, MAX_PROPERTIES_BYTES)
+    # MessageTooLargeError words its message for the body; say what was measured here.
+    error.args = (
+        f"message properties, keys and tags are {size} bytes encoded, more than the "
+        f"{MAX_PROPERTIES_BYTES} bytes a RocketMQ broker accepts (Short.MAX_VALUE)",
+    )
+    return error
 
 
 class _SyncWaiter:
@@ -171,6 +234,8 @@ class Producer(Startable):
         self._system_topics_ready = False
         self._max_message_bytes = self.config.max_message_bytes
         self._namespace = self.config.namespace
+        self._partition_counts: dict[str, tuple[float, int]] = {}
+        """Kafka topic -> (monotonic time until which it is trusted, partition count)."""
         self._sends_unserved = 0
         """Asynchronous sends since reports were last served (approximate across threads)."""
         self._running = False
@@ -247,8 +312,18 @@ class Producer(Startable):
         id). A delayed message (delay level or timer) becomes a record of the SCHEDULE or
         timer topic, its real topic and ``partition`` kept in ``REAL_TOPIC``/``REAL_QID``.
 
-        Raises :class:`InvalidMessageError` (or a subclass, e.g. ``InvalidDelayError`` for a
-        timer beyond ``timer_max_delay_ms``) naming the problem.
+        Raises, before anything is sent, a typed error naming the problem:
+
+        * :class:`InvalidMessageError`: not a Message, an empty body, a topic, tags or keys
+          that are not strings or hold a lone surrogate;
+        * :class:`InvalidPropertyError`: a property that is not valid Unicode text or bytes;
+        * ``InvalidDelayError``: a malformed delay or a timer beyond ``timer_max_delay_ms``;
+        * :class:`MessageTooLargeError`: a body over ``max_message_bytes``, or properties,
+          keys and tags over :data:`MAX_PROPERTIES_BYTES` encoded;
+        * :class:`InvalidTopicNameError`: a name Kafka cannot take, Kafka's internal topics
+          (``__*``) and the bridge's system topics;
+        * :class:`InvalidArgumentError`: a ``partition`` other than -1 that the (existing)
+          topic does not have, for delayed messages too.
         """
         if not isinstance(msg, Message):
             raise InvalidMessageError(f"expected a Message, got {type(msg).__name__}")
@@ -257,18 +332,85 @@ class Producer(Startable):
             raise InvalidMessageError("the message body length is zero")
         if len(body) > self._max_message_bytes:
             raise MessageTooLargeError(len(body), self._max_message_bytes)
-        kafka_topic = _kafka_topic(msg.topic, self._namespace)
+        topic = msg.topic
+        if type(topic) is not str:
+            raise InvalidMessageError(f"the topic must be a string, got {type(topic).__name__}")
+        kafka_topic = _kafka_topic(topic, self._namespace)
+        if partition != -1:
+            self._check_partition(topic, kafka_topic, partition)
         born_ms = time.time_ns() // 1_000_000
         msg_id = self._ids.next_id(born_ms)
-        if msg.is_delayed:
-            delayed = delayed_record(
-                msg, msg_id, born_ms, self._born_host.decode(), partition=partition,
-                config=self.config,
-            )  # fmt: skip
-            if delayed is not None:
-                return delayed
-            msg = without_delay(msg)  # a timer already due: delivered at once
-        return plain_record(msg, kafka_topic, msg_id, born_ms, self._born_host, partition)
+        try:
+            props, keys, tags = msg._properties, msg._keys, msg.tags
+            if props or keys or (tags and len(tags) > _TAGS_ALWAYS_FIT):
+                # Characters are 4 UTF-8 bytes at most: only a block that might be too large
+                # is measured exactly.
+                chars = len(tags or "") + len(keys) + 2 * len(props)
+                for key in keys:
+                    chars += len(key)
+                for name, value in props.items():
+                    chars += len(name) + len(value)
+                if chars * 4 + _OWN_HEADERS_BYTES > MAX_PROPERTIES_BYTES:
+                    size = _properties_size(msg)
+                    if size > MAX_PROPERTIES_BYTES:
+                        raise _properties_too_large(size)
+            if msg.is_delayed:
+                delayed = delayed_record(
+                    msg, msg_id, born_ms, self._born_host.decode(), partition=partition,
+                    config=self.config,
+                )  # fmt: skip
+                if delayed is not None:
+                    return delayed
+                msg = without_delay(msg)  # a timer already due: delivered at once
+            return plain_record(msg, kafka_topic, msg_id, born_ms, self._born_host, partition)
+        except (UnicodeEncodeError, AttributeError, TypeError, InvalidPropertyError):
+            # Content that cannot be encoded (a lone surrogate, tags that are not a string):
+            # name what it is. Diagnosing only on failure keeps valid sends free of it.
+            msg.check_wire()
+            raise
+
+    def _check_partition(self, topic: str, kafka_topic: str, partition: object) -> None:
+        """Refuse a partition the topic does not have. The count comes from the producer's
+        metadata, trusted for :data:`_PARTITION_COUNT_TTL_S` while partitions below it are
+        asked for; a partition at or beyond it is checked against fresh metadata first
+        (partitions may have been added). A topic that does not exist (yet) or metadata that
+        does not come is no reason to refuse: the send reports what happens. Where the broker
+        creates topics on first use, asking for a missing topic's metadata creates it, as
+        the send would, and its new partition count is then checked."""
+        if type(partition) is not int or partition < -1:
+            raise InvalidArgumentError(
+                f"partition {partition!r} for {topic}: expected -1 (the key decides) or a "
+                "partition number"
+            )
+        if partition == -1 or self._kafka is None:
+            return
+        cached = self._partition_counts.get(kafka_topic)
+        if cached is not None and partition < cached[1] and time.monotonic() < cached[0]:
+            return
+        count = self._partition_count(kafka_topic)
+        if count is not None and partition >= count:
+            named = topic if topic == kafka_topic else f"{topic} (Kafka topic {kafka_topic})"
+            raise InvalidArgumentError(
+                f"partition {partition} of {named} does not exist: the topic has {count} "
+                f"partitions (0-{count - 1})"
+            )
+
+    def _partition_count(self, kafka_topic: str) -> int | None:
+        """The topic's partition count from fresh metadata (and cache it), or None."""
+        try:
+            # Bounded like the send itself: a broker that does not answer fails the send anyway.
+            timeout_ms = min(self.config.request_timeout_ms, self.config.send_msg_timeout_ms)
+            metadata = self._kafka.list_topics(kafka_topic, timeout=timeout_ms / 1000)
+        except KafkaException:
+            return None
+        info = metadata.topics.get(kafka_topic)
+        if info is None or info.error is not None or not info.partitions:
+            return None
+        count = len(info.partitions)
+        if len(self._partition_counts) >= _PARTITION_COUNT_CACHE_SIZE:
+            self._partition_counts.clear()
+        self._partition_counts[kafka_topic] = (time.monotonic() + _PARTITION_COUNT_TTL_S, count)
+        return count
 
     def _ensure_system_topics(self) -> None:
         """Create the system topics (idempotent) before the first record to one of them, so

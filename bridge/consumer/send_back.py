@@ -9,6 +9,10 @@ A failed message is copied, body, keys, tags and properties kept, under the same
 with RocketMQ's properties: ``RETRY_TOPIC`` (the topic it was first sent to),
 ``RECONSUME_TIME`` (failures so far), ``ORIGIN_MESSAGE_ID`` (the first id) and
 ``MAX_RECONSUME_TIMES``.
+
+Property values are copied as they are, text or bytes, so headers another Kafka client wrote
+(binary trace contexts, schema ids) reach the retry topic, the DLQ and a replay byte for byte;
+no property value can make building a copy fail.
 """
 
 from __future__ import annotations

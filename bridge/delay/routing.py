@@ -5,7 +5,7 @@ from __future__ import annotations
 from bridge.codec import PreparedRecord, encode_envelope
 from bridge.config import ClientConfig
 from bridge.delay.model import InvalidDelayError
-from bridge.message import DELAY_PROPERTIES, Message, MessageConst
+from bridge.message import DELAY_PROPERTIES, Message, MessageConst, PropertyValue, property_text
 from topics.catalog import SystemTopic
 from topics.naming import system_topic
 
@@ -28,7 +28,7 @@ def delayed_record(
     :class:`InvalidDelayError` for malformed values or a timer beyond the maximum.
     """
     policy = config.delay_policy
-    props = msg.wire_properties()
+    props = msg.wire_properties()  # text and bytes values alike: the envelope keeps both
     raw_level = props.get(MessageConst.DELAY_TIME_LEVEL)
     try:
         level = int(raw_level) if raw_level else 0
@@ -51,9 +51,9 @@ def delayed_record(
         return PreparedRecord(topic, msg_id.encode(), value, [], msg_id, born_ms, level - 1)
     deliver_ms = policy.deliver_time_ms(
         born_ms=born_ms,
-        deliver_ms=props.get(MessageConst.TIMER_DELIVER_MS),
-        delay_ms=props.get(MessageConst.TIMER_DELAY_MS),
-        delay_sec=props.get(MessageConst.TIMER_DELAY_SEC),
+        deliver_ms=_text(props.get(MessageConst.TIMER_DELIVER_MS)),
+        delay_ms=_text(props.get(MessageConst.TIMER_DELAY_MS)),
+        delay_sec=_text(props.get(MessageConst.TIMER_DELAY_SEC)),
     )
     tier = policy.route(deliver_ms, born_ms)
     if tier is None:
@@ -65,6 +65,10 @@ def delayed_record(
     topic = system_topic(SystemTopic.TIMER.value, config.namespace)
     headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode())]
     return PreparedRecord(topic, msg_id.encode(), value, headers, msg_id, born_ms, tier)
+
+
+def _text(value: PropertyValue | None) -> str | None:
+    return None if value is None else property_text(value)
 
 
 def without_delay(msg: Message) -> Message:

@@ -9,10 +9,11 @@ from pathlib import Path
 import fastavro.schema
 import pytest
 
-from bridge.codec import decode_envelope, encode_envelope
+from bridge.codec import decode_envelope, encode_envelope, envelope_to_message
 from bridge.message import MessageConst
 from topics.avro import (
     HEADER_LENGTH,
+    SCHEMA_DIR,
     SchemaRegistry,
     crc64_avro,
     default_registry,
@@ -48,6 +49,65 @@ def test_envelope_round_trip_keeps_everything() -> None:
     assert msg.tags == "TagA"
     assert msg.born_timestamp_ms == 1_700_000_000_123
     assert msg.born_host == "10.0.0.1"
+
+
+ENVELOPE = "MessageEnvelope"
+
+
+def _envelope_v1_only() -> SchemaRegistry:
+    """The registry of a bridge that knows MessageEnvelope v1 only (before binary properties)."""
+    v1 = json.loads((SCHEMA_DIR / "MessageEnvelope.v1.avsc").read_text())
+    return SchemaRegistry({(ENVELOPE, 1): v1})
+
+
+def test_an_envelope_with_text_properties_only_is_written_in_v1() -> None:
+    # Readers that do not know v2 yet (a rolling upgrade) still read every such record.
+    props = {MessageConst.REAL_TOPIC: "orders", "user": "ü"}
+    data = encode_envelope("ID1", b"body", props, 1, "h")
+    assert data[2:HEADER_LENGTH] == default_registry().version(ENVELOPE, 1).fingerprint
+    assert _envelope_v1_only().decode(ENVELOPE, data)["properties"] == props
+    assert default_registry().decode(ENVELOPE, data)["binary_properties"] == {}
+
+
+def test_binary_properties_are_written_in_v2_and_read_back_byte_for_byte() -> None:
+    props: dict[str, str | bytes] = {
+        MessageConst.REAL_TOPIC: "orders",
+        "text": "naïve",
+        "trace-bin": b"\xff\xfe\x00\x01",
+        "empty-bytes": b"",
+        "utf8-bytes": "ü".encode(),
+    }
+    data = encode_envelope("ID1", b"body", props, 1, "h")
+    latest = default_registry().latest(ENVELOPE)
+    assert latest.version >= 2
+    assert data[2:HEADER_LENGTH] == latest.fingerprint
+    msg = decode_envelope(data)
+    assert msg.properties == props
+    assert {name: type(value) for name, value in msg.properties.items()} == {
+        name: type(value) for name, value in props.items()
+    }
+    with pytest.raises(UnknownSchemaError, match="unknown"):
+        _envelope_v1_only().decode(ENVELOPE, data)
+
+
+def test_a_v1_envelope_resolves_into_the_newest_version() -> None:
+    record = {
+        "msg_id": "OLD",
+        "body": b"x",
+        "properties": {MessageConst.REAL_TOPIC: "orders", MessageConst.TAGS: "T"},
+        "born_timestamp_ms": 5,
+        "born_host": "h",
+    }
+    written_by_v1 = _envelope_v1_only().encode(ENVELOPE, record)
+    fields = default_registry().decode(ENVELOPE, written_by_v1)
+    assert fields == {**record, "binary_properties": {}}
+    msg = envelope_to_message(fields)
+    assert (msg.topic, msg.tags, msg.msg_id) == ("orders", "T", "OLD")
+
+
+def test_an_unknown_version_cannot_be_written() -> None:
+    with pytest.raises(UnknownSchemaError, match="v99"):
+        default_registry().encode(ENVELOPE, {}, version=99)
 
 
 def test_every_shipped_schema_loads_and_has_a_distinct_fingerprint() -> None:

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import re
 import threading
+from typing import get_args
 
 import pytest
 
 from bridge.errors import InvalidMessageError, InvalidPropertyError
-from bridge.message import RESERVED_PROPERTIES, Message, MessageConst, MessageIdGenerator
+from bridge.message import (
+    RESERVED_PROPERTIES,
+    SYSTEM_PROPERTIES,
+    Message,
+    MessageConst,
+    MessageIdGenerator,
+    SystemPropertyName,
+)
 
 ID_FORMAT = re.compile(r"^[0-9A-F]{32}$")
 
@@ -43,9 +51,16 @@ def test_reserved_property_names_are_refused(name: str) -> None:
         Message("orders", b"x", properties={name: "v"})
 
 
-def test_property_values_must_be_strings() -> None:
-    with pytest.raises(InvalidPropertyError, match="string value"):
+def test_property_values_must_be_strings_or_bytes() -> None:
+    with pytest.raises(InvalidPropertyError, match="string value or bytes, got int"):
         Message("orders", b"x", properties={"n": 1})  # type: ignore[dict-item]
+    # A system name users may set holds a number: text only.
+    with pytest.raises(InvalidPropertyError, match="string value, got bytes"):
+        Message("orders", b"x", properties={MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: b"5"})
+
+
+def test_the_system_property_name_type_lists_every_message_const_name() -> None:
+    assert set(get_args(SystemPropertyName)) == SYSTEM_PROPERTIES
 
 
 def test_body_must_be_bytes_or_str() -> None:
