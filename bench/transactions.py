@@ -33,6 +33,7 @@ from bridge import (
 from bridge.codec import decode_headers
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer, producer_config
+from bridge.message import property_text
 from topics.catalog import TopicCatalog, TopicSpec
 
 THREADS = 4
@@ -140,7 +141,7 @@ def _visible_latencies(
         while not done.is_set() or len(seen) < len(ended):
             record = consumer.poll(0.05)
             if record is not None and record.error() is None:
-                seen[decode_headers(record.headers())["UNIQ_KEY"]] = time.monotonic()
+                seen[property_text(decode_headers(record.headers())["UNIQ_KEY"])] = time.monotonic()
             if done.is_set() and time.monotonic() > give_up:
                 return
 
