@@ -27,7 +27,7 @@ from bridge.consumer import (
     PushConsumer,
     PushConsumerConfig,
 )
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, InvalidDelayError
 from bridge.message import Message, MessageConst, MessageExt
 from bridge.transaction import (
     TransactionListener,
@@ -46,6 +46,7 @@ __all__ = [
     "ConsumeOrderlyContext",
     "ConsumeOrderlyStatus",
     "ConsumeStatus",
+    "InvalidDelayError",
     "Message",
     "MessageConst",
     "MessageExt",

@@ -55,8 +55,10 @@ def _configure_logging(verbose: int) -> None:
         level=level, format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"
     )
     if verbose == 0:
-        # librdkafka warns about every retriable hiccup (e.g. a coordinator still loading).
-        logging.getLogger("bridge.kafka.rdkafka").setLevel(logging.ERROR)
+        # librdkafka logs every retriable hiccup (a coordinator still loading, each refused
+        # connection while a broker is down); a failed command says why in its one error line,
+        # and -v shows these logs.
+        logging.getLogger("bridge.kafka.rdkafka").setLevel(logging.CRITICAL)
 
 
 def _client_config(ctx: click.Context, bootstrap_servers: str | None = None) -> ClientConfig:
@@ -83,13 +85,15 @@ def _stop_on_signals() -> Iterator[threading.Event]:
 
 
 class _BridgeGroup(click.Group):
-    """Turns the project's errors into a one-line ``Error: ...`` and exit status 1."""
+    """Turns the project's errors into one ``Error: <type>: <message>`` line on stderr and exit
+    status 1 (the type is the documented error class, e.g. ``BrokerUnreachableError``)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except BridgeError as exc:
-            raise click.ClickException(str(exc)) from exc
+            message = " ".join(str(exc).split("\n")) or type(exc).__name__
+            raise click.ClickException(f"{type(exc).__name__}: {message}") from exc
 
 
 @click.group(cls=_BridgeGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,7 +103,9 @@ class _BridgeGroup(click.Group):
     default=None,
     help="Prefix of system, retry and DLQ topics [env BRIDGE_NAMESPACE; default rmq].",
 )
-@click.option("-v", "--verbose", count=True, help="-v for info logs, -vv for debug.")
+@click.option(
+    "-v", "--verbose", count=True, help="-v for info logs (and the Kafka client's), -vv for debug."
+)
 @click.pass_context
 def cli(ctx: click.Context, namespace: str | None, verbose: int) -> None:
     """RocketMQ's reliable-messaging semantics on Apache Kafka."""
@@ -292,15 +298,23 @@ def topics_create(
 @click.argument("names", nargs=-1, required=True)
 @click.pass_context
 def topics_map(ctx: click.Context, names: tuple[str, ...]) -> None:
-    """Show the Kafka topic name of RocketMQ topic names, and back."""
+    """Show the Kafka topic name of RocketMQ topic names, and back (a name in the namespace,
+    e.g. rmq.DLQ.my__group, is read back). A name with no mapping is an error on stderr with
+    its reason; the exit status is then 1, after the other names."""
     namespace = ctx.obj.get("namespace") or ClientConfig.from_env().namespace
     catalog = TopicCatalog(namespace=namespace)
+    failed = False
     for name in names:
         try:
-            kafka_name = to_kafka_topic(name, namespace)
-            console.print(f"{name} -> {kafka_name}")
-        except BridgeError:
-            console.print(f"{name} <- {catalog.parse(name).rocketmq_name}")
+            if name.startswith(namespace + "."):
+                console.print(f"{name} <- {catalog.parse(name).rocketmq_name}")
+            else:
+                console.print(f"{name} -> {to_kafka_topic(name, namespace)}")
+        except BridgeError as exc:
+            failed = True
+            click.echo(f"Error: {type(exc).__name__}: {exc}", err=True)
+    if failed:
+        raise click.exceptions.Exit(1)
 
 
 def _parse_properties(pairs: tuple[str, ...]) -> dict[str, str]:

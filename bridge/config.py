@@ -4,7 +4,10 @@ Nothing is read from the environment at import time; :meth:`ClientConfig.from_en
 when an entry point asks. Environment names: ``KAFKA_BOOTSTRAP_SERVERS`` (Kafka's usual
 name), ``BRIDGE_<FIELD>`` for every other field (e.g. ``BRIDGE_NAMESPACE``,
 ``BRIDGE_SEND_MSG_TIMEOUT_MS``), and ``BRIDGE_KAFKA_<PROPERTY>`` for any librdkafka property,
-dots written as underscores (``BRIDGE_KAFKA_SECURITY_PROTOCOL=SASL_SSL``).
+dots written as underscores (``BRIDGE_KAFKA_SECURITY_PROTOCOL=SASL_SSL``), except the
+properties the guarantees rely on (:data:`PROTECTED_KAFKA_PROPERTIES`: refused, each with what
+to use instead) and ``BRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS``, which is
+``CoordinatorConfig.kafka_transaction_timeout_ms`` and no client property.
 """
 
 from __future__ import annotations
@@ -27,10 +30,149 @@ ENV_BOOTSTRAP_SERVERS = "KAFKA_BOOTSTRAP_SERVERS"
 ENV_PREFIX = "BRIDGE_"
 ENV_KAFKA_PREFIX = "BRIDGE_KAFKA_"
 
-# librdkafka properties the client sets itself; overriding them would break a guarantee.
-_MANAGED_KAFKA_PROPERTIES = frozenset(
-    {"enable.idempotence", "transactional.id", "isolation.level", "enable.auto.commit"}
+_SENT_ONCE = "always idempotent, always acks=all"
+
+# librdkafka properties a user may not set (ClientConfig.kafka, BRIDGE_KAFKA_*), each with why and
+# what to use instead. The bridge still sets them itself, per client (the ``**overrides`` of
+# ``bridge.kafka.clients``): one value for every client a config builds would break a guarantee.
+# librdkafka's aliases are listed with the names they stand for.
+PROTECTED_KAFKA_PROPERTIES: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        # Where to connect has a field; the kafka entry would silently win over it.
+        "bootstrap.servers": (
+            "the brokers to connect to are bootstrap_servers",
+            "set bootstrap_servers (KAFKA_BOOTSTRAP_SERVERS, -b)",
+        ),
+        "metadata.broker.list": (
+            "the brokers to connect to are bootstrap_servers",
+            "set bootstrap_servers (KAFKA_BOOTSTRAP_SERVERS, -b)",
+        ),
+        # A group is a consumer's identity: one value for all would put the coordinator's three
+        # services, every push consumer and every reader into one group.
+        "group.id": (
+            "every consumer built from this config would join that one group",
+            "name the group where the consumer is made: PushConsumer(group), "
+            "read_messages(group=...), bridge consume --group",
+        ),
+        # Static membership: two live consumers with one instance id fence each other.
+        "group.instance.id": (
+            "every consumer built from this config would share it and fence the others",
+            "the coordinator derives one per service from coordinator_id (BRIDGE_COORDINATOR_ID)",
+        ),
+        # A coordinator's consumers must start at the beginning of the system topics when their
+        # group has no offsets yet; 'latest' skips every pending record.
+        "auto.offset.reset": (
+            "a fresh coordinator would skip the records waiting in the system topics",
+            "PushConsumerConfig.consume_from_where for push consumers, "
+            "read_messages(from_beginning=...) for readers",
+        ),
+        # Readers that scan to a partition's end (recovery, admin views) turn it on; the others
+        # must not get end-of-partition events in their batches.
+        "enable.partition.eof": (
+            "scans to a partition's end need it and the other consumers must not have it",
+            "nothing: the bridge sets it per consumer",
+        ),
+        # Aborted coordinator batches and undecided or rolled-back transactions must never be
+        # read.
+        "isolation.level": (
+            "only committed records may be read",
+            "nothing: reads are always read_committed",
+        ),
+        # Offsets move only after a message is processed (or inside the Kafka transaction that
+        # processed it); auto-commit would skip messages after a crash.
+        "enable.auto.commit": (
+            "auto-commit would mark messages consumed before they are processed",
+            "nothing: the bridge commits itself, after processing",
+        ),
+        "auto.commit.enable": (
+            "auto-commit would mark messages consumed before they are processed",
+            "nothing: the bridge commits itself, after processing",
+        ),
+        # Retries must neither duplicate nor reorder; Kafka transactions require it.
+        "enable.idempotence": (
+            "a retried send could be stored twice or out of order",
+            f"nothing: the bridge sends {_SENT_ONCE}",
+        ),
+        # A message reported stored must be on every in-sync replica (never lose).
+        "acks": (
+            "a send reported stored must be on every in-sync replica",
+            f"nothing: the bridge sends {_SENT_ONCE}",
+        ),
+        "request.required.acks": (
+            "a send reported stored must be on every in-sync replica",
+            f"nothing: the bridge sends {_SENT_ONCE}",
+        ),
+        # Each coordinator service fences its predecessor with an id of its own.
+        "transactional.id": (
+            "every producer built from this config would share it and fence the others",
+            "the coordinator derives one per service from coordinator_id (BRIDGE_COORDINATOR_ID)",
+        ),
+        # Only the coordinator's Kafka transactions have a timeout; it has its own setting.
+        "transaction.timeout.ms": (
+            "it is a setting of the coordinator's Kafka transactions only",
+            "CoordinatorConfig.kafka_transaction_timeout_ms (BRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS)",
+        ),
+        # The rebalance callbacks take whole assignments (assign()); cooperative strategies and
+        # the KIP-848 protocol hand out increments, and the push consumer's callback fails.
+        "partition.assignment.strategy": (
+            "the bridge's rebalance callbacks need the eager protocol (whole assignments)",
+            "nothing: the bridge picks an eager strategy",
+        ),
+        "group.protocol": (
+            "the bridge's rebalance callbacks need the eager protocol (whole assignments)",
+            "nothing: the bridge uses the classic, eager protocol",
+        ),
+        # The send bound is send_msg_timeout_ms; transactional producers keep it within their
+        # transaction timeout.
+        "message.timeout.ms": (
+            "the send timeout is send_msg_timeout_ms",
+            "send_msg_timeout_ms (BRIDGE_SEND_MSG_TIMEOUT_MS)",
+        ),
+        "delivery.timeout.ms": (
+            "the send timeout is send_msg_timeout_ms",
+            "send_msg_timeout_ms (BRIDGE_SEND_MSG_TIMEOUT_MS)",
+        ),
+        # Derived from max_message_bytes plus room for key, properties and headers.
+        "message.max.bytes": (
+            "the record limit is derived from max_message_bytes",
+            "max_message_bytes (BRIDGE_MAX_MESSAGE_BYTES)",
+        ),
+        # It has its own field; two sources would disagree.
+        "linger.ms": ("batching delay is linger_ms", "linger_ms (BRIDGE_LINGER_MS)"),
+        "queue.buffering.max.ms": ("batching delay is linger_ms", "linger_ms (BRIDGE_LINGER_MS)"),
+        # Keyed messages land where the Java client puts them, so every producer of a key (and
+        # an orderly consumer's order) agrees on its partition.
+        "partitioner": (
+            "keyed messages must land on the partition the Java client picks",
+            "nothing: the bridge uses murmur2, as the Java client does",
+        ),
+    }
 )
+"""librdkafka properties that ``ClientConfig.kafka`` refuses: name -> (why, what instead)."""
+
+# Not protected, on purpose: enable.auto.offset.store (nothing commits stored offsets, every
+# commit names its offsets), retries and max.in.flight (librdkafka refuses values that break
+# idempotence when the client is made), client.id, session.timeout.ms and other tuning.
+
+# Coordinator settings whose environment names start with BRIDGE_KAFKA_ (not client properties).
+_COORDINATOR_KAFKA_ENV = frozenset({"BRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS"})
+
+
+def kafka_env_name(name: str) -> str:
+    """The environment variable that sets librdkafka property ``name``."""
+    return ENV_KAFKA_PREFIX + name.upper().replace(".", "_")
+
+
+def _refuse_protected(kafka: Mapping[str, str]) -> None:
+    for name in kafka:
+        protected = PROTECTED_KAFKA_PROPERTIES.get(name.lower())
+        if protected is not None:
+            why, instead = protected
+            env = kafka_env_name(name)
+            source = "" if env in _COORDINATOR_KAFKA_ENV else f" ({env})"
+            raise InvalidArgumentError(
+                f"kafka property {name!r}{source} cannot be set: {why}; instead: {instead}"
+            )
 
 
 def _positive(name: str, value: int, *, allow_zero: bool = False) -> None:
@@ -65,7 +207,8 @@ class ClientConfig:
     timer_max_delay_ms: int = 3 * 86_400_000
     """RocketMQ 5's ``timerMaxDelaySec`` in ms (3 days; up to 400 days): longer is an error."""
     kafka: Mapping[str, str] = field(default_factory=dict)
-    """Extra librdkafka properties (security, tuning); they win over the defaults."""
+    """Extra librdkafka properties (security, tuning); they win over the defaults, except the
+    :data:`PROTECTED_KAFKA_PROPERTIES`, which are refused."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers or not all(
@@ -80,11 +223,7 @@ class ClientConfig:
         _positive("max_message_bytes", self.max_message_bytes)
         _positive("linger_ms", self.linger_ms, allow_zero=True)
         _positive("request_timeout_ms", self.request_timeout_ms)
-        managed = _MANAGED_KAFKA_PROPERTIES & set(self.kafka)
-        if managed:
-            raise InvalidArgumentError(
-                f"kafka properties {sorted(managed)} are set by the client itself"
-            )
+        _refuse_protected(self.kafka)
         object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
         self.delay_policy  # noqa: B018 - validates the delay settings
 
@@ -137,7 +276,7 @@ class ClientConfig:
             else:
                 values[f.name] = raw
         for key, raw in env.items():
-            if key.startswith(ENV_KAFKA_PREFIX):
+            if key.startswith(ENV_KAFKA_PREFIX) and key not in _COORDINATOR_KAFKA_ENV:
                 kafka[key[len(ENV_KAFKA_PREFIX) :].lower().replace("_", ".")] = raw
         return cls(**values, kafka=kafka)
 

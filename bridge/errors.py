@@ -5,7 +5,9 @@
     BridgeError
     +-- InvalidArgumentError (also ValueError)   bad argument or configuration value
     |   +-- InvalidTopicNameError                topic, group or namespace name
-    |   +-- InvalidMessageError                  message content (+ MessageTooLargeError)
+    |   +-- InvalidMessageError                  message content
+    |   |   +-- MessageTooLargeError             body larger than max_message_bytes
+    |   |   +-- InvalidDelayError                delay level or timer value not honoured
     |   +-- InvalidPropertyError                 a user property uses a reserved name
     +-- WireFormatError                          undecodable record (quarantined)
     |   +-- UnknownSchemaError, MalformedRecordError
@@ -39,6 +41,7 @@ __all__ = [
     "BrokerUnreachableError",
     "IllegalStateError",
     "InvalidArgumentError",
+    "InvalidDelayError",
     "InvalidMessageError",
     "InvalidPropertyError",
     "InvalidTopicNameError",
@@ -68,6 +71,10 @@ class MessageTooLargeError(InvalidMessageError):
         )
         self.size_bytes = size_bytes
         self.max_bytes = max_bytes
+
+
+class InvalidDelayError(InvalidMessageError):
+    """A delay level or timer value cannot be honoured (beyond the maximum, malformed)."""
 
 
 class InvalidPropertyError(InvalidArgumentError):

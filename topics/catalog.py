@@ -72,6 +72,21 @@ RECORD_SCHEMAS: Mapping[SystemTopic, str | None] = MappingProxyType(
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigMismatch:
+    """A setting of an existing topic that breaks a guarantee, and the value that fixes it."""
+
+    setting: str
+    actual: str | None
+    """The topic's value (None: not reported by the broker)."""
+    required: str
+    """What the guarantee needs, in words (e.g. ``LogAppendTime``, ``no compact``)."""
+    fix: str
+    """The value to set (``kafka-configs.sh --alter --add-config <setting>=<fix>``)."""
+    reason: str
+    """Which guarantee breaks otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
 class TopicSpec:
     """How one Kafka topic should be created."""
 
@@ -82,6 +97,82 @@ class TopicSpec:
     system: SystemTopic | None = None
     replication_factor: int = -1
     """-1 takes the broker's ``default.replication.factor``."""
+    min_retention_ms: int | None = None
+    """The shortest ``retention.ms`` an existing topic may have: records must outlive the
+    longest wait they are kept for, ms (None: not checked)."""
+
+    def config_mismatches(self, actual: Mapping[str, str | None]) -> list[ConfigMismatch]:
+        """The settings of an existing topic (``actual``, as ``describe_configs`` reports them)
+        that break a guarantee of a system topic; empty for other topics, whose settings are
+        their owner's choice.
+
+        Checked: ``message.timestamp.type`` (delays and transaction recovery count from the
+        broker's clock), ``cleanup.policy`` (compaction would delete half messages, decisions
+        and delayed messages that share a key) and, for topics whose records wait to be due
+        (:attr:`min_retention_ms` set), ``retention.ms`` against it and ``retention.bytes``
+        (size-based deletion can remove records before they are due).
+        """
+        if self.system is None:
+            return []
+        out: list[ConfigMismatch] = []
+        wanted_type = self.configs.get("message.timestamp.type")
+        if wanted_type is not None and actual.get("message.timestamp.type") != wanted_type:
+            out.append(
+                ConfigMismatch(
+                    "message.timestamp.type",
+                    actual.get("message.timestamp.type"),
+                    wanted_type,
+                    wanted_type,
+                    "with the producers' clocks, clock skew delivers delayed messages early "
+                    "and misplaces transaction decisions",
+                )
+            )
+        policy = actual.get("cleanup.policy") or ""
+        if "compact" in (p.strip() for p in policy.split(",")):
+            out.append(
+                ConfigMismatch(
+                    "cleanup.policy",
+                    policy,
+                    "no compact",
+                    "delete",
+                    "compaction keeps one record per key and drops the others",
+                )
+            )
+        retention_bytes = actual.get("retention.bytes")
+        if self.min_retention_ms is not None and retention_bytes not in (None, "-1"):
+            out.append(
+                ConfigMismatch(
+                    "retention.bytes",
+                    retention_bytes,
+                    "-1",
+                    "-1",
+                    "size-based deletion removes records before they are due",
+                )
+            )
+        retention_ms = actual.get("retention.ms")
+        if (
+            self.min_retention_ms is not None
+            and retention_ms is not None
+            and retention_ms != "-1"
+            and _as_int(retention_ms, self.min_retention_ms) < self.min_retention_ms
+        ):
+            out.append(
+                ConfigMismatch(
+                    "retention.ms",
+                    retention_ms,
+                    f"at least {self.min_retention_ms} (or -1)",
+                    self.configs.get("retention.ms", str(self.min_retention_ms)),
+                    "records would be deleted before their longest wait ends",
+                )
+            )
+        return out
+
+
+def _as_int(raw: str, default: int) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        return default
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +267,16 @@ class TopicCatalog:
             SystemTopic.CHECK_MAX: -1,
             SystemTopic.QUARANTINE: -1,
         }[system]
+        # The longest a record waits in the topic: an existing topic's retention must cover it.
+        min_retention_ms = {
+            SystemTopic.HALF: FILE_RESERVED_TIME_MS,
+            SystemTopic.OP: FILE_RESERVED_TIME_MS,
+            SystemTopic.SCHEDULE: self.schedule_max_delay_ms,
+            SystemTopic.TIMER: self.timer_max_delay_ms,
+            # How long to keep parked and quarantined records is the operator's choice.
+            SystemTopic.CHECK_MAX: None,
+            SystemTopic.QUARANTINE: None,
+        }[system]
         configs = {"cleanup.policy": "delete", "retention.ms": str(retention_ms)}
         if system in (SystemTopic.HALF, SystemTopic.OP, SystemTopic.SCHEDULE, SystemTopic.TIMER):
             # The broker's clock: a delayed message waits from when it was stored, and
@@ -188,6 +289,7 @@ class TopicCatalog:
             record_schema=RECORD_SCHEMAS[system],
             system=system,
             replication_factor=self.replication_factor,
+            min_retention_ms=min_retention_ms,
         )
 
     def system_specs(self) -> Iterator[TopicSpec]:

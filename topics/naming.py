@@ -14,6 +14,10 @@ The mapping, documented in the README:
 * system topics (HALF, OP, SCHEDULE, ...) become ``<namespace>.<RocketMQ system name>``;
 * each producer group's check-request topic is ``<namespace>.CHECK.<escaped group>``.
 
+The Kafka consumer groups and transactional ids the project uses itself are built here too
+(:func:`coordinator_group`, :func:`transaction_check_group`, :func:`broadcast_group`, ...), so
+that :func:`validate_user_group` can refuse every user group name that would join one of them.
+
 The group is escaped with ``_`` as the escape character: ``_`` is written ``__`` and every
 character outside ``[a-zA-Z0-9-]`` is written ``_`` followed by two upper-case hex digits
 (``.`` -> ``_2E``, ``%`` -> ``_25``, ``|`` -> ``_7C``). An escaped group therefore never
@@ -27,7 +31,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from topics.errors import InvalidTopicNameError
+from topics.errors import InvalidArgumentError, InvalidTopicNameError
 
 KAFKA_TOPIC_MAX_LENGTH = 249
 """Kafka's limit on a topic name's length, in characters."""
@@ -97,6 +101,98 @@ def validate_group(group: str) -> str:
             group, f"a group name may only contain [%|a-zA-Z0-9._-], found {bad!r}"
         )
     return group
+
+
+COORDINATOR_SERVICE_KINDS: tuple[str, ...] = ("transaction", "schedule", "timer")
+"""The coordinator's services, each a Kafka consumer group of its own."""
+
+_BROADCAST_INFIX = ".broadcast."
+_CHECK_GROUP_INFIX = ".transaction-check."
+# The shape of a coordinator group of any namespace (another deployment may share the cluster).
+_COORDINATOR_GROUP = re.compile(
+    r"^[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)*\.coordinator\.(" + "|".join(COORDINATOR_SERVICE_KINDS) + ")$"
+)
+
+
+def validate_user_group(group: str, namespace: str) -> str:
+    """Return ``group`` if a user's producer or consumer group may take it, else raise.
+
+    On top of :func:`validate_group`, refuses every name that is, or could be, one of the
+    project's own Kafka groups, which a user group of that name would join (taking its
+    partitions, committing its offsets):
+
+    * anything starting with ``<namespace>.`` (the coordinator's ``<namespace>.coordinator.<kind>``,
+      the check consumers' ``<namespace>.transaction-check.<group>``, operator ids);
+    * ``<any namespace>.coordinator.<kind>`` and names containing ``.transaction-check.``
+      (the same groups of another namespace on the cluster);
+    * names containing ``.broadcast.`` (a broadcasting consumer's ``<group>.broadcast.<instance>``).
+    """
+    validate_group(group)
+    validate_namespace(namespace)
+    if group.startswith(namespace + "."):
+        raise InvalidTopicNameError(
+            group,
+            f"the namespace {namespace!r} is reserved for the bridge's own groups "
+            f"({namespace}.coordinator.<kind>, {namespace}.transaction-check.<group>)",
+        )
+    if _COORDINATOR_GROUP.match(group) or _CHECK_GROUP_INFIX in group:
+        raise InvalidTopicNameError(
+            group,
+            "'<namespace>.coordinator.<kind>' and '.transaction-check.' are reserved for the "
+            "coordinator's and the check consumers' groups",
+        )
+    if _BROADCAST_INFIX in group:
+        raise InvalidTopicNameError(
+            group,
+            "'.broadcast.' is reserved for broadcasting consumers' per-instance groups "
+            "(<group>.broadcast.<instance>)",
+        )
+    return group
+
+
+def coordinator_group(namespace: str, kind: str) -> str:
+    """The consumer group of one coordinator service (every coordinator of the namespace joins
+    it, so they share the service's partitions)."""
+    if kind not in COORDINATOR_SERVICE_KINDS:
+        raise InvalidArgumentError(
+            f"unknown coordinator service kind {kind!r}; known: {COORDINATOR_SERVICE_KINDS}"
+        )
+    return f"{validate_namespace(namespace)}.coordinator.{kind}"
+
+
+def coordinator_group_instance_id(coordinator_id: str, kind: str) -> str:
+    """The static member id (``group.instance.id``) of one coordinator's service: a restarted
+    coordinator with the same id takes its partitions back at once."""
+    return f"{coordinator_id}-{kind}"
+
+
+def coordinator_transactional_id(namespace: str, kind: str, coordinator_id: str) -> str:
+    """The ``transactional.id`` of one coordinator's service: a restart with the same id fences
+    its predecessor and aborts what it left open."""
+    return f"{coordinator_group(namespace, kind)}.{coordinator_id}"
+
+
+def transaction_check_group(namespace: str, producer_group: str) -> str:
+    """The consumer group of a producer group's check-request consumers (one per producer)."""
+    return f"{validate_namespace(namespace)}.transaction-check.{validate_group(producer_group)}"
+
+
+def broadcast_group(group: str, instance: str) -> str:
+    """The consumer group of one instance of a broadcasting consumer group: every instance
+    reads every message and keeps its own offsets."""
+    return f"{validate_group(group)}{_BROADCAST_INFIX}{instance}"
+
+
+def operator_transactional_id(namespace: str, token: str) -> str:
+    """The ``transactional.id`` of one operator action (replaying or dropping a parked
+    message); ``token`` makes it unique."""
+    return f"{validate_namespace(namespace)}.operator.{token}"
+
+
+def reader_group(purpose: str, token: str) -> str:
+    """A throw-away consumer group for a reader that commits nothing (``bridge-<purpose>-<token>``,
+    ``token`` random so that no two readers share it)."""
+    return f"bridge-{purpose}-{token}"
 
 
 def escape_group(group: str) -> str:

@@ -7,15 +7,15 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from bridge.codec import message_from_record
 from bridge.config import ClientConfig
-from bridge.errors import KafkaClientError
-from bridge.kafka.clients import new_consumer, read_record_at
+from bridge.errors import BrokerUnreachableError, KafkaClientError
+from bridge.kafka.clients import new_consumer, read_record_at, translate_error
 from bridge.message import MessageExt
 from topics.catalog import TopicCatalog
-from topics.naming import to_kafka_topic
+from topics.naming import reader_group, to_kafka_topic, validate_user_group
 
 
 def read_messages(
@@ -31,19 +31,32 @@ def read_messages(
     """Yield committed messages of ``topics`` (RocketMQ names) until ``max_messages`` were
     read or ``timeout_ms`` passed without a new one.
 
-    Without ``group`` a throw-away group reads from the beginning and commits nothing.
+    Without ``group`` a throw-away group reads from the beginning and commits nothing; a
+    ``group`` that is one of the bridge's own raises :class:`InvalidTopicNameError`. Raises
+    :class:`BrokerUnreachableError` if no broker answers within ``request_timeout_ms``
+    (otherwise an unreachable broker would look like an empty topic).
     """
     catalog = TopicCatalog(namespace=config.namespace)
     kafka_topics = [to_kafka_topic(t, config.namespace) for t in topics]
+    if group is not None:
+        validate_user_group(group, config.namespace)
     consumer = new_consumer(
         config,
-        group or f"bridge-reader-{uuid.uuid4().hex[:12]}",
+        group or reader_group("reader", uuid.uuid4().hex[:12]),
         client_id="bridge-reader",
         auto_offset_reset="earliest" if from_beginning else "latest",
     )
-    consumer.subscribe(kafka_topics)
     count = 0
     try:
+        try:
+            consumer.list_topics(kafka_topics[0], timeout=config.request_timeout_ms / 1000)
+        except KafkaException as exc:
+            raise translate_error(
+                exc,
+                f"reading {kafka_topics} from {config.bootstrap_servers}",
+                default=BrokerUnreachableError,
+            ) from exc
+        consumer.subscribe(kafka_topics)
         idle_deadline = time.monotonic() + timeout_ms / 1000
         while max_messages is None or count < max_messages:
             remaining = idle_deadline - time.monotonic()
@@ -72,7 +85,7 @@ def read_to_end(config: ClientConfig, kafka_topic: str, timeout_ms: int = 10_000
     :class:`KafkaClientError` if the end is not reached within ``timeout_ms`` of the last
     record."""
     consumer = new_consumer(
-        config, f"bridge-reader-{uuid.uuid4().hex[:12]}", "bridge-reader",
+        config, reader_group("reader", uuid.uuid4().hex[:12]), "bridge-reader",
         enable_partition_eof=True,
     )  # fmt: skip
     try:
@@ -113,7 +126,7 @@ def read_message_at(
     """
     kafka_topic = to_kafka_topic(topic, config.namespace)
     consumer = new_consumer(
-        config, f"bridge-reader-{uuid.uuid4().hex[:12]}", "bridge-reader",
+        config, reader_group("reader", uuid.uuid4().hex[:12]), "bridge-reader",
         enable_partition_eof=True,
     )  # fmt: skip
     try:

@@ -17,23 +17,28 @@ import re
 from dataclasses import dataclass, field
 from typing import Final
 
-from bridge.errors import InvalidArgumentError, InvalidMessageError
+from bridge.errors import InvalidArgumentError, InvalidDelayError
+
+__all__ = [
+    "DEFAULT_MESSAGE_DELAY_LEVEL",
+    "LANDING_MARGIN_MS",
+    "TIMER_PRECISIONS_MS",
+    "DelayPolicy",
+    "InvalidDelayError",
+    "parse_delay_levels",
+]
 
 DEFAULT_MESSAGE_DELAY_LEVEL: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 """RocketMQ's ``messageDelayLevel``."""
 
 TIMER_PRECISIONS_MS: Final = (100, 200, 500, 1000)
+"""RocketMQ 5's allowed ``timerPrecisionMs`` values."""
 LANDING_MARGIN_MS: Final = 250
 """A timer hops to land this long before its time, then waits for the exact time in memory, so
 the last hop's commit and fetch latency does not make it late."""
-"""RocketMQ 5's allowed ``timerPrecisionMs`` values."""
 
 _UNIT_MS: Final = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _LEVEL = re.compile(r"^(\d+)([smhd])$")
-
-
-class InvalidDelayError(InvalidMessageError):
-    """A delay level or timer value cannot be honoured (beyond the maximum, malformed)."""
 
 
 def parse_delay_levels(spec: str) -> tuple[int, ...]:

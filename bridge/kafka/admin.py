@@ -7,12 +7,12 @@ import time
 from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.admin import ConfigResource, NewTopic, ResourceType
 
 from bridge.config import ClientConfig
 from bridge.errors import BrokerUnreachableError, KafkaClientError, TopicProvisioningError
 from bridge.kafka.clients import new_admin, translate_error
-from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
+from topics.catalog import ConfigMismatch, SystemTopic, TopicCatalog, TopicSpec
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,12 @@ class TopicAdmin:
         A topic that exists with fewer partitions than its spec raises
         :class:`TopicProvisioningError` (a SCHEDULE topic with too few partitions would lose
         delay levels), unless ``strict`` is False; more partitions are accepted.
+
+        A system topic that already existed is also checked for the settings the guarantees
+        rely on (:meth:`TopicSpec.config_mismatches`: timestamp type, no compaction,
+        retention); any difference raises :class:`TopicProvisioningError` naming the topic,
+        the setting, its value, the value required and the ``kafka-configs.sh`` command that
+        fixes it, whatever ``strict`` says.
         """
         wanted = list(specs)
         existing = self.list_topics(include_internal=True)
@@ -61,7 +67,57 @@ class TopicAdmin:
                     f"topic {spec.kafka_name} has {counts[spec.kafka_name]} partitions, "
                     f"{spec.partitions} needed"
                 )
+        self._check_settings(
+            [s for s in wanted if s.system is not None and s.kafka_name not in created]
+        )
         return created
+
+    def _check_settings(self, specs: list[TopicSpec]) -> None:
+        """Raise if an existing topic of ``specs`` has a setting a guarantee cannot live with
+        (one round trip for all of them)."""
+        if not specs:
+            return
+        described = self.describe_configs([s.kafka_name for s in specs])
+        problems = [
+            (spec.kafka_name, spec.config_mismatches(described[spec.kafka_name])) for spec in specs
+        ]
+        problems = [(name, found) for name, found in problems if found]
+        if problems:
+            raise TopicProvisioningError(
+                "; ".join(self._explain(name, found) for name, found in problems)
+            )
+
+    def _explain(self, topic: str, found: list[ConfigMismatch]) -> str:
+        settings = ", ".join(
+            f"{topic} has {m.setting}={m.actual}, {m.required} required ({m.reason})" for m in found
+        )
+        fix = ",".join(f"{m.setting}={m.fix}" for m in found)
+        return (
+            f"{settings}; fix: kafka-configs.sh --bootstrap-server "
+            f"{self._config.bootstrap_servers} --alter --entity-type topics "
+            f"--entity-name {topic} --add-config {fix}"
+        )
+
+    def describe_configs(self, names: Iterable[str]) -> dict[str, dict[str, str | None]]:
+        """Topic name -> its configuration (setting -> value, as the broker reports it).
+        Bounded by ``request_timeout_ms``."""
+        resources = [ConfigResource(ResourceType.TOPIC, name) for name in names]
+        futures = self._admin.describe_configs(resources, request_timeout=self._timeout_s)
+        out: dict[str, dict[str, str | None]] = {}
+        for resource, future in futures.items():
+            try:
+                entries = future.result(timeout=self._timeout_s)
+            except KafkaException as exc:
+                raise translate_error(
+                    exc, f"describing topic {resource.name}", default=TopicProvisioningError
+                ) from exc
+            except TimeoutError as exc:
+                raise TopicProvisioningError(
+                    f"describing topic {resource.name} timed out after "
+                    f"{self._config.request_timeout_ms} ms"
+                ) from exc
+            out[resource.name] = {key: entry.value for key, entry in entries.items()}
+        return out
 
     def _create(self, missing: list[TopicSpec]) -> list[str]:
         futures = self._admin.create_topics(

@@ -6,15 +6,18 @@ librdkafka's own log lines go to the ``bridge.kafka.rdkafka`` logger instead of 
 from __future__ import annotations
 
 import logging
+import re
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from bridge.config import ClientConfig
+from bridge.config import ClientConfig, kafka_env_name
 from bridge.errors import (
     BrokerUnreachableError,
+    InvalidArgumentError,
     KafkaClientError,
     SendError,
     SendTimeoutError,
@@ -94,14 +97,55 @@ def consumer_config(
     return conf
 
 
+_Client = TypeVar("_Client")
+# librdkafka quotes the property it refuses: "name" or `name`.
+_QUOTED_PROPERTY = re.compile(r'"([a-zA-Z0-9._-]+)"|`([a-zA-Z0-9._-]+)`')
+
+
+def _construct(
+    factory: Callable[[dict[str, Any]], _Client],
+    conf: dict[str, Any],
+    config: ClientConfig,
+    what: str,
+) -> _Client:
+    """``factory(conf)``, with librdkafka's refusal of a property (unknown name, bad value,
+    conflicting settings) raised as :class:`InvalidArgumentError` naming the property and,
+    when the user set it, its ``BRIDGE_KAFKA_*`` variable."""
+    try:
+        return factory(conf)
+    except (KafkaException, TypeError, ValueError) as exc:
+        error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
+        text = error.str() if isinstance(error, KafkaError) else str(error)
+        found = _QUOTED_PROPERTY.search(text)
+        name = (found.group(1) or found.group(2)) if found else None
+        # The user's own spelling when theirs (librdkafka may say "max.in.flight" for
+        # "max.in.flight.requests.per.connection").
+        theirs = [
+            k for k in config.kafka if name is not None and (k == name or k.startswith(name + "."))
+        ]
+        if theirs:
+            subject = f"kafka property {theirs[0]!r} ({kafka_env_name(theirs[0])})"
+        elif name is not None:
+            subject = f"kafka property {name!r}"
+        else:
+            subject = "the kafka properties"
+        raise InvalidArgumentError(
+            f"{subject} refused when making the Kafka {what}: {text}"
+        ) from exc
+
+
 def new_producer(config: ClientConfig, client_id: str, **overrides: Any) -> Producer:
-    """A confluent-kafka ``Producer`` with :func:`producer_config`."""
-    return Producer(producer_config(config, client_id, **overrides))
+    """A confluent-kafka ``Producer`` with :func:`producer_config`. Raises
+    :class:`InvalidArgumentError` if librdkafka refuses a property."""
+    return _construct(Producer, producer_config(config, client_id, **overrides), config, "producer")
 
 
 def new_consumer(config: ClientConfig, group_id: str, client_id: str, **overrides: Any) -> Consumer:
-    """A confluent-kafka ``Consumer`` with :func:`consumer_config`."""
-    return Consumer(consumer_config(config, group_id, client_id, **overrides))
+    """A confluent-kafka ``Consumer`` with :func:`consumer_config`. Raises
+    :class:`InvalidArgumentError` if librdkafka refuses a property."""
+    return _construct(
+        Consumer, consumer_config(config, group_id, client_id, **overrides), config, "consumer"
+    )
 
 
 def read_record_at(reader: Consumer, tp: TopicPartition, timeout_s: float = 10.0) -> Any:
@@ -122,10 +166,11 @@ def read_record_at(reader: Consumer, tp: TopicPartition, timeout_s: float = 10.0
 
 
 def new_admin(config: ClientConfig, client_id: str = "bridge-admin") -> AdminClient:
-    """A confluent-kafka ``AdminClient``."""
+    """A confluent-kafka ``AdminClient``. Raises :class:`InvalidArgumentError` if librdkafka
+    refuses a property."""
     conf = _common(config, client_id)
     conf.update(_extras(config, _CONSUMER_ONLY_PREFIXES + _PRODUCER_ONLY_PREFIXES))
-    return AdminClient(conf)
+    return _construct(AdminClient, conf, config, "admin client")
 
 
 def translate_error(

@@ -5,19 +5,23 @@ real topic), runs ``execute_local_transaction`` and writes the decision after th
 message; the coordinator applies it. Undecided transactions are checked: the coordinator
 writes a check request to the producer group's check topic, which every producer of the
 group consumes as one Kafka consumer group, so each request reaches exactly one live member
-(and a dead member's requests move to the others). Checks are answered on a named thread
-pool (RocketMQ's defaults: 1 thread, 2000 requests held).
+(and a dead member's requests move to the others). Checks are answered on named threads
+(RocketMQ's defaults: 1 thread, 2000 requests held). Every wait is bounded: a hung
+``check_local_transaction`` delays ``shutdown()`` by at most its timeout, and an unanswered
+check is simply asked again by the coordinator at its next check interval.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import count
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -37,8 +41,12 @@ from bridge.transaction.model import (
     TransactionStatus,
 )
 from topics.catalog import SystemTopic, TopicCatalog
+from topics.naming import transaction_check_group, validate_user_group
 
 logger = logging.getLogger(__name__)
+
+_HOLD_WAIT_S = 0.2
+"""How often the check loop, waiting for room in the check hold, looks at the stop flag, s."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +118,9 @@ class TransactionMQProducer(Startable):
             group, bootstrap_servers=bootstrap_servers, namespace=namespace, config=config
         )
         self.config = self._producer.config
+        # The check consumers' group is <namespace>.transaction-check.<group>: the group name
+        # must not be one of the bridge's own.
+        validate_user_group(group, self.config.namespace)
         self.catalog = TopicCatalog(namespace=self.config.namespace)
         self.producer_id = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._check_pool_size = check_thread_pool_size
@@ -119,7 +130,18 @@ class TransactionMQProducer(Startable):
         self._lifecycle = Lifecycle(f"transaction producer {group}")
         self._stop = threading.Event()
         self._check_thread: threading.Thread | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        # Checks are answered on daemon threads: a listener that never returns must not keep
+        # the process alive after shutdown() gave up on it.
+        self._check_queue: queue.SimpleQueue[tuple[str, Callable[[], None]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._check_workers: list[threading.Thread] = []
+        self._checks_lock = threading.Condition()
+        self._checks: dict[int, tuple[str, str]] = {}
+        """Check number -> (transaction id, ``queued`` or ``running``), for each check taken
+        and not answered yet."""
+        self._check_numbers = count()
+        self._answers_closed = False
         self._half_topic = self.catalog.topic(SystemTopic.HALF)
         self._born_host = local_ipv4()
 
@@ -152,30 +174,71 @@ class TransactionMQProducer(Startable):
         except BaseException:
             self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
             raise
-        self._executor = ThreadPoolExecutor(
-            self._check_pool_size, thread_name_prefix=f"bridge-txn-check-worker-{self.group}"
-        )
+        self._check_workers = [
+            threading.Thread(
+                target=self._check_worker,
+                name=f"bridge-txn-check-worker-{self.group}-{i}",
+                daemon=True,
+            )
+            for i in range(self._check_pool_size)
+        ]
+        for worker in self._check_workers:
+            worker.start()
         self._check_thread = threading.Thread(
             target=self._check_loop, name=f"bridge-txn-check-{self.group}", daemon=True
         )
         self._check_thread.start()
 
-    def shutdown(self) -> None:
-        """Stop answering checks, wait for pending sends, stop. Idempotent."""
+    def shutdown(self, timeout_ms: int | None = None) -> None:
+        """Stop taking check requests, wait at most ``timeout_ms`` (default
+        ``send_msg_timeout_ms``) for the checks already taken to be answered, then at most as
+        long again for pending sends, and stop. Idempotent.
+
+        Checks still running or queued at the deadline are abandoned and logged (a hung
+        ``check_local_transaction`` keeps its thread, a daemon, but no longer the caller); an
+        answer that comes later is not sent. Nothing is lost: the coordinator asks an
+        undecided transaction again at its next check interval, another producer of the group
+        (or this one, restarted) answers.
+        """
         if self._lifecycle.state is not ServiceState.RUNNING:
             if self._lifecycle.state is ServiceState.CREATE_JUST:
                 self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
             return
+        timeout = self.config.send_msg_timeout_ms if timeout_ms is None else timeout_ms
+        if timeout < 0:
+            raise InvalidArgumentError(f"timeout_ms must not be negative, got {timeout}")
+        deadline = time.monotonic() + timeout / 1000
         self._stop.set()
-        if self._check_thread is not None:
-            self._check_thread.join()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-        self._producer.shutdown()
+        check_thread = self._check_thread
+        if check_thread is not None:
+            # It sees the stop flag within one poll or hold wait, then leaves its group.
+            check_thread.join(max(deadline - time.monotonic(), 0) + 2 * _HOLD_WAIT_S)
+            if check_thread.is_alive():
+                logger.warning(
+                    "transaction producer %s: the check consumer did not stop within %d ms; "
+                    "left behind",
+                    self.group, timeout,
+                )  # fmt: skip
+        with self._checks_lock:
+            self._checks_lock.wait_for(
+                lambda: not self._checks, max(deadline - time.monotonic(), 0)
+            )
+            self._answers_closed = True
+            abandoned = sorted(self._checks.values())
+        for _ in self._check_workers:
+            self._check_queue.put(None)  # idle workers stop; hung ones are daemons
+        if abandoned:
+            logger.warning(
+                "transaction producer %s: shutdown abandoned %d unanswered checks after %d ms "
+                "(%s); the coordinator asks again at its next check interval",
+                self.group, len(abandoned), timeout,
+                ", ".join(f"{tid} {state}" for tid, state in abandoned),
+            )  # fmt: skip
+        self._producer.shutdown(timeout)
         self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
 
     def stop(self) -> None:
-        """:meth:`shutdown`."""
+        """:meth:`shutdown` with the default timeout."""
         self.shutdown()
 
     # --- sending --------------------------------------------------------------------------
@@ -249,7 +312,7 @@ class TransactionMQProducer(Startable):
     def _check_loop(self) -> None:
         consumer = new_consumer(
             self.config,
-            f"{self.config.namespace}.transaction-check.{self.group}",
+            transaction_check_group(self.config.namespace, self.group),
             client_id=f"{self.group}-check",
             session_timeout_ms=self._session_timeout_ms,
             heartbeat_interval_ms=max(self._session_timeout_ms // 6, 500),
@@ -265,12 +328,14 @@ class TransactionMQProducer(Startable):
                     if error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                         logger.warning("check consumer: %s", error.str())
                     continue
-                self._answer(record)
+                if not self._answer(record):
+                    break  # stopping: the request stays uncommitted, for another member
                 consumer.commit(message=record, asynchronous=True)
         finally:
             consumer.close()
 
-    def _answer(self, record: Any) -> None:
+    def _answer(self, record: Any) -> bool:
+        """Queue a check request for the check threads; False if stopping first."""
         try:
             request = CheckRequest.decode(record.value())
             msg = decode_envelope(request.message)
@@ -278,26 +343,64 @@ class TransactionMQProducer(Startable):
             logger.error(
                 "unreadable check request at %s@%d: %s", record.partition(), record.offset(), exc
             )
-            return
+            return True
         listener = self._require_listener()
-        executor = self._executor
-        if executor is None:
-            return
-        self._check_hold.acquire()  # RocketMQ's checkRequestHoldMax: wait when full
+        tid = request.transaction_id
+        # RocketMQ's checkRequestHoldMax: wait while the hold is full, but never past stop.
+        while not self._check_hold.acquire(timeout=_HOLD_WAIT_S):
+            if self._stop.is_set():
+                logger.info(
+                    "transaction %s: check %d not taken, the check hold is full and the "
+                    "producer is stopping; it is asked again",
+                    tid, request.check_times,
+                )  # fmt: skip
+                return False
+
+        number = next(self._check_numbers)
 
         def work() -> None:
             try:
+                with self._checks_lock:
+                    if self._answers_closed:
+                        return
+                    self._checks[number] = (tid, "running")
                 status = _run_listener(
-                    "check_local_transaction",
-                    lambda: listener.check_local_transaction(msg),
-                    request.transaction_id,
+                    "check_local_transaction", lambda: listener.check_local_transaction(msg), tid
                 )
+                with self._checks_lock:
+                    late = self._answers_closed
+                if late:
+                    logger.info(
+                        "transaction %s: check %d answered %s after shutdown; not sent, "
+                        "the coordinator asks again",
+                        tid, request.check_times, status.value,
+                    )  # fmt: skip
+                    return
                 logger.info(
-                    "transaction %s: check %d answered %s",
-                    request.transaction_id, request.check_times, status.value,
-                )  # fmt: skip
-                self._end(request.transaction_id, request.half_partition, status, from_check=True)
+                    "transaction %s: check %d answered %s", tid, request.check_times, status.value
+                )
+                try:
+                    self._end(tid, request.half_partition, status, from_check=True)
+                except IllegalStateError:  # shut down meanwhile (at the shutdown deadline)
+                    logger.info("transaction %s: check answer not sent, shut down", tid)
             finally:
+                with self._checks_lock:
+                    self._checks.pop(number, None)
+                    self._checks_lock.notify_all()
                 self._check_hold.release()
 
-        executor.submit(work)
+        with self._checks_lock:
+            self._checks[number] = (tid, "queued")
+        self._check_queue.put((tid, work))
+        return True
+
+    def _check_worker(self) -> None:
+        while True:
+            item = self._check_queue.get()
+            if item is None:
+                return
+            _, work = item
+            try:
+                work()
+            except Exception:  # never lose the worker; the check is asked again
+                logger.exception("transaction producer %s: answering a check failed", self.group)

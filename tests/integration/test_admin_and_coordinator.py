@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
-from confluent_kafka.admin import ConfigResource
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from bridge.config import ClientConfig
 from bridge.coordinator import Coordinator, CoordinatorConfig
@@ -43,7 +44,7 @@ def test_system_topics_are_created_once_with_the_catalogs_layout(
 def test_half_and_op_must_be_co_partitioned(client_config: ClientConfig) -> None:
     catalog = TopicCatalog(namespace=client_config.namespace, transaction_partitions=2)
     admin = TopicAdmin(client_config)
-    admin.ensure_topics([TopicSpec(catalog.topic(SystemTopic.OP), 5)])
+    admin.ensure_topics([dataclasses.replace(catalog.spec(SystemTopic.OP), partitions=5)])
     with pytest.raises(TopicProvisioningError, match="must be equal"):
         admin.ensure_system_topics(catalog)
 
@@ -113,3 +114,68 @@ def test_health_says_whether_a_coordinator_runs(client_config: ClientConfig) -> 
         result = CliRunner().invoke(cli, ["health"], env=env)
         assert result.exit_code == 0, result.output
         assert result.output.count("STABLE") == 3
+
+
+def test_an_existing_system_topic_with_create_time_is_refused_with_the_fix(
+    client_config: ClientConfig,
+) -> None:
+    catalog = TopicCatalog(namespace=client_config.namespace, transaction_partitions=1)
+    admin = TopicAdmin(client_config)
+    schedule = catalog.spec(SystemTopic.SCHEDULE)
+    admin.ensure_topics(
+        [
+            TopicSpec(
+                schedule.kafka_name, schedule.partitions, {"message.timestamp.type": "CreateTime"}
+            )
+        ]
+    )
+    with pytest.raises(TopicProvisioningError) as info:
+        admin.ensure_system_topics(catalog)
+    text = str(info.value)
+    assert f"{schedule.kafka_name} has message.timestamp.type=CreateTime" in text, text
+    assert "LogAppendTime required" in text, text
+    fix = (
+        f"kafka-configs.sh --bootstrap-server {client_config.bootstrap_servers} --alter "
+        f"--entity-type topics --entity-name {schedule.kafka_name} "
+        "--add-config message.timestamp.type=LogAppendTime"
+    )
+    assert fix in text, text
+    # What that command does, through the admin API: then the check passes.
+    resource = ConfigResource(
+        "topic",
+        schedule.kafka_name,
+        incremental_configs=[
+            ConfigEntry(
+                "message.timestamp.type",
+                "LogAppendTime",
+                incremental_operation=AlterConfigOpType.SET,
+            )
+        ],
+    )
+    raw_admin = new_admin(client_config)
+    raw_admin.incremental_alter_configs([resource])[resource].result(10)
+    wait_until(lambda: _passes(admin, catalog), 30)
+
+
+def _passes(admin: TopicAdmin, catalog: TopicCatalog) -> bool:
+    try:
+        admin.ensure_system_topics(catalog)
+    except TopicProvisioningError:
+        return False  # the new setting may take a moment to show in describe_configs
+    return True
+
+
+def test_a_coordinator_refuses_a_compacted_half_topic(client_config: ClientConfig) -> None:
+    config = CoordinatorConfig(client=client_config, transaction_partitions=1)
+    half = config.catalog.spec(SystemTopic.HALF)
+    compacted = dataclasses.replace(half, configs={**half.configs, "cleanup.policy": "compact"})
+    TopicAdmin(client_config).ensure_topics([compacted])
+    coordinator = Coordinator(config, [_Counting()])
+    with pytest.raises(
+        TopicProvisioningError, match=r"has cleanup\.policy=compact, no compact"
+    ) as info:
+        coordinator.start()
+    assert str(info.value).endswith(
+        f"--entity-name {half.kafka_name} --add-config cleanup.policy=delete"
+    )
+    assert coordinator.state is ServiceState.SHUTDOWN_ALREADY

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bridge.config import ClientConfig
+from bridge.runtime.local_kafka import free_port
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.broker
@@ -125,3 +126,70 @@ def test_bad_cli_input_is_a_clear_error(client_config: ClientConfig) -> None:
     )
     assert proc.returncode == 1
     assert "invalid name 'bad topic'" in proc.stderr
+
+
+def run_cli_failing(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run a command that must fail: a non-zero exit and one ``Error: ...`` line, no
+    traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().startswith("Error: "), proc.stderr
+    return proc
+
+
+def test_topics_map_refuses_a_name_without_a_kafka_name() -> None:
+    too_long = "%DLQ%" + "." * 100  # each '.' escapes to 3 characters: past Kafka's 249
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "topics", "map", "orders", too_long, "rmq.DLQ.a_2Eb"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "orders -> orders" in proc.stdout
+    assert "rmq.DLQ.a_2Eb <- %DLQ%a.b" in proc.stdout  # the other names are still mapped
+    assert f"{too_long} ->" not in proc.stdout and f"{too_long} <-" not in proc.stdout
+    assert "more than Kafka's 249" in proc.stderr, proc.stderr
+
+
+def test_an_unknown_kafka_property_is_one_clear_error_line(
+    client_config: ClientConfig, topic: str
+) -> None:
+    env = {**os.environ, "BRIDGE_KAFKA_NO_SUCH_PROPERTY": "1"}
+    proc = run_cli_failing("consume", "-b", client_config.bootstrap_servers, topic, env=env)
+    assert "'no.such.property' (BRIDGE_KAFKA_NO_SUCH_PROPERTY)" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_consume_from_an_unreachable_broker_fails() -> None:
+    env = {**env_without_bootstrap(), "BRIDGE_REQUEST_TIMEOUT_MS": "2000"}
+    proc = run_cli_failing(
+        "consume", "-b", f"127.0.0.1:{free_port()}", "orders", "--timeout-ms", "2000", env=env
+    )
+    assert "BrokerUnreachableError" in proc.stderr, proc.stderr
+
+
+def test_a_coordinator_with_a_protected_kafka_property_fails_fast(
+    client_config: ClientConfig,
+) -> None:
+    env = {
+        **os.environ,
+        "BRIDGE_NAMESPACE": client_config.namespace,
+        "BRIDGE_KAFKA_AUTO_OFFSET_RESET": "latest",
+    }
+    proc = run_cli_failing(
+        "up", "--once", "--no-self-check", "-b", client_config.bootstrap_servers, env=env
+    )
+    assert "BRIDGE_KAFKA_AUTO_OFFSET_RESET" in proc.stderr, proc.stderr
+    assert "consume_from_where" in proc.stderr, proc.stderr

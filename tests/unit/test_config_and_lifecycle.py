@@ -9,8 +9,15 @@ import pytest
 from bridge.config import ClientConfig
 from bridge.coordinator import CoordinatorConfig
 from bridge.errors import IllegalStateError, InvalidArgumentError
+from bridge.kafka.clients import (
+    consumer_config,
+    new_admin,
+    new_consumer,
+    new_producer,
+    producer_config,
+)
 from bridge.lifecycle import TRANSITIONS, Lifecycle, ServiceState, ServiceThread
-from topics.catalog import SystemTopic, TopicCatalog
+from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
 
 
 def test_client_config_from_env_reads_kafka_and_bridge_names() -> None:
@@ -38,7 +45,7 @@ def test_client_config_from_env_reads_kafka_and_bridge_names() -> None:
         ({"max_message_bytes": -1}, "max_message_bytes"),
         ({"linger_ms": -1}, "linger_ms must be non-negative"),
         ({"namespace": "bad_ns"}, "namespace"),
-        ({"kafka": {"enable.idempotence": "false"}}, "set by the client itself"),
+        ({"kafka": {"enable.idempotence": "false"}}, "'enable.idempotence'"),
     ],
 )
 def test_invalid_client_config_names_the_field(kwargs: dict[str, object], fragment: str) -> None:
@@ -71,6 +78,33 @@ def test_catalog_specs() -> None:
     assert [s.kafka_name for s in catalog.group_specs("g_1")] == ["ns.RETRY.g__1", "ns.DLQ.g__1"]
     with pytest.raises(InvalidArgumentError, match="72 h"):
         TopicCatalog(half_retention_ms=1000)
+
+
+def test_settings_an_existing_system_topic_must_have() -> None:
+    catalog = TopicCatalog(namespace="ns")
+    schedule = catalog.spec(SystemTopic.SCHEDULE)
+    good = {
+        "message.timestamp.type": "LogAppendTime", "cleanup.policy": "delete",
+        "retention.ms": "-1", "retention.bytes": "-1", "segment.bytes": "1000",
+    }  # fmt: skip
+    assert schedule.config_mismatches(good) == []
+    bad = {
+        "message.timestamp.type": "CreateTime", "cleanup.policy": "compact,delete",
+        "retention.ms": "60000", "retention.bytes": "1000000",
+    }  # fmt: skip
+    found = {m.setting: m for m in schedule.config_mismatches(bad)}
+    assert sorted(found) == sorted(bad)
+    assert (found["message.timestamp.type"].actual, found["message.timestamp.type"].fix) == (
+        "CreateTime", "LogAppendTime",
+    )  # fmt: skip
+    assert found["cleanup.policy"].fix == "delete"
+    assert found["retention.ms"].fix == schedule.configs["retention.ms"]
+    assert found["retention.bytes"].fix == "-1"
+    # Parked and quarantined records: how long to keep them is the operator's choice.
+    quarantine = catalog.spec(SystemTopic.QUARANTINE)
+    assert quarantine.config_mismatches({**good, "retention.ms": "60000"}) == []
+    assert [m.setting for m in quarantine.config_mismatches(bad)] == ["cleanup.policy"]
+    assert TopicSpec("orders", 4).config_mismatches(bad) == []  # a user's topic is theirs
 
 
 def test_lifecycle_follows_the_transition_table() -> None:
@@ -125,3 +159,119 @@ class _BadInterval(ServiceThread):
 
     def run_once(self) -> None:
         """Never runs."""
+
+
+# --- client properties the design relies on --------------------------------------------------
+
+# Every protected property, with a fragment of what its error says to use instead.
+PROTECTED_PROPERTIES = [
+    ("bootstrap.servers", "KAFKA_BOOTSTRAP_SERVERS"),
+    ("metadata.broker.list", "KAFKA_BOOTSTRAP_SERVERS"),
+    ("group.id", "PushConsumer(group)"),
+    ("group.instance.id", "BRIDGE_COORDINATOR_ID"),
+    ("auto.offset.reset", "consume_from_where"),
+    ("enable.partition.eof", "sets it per consumer"),
+    ("isolation.level", "always read_committed"),
+    ("enable.auto.commit", "commits itself"),
+    ("auto.commit.enable", "commits itself"),
+    ("enable.idempotence", "always idempotent"),
+    ("acks", "always acks=all"),
+    ("request.required.acks", "always acks=all"),
+    ("transactional.id", "BRIDGE_COORDINATOR_ID"),
+    ("transaction.timeout.ms", "BRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS"),
+    ("partition.assignment.strategy", "eager"),
+    ("group.protocol", "eager"),
+    ("message.timeout.ms", "BRIDGE_SEND_MSG_TIMEOUT_MS"),
+    ("delivery.timeout.ms", "BRIDGE_SEND_MSG_TIMEOUT_MS"),
+    ("message.max.bytes", "BRIDGE_MAX_MESSAGE_BYTES"),
+    ("linger.ms", "BRIDGE_LINGER_MS"),
+    ("queue.buffering.max.ms", "BRIDGE_LINGER_MS"),
+    ("partitioner", "murmur2"),
+]
+
+
+@pytest.mark.parametrize(("name", "instead"), PROTECTED_PROPERTIES)
+def test_a_protected_kafka_property_is_refused_with_what_to_use_instead(
+    name: str, instead: str
+) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        ClientConfig(kafka={name: "x"})
+    text = str(info.value)
+    assert repr(name) in text and instead in text, text
+
+
+@pytest.mark.parametrize(("name", "instead"), PROTECTED_PROPERTIES)
+def test_a_protected_property_from_the_environment_names_the_variable(
+    name: str, instead: str
+) -> None:
+    variable = "BRIDGE_KAFKA_" + name.upper().replace(".", "_")
+    if name == "transaction.timeout.ms":
+        return  # the coordinator's own setting: see the next test
+    with pytest.raises(InvalidArgumentError) as info:
+        ClientConfig.from_env({variable: "x"})
+    assert variable in str(info.value) and instead in str(info.value)
+
+
+def test_bridge_kafka_transaction_timeout_ms_is_only_the_coordinators_setting() -> None:
+    env = {"BRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS": "20000", "BRIDGE_KAFKA_CLIENT_RACK": "r1"}
+    client = ClientConfig.from_env(env)
+    assert dict(client.kafka) == {"client.rack": "r1"}
+    assert CoordinatorConfig.from_env(env).kafka_transaction_timeout_ms == 20000
+    assert "transaction.timeout.ms" not in producer_config(client, "p")
+    assert "transaction.timeout.ms" not in consumer_config(client, "g", "c")
+
+
+def test_the_bridge_still_sets_protected_properties_itself() -> None:
+    conf = consumer_config(
+        ClientConfig(), "g", "c", enable_partition_eof=True, group_instance_id="c1-timer",
+        auto_offset_reset="latest",
+    )  # fmt: skip
+    assert (conf["enable.partition.eof"], conf["group.instance.id"]) == (True, "c1-timer")
+    assert conf["auto.offset.reset"] == "latest"
+    producer = producer_config(ClientConfig(), "p", transactional_id="t", transaction_timeout_ms=5)
+    assert (producer["transactional.id"], producer["transaction.timeout.ms"]) == ("t", 5)
+
+
+@pytest.mark.parametrize(
+    ("kafka", "fragment"),
+    [
+        ({"no.such.property": "1"}, "'no.such.property' (BRIDGE_KAFKA_NO_SUCH_PROPERTY)"),
+        ({"socket.timeout.ms": "soon"}, "'socket.timeout.ms' (BRIDGE_KAFKA_SOCKET_TIMEOUT_MS)"),
+    ],
+)
+def test_a_property_librdkafka_refuses_is_a_typed_error_naming_it(
+    kafka: dict[str, str], fragment: str
+) -> None:
+    config = ClientConfig(kafka=kafka)
+    for make in (
+        lambda: new_producer(config, "p"),
+        lambda: new_consumer(config, "g", "c"),
+        lambda: new_admin(config),
+    ):
+        with pytest.raises(InvalidArgumentError) as info:
+            make()
+        assert fragment in str(info.value), str(info.value)
+
+
+def test_invalid_delay_error_is_public() -> None:
+    import bridge
+    import bridge.delay.model
+    import bridge.errors
+
+    assert bridge.InvalidDelayError is bridge.errors.InvalidDelayError
+    assert bridge.delay.model.InvalidDelayError is bridge.errors.InvalidDelayError
+    assert issubclass(bridge.errors.InvalidDelayError, bridge.errors.InvalidMessageError)
+    assert "InvalidDelayError" in bridge.errors.__all__ and "InvalidDelayError" in bridge.__all__
+    assert "InvalidDelayError" in (bridge.errors.__doc__ or "")
+
+
+def test_group_names_of_the_bridge_itself_are_refused_for_users() -> None:
+    from bridge.client.reader import read_messages
+    from bridge.transaction.producer import TransactionMQProducer
+    from topics.errors import InvalidTopicNameError
+
+    config = ClientConfig(namespace="ns")
+    with pytest.raises(InvalidTopicNameError, match="reserved"):
+        next(read_messages(config, ["t"], group="ns.coordinator.schedule"))
+    with pytest.raises(InvalidTopicNameError, match="reserved"):
+        TransactionMQProducer("ns.transaction-check.g", None, config=config)

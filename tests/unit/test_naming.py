@@ -8,18 +8,27 @@ import re
 import pytest
 
 from topics.catalog import SystemTopic, TopicCatalog
-from topics.errors import InvalidTopicNameError
+from topics.errors import InvalidArgumentError, InvalidTopicNameError
 from topics.naming import (
+    COORDINATOR_SERVICE_KINDS,
     KAFKA_TOPIC_MAX_LENGTH,
     TopicKind,
+    broadcast_group,
     check_topic,
+    coordinator_group,
+    coordinator_group_instance_id,
+    coordinator_transactional_id,
     dlq_topic,
     escape_group,
     kafka_collision_key,
+    operator_transactional_id,
     parse_kafka_topic,
+    reader_group,
     retry_topic,
     to_kafka_topic,
+    transaction_check_group,
     unescape_group,
+    validate_user_group,
 )
 
 KAFKA_LEGAL = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -130,3 +139,48 @@ def test_unescape_refuses_non_canonical_or_broken_escapes() -> None:
 def test_unknown_name_in_namespace_is_an_error() -> None:
     with pytest.raises(InvalidTopicNameError, match="unknown topic"):
         TopicCatalog().parse("rmq.SOMETHING_ELSE")
+
+
+# --- group names: the bridge's own, and what users may not take --------------------------------
+
+
+def test_the_bridges_own_group_names() -> None:
+    assert coordinator_group("ns", "timer") == "ns.coordinator.timer"
+    assert transaction_check_group("ns", "orders_tx") == "ns.transaction-check.orders_tx"
+    assert broadcast_group("g", "host@1") == "g.broadcast.host@1"
+    assert coordinator_transactional_id("ns", "schedule", "c1") == "ns.coordinator.schedule.c1"
+    assert coordinator_group_instance_id("c1", "transaction") == "c1-transaction"
+    assert operator_transactional_id("ns", "abc") == "ns.operator.abc"
+    assert reader_group("reader", "1a2b") == "bridge-reader-1a2b"
+    with pytest.raises(InvalidArgumentError, match="kind"):
+        coordinator_group("ns", "nope")
+
+
+@pytest.mark.parametrize(
+    ("group", "fragment"),
+    [
+        ("ns.coordinator.transaction", "namespace 'ns'"),
+        ("ns.transaction-check.g", "namespace 'ns'"),
+        ("ns.operator.x", "namespace 'ns'"),
+        ("ns.anything", "namespace 'ns'"),
+        ("other.coordinator.schedule", "coordinator"),
+        ("a.b.transaction-check.g", "transaction-check"),
+        ("orders.broadcast.host-1", "broadcast"),
+    ],
+)
+def test_a_user_group_may_not_take_a_name_the_bridge_uses(group: str, fragment: str) -> None:
+    with pytest.raises(InvalidTopicNameError, match="reserved") as info:
+        validate_user_group(group, "ns")
+    assert fragment in str(info.value)
+
+
+def test_every_group_name_of_the_bridge_is_refused_for_users() -> None:
+    groups = [*random_groups(500, seed=5), "orders", "a.b", "ns"]
+    own = {coordinator_group(ns, k) for ns in ("ns", "prod.eu") for k in COORDINATOR_SERVICE_KINDS}
+    own |= {transaction_check_group(ns, g) for ns in ("ns", "prod.eu") for g in groups}
+    own |= {broadcast_group(g, i) for g in groups for i in ("i-1", "host@12")}
+    for name in own:
+        with pytest.raises(InvalidTopicNameError):
+            validate_user_group(name, "ns")
+    for group in ["orders", "a.b", "ns", "ns-x", "nsx.a", "a.ns", "order_consumer", "%x|y"]:
+        assert validate_user_group(group, "ns") == group
