@@ -63,11 +63,11 @@ class InvalidMessageError(InvalidArgumentError):
 
 
 class MessageTooLargeError(InvalidMessageError):
-    """A message's body is larger than the configured maximum."""
+    """A message's body, or its properties, keys and tags, are larger than allowed."""
 
-    def __init__(self, size_bytes: int, max_bytes: int) -> None:
+    def __init__(self, size_bytes: int, max_bytes: int, what: str | None = None) -> None:
         super().__init__(
-            f"message body is {size_bytes} bytes, more than max_message_bytes={max_bytes}"
+            what or f"message body is {size_bytes} bytes, more than max_message_bytes={max_bytes}"
         )
         self.size_bytes = size_bytes
         self.max_bytes = max_bytes

@@ -39,7 +39,7 @@ from bridge.kafka.clients import new_producer, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageIdGenerator, local_ipv4
 from topics.catalog import SystemTopic
-from topics.naming import kafka_collision_key, to_kafka_topic, validate_group
+from topics.naming import kafka_collision_key, to_kafka_topic, validate_user_group
 
 logger = logging.getLogger(__name__)
 
@@ -125,13 +125,12 @@ def _properties_size(msg: Message) -> int:
 
 
 def _properties_too_large(size: int) -> MessageTooLargeError:
-    error = MessageTooLargeError(size, MAX_PROPERTIES_BYTES)
-    # MessageTooLargeError words its message for the body; say what was measured here.
-    error.args = (
+    return MessageTooLargeError(
+        size,
+        MAX_PROPERTIES_BYTES,
         f"message properties, keys and tags are {size} bytes encoded, more than the "
         f"{MAX_PROPERTIES_BYTES} bytes a RocketMQ broker accepts (Short.MAX_VALUE)",
     )
-    return error
 
 
 class _SyncWaiter:
@@ -214,12 +213,12 @@ class Producer(Startable):
         send_msg_timeout_ms: int | None = None,
         config: ClientConfig | None = None,
     ) -> None:
-        self.group = validate_group(group)
         self.config = (config or ClientConfig()).replace(
             bootstrap_servers=bootstrap_servers,
             namespace=namespace,
             send_msg_timeout_ms=send_msg_timeout_ms,
         )
+        self.group = validate_user_group(group, self.config.namespace)
         self._lifecycle = Lifecycle(f"producer {group}")
         self._ids = MessageIdGenerator()
         self._born_host = local_ipv4().encode("ascii")

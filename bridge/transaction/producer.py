@@ -253,7 +253,8 @@ class TransactionMQProducer(Startable):
         """
         listener = self._require_listener()
         self._lifecycle.require_running()
-        prepared = self._producer.prepare(msg)  # validates topic, body, size; assigns the id
+        # Validates topic, body, size and the partition's range; assigns the id.
+        prepared = self._producer.prepare(msg, partition)
         tid = prepared.msg_id
         props = dict(msg.wire_properties())
         props.pop(MessageConst.DELAY_TIME_LEVEL, None)
