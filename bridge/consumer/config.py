@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -15,6 +16,13 @@ def _at_least(name: str, value: object, minimum: int) -> None:
         raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise InvalidArgumentError(f"{name} must be at least {minimum}, got {value}")
+
+
+def _positive_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidArgumentError(f"{name} must be a positive finite number, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +41,10 @@ class PushConsumerConfig:
     """Most records taken from Kafka per poll, per partition."""
     pull_threshold_for_queue: int = 1000
     """A partition with this many messages held (received, not yet done) stops fetching."""
+    pull_threshold_size_for_queue: int = 100
+    """A partition whose held messages take this many MiB (bodies, property names and values)
+    stops fetching too, whichever threshold it reaches first. Like RocketMQ, the check comes
+    after each poll, so a partition may go over by one poll's records."""
     max_reconsume_times: int = -1
     """Failures before a message goes to the dead-letter queue; -1 means RocketMQ's default:
     16 for a concurrent listener, unlimited for an orderly one."""
@@ -42,9 +54,17 @@ class PushConsumerConfig:
     """When a send-back fails, the message is consumed again locally after this long, in ms."""
     persist_consumer_offset_interval_ms: int = 5000
     """How often consumed offsets are committed to Kafka, in ms (also on rebalance and stop)."""
+    consume_timeout: float = 15
+    """Minutes a message may spend in a concurrent listener (RocketMQ's ``consumeTimeout``;
+    fractions allowed: ``0.05`` is 3 s). A message still there after that is sent back for
+    retry (delay level 3, through the retry topic, so its offset can be committed past), and
+    the listener's result for it, when it finally returns, is ignored. An orderly consumer
+    that loses a partition waits up to this long for the listener running it before it lets
+    the partition go (the next owner never runs it meanwhile)."""
     drain_timeout_ms: int = 10_000
-    """On rebalance or shutdown, how long running listeners get to finish, in ms; what is
-    still running afterwards is redelivered (its offset is not committed past)."""
+    """On a rebalance (concurrent listeners) and by default on shutdown, how long running
+    listeners get to finish, in ms; what is still running afterwards is redelivered (its
+    offset is not committed past) and its listener's late result ignored."""
     instance_name: str = ""
     """Names this consumer in BROADCASTING mode, where each instance keeps its own offsets;
     empty means ``<host>@<pid>``, RocketMQ's default."""
@@ -63,6 +83,8 @@ class PushConsumerConfig:
         _at_least("consume_message_batch_max_size", self.consume_message_batch_max_size, 1)
         _at_least("pull_batch_size", self.pull_batch_size, 1)
         _at_least("pull_threshold_for_queue", self.pull_threshold_for_queue, 1)
+        _at_least("pull_threshold_size_for_queue", self.pull_threshold_size_for_queue, 1)
+        _positive_number("consume_timeout", self.consume_timeout)
         _at_least("max_reconsume_times", self.max_reconsume_times, -1)
         _at_least("suspend_current_queue_time_millis", self.suspend_current_queue_time_millis, 0)
         _at_least("send_back_retry_delay_ms", self.send_back_retry_delay_ms, 0)

@@ -1,9 +1,19 @@
 """What a consumer holds of one partition (RocketMQ's ``ProcessQueue``). Pure logic.
 
-Every message received stays here until it is done: consumed, or safely sent back for retry.
-The offset to commit is the smallest one still held, or one past the highest received when
-nothing is held, so a committed offset never passes a message that is not done, however the
-listener threads finish out of order.
+Every message received stays here until it is done: consumed, safely sent back for retry, or
+moved to quarantine. The offset to commit is the smallest one still held, or one past the
+highest received when nothing is held, so a committed offset never passes a message that is not
+done, however the listener threads finish out of order.
+
+Held messages are counted in number and in bytes (:attr:`ProcessQueue.held`,
+:attr:`ProcessQueue.held_bytes`), so the consumer stops fetching a partition that holds too much
+(RocketMQ's ``pullThresholdForQueue`` and ``pullThresholdSizeForQueue``).
+
+A listener call registers the messages it runs (:meth:`ProcessQueue.start`) and, when it
+returns, learns which of its results still count (:meth:`ProcessQueue.settle`): none once the
+partition is released (its next owner consumes them again), and not those of a message taken
+from it because it ran past the consume timeout (:meth:`ProcessQueue.overdue`, which the
+consumer sends back for retry, as RocketMQ's ``cleanExpireMsg`` does).
 """
 
 from __future__ import annotations
@@ -11,9 +21,29 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from bridge.message import MessageExt
+
+
+class _Held:
+    """A held message, its size in bytes, the record it was read from (opaque here), and the
+    listener call running it since ``since`` (monotonic seconds), if any."""
+
+    __slots__ = ("call", "msg", "record", "since", "size")
+
+    def __init__(self, msg: MessageExt, size: int, record: object) -> None:
+        self.msg = msg
+        self.size = size
+        self.record = record
+        self.call: object = None
+        self.since = 0.0
+
+
+def message_size(msg: MessageExt) -> int:
+    """The bytes ``msg`` counts for while held: its body, and its property names and values (a
+    text value counts one byte per character)."""
+    return len(msg.body) + sum(len(k) + len(v) for k, v in msg.properties.items())
 
 
 class ProcessQueue:
@@ -23,12 +53,18 @@ class ProcessQueue:
         self.topic = topic
         """The Kafka topic."""
         self.partition = partition
-        self._held: OrderedDict[int, MessageExt] = OrderedDict()
+        self._held: OrderedDict[int, _Held] = OrderedDict()
+        """By offset, in offset order (see :meth:`put`)."""
+        self._bytes = 0
         self._highest = -1
         self._lock = threading.Condition()
         self._running = 0
+        self._in_call: dict[int, _Held] = {}
+        """Held messages a listener call is running, by offset."""
         self.dropped = False
         """Set when the partition is revoked or the consumer stops: start no new work."""
+        self.released = False
+        """Set once the consumer gave the partition up: late listener results are ignored."""
         self.last_committed = -1
         """The offset last committed for this partition (kept by the committing thread)."""
         # Orderly consumption only: messages not yet handed to the listener, in order.
@@ -37,12 +73,33 @@ class ProcessQueue:
         """An orderly task owns this partition now (set and cleared under :meth:`lock`)."""
 
     # --- receipt and completion ---------------------------------------------------------
-    def put(self, msgs: Iterable[MessageExt], *, pending: bool = False) -> None:
-        """Hold ``msgs`` (in offset order); ``pending`` also queues them for an orderly task."""
+    def put(
+        self,
+        msgs: Iterable[MessageExt],
+        *,
+        pending: bool = False,
+        sizes: Sequence[int] | None = None,
+        records: Sequence[object] | None = None,
+    ) -> None:
+        """Hold ``msgs``; ``pending`` also queues them for an orderly task. ``sizes`` are their
+        sizes in bytes (default: :func:`message_size`), ``records`` what :meth:`record_of`
+        returns for them."""
         with self._lock:
-            for msg in msgs:
-                self._held[msg.queue_offset] = msg
-                self._highest = max(self._highest, msg.queue_offset)
+            held = self._held
+            last = next(reversed(held)) if held else -1
+            for i, msg in enumerate(msgs):
+                size = sizes[i] if sizes is not None else message_size(msg)
+                offset = msg.queue_offset
+                old = held.pop(offset, None)
+                if old is not None:
+                    self._bytes -= old.size
+                held[offset] = _Held(msg, size, records[i] if records is not None else None)
+                self._bytes += size
+                if offset < last:
+                    # Kept in offset order: the commit offset is the first key.
+                    self._held = held = OrderedDict(sorted(held.items()))
+                last = next(reversed(held))
+                self._highest = max(self._highest, offset)
                 if pending:
                     self._pending.append(msg)
 
@@ -55,7 +112,21 @@ class ProcessQueue:
         """Mark messages done."""
         with self._lock:
             for offset in offsets:
-                self._held.pop(offset, None)
+                held = self._held.pop(offset, None)
+                if held is not None:
+                    self._bytes -= held.size
+                    self._in_call.pop(offset, None)
+
+    def holds(self, offset: int) -> bool:
+        """True if the message at ``offset`` is held (received and not done)."""
+        with self._lock:
+            return offset in self._held
+
+    def record_of(self, offset: int) -> object:
+        """The record given to :meth:`put` with the message at ``offset``; None if none."""
+        with self._lock:
+            held = self._held.get(offset)
+            return held.record if held is not None else None
 
     def commit_offset(self) -> int | None:
         """The offset to commit (the next to read), or None if nothing was received."""
@@ -69,9 +140,57 @@ class ProcessQueue:
         """How many messages are received and not done."""
         return len(self._held)
 
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of the messages received and not done (see :func:`message_size`)."""
+        return self._bytes
+
+    def over(self, max_count: int, max_bytes: int) -> bool:
+        """True if the held messages reach ``max_count`` or take ``max_bytes`` bytes."""
+        return len(self._held) >= max_count or self._bytes >= max_bytes
+
+    # --- listener calls ---------------------------------------------------------------------
+    def start(self, call: object, msgs: Iterable[MessageExt], now: float) -> None:
+        """``call`` (any object that identifies one listener call) runs ``msgs`` from ``now``
+        (monotonic seconds)."""
+        with self._lock:
+            for msg in msgs:
+                held = self._held.get(msg.queue_offset)
+                if held is not None:
+                    held.call = call
+                    held.since = now
+                    self._in_call[msg.queue_offset] = held
+
+    def settle(self, call: object, msgs: Iterable[MessageExt]) -> set[int]:
+        """``call`` returned: the offsets of ``msgs`` whose results still count. Not those
+        taken by :meth:`overdue` (or by a later call), nor any once the queue is released."""
+        with self._lock:
+            counted: set[int] = set()
+            for msg in msgs:
+                held = self._held.get(msg.queue_offset)
+                if held is None or held.call is not call:
+                    continue
+                held.call = None
+                self._in_call.pop(msg.queue_offset, None)
+                if not self.released:
+                    counted.add(msg.queue_offset)
+            return counted
+
+    def overdue(self, now: float, timeout_s: float) -> list[MessageExt]:
+        """Messages whose listener call started more than ``timeout_s`` before ``now``
+        (monotonic seconds), oldest offset first; they are taken from their calls, so those
+        calls' results for them will not count. They stay held."""
+        with self._lock:
+            late = sorted(
+                (o for o, h in self._in_call.items() if now - h.since > timeout_s),
+            )
+            for offset in late:
+                self._in_call.pop(offset).call = None
+            return [self._held[o].msg for o in late]
+
     # --- running work ---------------------------------------------------------------------
     def begin(self) -> bool:
-        """Count a listener call as running; False (and nothing counted) once dropped."""
+        """Count a listener task as running; False (and nothing counted) once dropped."""
         with self._lock:
             if self.dropped:
                 return False
@@ -79,23 +198,43 @@ class ProcessQueue:
             return True
 
     def end(self) -> None:
-        """A listener call counted by :meth:`begin` finished."""
+        """A listener task counted by :meth:`begin` finished."""
         with self._lock:
             self._running -= 1
             if self._running == 0:
                 self._lock.notify_all()
 
-    def drop_and_drain(self, timeout_s: float) -> bool:
-        """Mark dropped and wait up to ``timeout_s`` for running calls; True if none remain."""
-        deadline = time.monotonic() + timeout_s
+    @property
+    def running(self) -> int:
+        """How many listener tasks run now."""
+        return self._running
+
+    def drop(self) -> None:
+        """Start no new work (revoked, or the consumer stops)."""
         with self._lock:
             self.dropped = True
+
+    def release(self) -> None:
+        """The consumer gave the partition up: results of calls still running are ignored."""
+        with self._lock:
+            self.dropped = True
+            self.released = True
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for running tasks to finish; True if none remain."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
             while self._running:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
                 self._lock.wait(remaining)
             return True
+
+    def drop_and_drain(self, timeout_s: float) -> bool:
+        """Mark dropped and wait up to ``timeout_s`` for running calls; True if none remain."""
+        self.drop()
+        return self.wait_idle(timeout_s)
 
     # --- orderly --------------------------------------------------------------------------
     @property
@@ -108,6 +247,11 @@ class ProcessQueue:
         with self._lock:
             n = min(count, len(self._pending))
             return [self._pending.popleft() for _ in range(n)]
+
+    def enqueue(self, msgs: Iterable[MessageExt]) -> None:
+        """Queue held messages for an orderly task, in order (see :meth:`put`)."""
+        with self._lock:
+            self._pending.extend(msgs)
 
     def put_back(self, msgs: list[MessageExt]) -> None:
         """Return messages taken by :meth:`take` to the head, in order (orderly retry)."""

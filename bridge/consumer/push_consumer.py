@@ -8,7 +8,11 @@ whatever order the listener threads finish in, and a rebalance or a crash only r
 A failed message (CLUSTERING) is copied to the group's retry topic through the delay levels,
 or to its dead-letter queue once its retries are spent, and only counts as done once Kafka
 has acknowledged the copy. If the copy cannot be written, the message is consumed again
-locally after ``send_back_retry_delay_ms``, and its offset stays uncommitted meanwhile.
+locally after ``send_back_retry_delay_ms``, and its offset stays uncommitted meanwhile; if it
+cannot even be built, the record goes to the QUARANTINE topic with the reason. Records are
+handled one by one, so one that cannot be decoded is quarantined and never costs the rest of
+its batch. Waits are bounded: ``consume_timeout`` for a listener (concurrent: the message is
+sent back; orderly: a rebalance waits that long), ``shutdown(timeout_ms)`` for shutdown.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
+import operator
 import os
 import socket
 import threading
@@ -53,7 +59,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.quarantine import quarantine_copy
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
-from bridge.message import MessageConst, MessageExt, local_ipv4
+from bridge.message import MessageConst, MessageExt, local_ipv4, parse_count
 from topics.catalog import SystemTopic
 from topics.errors import MalformedRecordError
 from topics.naming import RETRY_GROUP_TOPIC_PREFIX, to_kafka_topic, validate_group
@@ -80,6 +86,30 @@ _ORDERLY_SLICE_S = 60.0
 _MAX_REQUESTS_PER_TASK = 64
 """Most consume requests one pool task runs in a row."""
 _RECORD_ERRORS_IGNORED = frozenset({KafkaError._PARTITION_EOF})
+_read_headers = operator.methodcaller("headers")
+"""``record.headers()``, called so that a failure raises here. confluent-kafka fails to convert
+a header name that is not UTF-8 but returns a list all the same, with the error still set;
+CPython's specialised call of a C method (a hot loop's ``record.headers()``) does not look at
+that, and the error surfaces at some later call. A call through ``methodcaller`` is checked:
+it raises ``SystemError`` from the conversion's ``UnicodeDecodeError``."""
+_EXPIRY_CHECK_S = 1.0
+"""How often, at most, messages in concurrent listeners are checked against
+``consume_timeout``, seconds."""
+_CONSUME_TIMEOUT_DELAY_LEVEL = 3
+"""The delay level of a message sent back for running past ``consume_timeout`` (RocketMQ's
+``cleanExpireMsg``)."""
+_DEFAULT_MAX_POLL_INTERVAL_MS = 300_000
+"""librdkafka's ``max.poll.interval.ms`` default."""
+_MAX_POLL_INTERVAL_LIMIT_MS = 86_400_000
+"""The largest ``max.poll.interval.ms`` librdkafka takes."""
+_POLL_INTERVAL_MARGIN_S = 30.0
+"""An orderly consumer's wait in the revoke callback ends this long before
+``max.poll.interval.ms``, so the group does not expel it meanwhile, seconds."""
+_CLOSE_GRACE_S = 5.0
+"""What :meth:`PushConsumer.shutdown` allows beyond its timeout for closing the Kafka
+consumer (leaving the group), seconds."""
+_WAIT_SLICE_S = 0.1
+"""Waits for running listeners look at the shutdown deadline this often, seconds."""
 
 
 class ConsumerStats(NamedTuple):
@@ -112,6 +142,69 @@ class _Later:
     action: Callable[[], None] = field(compare=False)
 
 
+class _Headerless:
+    """A consumed record seen without its headers, which cannot be read: confluent-kafka
+    raises converting a header name that is not UTF-8, and reading them again would crash."""
+
+    __slots__ = ("_record",)
+
+    def __init__(self, record: Any) -> None:
+        self._record = record
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return []
+
+    def topic(self) -> Any:
+        return self._record.topic()
+
+    def partition(self) -> Any:
+        return self._record.partition()
+
+    def offset(self) -> Any:
+        return self._record.offset()
+
+    def key(self) -> Any:
+        return self._record.key()
+
+    def value(self) -> Any:
+        return self._record.value()
+
+    def timestamp(self) -> Any:
+        return self._record.timestamp()
+
+
+class _Incoming:
+    """One partition's share of a poll, in offset order: messages to hold (with their sizes in
+    bytes and records), those of them to consume, and records to quarantine (held under a
+    placeholder until Kafka acknowledges their copy)."""
+
+    __slots__ = ("msgs", "poison", "records", "sizes", "work")
+
+    def __init__(self) -> None:
+        self.msgs: list[MessageExt] = []
+        self.sizes: list[int] = []
+        self.records: list[Any] = []
+        self.work: list[MessageExt] = []
+        self.poison: list[tuple[Any, Exception]] = []
+
+    def hold(self, msg: MessageExt, size: int, record: Any) -> None:
+        self.msgs.append(msg)
+        self.sizes.append(size)
+        self.records.append(record)
+        self.work.append(msg)
+
+    def hold_poison(self, record: Any, reason: Exception) -> None:
+        offset = record.offset()
+        self.msgs.append(
+            MessageExt(
+                "", msg_id=f"{record.topic()}-{record.partition()}-{offset}", queue_offset=offset
+            )
+        )
+        self.sizes.append(0)
+        self.records.append(record)
+        self.poison.append((record, reason))
+
+
 def _leading_successes(callback: MessageCallback, msgs: list[MessageExt]) -> int:
     """Call a per-message listener on ``msgs`` in order until one fails (a failure status,
     None or an exception); return how many succeeded."""
@@ -139,6 +232,20 @@ class PushConsumer(Startable):
     or (as in RocketMQ's Python client) a callable ``listener(msg) -> ConsumeStatus`` called
     once per message; ``orderly=True`` makes such callables orderly. Settings are the fields
     of :class:`PushConsumerConfig`, given as keyword arguments or as ``settings``.
+
+    Isolation: each record is handled on its own. A record that cannot be decoded (a header
+    that cannot be read, a malformed retry record), or a failed message whose retry copy cannot
+    be built, is moved to the QUARANTINE topic with its reason, and the rest of its batch and
+    partition go on; a copy that cannot be sent is retried locally. A message in a concurrent
+    listener for longer than ``consume_timeout`` minutes is sent back for retry and the
+    listener's late result ignored. Held messages are bounded per partition in number
+    (``pull_threshold_for_queue``) and bytes (``pull_threshold_size_for_queue``, MiB).
+
+    Orderly consumers never let two listeners run one partition: on a rebalance the revoke
+    callback waits for the running listener up to ``consume_timeout`` (``max.poll.interval.ms``
+    is raised above that unless set, so the group keeps the member meanwhile and the
+    rebalance waits). Only a listener still running after that, or one abandoned by
+    :meth:`shutdown`, can overlap with the partition's next owner; it is logged.
     """
 
     def __init__(
@@ -185,6 +292,11 @@ class PushConsumer(Startable):
         self._catalog = self.config.catalog()
         self._last_commit = 0.0
         self._last_refresh = 0.0
+        self._next_expiry_check = 0.0
+        self._orderly_wait_s = 0.0
+        """How long an orderly revoke waits for the running listener, seconds."""
+        self._shutdown_deadline = math.inf
+        """When :meth:`shutdown` must be done (monotonic seconds); no wait goes past it."""
 
     # --- configuration -------------------------------------------------------------------
     @property
@@ -314,6 +426,7 @@ class PushConsumer(Startable):
                 f"{self.group}-consumer",
                 auto_offset_reset=reset,
                 **self._fetch_tuning(),
+                **self._orderly_tuning(),
             )
             self._kafka.subscribe(
                 list(self._topic_names),
@@ -345,18 +458,70 @@ class PushConsumer(Startable):
             return {}
         return {"fetch_wait_max_ms": _FETCH_WAIT_MAX_MS}
 
-    def shutdown(self) -> None:
-        """Stop fetching, let running listeners finish (up to ``drain_timeout_ms``), commit
-        what is done, leave the group. Idempotent."""
+    def _orderly_tuning(self) -> dict[str, Any]:
+        """Orderly (CLUSTERING): ``max.poll.interval.ms`` above ``consume_timeout``, unless the
+        user set it, so the member is not expelled while its revoke callback waits for a
+        running listener; the wait itself stays below that interval."""
+        if not self.orderly:
+            return {}
+        wait_s = self.settings.consume_timeout * 60
+        given = self.config.kafka.get("max.poll.interval.ms")
+        if given is not None:
+            self._orderly_wait_s = max(
+                0.0, min(wait_s, int(given) / 1000 - _POLL_INTERVAL_MARGIN_S)
+            )
+            if self._orderly_wait_s < wait_s:
+                logger.warning(
+                    "push consumer %s: max.poll.interval.ms=%s allows an orderly rebalance to "
+                    "wait only %.0f s for a running listener (consume_timeout: %.0f s)",
+                    self.group,
+                    given,
+                    self._orderly_wait_s,
+                    wait_s,
+                )
+            return {}
+        session_ms = int(self.config.kafka.get("session.timeout.ms", 0))
+        interval_ms = min(
+            _MAX_POLL_INTERVAL_LIMIT_MS,
+            max(
+                _DEFAULT_MAX_POLL_INTERVAL_MS,
+                session_ms,
+                math.ceil((wait_s + _POLL_INTERVAL_MARGIN_S) * 1000),
+            ),
+        )
+        self._orderly_wait_s = min(wait_s, interval_ms / 1000 - _POLL_INTERVAL_MARGIN_S)
+        return {"max_poll_interval_ms": interval_ms}
+
+    def shutdown(self, timeout_ms: int | None = None) -> None:
+        """Stop fetching, let running listeners finish for up to ``timeout_ms`` (ms; default
+        ``drain_timeout_ms``), commit what is done, leave the group. Idempotent.
+
+        Returns within about ``timeout_ms`` (plus the few seconds closing the Kafka clients may
+        take), whatever the listeners do. Messages still in a listener then are abandoned: the
+        partitions and counts are logged, their offsets are never committed past (the group
+        consumes them again), and the listeners' late results are ignored. Python cannot stop
+        a thread: a listener that never returns keeps its thread, and the process, alive.
+        """
+        if timeout_ms is None:
+            timeout_ms = self.settings.drain_timeout_ms
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise InvalidArgumentError(
+                f"shutdown timeout_ms must be a non-negative integer, got {timeout_ms!r}"
+            )
         state = self._lifecycle.state
         if state is ServiceState.SHUTDOWN_ALREADY:
             return
         self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
         if state is ServiceState.CREATE_JUST:
             return
+        self._shutdown_deadline = time.monotonic() + timeout_ms / 1000
         self._stopping.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(timeout_ms / 1000 + _CLOSE_GRACE_S)
+            if self._thread.is_alive():
+                logger.warning(
+                    "push consumer %s: the Kafka consumer is still closing; not waiting", self.group
+                )
         self._close_clients()
         logger.info("push consumer %s shut down; %s", self.group, self.stats())
 
@@ -365,10 +530,19 @@ class PushConsumer(Startable):
         self.shutdown()
 
     def _close_clients(self) -> None:
+        # Never wait for the listener threads: every partition is released by now, so queued
+        # tasks start no work, and a listener still running is abandoned (see shutdown()).
         if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor.shutdown(wait=False, cancel_futures=True)
         if self._producer is not None:
-            self._producer.shutdown()
+            self._producer.shutdown(self._bounded_ms(self.config.send_msg_timeout_ms))
+
+    def _bounded_ms(self, timeout_ms: int) -> int:
+        """``timeout_ms``, cut to what is left before the shutdown deadline, if any (ms)."""
+        remaining_s = self._shutdown_deadline - time.monotonic()
+        if remaining_s == math.inf:
+            return timeout_ms
+        return min(timeout_ms, max(0, math.ceil(remaining_s * 1000)))
 
     # --- the poll thread -----------------------------------------------------------------
     def _run(self) -> None:
@@ -381,7 +555,7 @@ class PushConsumer(Startable):
                     logger.exception("push consumer %s: poll loop error", self.group)
                     self._stopping.wait(1.0)
         finally:
-            self._release(list(self._queues))
+            self._release(list(self._queues), math.inf)
             try:
                 kafka.close()
             except Exception:
@@ -394,6 +568,7 @@ class PushConsumer(Startable):
         ):
             self._assign_new_partitions()
         self._run_due()
+        self._expire_overdue()
         self._resume_drained()
         limit = min(
             _MAX_RECORDS_PER_POLL,
@@ -409,40 +584,91 @@ class PushConsumer(Startable):
             self._commit(list(self._queues), asynchronous=True)
 
     def _receive(self, records: list[Any]) -> None:
-        batches: dict[tuple[str, int], list[MessageExt]] = {}
+        """Hold and dispatch ``records``, each on its own: one that cannot be handled goes to
+        quarantine with the reason, and the rest of the batch proceeds."""
+        batches: dict[tuple[str, int], _Incoming] = {}
         for record in records:
-            error = record.error()
-            if error is not None:
-                self._record_error(record, error)
-                continue
-            key = (record.topic(), record.partition())
-            pq = self._queues.get(key)
-            if pq is None or pq.dropped:
-                continue  # revoked meanwhile: the next owner reads it
-            msg = self._decode(record, pq)
-            if msg is None:
-                continue
-            sub = self._subscriptions.get(msg.topic)
-            if (
-                sub is not None
-                and record.topic() == sub.kafka_topic
-                and not sub.filter.matches(msg.tags)
-            ):
-                pq.skip(msg.queue_offset)
-                self._count("filtered")
-                continue
-            batches.setdefault(key, []).append(msg)
-        for key, msgs in batches.items():
+            try:
+                self._receive_one(record, batches)
+            except Exception as exc:
+                self._isolate(record, exc, batches)
+        for key, incoming in batches.items():
             pq = self._queues[key]
-            if self.orderly:
-                pq.put(msgs, pending=True)
-                self._schedule_orderly(pq)
-            else:
-                pq.put(msgs)
-                self._dispatch(pq, msgs)
-            if pq.held >= self.settings.pull_threshold_for_queue and key not in self._paused:
+            pq.put(incoming.msgs, sizes=incoming.sizes, records=incoming.records)
+            for record, reason in incoming.poison:
+                self._quarantine(record, pq, reason)
+            if incoming.work:
+                if self.orderly:
+                    pq.enqueue(incoming.work)
+                    self._schedule_orderly(pq)
+                else:
+                    self._dispatch(pq, incoming.work)
+            settings = self.settings
+            if key not in self._paused and pq.over(
+                settings.pull_threshold_for_queue, settings.pull_threshold_size_for_queue << 20
+            ):
                 self._kafka.pause([TopicPartition(*key)])
                 self._paused.add(key)
+
+    def _receive_one(self, record: Any, batches: dict[tuple[str, int], _Incoming]) -> None:
+        error = record.error()
+        if error is not None:
+            self._record_error(record, error)
+            return
+        key = (record.topic(), record.partition())
+        pq = self._queues.get(key)
+        if pq is None or pq.dropped:
+            return  # revoked meanwhile: the next owner reads it
+        try:
+            headers = _read_headers(record)
+        except Exception as exc:
+            # A header name that is not UTF-8 (see _read_headers). The list confluent-kafka
+            # keeps afterwards holds a NULL that crashes the process when read: never again.
+            cause = exc.__cause__ or exc.__context__ or exc
+            reason = MalformedRecordError(
+                f"the record's headers cannot be read ({type(cause).__name__}: {cause}); "
+                "quarantined without them"
+            )
+            batches.setdefault(key, _Incoming()).hold_poison(_Headerless(record), reason)
+            return
+        msg = self._decode(record)
+        if isinstance(msg, Exception):
+            batches.setdefault(key, _Incoming()).hold_poison(record, msg)
+            return
+        sub = self._subscriptions.get(msg.topic)
+        if (
+            sub is not None
+            and record.topic() == sub.kafka_topic
+            and not sub.filter.matches(msg.tags)
+        ):
+            pq.skip(msg.queue_offset)
+            self._count("filtered")
+            return
+        size = len(msg.body)
+        if headers:
+            for name, value in headers:
+                size += len(name) + (len(value) if value is not None else 0)
+        batches.setdefault(key, _Incoming()).hold(msg, size, record)
+
+    def _isolate(
+        self, record: Any, exc: Exception, batches: dict[tuple[str, int], _Incoming]
+    ) -> None:
+        """``record`` raised while being received: quarantine it with the reason."""
+        logger.warning(
+            "push consumer %s: cannot handle %s[%s]@%s, quarantining it",
+            self.group,
+            record.topic(),
+            record.partition(),
+            record.offset(),
+            exc_info=True,
+        )
+        key = (record.topic(), record.partition())
+        pq = self._queues.get(key)
+        if pq is None or pq.dropped:
+            return
+        # Its headers were read (a record whose headers raise is handled before): reading
+        # them again for the copy is safe.
+        batches.setdefault(key, _Incoming()).hold_poison(record, exc)
 
     def _record_error(self, record: Any, error: KafkaError) -> None:
         if error.code() in _RECORD_ERRORS_IGNORED:
@@ -458,43 +684,85 @@ class PushConsumer(Startable):
     def _resume_drained(self) -> None:
         if not self._paused:
             return
-        threshold = self.settings.pull_threshold_for_queue
+        count = self.settings.pull_threshold_for_queue
+        size = self.settings.pull_threshold_size_for_queue << 20
         ready = [
             key
             for key in self._paused
-            if key not in self._queues or self._queues[key].held < threshold
+            if key not in self._queues or not self._queues[key].over(count, size)
         ]
         for key in ready:
             self._paused.discard(key)
             if key in self._queues:
                 self._kafka.resume([TopicPartition(*key)])
 
-    def _decode(self, record: Any, pq: ProcessQueue) -> MessageExt | None:
-        """The message of ``record``; None when it was quarantined (a malformed retry record)."""
+    def _decode(self, record: Any) -> MessageExt | MalformedRecordError:
+        """The message of ``record``, or why it must be quarantined (a malformed retry
+        record)."""
         msg = message_from_record(record)
         msg.topic = self._topic_names.get(msg.kafka_topic, msg.kafka_topic)
         if msg.kafka_topic != self._retry_kafka_topic:
             return msg
         origin = msg.get_property(MessageConst.RETRY_TOPIC)
         times = msg.get_property(MessageConst.RECONSUME_TIME)
-        problem = None
         if not origin:
-            problem = "a retry record without RETRY_TOPIC"
-        elif times is None or not times.isdigit():
-            problem = f"a retry record with RECONSUME_TIME={times!r}, not a count"
-        if problem is None:
-            msg.topic = cast(str, origin)
-            return msg
-        self._quarantine(record, pq, MalformedRecordError(problem))
-        return None
+            return MalformedRecordError("a retry record without RETRY_TOPIC")
+        if not isinstance(origin, str):
+            return MalformedRecordError(f"a retry record with RETRY_TOPIC={origin!r}, not text")
+        if parse_count(times) is None:
+            return MalformedRecordError(
+                f"a retry record with RECONSUME_TIME={times!r}, not a count"
+            )
+        msg.topic = origin
+        return msg
 
     def _quarantine(self, record: Any, pq: ProcessQueue, reason: Exception) -> None:
-        """Copy ``record`` to QUARANTINE with ``reason`` and mark it done once acknowledged;
-        until then it stays held (retried at the send-back retry interval)."""
-        copy = quarantine_copy(
-            self._catalog, record, f"{type(reason).__name__}: {reason}", f"consumer {self.group}"
-        )
-        prepared = PreparedRecord(
+        """Copy ``record`` (held in ``pq``) to QUARANTINE with ``reason``, without waiting; it
+        is done once Kafka acknowledges the copy. Until then it stays held, and a copy that
+        cannot be sent is tried again after ``send_back_retry_delay_ms``. Never raises."""
+        offset = record.offset()
+
+        def again() -> None:
+            if not pq.dropped:
+                self._quarantine(record, pq, reason)
+
+        def delivered(err: KafkaError | None, _: Any) -> None:
+            try:
+                if err is None:
+                    pq.remove([offset])
+                    self._count("quarantined")
+                else:
+                    logger.warning(
+                        "quarantine of %s[%d]@%d failed, retrying later: %s",
+                        pq.topic, pq.partition, offset, err.str(),
+                    )  # fmt: skip
+                    self._after(self.settings.send_back_retry_delay_ms, again)
+            except Exception:
+                logger.exception("push consumer %s: quarantine report", self.group)
+
+        try:
+            copy = self._quarantine_record(record, f"{type(reason).__name__}: {reason}")
+            self._sender.send_record_async(copy, -1, delivered)
+        except Exception as exc:
+            logger.warning(
+                "quarantine of %s[%d]@%d failed, retrying later: %s",
+                pq.topic, pq.partition, offset, exc,
+            )  # fmt: skip
+            self._after(self.settings.send_back_retry_delay_ms, again)
+
+    def _quarantine_record(self, record: Any, reason: str) -> PreparedRecord:
+        """The QUARANTINE record of ``record``; without its headers if they break the copy."""
+        by = f"consumer {self.group}"
+        try:
+            copy = quarantine_copy(self._catalog, record, reason, by)
+        except Exception as exc:
+            copy = quarantine_copy(
+                self._catalog,
+                _Headerless(record),
+                f"{reason}; quarantined without its headers ({type(exc).__name__}: {exc})",
+                by,
+            )
+        return PreparedRecord(
             copy.topic,
             copy.key,
             copy.value if copy.value is not None else b"",
@@ -502,25 +770,6 @@ class PushConsumer(Startable):
             f"{record.topic()}-{record.partition()}-{record.offset()}",
             copy.timestamp_ms,
         )
-        offset = record.offset()
-        result = self._sender.send_records_sync([prepared])[0]
-        if isinstance(result, KafkaClientError):
-            logger.warning("quarantine of %s failed, retrying later: %s", prepared.msg_id, result)
-            placeholder = MessageExt("", msg_id=prepared.msg_id, queue_offset=offset)
-            pq.put([placeholder])
-            self._after(
-                self.settings.send_back_retry_delay_ms,
-                lambda: self._retry_quarantine(record, pq, reason),
-            )
-            return
-        pq.skip(offset)
-        self._count("quarantined")
-
-    def _retry_quarantine(self, record: Any, pq: ProcessQueue, reason: Exception) -> None:
-        if pq.dropped:
-            return
-        pq.remove([record.offset()])
-        self._quarantine(record, pq, reason)
 
     # --- rebalance -----------------------------------------------------------------------
     def _start_positions(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
@@ -576,33 +825,52 @@ class PushConsumer(Startable):
         consumer.assign(self._take(partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        self._release([(tp.topic, tp.partition) for tp in partitions])
+        # Orderly: never let the next owner run a partition while its listener runs here.
+        wait_s = self._orderly_wait_s if self.orderly else self.settings.drain_timeout_ms / 1000
+        self._release([(tp.topic, tp.partition) for tp in partitions], wait_s)
 
     def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         # The partitions already belong to someone else: stop, commit nothing.
         for tp in partitions:
             pq = self._queues.pop((tp.topic, tp.partition), None)
             if pq is not None:
-                pq.dropped = True
+                pq.release()
+            self._paused.discard((tp.topic, tp.partition))
         logger.warning("push consumer %s: lost %d partitions", self.group, len(partitions))
 
-    def _release(self, keys: list[tuple[str, int]]) -> None:
-        """Stop new work on ``keys``, let running listeners finish, commit, forget them."""
-        deadline = time.monotonic() + self.settings.drain_timeout_ms / 1000
-        for key in keys:
-            pq = self._queues.get(key)
-            if pq is not None and not pq.drop_and_drain(max(0.0, deadline - time.monotonic())):
-                logger.warning(
-                    "push consumer %s: %s[%d] still consuming after %d ms; its messages will "
-                    "be redelivered",
-                    self.group,
-                    key[0],
-                    key[1],
-                    self.settings.drain_timeout_ms,
-                )
+    def _release(self, keys: list[tuple[str, int]], wait_s: float) -> None:
+        """Stop new work on ``keys``, give running listeners up to ``wait_s`` seconds (never
+        past the shutdown deadline), commit what is done, forget the partitions. Messages
+        still in a listener then are abandoned: logged, never committed past (the next owner
+        consumes them again), their listeners' late results ignored."""
+        queues = [(key, self._queues[key]) for key in keys if key in self._queues]
+        for _, pq in queues:
+            pq.drop()
+        began = time.monotonic()
+        deadline = began + wait_s
+        while True:
+            busy = [(key, pq) for key, pq in queues if pq.running]
+            remaining = min(deadline, self._shutdown_deadline) - time.monotonic()
+            if not busy or remaining <= 0:
+                break
+            busy[0][1].wait_idle(min(remaining, _WAIT_SLICE_S))
+        for _, pq in queues:
+            pq.release()
+        if busy:
+            logger.warning(
+                "push consumer %s: abandoned %s (partition: messages held) with listeners "
+                "still running after %.1f s; they will be redelivered, their offsets are not "
+                "committed past",
+                self.group,
+                ", ".join(f"{key[0]}[{key[1]}]: {pq.held}" for key, pq in busy),
+                time.monotonic() - began,
+            )
         if self._producer is not None and self.message_model is MessageModel.CLUSTERING:
             # Copies still in flight: let them be acknowledged so their offsets can pass.
-            self._producer.flush(self.config.send_msg_timeout_ms)
+            try:
+                self._producer.flush(self._bounded_ms(self.config.send_msg_timeout_ms))
+            except Exception as exc:  # the producer stopped (a shutdown that gave up waiting)
+                logger.warning("push consumer %s: copies not flushed: %s", self.group, exc)
         self._commit(keys, asynchronous=False)
         for key in keys:
             self._queues.pop(key, None)
@@ -668,7 +936,39 @@ class PushConsumer(Startable):
                 if not self._later or self._later[0].due > now:
                     return
                 item = heapq.heappop(self._later)
-            item.action()
+            try:
+                item.action()
+            except Exception:
+                logger.exception("push consumer %s: deferred action failed", self.group)
+
+    def _expire_overdue(self) -> None:
+        """RocketMQ's ``cleanExpireMsg``: a message in a concurrent listener for longer than
+        ``consume_timeout`` is sent back for retry at delay level 3 (dropped, BROADCASTING),
+        so its offset can be committed past; its listener's late result will not count."""
+        now = time.monotonic()
+        if self.orderly or now < self._next_expiry_check:
+            return
+        timeout_s = self.settings.consume_timeout * 60
+        self._next_expiry_check = now + min(_EXPIRY_CHECK_S, timeout_s)
+        for pq in list(self._queues.values()):
+            if pq.dropped:
+                continue
+            late = pq.overdue(now, timeout_s)
+            if not late:
+                continue
+            logger.warning(
+                "push consumer %s: %d messages of %s[%d] in their listener for more than "
+                "consume_timeout (%s min), sending them back; the listener's results for them "
+                "will be ignored: %s",
+                self.group, len(late), pq.topic, pq.partition, self.settings.consume_timeout,
+                [m.msg_id for m in late],
+            )  # fmt: skip
+            self._count("failed", len(late))
+            if self.message_model is MessageModel.BROADCASTING:
+                self._count("dropped", len(late))
+                pq.remove(m.queue_offset for m in late)
+            else:
+                self._send_back_async(pq, late, [_CONSUME_TIMEOUT_DELAY_LEVEL] * len(late))
 
     # --- concurrent consumption ----------------------------------------------------------
     def _dispatch(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
@@ -702,6 +1002,8 @@ class PushConsumer(Startable):
             for msgs in requests:
                 if pq.dropped:
                     break  # what is left stays held: redelivered to the next owner
+                call = object()
+                pq.start(call, msgs, time.monotonic())
                 context = ConsumeConcurrentlyContext(MessageQueue(msgs[0].topic, pq.partition))
                 sub = self._subscriptions.get(msgs[0].topic)
                 if sub is None:
@@ -716,8 +1018,18 @@ class PushConsumer(Startable):
                     ack_index = -1
                 else:
                     ack_index = self._call_concurrently(sub.listener, msgs, context)
-                done += msgs[: ack_index + 1]
-                tail = msgs[ack_index + 1 :]
+                head, tail = msgs[: ack_index + 1], msgs[ack_index + 1 :]
+                counted = pq.settle(call, msgs)
+                if len(counted) < len(msgs):
+                    # Sent back past consume_timeout, or the partition was given up.
+                    logger.warning(
+                        "push consumer %s: ignoring the late listener result for %s",
+                        self.group,
+                        [m.msg_id for m in msgs if m.queue_offset not in counted],
+                    )
+                    head = [m for m in head if m.queue_offset in counted]
+                    tail = [m for m in tail if m.queue_offset in counted]
+                done += head
                 failed += tail
                 levels += [context.delay_level_when_next_consume] * len(tail)
             self._process_result(pq, done, failed, levels)
@@ -770,14 +1082,27 @@ class PushConsumer(Startable):
 
     def _send_back_async(self, pq: ProcessQueue, msgs: list[MessageExt], levels: list[int]) -> None:
         """Copy failed ``msgs`` to the retry topic or DLQ without waiting: each stays held
-        until Kafka acknowledges its copy, then is done; a refused copy is consumed again
-        locally. The listener threads never wait for the broker."""
+        until Kafka acknowledges its copy, then is done; a copy that cannot be sent is consumed
+        again locally, and one that cannot be built (it never will be) is quarantined. The
+        listener threads never wait for the broker. Never raises."""
         for msg, level in zip(msgs, levels, strict=True):
-            route, record = self._copy_of(msg, level)
+            try:
+                route, record = self._copy_of(msg, level)
+            except Exception as exc:
+                # A copy is built from the message alone: it would fail the same way again.
+                logger.warning(
+                    "push consumer %s: cannot build the retry copy of %s, quarantining it: %s",
+                    self.group, msg.msg_id, exc, exc_info=True,
+                )  # fmt: skip
+                self._quarantine_held(pq, msg, exc)
+                continue
+            self._send_copy(pq, msg, route, record)
 
-            def delivered(
-                err: KafkaError | None, _: Any, msg: MessageExt = msg, route: RetryRoute = route
-            ) -> None:
+    def _send_copy(
+        self, pq: ProcessQueue, msg: MessageExt, route: RetryRoute, record: PreparedRecord
+    ) -> None:
+        def delivered(err: KafkaError | None, _: Any) -> None:
+            try:
                 if err is None:
                     self._sent_back(msg, route)
                     pq.remove([msg.queue_offset])
@@ -788,14 +1113,23 @@ class PushConsumer(Startable):
                         err.str(),
                     )
                     self._retry_locally(pq, [msg])
+            except Exception:
+                logger.exception("push consumer %s: send-back report", self.group)
 
-            try:
-                self._sender.send_record_async(record, record.partition, delivered)
-            except KafkaClientError as exc:
-                logger.warning(
-                    "send-back of %s failed, consuming it again later: %s", msg.msg_id, exc
-                )
-                self._retry_locally(pq, [msg])
+        try:
+            self._sender.send_record_async(record, record.partition, delivered)
+        except Exception as exc:
+            logger.warning("send-back of %s failed, consuming it again later: %s", msg.msg_id, exc)
+            self._retry_locally(pq, [msg])
+
+    def _quarantine_held(self, pq: ProcessQueue, msg: MessageExt, reason: Exception) -> None:
+        """Quarantine the record of held ``msg`` (its copy cannot be built)."""
+        record = pq.record_of(msg.queue_offset)
+        if record is None:  # pragma: no cover - every held message has its record
+            logger.error("push consumer %s: no record for %s, retrying", self.group, msg.msg_id)
+            self._retry_locally(pq, [msg])
+            return
+        self._quarantine(record, pq, reason)
 
     def _copy_of(self, msg: MessageExt, level: int) -> tuple[RetryRoute, PreparedRecord]:
         """Where failed ``msg`` goes (its listener's ``level``, 0: the default) and the record
@@ -811,13 +1145,25 @@ class PushConsumer(Startable):
         )
         return route, record
 
-    def _dead_letter(self, msgs: list[MessageExt]) -> tuple[list[MessageExt], list[MessageExt]]:
-        """Copy ``msgs`` to the DLQ and wait for Kafka; return (acknowledged, not)."""
-        copies = [self._copy_of(msg, -1) for msg in msgs]
-        results = self._sender.send_records_sync([record for _, record in copies])
+    def _dead_letter(
+        self, pq: ProcessQueue, msgs: list[MessageExt]
+    ) -> tuple[list[MessageExt], list[MessageExt]]:
+        """Copy ``msgs`` to the DLQ and wait for Kafka; return (acknowledged, not). A message
+        whose copy cannot be built is quarantined instead (it is in neither list)."""
+        built: list[tuple[MessageExt, RetryRoute, PreparedRecord]] = []
+        for msg in msgs:
+            try:
+                built.append((msg, *self._copy_of(msg, -1)))
+            except Exception as exc:
+                logger.warning(
+                    "push consumer %s: cannot build the DLQ copy of %s, quarantining it: %s",
+                    self.group, msg.msg_id, exc, exc_info=True,
+                )  # fmt: skip
+                self._quarantine_held(pq, msg, exc)
+        results = self._sender.send_records_sync([record for _, _, record in built])
         sent: list[MessageExt] = []
         kept: list[MessageExt] = []
-        for msg, (route, _), result in zip(msgs, copies, results, strict=True):
+        for (msg, route, _), result in zip(built, results, strict=True):
             if isinstance(result, KafkaClientError):
                 logger.warning("DLQ copy of %s failed, retrying in place: %s", msg.msg_id, result)
                 kept.append(msg)
@@ -899,13 +1245,30 @@ class PushConsumer(Startable):
                     return
             context = ConsumeOrderlyContext(MessageQueue(msgs[0].topic, pq.partition))
             sub = self._subscriptions[msgs[0].topic]
+            call = object()
+            pq.start(call, msgs, time.monotonic())
             ok = self._call_orderly(sub.listener, msgs, context)
+            if len(pq.settle(call, msgs)) < len(msgs):
+                # Given up while the listener ran (see _release): the next owner has them.
+                logger.warning(
+                    "push consumer %s: ignoring the late orderly result for %s",
+                    self.group,
+                    [m.msg_id for m in msgs],
+                )
+                with pq.lock:
+                    pq.orderly_scheduled = False
+                return
             done, failed = msgs[:ok], msgs[ok:]
             self._count("consumed", len(done))
             pq.remove(m.queue_offset for m in done)
             if failed:
                 self._count("failed", len(failed))
-                retry = self._orderly_failed(pq, failed)
+                try:
+                    retry = self._orderly_failed(pq, failed)
+                except Exception:
+                    # Keep the partition's order: retry the batch in place.
+                    logger.exception("push consumer %s: orderly failure handling", self.group)
+                    retry = failed
                 if retry:
                     pq.put_back(retry)
                     suspend = context.suspend_current_queue_time_millis
@@ -947,7 +1310,7 @@ class PushConsumer(Startable):
                 self._count("dropped", len(spent))
                 pq.remove(m.queue_offset for m in spent)
             else:
-                sent, kept = self._dead_letter(spent)
+                sent, kept = self._dead_letter(pq, spent)
                 pq.remove(m.queue_offset for m in sent)
                 retry = sorted(retry + kept, key=lambda m: m.queue_offset)
         for msg in retry:

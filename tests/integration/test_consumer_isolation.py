@@ -1,0 +1,528 @@
+"""The push consumer keeps its guarantees around poison records, stuck listeners and
+rebalances, against a real broker: a failed message whose copy cannot be built or sent, or a
+record that cannot be decoded, never freezes its partition nor loses the rest of its batch;
+held messages are bounded in bytes; a listener past ``consume_timeout`` is sent back; shutdown
+is bounded; an orderly partition never has two listeners at once."""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import confluent_kafka
+import pytest
+from confluent_kafka import Consumer as RawConsumer
+from confluent_kafka import Producer as RawProducer
+
+from bridge import ClientConfig, Message, MessageConst, MessageExt, Producer
+from bridge.client import producer as producer_module
+from bridge.consumer import (
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    ConsumeStatus,
+    MessageListenerOrderly,
+    PushConsumer,
+    send_back,
+)
+from bridge.consumer import push_consumer as push_consumer_module
+from bridge.coordinator import Coordinator, CoordinatorConfig
+from bridge.kafka.admin import TopicAdmin
+from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine
+from tests.conftest import wait_until
+from tests.integration.test_consumer import (
+    committed,
+    make_topic,
+    send,
+    start_consumer,
+)
+from topics.naming import retry_topic
+
+pytestmark = pytest.mark.broker
+
+LEVELS = "1s 1s 1s 2s 3s"
+"""Level 3 (a first retry) waits 1 s."""
+TRACE = b"\xff\xfe\x00\x01"
+"""A binary trace context, as another Kafka client writes it: not UTF-8."""
+
+
+@pytest.fixture(scope="module")
+def config(kafka_bootstrap: str) -> ClientConfig:
+    return ClientConfig(
+        bootstrap_servers=kafka_bootstrap,
+        namespace=f"ns{uuid.uuid4().hex[:10]}",
+        message_delay_level=LEVELS,
+        kafka={"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"},
+    )
+
+
+@pytest.fixture()
+def consumers() -> Iterator[list[PushConsumer]]:
+    made: list[PushConsumer] = []
+    yield made
+    for consumer in made:
+        consumer.shutdown()
+
+
+@pytest.fixture(scope="module")
+def coordinator(config: ClientConfig) -> Iterator[Coordinator]:
+    """Delivers send-backs (through the delay levels) to the retry topics."""
+    settings = CoordinatorConfig(
+        client=config, coordinator_id="consumer-isolation-tests", transaction_partitions=1,
+        session_timeout_ms=6000,
+    )  # fmt: skip
+    with Coordinator(settings) as running:
+        yield running
+
+
+@dataclass
+class Listener:
+    """Records every message; fails the first delivery of the bodies in ``fail_first``;
+    blocks the first delivery of the bodies in ``block_first`` until ``gate`` is set."""
+
+    fail_first: frozenset[bytes] = frozenset()
+    block_first: frozenset[bytes] = frozenset()
+    gate: threading.Event = field(default_factory=threading.Event)
+    seen: list[MessageExt] = field(default_factory=list)
+    blocked: list[bytes] = field(default_factory=list)
+    returned: list[bytes] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, msg: MessageExt) -> ConsumeStatus:
+        with self.lock:
+            self.seen.append(msg)
+            first = sum(1 for m in self.seen if m.body == msg.body) == 1
+        if first and msg.body in self.block_first:
+            with self.lock:
+                self.blocked.append(msg.body)
+            self.gate.wait(60)
+            with self.lock:
+                self.returned.append(msg.body)
+        if first and msg.body in self.fail_first:
+            return ConsumeStatus.RECONSUME_LATER
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    def of(self, body: bytes) -> list[MessageExt]:
+        with self.lock:
+            return [m for m in self.seen if m.body == body]
+
+    def bodies(self) -> list[bytes]:
+        with self.lock:
+            return [m.body for m in self.seen]
+
+
+def produce_raw(config: ClientConfig, topic: str, records: list[tuple[bytes, Any]]) -> None:
+    """Write ``(value, headers)`` records with a plain confluent-kafka producer, in order."""
+    raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
+    for value, headers in records:
+        raw.produce(topic, value, headers=headers)
+    assert raw.flush(10) == 0
+
+
+def raw_headers(config: ClientConfig, topic: str, value: bytes) -> list[tuple[str, Any]]:
+    """The headers of the first record of ``topic`` whose value is ``value``."""
+    reader = RawConsumer({
+        "bootstrap.servers": config.bootstrap_servers, "group.id": f"reader-{uuid.uuid4().hex}",
+        "auto.offset.reset": "earliest", "enable.auto.commit": False,
+    })  # fmt: skip
+    reader.subscribe([topic])
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            record = reader.poll(0.2)
+            if record is not None and record.error() is None and record.value() == value:
+                headers = record.headers() or []
+                return list(headers.items() if isinstance(headers, dict) else headers)
+        pytest.fail(f"no record {value!r} in {topic}")
+    finally:
+        reader.close()
+
+
+def quarantined(config: ClientConfig, source_topic: str) -> dict[bytes | None, QuarantinedRecord]:
+    return {
+        q.value: q
+        for q in read_quarantine(config, timeout_ms=3000)
+        if q.source_topic == source_topic
+    }
+
+
+# --- item 3: a failed message whose copy cannot be built or sent ----------------------------
+def test_a_failed_message_with_a_binary_header_is_sent_back_byte_exact_and_its_partition_moves_on(
+    config: ClientConfig, coordinator: Coordinator, consumers: list[PushConsumer],
+    unique: Callable[[str], str],
+) -> None:  # fmt: skip
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    produce_raw(
+        config,
+        topic,
+        [(b"m0", [("trace-bin", TRACE)])] + [(f"m{i}".encode(), None) for i in range(1, 6)],
+    )
+    listener = Listener(fail_first=frozenset({b"m0"}))
+    consumer = start_consumer(consumers, config, group, topic, listener)
+    wait_until(lambda: len(listener.of(b"m0")) == 2, timeout_s=30)
+    retried = listener.of(b"m0")[1]
+    retry = retry_topic(group, config.namespace)
+    assert retried.kafka_topic == retry
+    assert retried.reconsume_times == 1
+    assert retried.get_property("trace-bin") == TRACE
+    assert ("trace-bin", TRACE) in raw_headers(config, retry, b"m0"), "the copy is byte-exact"
+    assert sorted(listener.bodies()) == [b"m0", b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
+    wait_until(lambda: committed(config, group, topic) == 6)
+    stats = consumer.stats()
+    assert (stats.failed, stats.sent_back, stats.quarantined) == (1, 1, 0), stats
+
+
+def test_a_reconsume_time_that_is_no_ascii_count_neither_freezes_nor_is_trusted(
+    config: ClientConfig, coordinator: Coordinator, consumers: list[PushConsumer],
+    unique: Callable[[str], str],
+) -> None:  # fmt: skip
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    TopicAdmin(config).ensure_topics(config.catalog().group_specs(group))
+    retry = retry_topic(group, config.namespace)
+    superscript = "²".encode()  # str.isdigit() says yes, int() says no
+    produce_raw(config, topic, [(b"sup", [("RECONSUME_TIME", superscript)]), (b"after", None)])
+    produce_raw(config, retry, [
+        (b"retry-sup", [("RETRY_TOPIC", topic.encode()), ("RECONSUME_TIME", superscript)]),
+    ])  # fmt: skip
+    listener = Listener(fail_first=frozenset({b"sup"}))
+    consumer = start_consumer(consumers, config, group, topic, listener)
+    wait_until(
+        lambda: len(listener.of(b"sup")) == 2 and consumer.stats().quarantined == 1, timeout_s=30
+    )
+    again = listener.of(b"sup")[1]
+    assert again.kafka_topic == retry
+    assert again.get_property(MessageConst.RECONSUME_TIME) == "1"
+    assert listener.of(b"retry-sup") == [], "a retry record with a bad count is not delivered"
+    assert len(listener.of(b"after")) == 1
+    wait_until(lambda: committed(config, group, topic) == 2)
+    wait_until(lambda: committed(config, group, retry) == 2)  # the bad record and the copy
+    assert "'²'" in quarantined(config, retry)[b"retry-sup"].reason
+
+
+def test_a_copy_that_cannot_be_built_is_quarantined_and_one_that_cannot_be_sent_is_retried(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    names = ["unbuildable", "unsendable", "fine"]
+    ids = dict(zip(names, send(config, topic, names), strict=True))
+    build = send_back.send_back_record
+
+    def unbuildable(msg: MessageExt, *args: Any, **kwargs: Any) -> Any:
+        if msg.body == b"unbuildable":
+            raise ValueError("this copy cannot be encoded")
+        return build(msg, *args, **kwargs)
+
+    monkeypatch.setattr(push_consumer_module, "send_back_record", unbuildable)
+    send_record = producer_module.Producer.send_record_async
+    raised: list[str] = []
+
+    def refuses_once(self: Producer, record: Any, partition: int, callback: Any) -> None:
+        if record.msg_id == ids["unsendable"] and not raised:
+            raised.append(record.msg_id)
+            raise RuntimeError("the client broke while sending")
+        send_record(self, record, partition, callback)
+
+    monkeypatch.setattr(producer_module.Producer, "send_record_async", refuses_once)
+    listener = Listener(fail_first=frozenset({b"unbuildable", b"unsendable"}))
+    consumer = start_consumer(consumers, config, group, topic, listener)
+    wait_until(lambda: consumer.stats().quarantined == 1 and len(listener.of(b"unsendable")) == 2)
+    wait_until(lambda: committed(config, group, topic) == 3)
+    stats = consumer.stats()
+    assert (stats.retried_locally, stats.consumed, stats.failed) == (1, 2, 2), stats
+    assert len(listener.of(b"unbuildable")) == 1
+    found = quarantined(config, topic)[b"unbuildable"]
+    assert "this copy cannot be encoded" in found.reason
+    assert found.headers.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) == ids["unbuildable"]
+
+
+@dataclass
+class OrderlyFails(MessageListenerOrderly):
+    """Fails every delivery of ``poison``; records the order of deliveries."""
+
+    poison: bytes
+    seen: list[bytes] = field(default_factory=list)
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        self.seen += [m.body for m in msgs]
+        if any(m.body == self.poison for m in msgs):
+            return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        return ConsumeOrderlyStatus.SUCCESS
+
+
+def test_an_orderly_message_whose_dlq_copy_cannot_be_built_is_quarantined_and_order_goes_on(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    send(config, topic, ["a", "poison", "c"])
+    build = send_back.send_back_record
+
+    def unbuildable(msg: MessageExt, *args: Any, **kwargs: Any) -> Any:
+        if msg.body == b"poison":
+            raise ValueError("this copy cannot be encoded")
+        return build(msg, *args, **kwargs)
+
+    monkeypatch.setattr(push_consumer_module, "send_back_record", unbuildable)
+    listener = OrderlyFails(b"poison")
+    consumer = start_consumer(consumers, config, group, topic, listener, max_reconsume_times=0,
+                              suspend_current_queue_time_millis=100)  # fmt: skip
+    wait_until(lambda: listener.seen[-1:] == [b"c"] and consumer.stats().quarantined == 1)
+    assert listener.seen == [b"a", b"poison", b"c"]
+    wait_until(lambda: committed(config, group, topic) == 3)
+    assert "this copy cannot be encoded" in quarantined(config, topic)[b"poison"].reason
+
+
+# --- item 9: a record that cannot be decoded ------------------------------------------------
+class _Header(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("val", ctypes.c_void_p), ("size", ctypes.c_ssize_t)]
+
+
+class _Mem(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p), ("size", ctypes.c_size_t)]
+
+
+class _Value(ctypes.Union):
+    _fields_ = [
+        ("cstr", ctypes.c_char_p), ("i", ctypes.c_int), ("mem", _Mem), ("header", _Header),
+        ("pad", ctypes.c_char * 64),
+    ]  # fmt: skip
+
+
+class _Vu(ctypes.Structure):
+    """librdkafka's ``rd_kafka_vu_t``: one typed argument of ``rd_kafka_produceva``."""
+
+    _fields_ = [("vtype", ctypes.c_int), ("u", _Value)]
+
+
+_VTYPE_TOPIC, _VTYPE_VALUE, _VTYPE_MSGFLAGS, _VTYPE_HEADER = 1, 4, 7, 9
+_MSG_F_COPY = 0x2
+
+
+def produce_with_raw_header_names(
+    bootstrap: str, topic: str, records: list[tuple[bytes, list[tuple[bytes, bytes]]]]
+) -> None:
+    """Write records whose header *names* are arbitrary bytes, through librdkafka's C API.
+
+    confluent-kafka's Python ``produce`` cannot: it turns a ``bytes`` name into its
+    ``repr`` (``"b'\\xff'"``) and crashes on a ``str`` name with a lone surrogate. Kafka itself
+    takes any bytes, and clients in other languages (librdkafka, Go) write them.
+    """
+    libs = os.path.dirname(confluent_kafka.__file__) + ".libs"
+    lib = ctypes.CDLL(glob.glob(os.path.join(libs, "librdkafka*.so*"))[0])
+    lib.rd_kafka_conf_new.restype = ctypes.c_void_p
+    lib.rd_kafka_conf_set.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p,
+                                      ctypes.c_char_p, ctypes.c_size_t]  # fmt: skip
+    lib.rd_kafka_new.restype = ctypes.c_void_p
+    lib.rd_kafka_new.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.rd_kafka_produceva.restype = ctypes.c_void_p
+    lib.rd_kafka_produceva.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Vu), ctypes.c_size_t]
+    lib.rd_kafka_flush.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.rd_kafka_destroy.argtypes = [ctypes.c_void_p]
+    errors = ctypes.create_string_buffer(512)
+    conf = lib.rd_kafka_conf_new()
+    assert lib.rd_kafka_conf_set(conf, b"bootstrap.servers", bootstrap.encode(), errors, 512) == 0
+    handle = lib.rd_kafka_new(0, conf, errors, 512)
+    assert handle, errors.value
+    try:
+        for value, headers in records:
+            args = (_Vu * (3 + len(headers)))()
+            keep = [ctypes.create_string_buffer(value, len(value))]
+            args[0].vtype, args[0].u.cstr = _VTYPE_TOPIC, topic.encode()
+            args[1].vtype = _VTYPE_VALUE
+            args[1].u.mem.ptr, args[1].u.mem.size = (
+                ctypes.cast(keep[0], ctypes.c_void_p),
+                len(value),
+            )
+            args[2].vtype, args[2].u.i = _VTYPE_MSGFLAGS, _MSG_F_COPY
+            for i, (name, data) in enumerate(headers, start=3):
+                keep.append(ctypes.create_string_buffer(data, len(data)))
+                args[i].vtype = _VTYPE_HEADER
+                args[i].u.header.name = name
+                args[i].u.header.val = ctypes.cast(keep[-1], ctypes.c_void_p)
+                args[i].u.header.size = len(data)
+            assert not lib.rd_kafka_produceva(handle, args, len(args)), "produce refused"
+        assert lib.rd_kafka_flush(handle, 10_000) == 0, "not all records acknowledged"
+    finally:
+        lib.rd_kafka_destroy(handle)
+
+
+def test_a_record_whose_headers_cannot_be_read_is_quarantined_and_its_batch_goes_on(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str]
+) -> None:
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    good = [f"g{i}".encode() for i in range(6)]
+    records: list[tuple[bytes, list[tuple[bytes, bytes]]]] = [(g, [(b"n", b"v")]) for g in good]
+    # A header name that is not UTF-8: confluent-kafka raises converting it.
+    records.insert(2, (b"bad-name", [(b"\xff\xfekey", b"v"), (b"fine", b"w")]))
+    produce_with_raw_header_names(config.bootstrap_servers, topic, records)
+    listener = Listener()
+    consumer = start_consumer(consumers, config, group, topic, listener)
+    wait_until(lambda: sorted(listener.bodies()) == good and consumer.stats().quarantined == 1)
+    wait_until(lambda: committed(config, group, topic) == 7)
+    found = quarantined(config, topic)[b"bad-name"]
+    assert found.source_offset == 2
+    assert "header" in found.reason, found.reason
+    assert found.headers == {}, "headers that cannot be read are not carried"
+
+
+# --- item 8: bounds -----------------------------------------------------------------------
+def test_held_bytes_pause_a_partition_long_before_the_message_count_does(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str]
+) -> None:
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    bodies = [f"{i:04d}".encode() + b"x" * 100 * 1024 for i in range(200)]  # 20 MiB
+    produce_raw(config, topic, [(b, None) for b in bodies])
+    listener = Listener(block_first=frozenset(bodies))
+    consumer = start_consumer(consumers, config, group, topic, listener,
+                              consume_thread_count=1, pull_threshold_size_for_queue=1)  # fmt: skip
+    key = (topic, 0)
+    try:
+        wait_until(lambda: key in consumer._paused, timeout_s=15)
+        held = consumer._queues[key].held
+        assert held < len(bodies), "the whole topic was fetched"
+        assert held < consumer.settings.pull_threshold_for_queue
+    finally:
+        listener.gate.set()
+    wait_until(lambda: len(listener.bodies()) == len(bodies), timeout_s=30)
+    wait_until(lambda: committed(config, group, topic) == len(bodies))
+
+
+def test_a_listener_past_consume_timeout_is_sent_back_and_its_late_result_ignored(
+    config: ClientConfig, coordinator: Coordinator, consumers: list[PushConsumer],
+    unique: Callable[[str], str],
+) -> None:  # fmt: skip
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    send(config, topic, ["stuck", "next"])
+    # The stuck delivery returns RECONSUME_LATER when let go: that late result is ignored.
+    listener = Listener(fail_first=frozenset({b"stuck"}), block_first=frozenset({b"stuck"}))
+    consumer = start_consumer(consumers, config, group, topic, listener,
+                              consume_timeout=0.05)  # minutes: 3 s  # fmt: skip
+    try:
+        wait_until(lambda: len(listener.of(b"stuck")) == 2, timeout_s=30)
+        again = listener.of(b"stuck")[1]
+        assert again.kafka_topic == retry_topic(group, config.namespace)
+        assert again.reconsume_times == 1
+        wait_until(lambda: committed(config, group, topic) == 2)
+        assert listener.returned == [], "the first listener call still runs"
+    finally:
+        listener.gate.set()
+    wait_until(lambda: listener.returned == [b"stuck"])
+    consumer.shutdown(timeout_ms=10_000)  # lets the late result be processed, or ignored
+    stats = consumer.stats()
+    assert (stats.failed, stats.sent_back, stats.consumed) == (1, 1, 2), stats
+    assert len(listener.of(b"stuck")) == 2
+
+
+def test_shutdown_is_bounded_by_a_hung_listener_and_never_commits_past_it(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.WARNING, logger=push_consumer_module.__name__)
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    send(config, topic, ["hung", "ok1", "ok2"])
+    listener = Listener(block_first=frozenset({b"hung"}))
+    consumer = start_consumer(consumers, config, group, topic, listener, drain_timeout_ms=500,
+                              consume_thread_count=3)  # fmt: skip
+    try:
+        wait_until(lambda: listener.blocked == [b"hung"] and len(listener.bodies()) == 3)
+        stopper = threading.Thread(target=consumer.shutdown, daemon=True)
+        started = time.monotonic()
+        stopper.start()
+        stopper.join(15)
+        assert not stopper.is_alive(), "shutdown() waits for ever on a hung listener"
+        assert time.monotonic() - started < 10
+    finally:
+        listener.gate.set()
+    assert f"{topic}[0]" in caplog.text and "abandoned" in caplog.text, caplog.text
+    assert committed(config, group, topic) <= 0, "the offset passed the abandoned message"
+    again = Listener()
+    start_consumer(consumers, config, group, topic, again)
+    wait_until(lambda: b"hung" in again.bodies())
+
+
+@dataclass
+class OrderlyLog(MessageListenerOrderly):
+    """Logs every call (who, partition, bodies, start, end); consumer ``A`` blocks its first
+    call on each partition until ``gate`` is set."""
+
+    name: str
+    calls: list[tuple[str, int, list[bytes], float, float | None]]
+    lock: threading.Lock
+    gate: threading.Event
+    blocked: set[int] = field(default_factory=set)
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        partition = context.message_queue.queue_id
+        with self.lock:
+            index = len(self.calls)
+            self.calls.append(
+                (self.name, partition, [m.body for m in msgs], time.monotonic(), None)
+            )
+            block = self.name == "A" and partition not in self.blocked
+            self.blocked.add(partition)
+        if block:
+            self.gate.wait(60)
+        with self.lock:
+            self.calls[index] = (*self.calls[index][:4], time.monotonic())
+        return ConsumeOrderlyStatus.SUCCESS
+
+
+def test_an_orderly_partition_never_runs_two_listeners_when_it_moves_to_another_consumer(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str]
+) -> None:
+    topic = make_topic(config, unique("t"), partitions=2)
+    group = unique("g")
+    with Producer("test_pg", config=config) as producer:
+        for p in range(2):
+            for i in range(5):
+                producer.send_sync(Message(topic, f"p{p}-{i}"), partition=p)
+    calls: list[tuple[str, int, list[bytes], float, float | None]] = []
+    lock, gate = threading.Lock(), threading.Event()
+    a = start_consumer(consumers, config, group, topic, OrderlyLog("A", calls, lock, gate),
+                       drain_timeout_ms=500, consume_thread_count=4)  # fmt: skip
+    try:
+        wait_until(lambda: len(calls) == 2)  # A's first call on each partition, blocked
+        start_consumer(consumers, config, group, topic, OrderlyLog("B", calls, lock, gate),
+                       drain_timeout_ms=500, consume_thread_count=4)  # fmt: skip
+        wait_until(lambda: all(pq.dropped for pq in list(a._queues.values())), timeout_s=15)
+        since = time.monotonic()
+        # Either the next owner starts while A's listeners still run (the defect), or several
+        # drain timeouts pass with nobody running the moved partitions.
+        wait_until(lambda: len(calls) > 2 or time.monotonic() - since > 5, timeout_s=15)
+        with lock:
+            assert len(calls) == 2, f"a partition ran while its old listener still ran: {calls}"
+    finally:
+        gate.set()
+    wanted = {f"p{p}-{i}".encode() for p in range(2) for i in range(5)}
+    wait_until(lambda: {b for c in list(calls) for b in c[2]} >= wanted, timeout_s=30)
+    wait_until(
+        lambda: committed(config, group, topic, 0) + committed(config, group, topic, 1) == 10
+    )
+    with lock:
+        for p in range(2):
+            mine = sorted((c for c in calls if c[1] == p), key=lambda c: c[3])
+            for before, after in itertools.pairwise(mine):
+                assert before[4] is not None and before[4] <= after[3], f"overlap on {p}: {mine}"
+            bodies = [b for c in mine for b in c[2]]
+            assert bodies == [f"p{p}-{i}".encode() for i in range(5)], bodies
