@@ -992,11 +992,11 @@ class PushConsumer(Startable):
             self._pool.submit(self._consume_requests, pq, requests[i : i + per_task])
 
     def _consume_requests(self, pq: ProcessQueue, requests: list[list[MessageExt]]) -> None:
-        """Run the listener on each request, then send every failed message back at once."""
+        """Run the listener on each request, marking what it consumed done at once (so the
+        commit follows a slow listener), then send every failed message back together."""
         if not pq.begin():
             return  # revoked or stopping: the messages stay uncommitted for the next owner
         try:
-            done: list[MessageExt] = []
             failed: list[MessageExt] = []
             levels: list[int] = []
             for msgs in requests:
@@ -1029,10 +1029,12 @@ class PushConsumer(Startable):
                     )
                     head = [m for m in head if m.queue_offset in counted]
                     tail = [m for m in tail if m.queue_offset in counted]
-                done += head
+                if head:
+                    self._count("consumed", len(head))
+                    pq.remove(m.queue_offset for m in head)
                 failed += tail
                 levels += [context.delay_level_when_next_consume] * len(tail)
-            self._process_result(pq, done, failed, levels)
+            self._process_result(pq, failed, levels)
         except Exception:
             logger.exception("push consumer %s: consume request failed", self.group)
         finally:
@@ -1060,25 +1062,19 @@ class PushConsumer(Startable):
         return _leading_successes(cast(MessageCallback, listener), msgs) - 1
 
     def _process_result(
-        self,
-        pq: ProcessQueue,
-        done: list[MessageExt],
-        failed: list[MessageExt],
-        levels: list[int],
+        self, pq: ProcessQueue, failed: list[MessageExt], levels: list[int]
     ) -> None:
-        """Send ``failed`` back (CLUSTERING) or drop them (BROADCASTING), then mark done
-        what was consumed or safely sent back."""
-        self._count("consumed", len(done))
+        """Send ``failed`` back (CLUSTERING: each is done once its copy is acknowledged) or
+        drop them (BROADCASTING)."""
         if failed:
             self._count("failed", len(failed))
             if self.message_model is MessageModel.BROADCASTING:
                 for msg in failed:
                     logger.warning("BROADCASTING, the message consume failed, drop it: %s", msg)
                 self._count("dropped", len(failed))
-                done += failed
+                pq.remove(m.queue_offset for m in failed)
             else:
                 self._send_back_async(pq, failed, levels)
-        pq.remove(m.queue_offset for m in done)
 
     def _send_back_async(self, pq: ProcessQueue, msgs: list[MessageExt], levels: list[int]) -> None:
         """Copy failed ``msgs`` to the retry topic or DLQ without waiting: each stays held
