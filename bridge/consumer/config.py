@@ -43,8 +43,9 @@ class PushConsumerConfig:
     """A partition with this many messages held (received, not yet done) stops fetching."""
     pull_threshold_size_for_queue: int = 100
     """A partition whose held messages take this many MiB (bodies, property names and values)
-    stops fetching too, whichever threshold it reaches first. Like RocketMQ, the check comes
-    after each poll, so a partition may go over by one poll's records."""
+    stops fetching too, whichever threshold it reaches first. A partition goes over by one
+    record at most: what a poll brings beyond that is left to Kafka and fetched again once the
+    partition drops below both thresholds."""
     max_reconsume_times: int = -1
     """Failures before a message goes to the dead-letter queue; -1 means RocketMQ's default:
     16 for a concurrent listener, unlimited for an orderly one."""

@@ -176,22 +176,37 @@ class _Headerless:
 class _Incoming:
     """One partition's share of a poll, in offset order: messages to hold (with their sizes in
     bytes and records), those of them to consume, and records to quarantine (held under a
-    placeholder until Kafka acknowledges their copy)."""
+    placeholder until Kafka acknowledges their copy). ``room_count`` and ``room_bytes``: what
+    the partition may still hold; once that is taken, the rest of the poll is left to Kafka
+    (``cut``: the partition was sought back to the first record not taken)."""
 
-    __slots__ = ("msgs", "poison", "records", "sizes", "work")
+    __slots__ = (
+        "bytes", "can_cut", "cut", "msgs", "poison", "records", "room_bytes", "room_count",
+        "sizes", "work",
+    )  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, room_count: int, room_bytes: int) -> None:
         self.msgs: list[MessageExt] = []
         self.sizes: list[int] = []
         self.records: list[Any] = []
         self.work: list[MessageExt] = []
         self.poison: list[tuple[Any, Exception]] = []
+        self.room_count = room_count
+        self.room_bytes = room_bytes
+        self.bytes = 0
+        self.cut = False
+        self.can_cut = True
+
+    @property
+    def full(self) -> bool:
+        return len(self.msgs) >= self.room_count or self.bytes >= self.room_bytes
 
     def hold(self, msg: MessageExt, size: int, record: Any) -> None:
         self.msgs.append(msg)
         self.sizes.append(size)
         self.records.append(record)
         self.work.append(msg)
+        self.bytes += size
 
     def hold_poison(self, record: Any, reason: Exception) -> None:
         offset = record.offset()
@@ -610,6 +625,39 @@ class PushConsumer(Startable):
                 self._kafka.pause([TopicPartition(*key)])
                 self._paused.add(key)
 
+    def _incoming(
+        self, key: tuple[str, int], batches: dict[tuple[str, int], _Incoming]
+    ) -> _Incoming:
+        """``key``'s share of the poll being received."""
+        incoming = batches.get(key)
+        if incoming is None:
+            pq = self._queues[key]
+            incoming = batches[key] = _Incoming(
+                self.settings.pull_threshold_for_queue - pq.held,
+                (self.settings.pull_threshold_size_for_queue << 20) - pq.held_bytes,
+            )
+        return incoming
+
+    def _cut(self, record: Any, incoming: _Incoming) -> bool:
+        """The partition of ``record`` holds all it may: leave ``record`` and the rest of the
+        poll to Kafka (seek back to it; it is fetched again once the partition resumes), so
+        a partition goes over its thresholds by one record at most. False (the record is
+        held after all) if the seek fails."""
+        if not incoming.can_cut:
+            return False
+        try:
+            self._kafka.seek(TopicPartition(record.topic(), record.partition(), record.offset()))
+        except Exception as exc:
+            logger.warning(
+                "push consumer %s: cannot seek %s[%d] back to %d, holding beyond its "
+                "thresholds: %s",
+                self.group, record.topic(), record.partition(), record.offset(), exc,
+            )  # fmt: skip
+            incoming.can_cut = False
+            return False
+        incoming.cut = True
+        return True
+
     def _receive_one(self, record: Any, batches: dict[tuple[str, int], _Incoming]) -> None:
         error = record.error()
         if error is not None:
@@ -619,6 +667,9 @@ class PushConsumer(Startable):
         pq = self._queues.get(key)
         if pq is None or pq.dropped:
             return  # revoked meanwhile: the next owner reads it
+        incoming = self._incoming(key, batches)
+        if incoming.cut or (incoming.full and self._cut(record, incoming)):
+            return  # fetched again once the partition resumes
         try:
             headers = _read_headers(record)
         except Exception as exc:
@@ -629,11 +680,11 @@ class PushConsumer(Startable):
                 f"the record's headers cannot be read ({type(cause).__name__}: {cause}); "
                 "quarantined without them"
             )
-            batches.setdefault(key, _Incoming()).hold_poison(_Headerless(record), reason)
+            incoming.hold_poison(_Headerless(record), reason)
             return
         msg = self._decode(record)
         if isinstance(msg, Exception):
-            batches.setdefault(key, _Incoming()).hold_poison(record, msg)
+            incoming.hold_poison(record, msg)
             return
         sub = self._subscriptions.get(msg.topic)
         if (
@@ -648,7 +699,7 @@ class PushConsumer(Startable):
         if headers:
             for name, value in headers:
                 size += len(name) + (len(value) if value is not None else 0)
-        batches.setdefault(key, _Incoming()).hold(msg, size, record)
+        incoming.hold(msg, size, record)
 
     def _isolate(
         self, record: Any, exc: Exception, batches: dict[tuple[str, int], _Incoming]
@@ -668,7 +719,7 @@ class PushConsumer(Startable):
             return
         # Its headers were read (a record whose headers raise is handled before): reading
         # them again for the copy is safe.
-        batches.setdefault(key, _Incoming()).hold_poison(record, exc)
+        self._incoming(key, batches).hold_poison(record, exc)
 
     def _record_error(self, record: Any, error: KafkaError) -> None:
         if error.code() in _RECORD_ERRORS_IGNORED:
