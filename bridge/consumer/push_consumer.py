@@ -482,9 +482,11 @@ class PushConsumer(Startable):
         wait_s = self.settings.consume_timeout * 60
         given = self.config.kafka.get("max.poll.interval.ms")
         if given is not None:
-            self._orderly_wait_s = max(
-                0.0, min(wait_s, int(given) / 1000 - _POLL_INTERVAL_MARGIN_S)
-            )
+            try:
+                given_s = int(given) / 1000
+            except ValueError:  # librdkafka refuses it when the consumer is created
+                given_s = math.inf
+            self._orderly_wait_s = max(0.0, min(wait_s, given_s - _POLL_INTERVAL_MARGIN_S))
             if self._orderly_wait_s < wait_s:
                 logger.warning(
                     "push consumer %s: max.poll.interval.ms=%s allows an orderly rebalance to "
@@ -495,7 +497,8 @@ class PushConsumer(Startable):
                     wait_s,
                 )
             return {}
-        session_ms = int(self.config.kafka.get("session.timeout.ms", 0))
+        session = str(self.config.kafka.get("session.timeout.ms", "0"))
+        session_ms = int(session) if session.isascii() and session.isdigit() else 0
         interval_ms = min(
             _MAX_POLL_INTERVAL_LIMIT_MS,
             max(

@@ -207,3 +207,22 @@ def test_fetch_wait_is_shortened_unless_the_user_set_it() -> None:
     assert PushConsumer("g")._fetch_tuning() == {"fetch_wait_max_ms": 100}
     mine = ClientConfig(kafka={"fetch.wait.max.ms": "500"})
     assert PushConsumer("g", config=mine)._fetch_tuning() == {}
+
+
+def test_orderly_consumers_stay_in_the_group_while_a_revoke_waits_consume_timeout() -> None:
+    orderly = PushConsumer("g", orderly=True)
+    assert orderly._orderly_tuning() == {"max_poll_interval_ms": 15 * 60_000 + 30_000}
+    assert orderly._orderly_wait_s == 15 * 60
+    short = PushConsumer("g", orderly=True, consume_timeout=0.05)
+    assert short._orderly_tuning() == {"max_poll_interval_ms": 300_000}, "never below 5 min"
+    assert short._orderly_wait_s == pytest.approx(3.0)
+    mine = ClientConfig(kafka={"max.poll.interval.ms": "60000"})
+    given = PushConsumer("g", orderly=True, config=mine)
+    assert given._orderly_tuning() == {}, "the user's setting stands"
+    assert given._orderly_wait_s == 30.0, "the wait ends 30 s before the group expels us"
+    assert PushConsumer("g")._orderly_tuning() == {}, "concurrent consumers do not wait"
+
+
+def test_shutdown_timeout_must_be_a_non_negative_number_of_ms() -> None:
+    with pytest.raises(InvalidArgumentError, match="timeout_ms"):
+        PushConsumer("g").shutdown(timeout_ms=-1)
