@@ -8,7 +8,14 @@ The rules are RocketMQ's (``TransactionalMessageServiceImpl#check``):
 * each check increments ``TRANSACTION_CHECK_TIMES``; a message whose count has reached
   ``transaction_check_max`` is discarded (parked) instead of checked again;
 * a message older than the retention is discarded too, but (unlike RocketMQ, #8311) never
-  before it was checked at least once.
+  before it was checked at least once;
+* a message whose next check is more than an interval away (a long immunity) is put back at the
+  end of the HALF partition once per interval (RocketMQ's ``putImmunityMsgBackToHalfQueue``),
+  so it never pins the checkpoint; its immunity is capped at the retention.
+
+The checkpoint (where a restart reads again) never passes a record that is not processed yet:
+a checked or put-back half message keeps its old copy's offset until the new copy is read back,
+so an end request written between the two copies is read again after a restart.
 
 Duplicates are decided by transaction id: once a transaction is committed, rolled back or
 discarded, any later decision for it (a second commit, a commit racing a check answer, a commit
@@ -41,8 +48,9 @@ class CheckPolicy:
     file_reserved_time_ms: int = 72 * 3_600_000
 
     def immunity_ms(self, msg: MessageExt) -> int:
-        """How long after its birth a message is left alone (RocketMQ's ``getImmunityTime``:
-        ``CHECK_IMMUNITY_TIME_IN_SECONDS`` when it is a valid number, else the timeout)."""
+        """How long after its birth a message is left alone, ms (RocketMQ's
+        ``getImmunityTime``: ``CHECK_IMMUNITY_TIME_IN_SECONDS`` when it is a valid number, else
+        the timeout), never longer than the retention (``file_reserved_time_ms``)."""
         raw = msg.get_property(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS)
         if raw:
             try:
@@ -50,7 +58,7 @@ class CheckPolicy:
             except ValueError:
                 return self.transaction_timeout_ms
             if seconds > 0:
-                return seconds * 1000
+                return min(seconds * 1000, self.file_reserved_time_ms)
         return self.transaction_timeout_ms
 
     def action(self, check_times: int, born_ms: int, now_ms: int) -> CheckAction:
@@ -68,12 +76,22 @@ class PendingHalf:
 
     transaction_id: str
     offset: int
-    """Offset of the newest copy in the HALF partition (-1 while a copy is being written)."""
+    """Offset of the newest copy read back from the HALF partition: a restart must read from
+    here (a copy written at a check or put-back counts once it is read back)."""
     envelope: bytes
     message: MessageExt
     check_times: int
     born_ms: int
     next_check_ms: int
+    latest_offset: int = -1
+    """Offset of the newest copy written, read back or not (what a decision record names, so
+    a restart that reads that copy knows the transaction is decided)."""
+    held: bool = False
+    """A commit is being applied on its own (its real record could not be written with the
+    others): no check, and no other decision, until it is committed or parked."""
+
+    def __post_init__(self) -> None:
+        self.latest_offset = max(self.latest_offset, self.offset)
 
     @property
     def producer_group(self) -> str:
@@ -95,6 +113,8 @@ class HalfPartition:
     pending: dict[str, PendingHalf] = field(default_factory=dict)
     _decided: dict[str, int] = field(default_factory=dict)
     _schedule: list[tuple[int, str, int]] = field(default_factory=list)
+    _put_backs: list[tuple[int, str, int]] = field(default_factory=list)
+    """(when, transaction id, offset of the copy to put back), a heap."""
 
     @property
     def caught_up(self) -> bool:
@@ -124,8 +144,8 @@ class HalfPartition:
             self.mark_decided(tid, offset)
             return
         current = self.pending.get(tid)
-        if current is not None and current.offset > offset:
-            return
+        if current is not None and current.offset >= offset:
+            return  # an older copy, or the same one read again
         raw_times = msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES) or "0"
         check_times = int(raw_times) if raw_times.isdigit() else 0
         born_ms = msg.born_timestamp_ms
@@ -136,27 +156,45 @@ class HalfPartition:
         else:
             # A copy is written when its message is checked: the next check is an interval on.
             due = append_ms + self.policy.check_interval_ms
+        latest, held = offset, False
         if current is not None:
             check_times = max(check_times, current.check_times)
             due = max(due, current.next_check_ms)
-        pending = PendingHalf(tid, offset, envelope, msg, check_times, born_ms, due)
+            latest, held = max(offset, current.latest_offset), current.held
+        pending = PendingHalf(tid, offset, envelope, msg, check_times, born_ms, due, latest, held)
         self.pending[tid] = pending
         heapq.heappush(self._schedule, (due, tid, check_times))
+        interval = self.policy.check_interval_ms
+        if due - max(append_ms, 0) > interval:
+            # Its check is far away: put it back at the end an interval from now, so that its
+            # offset does not hold the checkpoint (and every decision after it) back.
+            heapq.heappush(self._put_backs, (max(append_ms, 0) + interval, tid, offset))
 
     def on_end(self, offset: int, transaction_id: str) -> PendingHalf | None:
         """An end-transaction request at ``offset``: the pending transaction it decides, or
-        None when there is nothing to decide (already decided, or unknown here)."""
+        None when there is nothing to decide (already decided, a commit being applied, or
+        unknown here)."""
         self.position = max(self.position, offset + 1)
-        return self.pending.get(transaction_id)
+        pending = self.pending.get(transaction_id)
+        return None if pending is None or pending.held else pending
 
     def on_other(self, offset: int) -> None:
         """A record that changes nothing (quarantined, or an UNKNOWN answer)."""
         self.position = max(self.position, offset + 1)
 
+    def on_position(self, offset: int) -> None:
+        """The consumer's position is ``offset``: every record before it was returned (and
+        handled). It moves past transaction markers, which no consumer ever receives."""
+        self.position = max(self.position, offset)
+
+    def hold(self, pending: PendingHalf) -> None:
+        """``pending``'s commit is applied on its own: keep it out of checks and decisions."""
+        pending.held = True
+
     def resolve(self, pending: PendingHalf) -> None:
         """``pending`` was committed, rolled back or discarded."""
         self.pending.pop(pending.transaction_id, None)
-        self.mark_decided(pending.transaction_id, pending.offset)
+        self.mark_decided(pending.transaction_id, pending.latest_offset)
 
     def due(self, now_ms: int, limit: int) -> list[PendingHalf]:
         """Up to ``limit`` pending transactions whose check is due (none before caught up)."""
@@ -166,20 +204,42 @@ class HalfPartition:
         while self._schedule and len(out) < limit and self._schedule[0][0] <= now_ms:
             due, tid, times = heapq.heappop(self._schedule)
             pending = self.pending.get(tid)
-            # Skip stale schedule entries (resolved, or rescheduled since).
+            # Skip stale schedule entries (resolved, or rescheduled since) and held commits.
             if (
                 pending is not None
                 and pending.next_check_ms == due
                 and pending.check_times == times
+                and not pending.held
+            ):
+                out.append(pending)
+        return out
+
+    def put_backs_due(self, now_ms: int, limit: int) -> list[PendingHalf]:
+        """Up to ``limit`` pending transactions to copy to the end of the partition, unchanged
+        (no check): those whose copy was read an interval ago and whose check is still more
+        than an interval away. Each is put back at most once per interval: the next one is
+        planned when the copy is read back (:meth:`on_half`)."""
+        out: list[PendingHalf] = []
+        if not self.caught_up:
+            return out
+        interval = self.policy.check_interval_ms
+        while self._put_backs and len(out) < limit and self._put_backs[0][0] <= now_ms:
+            _, tid, offset = heapq.heappop(self._put_backs)
+            pending = self.pending.get(tid)
+            if (
+                pending is not None
+                and pending.offset == offset
+                and not pending.held
+                and pending.next_check_ms - now_ms > interval
             ):
                 out.append(pending)
         return out
 
     def checked(self, pending: PendingHalf, now_ms: int) -> None:
         """``pending`` was just checked: count it and schedule the next check. Its new copy's
-        offset arrives with :meth:`copy_written`."""
+        offset arrives with :meth:`copy_written`; until that copy is read back, the checkpoint
+        stays at the old one (an end request may sit between the two)."""
         pending.check_times += 1
-        pending.offset = -1
         pending.next_check_ms = now_ms + self.policy.check_interval_ms
         heapq.heappush(
             self._schedule, (pending.next_check_ms, pending.transaction_id, pending.check_times)
@@ -193,22 +253,24 @@ class HalfPartition:
         )
 
     def copy_written(self, transaction_id: str, offset: int) -> None:
-        """The copy written at a check landed at ``offset``."""
+        """A copy (written at a check or put-back) landed at ``offset``, not read back yet."""
         pending = self.pending.get(transaction_id)
-        if pending is not None and pending.offset == -1:
-            pending.offset = offset
-        elif pending is None:
+        if pending is not None:
+            pending.latest_offset = max(pending.latest_offset, offset)
+        else:
             self.mark_decided(transaction_id, offset)
 
     def checkpoint(self) -> int:
         """The offset from which a restart must read again: the oldest undecided copy, or the
         read position when nothing is undecided. Also forgets decisions older than it."""
-        offsets = [p.offset for p in self.pending.values() if p.offset >= 0]
-        checkpoint = min(offsets, default=self.position)
+        checkpoint = min((p.offset for p in self.pending.values()), default=self.position)
         checkpoint = min(checkpoint, self.position)
         if len(self._decided) > 1024:
             self._decided = {t: o for t, o in self._decided.items() if o >= checkpoint}
         if len(self._schedule) > 4 * len(self.pending) + 1024:
             self._schedule = [e for e in self._schedule if e[1] in self.pending]
             heapq.heapify(self._schedule)
+        if len(self._put_backs) > 2 * len(self.pending) + 1024:
+            self._put_backs = [e for e in self._put_backs if e[1] in self.pending]
+            heapq.heapify(self._put_backs)
         return checkpoint

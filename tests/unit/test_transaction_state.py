@@ -25,7 +25,8 @@ def test_first_check_follows_the_timeout_then_every_interval() -> None:
     (due,) = state.due(T0 + 6_000, 10)
     state.checked(due, T0 + 6_000)
     state.copy_written("a", 7)
-    assert due.check_times == 1 and due.offset == 7
+    assert due.check_times == 1 and due.latest_offset == 7
+    assert due.offset == 0  # until the copy at 7 is read back
     assert state.due(T0 + 35_999, 10) == []
     assert [p.transaction_id for p in state.due(T0 + 36_000, 10)] == ["a"]
 
@@ -100,3 +101,94 @@ def test_a_copy_written_for_a_transaction_decided_meanwhile_stays_decided() -> N
     state.resolve(decided)
     state.on_half(9, T0 + 6_000, b"", half("a", {MessageConst.TRANSACTION_CHECK_TIMES: "1"}), T0)
     assert not state.pending
+
+
+def test_checkpoint_keeps_the_checked_copy_until_its_new_copy_is_read_back() -> None:
+    # half@10 checked while the END at 15 is not read yet; its new copy lands at 20. A restart
+    # from 15 would meet the END before any copy of the half and drop the commit.
+    state = HalfPartition(0, POLICY, position=10)
+    state.on_half(10, T0, b"", half("a"), now_ms=T0)
+    state.on_other(14)
+    (pending,) = state.due(T0 + 6_000, 1)
+    state.checked(pending, T0 + 6_000)
+    assert state.checkpoint() == 10
+    state.copy_written("a", 20)
+    assert state.checkpoint() == 10  # written, not read back
+    state.on_half(20, T0 + 6_000, b"", half("a", {MessageConst.TRANSACTION_CHECK_TIMES: "1"}), T0)
+    assert state.checkpoint() == 20
+    assert state.pending["a"].check_times == 1
+
+
+def test_a_decision_made_before_the_new_copy_is_read_covers_that_copy() -> None:
+    state = HalfPartition(0, POLICY, position=10)
+    state.on_half(10, T0, b"", half("a"), now_ms=T0)
+    (pending,) = state.due(T0 + 6_000, 1)
+    state.checked(pending, T0 + 6_000)
+    state.copy_written("a", 20)
+    decided = state.on_end(15, "a")
+    assert decided is not None and decided.latest_offset == 20  # the OP record names copy 20
+    state.resolve(decided)
+    assert state.checkpoint() == 16
+    state.on_half(20, T0 + 6_000, b"", half("a", {MessageConst.TRANSACTION_CHECK_TIMES: "1"}), T0)
+    assert not state.pending
+    assert state.checkpoint() == 21
+
+
+def test_the_consumer_position_moves_past_trailing_transaction_markers() -> None:
+    # Recovery wanted to read up to 3; the record at 2 is a commit marker no consumer sees.
+    state = HalfPartition(0, POLICY, position=0, catch_up_offset=3)
+    state.on_half(0, T0, b"", half("a"), now_ms=T0)
+    state.on_half(1, T0, b"", half("a", {MessageConst.TRANSACTION_CHECK_TIMES: "1"}), T0)
+    assert not state.caught_up
+    state.on_position(3)
+    assert state.caught_up
+    assert len(state.due(T0 + 10**6, 10)) == 1
+    state.on_position(1)  # never backwards
+    assert state.position == 3
+
+
+def test_immunity_is_capped_at_the_retention() -> None:
+    policy = CheckPolicy(transaction_timeout_ms=6_000, file_reserved_time_ms=3_600_000)
+    msg = half("a", {MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: str(10**9)})
+    assert policy.immunity_ms(msg) == 3_600_000
+
+
+def test_a_long_immune_transaction_is_put_back_and_remembered_decisions_stay_bounded() -> None:
+    state = HalfPartition(0, POLICY)
+    immune = half("immune", {MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: "86400"})
+    state.on_half(0, T0, b"immune-envelope", immune, now_ms=T0)
+    offset, now, put_backs = 1, T0, 0
+    for i in range(5_000):
+        now += 100
+        state.on_half(offset, now, b"", half(f"t{i}", born=now), now_ms=now)
+        decided = state.on_end(offset + 1, f"t{i}")
+        assert decided is not None
+        state.resolve(decided)
+        offset += 2
+        for pending in state.put_backs_due(now, 10):
+            assert pending.transaction_id == "immune" and pending.envelope == b"immune-envelope"
+            state.copy_written("immune", offset)  # the copy, written at the end of the queue
+            state.on_half(offset, now, pending.envelope, immune, now_ms=now)
+            offset += 1
+            put_backs += 1
+        assert state.due(now, 10) == []  # a put-back is not a check
+        state.checkpoint()
+    # One put-back per check interval (30 s) over 500 s of traffic.
+    assert 15 <= put_backs <= 17
+    assert state.checkpoint() > offset - 2 * 300 - 20
+    assert state.decided_count <= 1024 + 2 * 300
+    assert state.pending["immune"].check_times == 0
+    assert state.pending["immune"].next_check_ms == T0 + 86_400_000
+
+
+def test_a_held_commit_is_not_checked_nor_decided_twice() -> None:
+    state = HalfPartition(0, POLICY)
+    state.on_half(0, T0, b"", half("a"), now_ms=T0)
+    pending = state.on_end(1, "a")
+    assert pending is not None
+    state.hold(pending)
+    assert state.due(T0 + 10**6, 10) == []
+    assert state.checkpoint() == 0
+    assert state.on_end(2, "a") is None  # a later answer does not reopen it
+    state.resolve(pending)
+    assert state.checkpoint() == 3
