@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import time
-import uuid
 from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
 
 from bridge.client.reader import read_to_end
-from bridge.codec import envelope_to_message
+from bridge.codec import RealRecord, envelope_to_message
 from bridge.config import ClientConfig
-from bridge.errors import InvalidArgumentError, WireFormatError
+from bridge.errors import InvalidArgumentError, SendError, WireFormatError
 from bridge.kafka.clients import new_producer
 from bridge.message import MessageConst, MessageExt
 from bridge.transaction.model import (
@@ -19,12 +22,30 @@ from bridge.transaction.model import (
     OpEntry,
     committed_record,
 )
+from bridge.transaction.service import (
+    auto_create_allowed,
+    delivery_problem,
+    partition_problem,
+    topic_problem,
+)
 from topics.avro import default_registry
 from topics.catalog import SystemTopic, TopicCatalog
+
+logger = logging.getLogger(__name__)
 
 OPERATOR_PARTITION = -1
 """``half_partition`` of the OP records an operator writes when replaying or dropping a parked
 message (``half_offset`` is then its offset in the check-max topic)."""
+
+
+_FENCED = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
+
+
+class ParkedReplayError(SendError):
+    """A parked message could not be replayed or dropped; it stays parked. The message names
+    the cause (e.g. its real topic does not exist)."""
 
 
 def _operator_resolutions(config: ClientConfig, timeout_ms: int) -> dict[int, OpEntry]:
@@ -118,7 +139,15 @@ def list_undecided(config: ClientConfig, timeout_ms: int = 30_000) -> list[Undec
 def resolve_parked(config: ClientConfig, msg_id: str, action: OpAction) -> MessageExt:
     """Replay (``OpAction.COMMIT``: deliver to its real topic) or drop (``OpAction.ROLLBACK``)
     a parked message, in one Kafka transaction with an OP record that marks it resolved, so it
-    is never replayed twice. Raises :class:`InvalidArgumentError` if no such message is parked.
+    is never replayed twice.
+
+    The Kafka transactional id is derived from ``msg_id``: a second resolution of the same
+    message running at the same time fences the first (whose transaction is aborted or was
+    committed before), and reads its resolution after fencing it.
+
+    Raises :class:`InvalidArgumentError` if no such message is parked (or it was resolved
+    meanwhile), :class:`ParkedReplayError` naming the cause when it cannot be written (its
+    topic or partition does not exist, it is too large, ...): it then stays parked.
     """
     if action is OpAction.DISCARD:
         raise InvalidArgumentError("a parked message is replayed (COMMIT) or dropped (ROLLBACK)")
@@ -126,21 +155,66 @@ def resolve_parked(config: ClientConfig, msg_id: str, action: OpAction) -> Messa
     if not parked:
         raise InvalidArgumentError(f"no parked, unresolved message with id {msg_id!r}")
     msg = parked[-1]
-    catalog = TopicCatalog(namespace=config.namespace)
+    verb = "replaying" if action is OpAction.COMMIT else "dropping"
+    real = committed_record(msg, config.namespace) if action is OpAction.COMMIT else None
     producer = new_producer(
-        config,
-        "bridge-operator",
-        transactional_id=f"{config.namespace}.operator.{uuid.uuid4().hex}",
+        config, "bridge-operator", transactional_id=f"{config.namespace}.operator.{msg_id}"
     )
     timeout_s = config.request_timeout_ms / 1000
-    producer.init_transactions(timeout_s)
+    try:
+        producer.init_transactions(timeout_s)
+    except KafkaException as exc:
+        raise ParkedReplayError(f"{verb} parked message {msg_id}: {_text(exc)}") from exc
+    # After init_transactions, a concurrent resolution of this message is either committed
+    # (and visible now) or aborted: never both this one and that one.
+    if msg.queue_offset in _operator_resolutions(config, config.request_timeout_ms):
+        raise InvalidArgumentError(
+            f"no parked, unresolved message with id {msg_id!r} (resolved meanwhile)"
+        )
+    metadata = new_producer(config, "bridge-operator-metadata")
+    if real is not None:
+        problem = _target_problem(metadata, real, timeout_s, auto_create_allowed(config))
+        if problem is not None:
+            raise ParkedReplayError(f"{verb} parked message {msg_id}: {problem}; it stays parked")
+    try:
+        _write_resolution(producer, config, msg, action=action, real=real, timeout_s=timeout_s)
+    except KafkaException as exc:
+        _abort(producer, timeout_s)
+        if msg.queue_offset in _operator_resolutions(config, config.request_timeout_ms):
+            raise InvalidArgumentError(
+                f"no parked, unresolved message with id {msg_id!r} (resolved meanwhile)"
+            ) from exc
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.code() in _FENCED:
+            raise ParkedReplayError(
+                f"{verb} parked message {msg_id}: another resolution of the same message "
+                f"started meanwhile and fenced this one ({_text(exc)}); that one resolves it "
+                "(see 'bridge transactions parked')",
+                error,
+            ) from exc
+        cause = _cause(metadata, real, exc, timeout_s, auto_create_allowed(config))
+        raise ParkedReplayError(
+            f"{verb} parked message {msg_id}: {cause}; it stays parked", error
+        ) from exc
+    return msg
+
+
+def _write_resolution(
+    producer: Any,
+    config: ClientConfig,
+    msg: MessageExt,
+    *,
+    action: OpAction,
+    real: RealRecord | None,
+    timeout_s: float,
+) -> None:
+    """The real record (on replay) and the operator's OP record, in one Kafka transaction.
+    A failed delivery makes ``commit_transaction`` raise."""
     producer.begin_transaction()
-    if action is OpAction.COMMIT:
-        real = committed_record(msg, config.namespace)
-        headers: list[tuple[str, str | bytes | None]] = list(real.headers)
+    if real is not None:
         producer.produce(
-            real.topic, real.value, real.key, partition=real.partition,
-            headers=headers, timestamp=real.timestamp_ms,
+            real.topic, real.value, real.key, partition=real.partition, headers=real.headers,
+            timestamp=real.timestamp_ms,
         )  # fmt: skip
     entry = OpEntry(
         half_partition=OPERATOR_PARTITION,
@@ -151,8 +225,49 @@ def resolve_parked(config: ClientConfig, msg_id: str, action: OpAction) -> Messa
         action=action,
         decided_at_ms=time.time_ns() // 1_000_000,
     )
-    producer.produce(
-        catalog.topic(SystemTopic.OP), entry.encode(), msg.msg_id.encode(), partition=0
-    )
+    op_topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.OP)
+    producer.produce(op_topic, entry.encode(), msg.msg_id.encode(), partition=0)
     producer.commit_transaction(timeout_s)
-    return msg
+
+
+def _abort(producer: Any, timeout_s: float) -> None:
+    try:
+        producer.abort_transaction(timeout_s)
+    except KafkaException as exc:
+        logger.debug("aborting the operator's transaction: %s", exc)  # fenced, or fatal
+
+
+def _text(exc: KafkaException) -> str:
+    error = exc.args[0] if exc.args else None
+    return f"{error.str()} ({error.name()})" if isinstance(error, KafkaError) else str(exc)
+
+
+def _target_problem(
+    metadata: Any, real: RealRecord, timeout_s: float, auto_create: bool
+) -> str | None:
+    try:
+        problem, count = topic_problem(
+            metadata, real.topic, timeout_s, confirm_s=1.0 if auto_create else 0.0
+        )
+    except KafkaException:
+        return None  # the write finds out
+    return problem or partition_problem(real.topic, real.partition, count)
+
+
+def _cause(
+    metadata: Any,
+    real: RealRecord | None,
+    exc: KafkaException,
+    timeout_s: float,
+    auto_create: bool,
+) -> str:
+    """What made the write fail, in words: the target's metadata when it shows a problem,
+    else the error itself."""
+    error = exc.args[0] if exc.args else None
+    if real is not None:
+        problem = _target_problem(metadata, real, timeout_s, auto_create)
+        if problem is not None:
+            return problem
+        if isinstance(error, KafkaError):
+            return delivery_problem(real.topic, error)
+    return _text(exc)

@@ -9,10 +9,24 @@ the OP record, and the HALF offset from which a restart must read again (the old
 half message). So a crash at any point either applies a decision completely or not at all,
 and a decision is applied at most once: each committed message reaches its real topic exactly
 once (G2, G3). Checks run in a transaction of their own that writes a copy of the half message
-with ``TRANSACTION_CHECK_TIMES`` + 1 (RocketMQ's put-back) and the check request.
+with ``TRANSACTION_CHECK_TIMES`` + 1 (RocketMQ's put-back) and the check request; a half
+message whose check is more than an interval away is put back unchanged once per interval.
+
+Isolation: a commit whose real record cannot be written (an internal topic, a topic that does
+not exist or was deleted, a partition it does not have, a record larger than the topic takes,
+no authorization) never holds the others back. Such a commit is found before it is written
+(the target's metadata) or from the delivery reports of a failed Kafka transaction; it is then
+tried on its own, in a Kafka transaction of its own, a bounded number of times with back-off,
+and finally parked in the check-max topic with ``DELIVERY_ERROR`` (the reason) and
+``DELIVERY_ATTEMPTS``, where ``bridge transactions replay`` re-drives it once the cause is
+fixed. A failure that names no record (the broker, the network) rebuilds and retries the
+whole batch, with back-off: nothing is lost.
 
 Recovery of a partition: read OP records written since the oldest undecided half message
 (found by time: HALF and OP use the broker's clock), then replay HALF from the committed offset.
+An OP record that cannot be decoded (a newer schema during a rolling upgrade) still marks its
+transaction (its Kafka key) decided; a recovery that cannot read what it needs fails and is
+tried again rather than guessing.
 """
 
 from __future__ import annotations
@@ -22,17 +36,18 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from bridge.codec import encode_envelope, envelope_to_message
-from bridge.errors import BridgeError, WireFormatError
+from bridge.codec import RealRecord, encode_envelope, envelope_to_message
+from bridge.config import ClientConfig
+from bridge.errors import BridgeError, KafkaClientError, WireFormatError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_consumer, read_record_at
+from bridge.kafka.clients import new_consumer, new_producer
 from bridge.kafka.quarantine import quarantine_copy
 from bridge.kafka.transactional import ServiceConfig, TransactionalService
-from bridge.message import MessageConst, now_ms
+from bridge.message import MessageConst, PropertyValue, now_ms
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
     ENVELOPE_SCHEMA,
@@ -56,15 +71,140 @@ _OP_SCAN_SLACK_MS = 60_000
 """Read OP records from this long before the oldest undecided half message (broker clock
 differences between partition leaders)."""
 
+DELIVERY_ATTEMPTS: Final = MessageConst.DELIVERY_ATTEMPTS
+"""Property of a parked message: how many times writing its real record failed."""
+DELIVERY_ERROR: Final = MessageConst.DELIVERY_ERROR
+"""Property of a parked message: why its real record could not be written."""
+_MAX_DELIVERY_ERROR_CHARS = 500
+_DELIVERY_ATTEMPTS = 3
+"""Failed deliveries (for a reason that does not go away by itself) before a commit is parked."""
+_DELIVERY_BACKOFF_MS = 1000
+"""Wait before a commit's second delivery attempt, ms; doubles for each further one."""
+_TRANSIENT_BACKOFF_MAX_MS = 30_000
+"""Longest wait between attempts of a commit that fails for a transient reason, ms."""
+_ALONE_PER_CYCLE = 20
+"""Commits tried on their own per iteration (the others wait for the next one)."""
+_TARGET_CACHE_MS = 30_000
+"""How long a real topic's partition count is trusted before it is asked again, ms."""
+_MISSING_CACHE_MS = 5_000
+"""How long a real topic found missing stays missing before it is asked again, ms."""
+_FRESH_MS = 1_000
+"""A fresh answer about a real topic (after a failure, before a retry) is at most this old."""
+_CONFIRM_MISSING_S = 0.75
+"""How long an unknown topic is asked about again before it counts as missing, s."""
+_TARGET_CACHE_SIZE = 10_000
+
+INTERNAL_TOPICS: Final = frozenset(
+    {"__consumer_offsets", "__transaction_state", "__share_group_state", "__cluster_metadata"}
+)
+"""Topics only the broker writes to."""
+
+_PERMANENT_CODES: Final = frozenset(
+    {
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.INVALID_RECORD,
+        KafkaError.POLICY_VIOLATION,
+    }
+)
+
+
+def _is_permanent_delivery_error(err: KafkaError | None) -> bool:
+    """True if one record's delivery failed for a reason that retrying it does not cure
+    (unknown topic or partition, authorization, too large, invalid topic or record)."""
+    return err is not None and err.code() in _PERMANENT_CODES
+
+
+def auto_create_allowed(config: ClientConfig) -> bool:
+    """False when the client never creates a topic by writing to it
+    (``allow.auto.create.topics=false``); the broker may still refuse when True."""
+    return config.kafka.get("allow.auto.create.topics", "true").strip().lower() not in (
+        "false",
+        "0",
+    )
+
+
+def topic_problem(
+    producer: Any, topic: str, timeout_s: float, *, confirm_s: float = 0.0
+) -> tuple[str | None, int]:
+    """Why records cannot be written to ``topic``, as the cluster's metadata tells (None when
+    nothing is known to be wrong), and its partition count (0 when unknown). Raises
+    ``KafkaException`` when the broker does not answer within ``timeout_s`` seconds.
+
+    ``producer`` is a confluent-kafka producer *without* a transactional id: its metadata
+    request creates a missing topic exactly where writing to it would (broker and client
+    allow auto-creation), which a transactional producer's does not. A broker that creates
+    it answers "unknown" first and knows it some 50 ms later: an unknown topic is asked
+    about again for ``confirm_s`` seconds before it counts as missing (0 when the client
+    does not auto-create).
+    """
+    if topic in INTERNAL_TOPICS:
+        return f"{topic} is a Kafka internal topic (only the broker writes to it)", 0
+    deadline = time.monotonic() + confirm_s
+    wait_s = 0.05
+    while True:
+        info = producer.list_topics(topic, timeout_s).topics.get(topic)
+        error = None if info is None else info.error
+        unknown = info is None or (
+            error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        )
+        if not unknown or time.monotonic() + wait_s > deadline:
+            break
+        time.sleep(wait_s)  # a topic being created: nothing to wait on but time
+        wait_s *= 2
+    if unknown:
+        return f"topic {topic} does not exist (and writing to it does not create it)", 0
+    assert info is not None
+    if error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        return f"not authorized to write to topic {topic}", 0
+    if error is not None and error.code() == KafkaError.TOPIC_EXCEPTION:
+        return f"{topic} is not a valid topic name", 0
+    if error is not None:
+        return None, 0  # e.g. a leader being elected: let the write find out
+    return None, len(info.partitions)
+
+
+def partition_problem(topic: str, partition: int, partition_count: int) -> str | None:
+    """Why ``partition`` (-1: any) of ``topic`` cannot be written, or None."""
+    if partition_count > 0 and partition >= partition_count:
+        return f"partition {partition} of topic {topic} does not exist (it has {partition_count})"
+    return None
+
+
+def delivery_problem(topic: str, err: KafkaError) -> str:
+    """The text of a failed delivery to ``topic``."""
+    return f"writing to {topic} failed: {err.str()} ({err.name()})"
+
+
+@dataclass(slots=True)
+class _Write:
+    """One record of a Kafka transaction; ``owner`` is the transaction whose commit it is."""
+
+    topic: str
+    value: bytes | None
+    partition: int = -1
+    key: bytes | None = None
+    headers: Sequence[tuple[str, bytes | None]] = ()
+    timestamp: int = 0
+    on_delivery: Any = None
+    owner: str | None = None
+
 
 @dataclass
 class _Batch:
     """What one Kafka transaction writes: records, and callbacks for their delivery reports."""
 
-    records: list[
-        tuple[str, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int, Any]
-    ] = field(default_factory=list)
+    records: list[_Write] = field(default_factory=list)
     dirty: bool = False
+    real: dict[str, tuple[int, RealRecord]] = field(default_factory=dict)
+    """Transaction id -> (HALF partition, real record) of each commit in the batch."""
+    outcome: dict[str, KafkaError | None] = field(default_factory=dict)
+    """Transaction id -> what became of its real record (None: stored)."""
 
     def add(
         self,
@@ -77,8 +217,36 @@ class _Batch:
         timestamp: int = 0,
         on_delivery: Any = None,
     ) -> None:
-        self.records.append((topic, partition, key, value, headers or [], timestamp, on_delivery))
+        self.records.append(
+            _Write(topic, value, partition, key, headers or (), timestamp, on_delivery)
+        )
         self.dirty = True
+
+    def add_real(self, transaction_id: str, half_partition: int, real: RealRecord) -> None:
+        """The real record of a commit, its delivery report noted in :attr:`outcome`."""
+
+        def delivered(err: KafkaError | None, kmsg: Any) -> None:
+            self.outcome[transaction_id] = err
+
+        self.real[transaction_id] = (half_partition, real)
+        write = _Write(real.topic, real.value, real.partition, real.key, real.headers)
+        write.timestamp, write.on_delivery = real.timestamp_ms, delivered
+        write.owner = transaction_id
+        self.records.append(write)
+        self.dirty = True
+
+
+@dataclass(slots=True)
+class _Poison:
+    """A commit whose real record could not be written with the others: it is applied on its
+    own, and parked after :data:`_DELIVERY_ATTEMPTS` failures that do not go away."""
+
+    half_partition: int
+    attempts: int
+    """Failed deliveries so far, for a reason that does not go away by itself."""
+    reason: str
+    next_attempt_ms: int
+    transient_failures: int = 0
 
 
 class TransactionService(TransactionalService):
@@ -101,13 +269,30 @@ class TransactionService(TransactionalService):
         self._to_recover: set[int] = set()
         self._known_check_topics: set[str] = set()
         self._admin: TopicAdmin | None = None
+        self._poison: dict[str, _Poison] = {}
+        """Commits applied on their own, by transaction id (kept across rebuilds)."""
+        self._targets: dict[str, tuple[str | None, int, int]] = {}
+        """Real topic -> (what is wrong with it or None, partition count, when asked, ms)."""
+        self._metadata: Any = None
+        self._metadata_silent_until = 0
+        """A plain producer that only asks for metadata (see :func:`topic_problem`)."""
+        self._offsets_dirty = False
+        """A commit applied on its own moved a checkpoint: the next batch commits offsets."""
+        self._failures = 0
+        """Consecutive failed Kafka transactions that named no record."""
         self.committed_transactions = 0
         """How many Kafka transactions this service committed (for tests and metrics)."""
+
+    @property
+    def parked_for_delivery(self) -> int:
+        """Commits being applied on their own (their real record could not be written)."""
+        return len(self._poison)
 
     # --- lifecycle ----------------------------------------------------------------------
     def on_start(self) -> None:
         client = self.config.client
         self._admin = TopicAdmin(client)
+        self._metadata = new_producer(client, f"{self.name}-metadata")
         self.start_producer()
         self._consumer = new_consumer(
             client,
@@ -131,12 +316,17 @@ class TransactionService(TransactionalService):
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:
-            self._partitions.pop(tp.partition, None)
-            self._to_recover.discard(tp.partition)
-        logger.info(
-            "%s: revoked HALF partitions %s", self.name, [tp.partition for tp in partitions]
-        )
+        revoked = {tp.partition for tp in partitions}
+        for p in revoked:
+            self._partitions.pop(p, None)
+            self._to_recover.discard(p)
+        # The next owner finds these commits again (from its own delivery attempts).
+        self._poison = {t: x for t, x in self._poison.items() if x.half_partition not in revoked}
+        logger.info("%s: revoked HALF partitions %s", self.name, sorted(revoked))
+
+    def on_stop(self) -> None:
+        super().on_stop()
+        self._metadata = None
 
     # --- main loop ------------------------------------------------------------------------
     def run_once(self) -> None:
@@ -149,16 +339,40 @@ class TransactionService(TransactionalService):
         records = [first] if first is not None else []
         if first is not None:
             records.extend(consumer.consume(_BATCH, 0))
-        batch = _Batch()
+        batch = _Batch(dirty=self._offsets_dirty)
         for record in records:
             self._handle(record, batch)
+        self._follow_positions(consumer)
         self._commit(batch)
-        checks = _Batch()
         now = now_ms()
+        self._commit_alone_due(now)
+        checks = _Batch()
         for state in list(self._partitions.values()):
+            for pending in state.put_backs_due(now, _CHECKS_PER_CYCLE):
+                self._put_back(state, pending, checks)
             for pending in state.due(now, _CHECKS_PER_CYCLE):
                 self._check_or_discard(state, pending, now, checks)
-        self._commit(checks)
+        if not self._commit(checks):
+            # A check topic deleted meanwhile is created again by the next check.
+            self._known_check_topics.clear()
+
+    def _follow_positions(self, consumer: Consumer) -> None:
+        """Move each partition's read position to the consumer's: past the transaction
+        markers that end every batch the services write, which no consumer receives (a
+        partition whose last record is a marker would otherwise never count as read up to
+        its end, and its checks would wait for new traffic)."""
+        owned = [TopicPartition(self._half, p) for p in self._partitions]
+        if not owned:
+            return
+        try:
+            positions = consumer.position(owned)
+        except KafkaException:
+            return
+        for tp in positions:
+            state = self._partitions.get(tp.partition)
+            # Negative: nothing returned since the last seek (a recovery).
+            if state is not None and tp.error is None and tp.offset >= 0:
+                state.on_position(tp.offset)
 
     def _handle(self, record: Any, batch: _Batch) -> None:
         error = record.error()
@@ -198,31 +412,91 @@ class TransactionService(TransactionalService):
         pending = state.on_end(offset, end.transaction_id)
         if pending is None:
             logger.info(
-                "transaction %s: %s from %s ignored (already decided or unknown)",
+                "transaction %s: %s from %s ignored (already decided, being committed, or "
+                "unknown)",
                 end.transaction_id, end.status.value, end.producer_id,
             )  # fmt: skip
             return
         if end.status is TransactionStatus.COMMIT:
-            self._write_real(pending, batch)
-            self._write_op(state, pending, OpAction.COMMIT, batch)
+            self._apply_commit(state, pending, batch)
         else:
             self._write_op(state, pending, OpAction.ROLLBACK, batch)
-        state.resolve(pending)
+            state.resolve(pending)
         logger.debug("transaction %s: %s", end.transaction_id, end.status.value)
 
-    def _write_real(self, pending: PendingHalf, batch: _Batch) -> None:
-        real = committed_record(pending.message, self.catalog.namespace)
-        batch.add(
-            real.topic, real.value, partition=real.partition, key=real.key,
-            headers=real.headers, timestamp=real.timestamp_ms,
+    def _apply_commit(self, state: HalfPartition, pending: PendingHalf, batch: _Batch) -> None:
+        """Commit ``pending`` in ``batch``, or set it aside to be committed on its own when its
+        real record is known not to fit (so the rest of the batch does not fail with it)."""
+        tid = pending.transaction_id
+        poison = self._poison.get(tid)
+        real: RealRecord | None = None
+        if poison is None:
+            try:
+                real = committed_record(pending.message, self.catalog.namespace)
+            except (BridgeError, ValueError) as exc:
+                # No retry makes a name or a property that cannot be written writable.
+                poison = self._set_aside(
+                    state, tid, f"its real record cannot be built: {exc}", _DELIVERY_ATTEMPTS
+                )
+            else:
+                problem = self._target_problem(real.topic, real.partition, fresh=False)
+                if problem is not None:
+                    poison = self._set_aside(state, tid, problem, 1)
+        if poison is not None or real is None:
+            state.hold(pending)  # committed on its own by _commit_alone_due
+            return
+        batch.add_real(tid, state.partition, real)
+        self._write_op(state, pending, OpAction.COMMIT, batch)
+        state.resolve(pending)
+
+    def _set_aside(self, state: HalfPartition, tid: str, reason: str, attempts: int) -> _Poison:
+        poison = _Poison(state.partition, attempts, reason, now_ms() + _DELIVERY_BACKOFF_MS)
+        self._poison[tid] = poison
+        logger.warning(
+            "transaction %s: its message cannot be written with the others (%s); "
+            "committing it on its own (attempt %d of %d failed)",
+            tid, reason, attempts, _DELIVERY_ATTEMPTS,
         )  # fmt: skip
+        return poison
+
+    def _target_problem(self, topic: str, partition: int, *, fresh: bool) -> str | None:
+        """Why a record for ``topic`` / ``partition`` cannot be written, from metadata; None
+        when nothing is known wrong or the broker does not answer (the write then decides).
+        Answers are kept (a topic's partitions :data:`_TARGET_CACHE_MS`, a missing topic
+        :data:`_MISSING_CACHE_MS`, :data:`_FRESH_MS` when ``fresh``), so many records for
+        one missing topic cost one question."""
+        now = now_ms()
+        known = self._targets.get(topic)
+        if known is not None:
+            max_age = _TARGET_CACHE_MS if known[0] is None else _MISSING_CACHE_MS
+            if now - known[2] > (_FRESH_MS if fresh else max_age):
+                known = None
+        if known is None and now < self._metadata_silent_until:
+            return None  # the broker did not answer a moment ago: do not wait on it again
+        if known is None:
+            confirm_s = _CONFIRM_MISSING_S if auto_create_allowed(self.client) else 0.0
+            try:
+                problem, count = topic_problem(
+                    self._metadata, topic, self.timeout_s, confirm_s=confirm_s
+                )
+            except KafkaException as exc:
+                logger.info("%s: no metadata for %s (%s)", self.name, topic, exc)
+                self._metadata_silent_until = now_ms() + _FRESH_MS
+                return None
+            if problem is None and count == 0:
+                return None  # e.g. being created: the write decides
+            if len(self._targets) >= _TARGET_CACHE_SIZE:
+                self._targets.clear()
+            known = self._targets[topic] = (problem, count, now_ms())
+        return known[0] or partition_problem(topic, partition, known[1])
 
     def _write_op(
         self, state: HalfPartition, pending: PendingHalf, action: OpAction, batch: _Batch
     ) -> None:
         entry = OpEntry(
             half_partition=state.partition,
-            half_offset=pending.offset,
+            # The newest copy, read back or not: a restart that reads it knows it is decided.
+            half_offset=pending.latest_offset,
             transaction_id=pending.transaction_id,
             msg_id=pending.message.msg_id,
             producer_group=pending.producer_group,
@@ -248,11 +522,15 @@ class TransactionService(TransactionalService):
             logger.exception("transaction %s: check failed; retrying later", pending.transaction_id)
             state.postpone(pending, now)
 
-    def _with_check_times(self, pending: PendingHalf, check_times: int) -> bytes:
+    def _envelope(self, pending: PendingHalf, **changes: PropertyValue) -> bytes:
+        """``pending``'s half message with properties ``changes`` set."""
         msg = pending.message
         props = msg.properties
-        props[MessageConst.TRANSACTION_CHECK_TIMES] = str(check_times)
+        props.update(changes)
         return encode_envelope(msg.msg_id, msg.body, props, msg.born_timestamp_ms, msg.born_host)
+
+    def _with_check_times(self, pending: PendingHalf, check_times: int) -> bytes:
+        return self._envelope(pending, **{MessageConst.TRANSACTION_CHECK_TIMES: str(check_times)})
 
     def _discard(self, state: HalfPartition, pending: PendingHalf, batch: _Batch) -> None:
         logger.warning(
@@ -268,6 +546,24 @@ class TransactionService(TransactionalService):
         self._write_op(state, pending, OpAction.DISCARD, batch)
         state.resolve(pending)
 
+    def _put_back(self, state: HalfPartition, pending: PendingHalf, batch: _Batch) -> None:
+        """Copy ``pending`` unchanged to the end of its partition (no check request), so its
+        old offset stops holding the checkpoint back."""
+        tid = pending.transaction_id
+
+        def copy_delivered(err: KafkaError | None, kmsg: Any) -> None:
+            if err is None:
+                state.copy_written(tid, kmsg.offset())
+
+        batch.add(
+            self._half,
+            pending.envelope,
+            partition=state.partition,
+            key=tid.encode(),
+            on_delivery=copy_delivered,
+        )
+        logger.debug("transaction %s: put back (next check at %d)", tid, pending.next_check_ms)
+
     def _check(self, state: HalfPartition, pending: PendingHalf, now: int, batch: _Batch) -> None:
         group = pending.producer_group
         topic = self.catalog.check_topic(group)
@@ -276,7 +572,7 @@ class TransactionService(TransactionalService):
                 [self.catalog.check_topic_spec(group, self.check_topic_partitions)]
             )
             self._known_check_topics.add(topic)
-        old_offset = pending.offset
+        checked_offset = pending.offset
         state.checked(pending, now)
         copy = self._with_check_times(pending, pending.check_times)
         tid = pending.transaction_id
@@ -296,7 +592,7 @@ class TransactionService(TransactionalService):
             transaction_id=tid,
             msg_id=pending.message.msg_id,
             half_partition=state.partition,
-            half_offset=old_offset,
+            half_offset=checked_offset,
             check_times=pending.check_times,
             message=copy,
         )
@@ -306,19 +602,133 @@ class TransactionService(TransactionalService):
             tid, group, pending.check_times, self.policy.transaction_check_max,
         )  # fmt: skip
 
-    # --- Kafka transaction ----------------------------------------------------------------
-    def _commit(self, batch: _Batch) -> None:
-        if not batch.dirty or self._consumer is None:
+    # --- commits applied on their own -------------------------------------------------------------
+    def _commit_alone_due(self, now: int) -> None:
+        """Try the commits set aside whose next attempt is due, each in its own transaction."""
+        tried = 0
+        for tid, poison in list(self._poison.items()):
+            if tried >= _ALONE_PER_CYCLE:
+                return
+            state = self._partitions.get(poison.half_partition)
+            if state is None or poison.half_partition in self._to_recover:
+                continue  # being rebuilt: its end request is read again
+            pending = state.pending.get(tid)
+            if pending is None or not pending.held:
+                if state.caught_up:
+                    # Its end request was read again and found it decided (or gone).
+                    self._poison.pop(tid, None)
+                continue
+            if poison.next_attempt_ms > now:
+                continue
+            tried += 1
+            self._deliver_alone(state, pending, poison)
+
+    def _deliver_alone(self, state: HalfPartition, pending: PendingHalf, poison: _Poison) -> None:
+        tid = pending.transaction_id
+        now = now_ms()
+        if poison.attempts >= _DELIVERY_ATTEMPTS:
+            self._park(state, pending, poison)
             return
-        producer = self._producer
         try:
-            producer.begin_transaction()
-            for topic, partition, key, value, headers, timestamp, on_delivery in batch.records:
+            real = committed_record(pending.message, self.catalog.namespace)
+        except (BridgeError, ValueError) as exc:
+            poison.attempts = _DELIVERY_ATTEMPTS
+            poison.reason = f"its real record cannot be built: {exc}"
+            self._park(state, pending, poison)
+            return
+        problem = self._target_problem(real.topic, real.partition, fresh=True)
+        if problem is None:
+            batch = _Batch()
+            batch.add_real(tid, state.partition, real)
+            self._write_op(state, pending, OpAction.COMMIT, batch)
+            if self._commit_alone(batch):
+                state.resolve(pending)
+                self._poison.pop(tid, None)
+                self._offsets_dirty = True
+                logger.info("transaction %s: committed on its own", tid)
+                return
+            err = batch.outcome.get(tid)
+            if err is None or not _is_permanent_delivery_error(err):
+                # The broker, not this record (as far as anyone can tell): again later, and
+                # this does not count towards parking it.
+                poison.transient_failures += 1
+                poison.next_attempt_ms = now + min(
+                    _DELIVERY_BACKOFF_MS * 2**poison.transient_failures, _TRANSIENT_BACKOFF_MAX_MS
+                )
+                return
+            problem = delivery_problem(real.topic, err)
+        poison.attempts += 1
+        poison.reason = problem
+        logger.warning(
+            "transaction %s: delivery attempt %d of %d failed: %s",
+            tid, poison.attempts, _DELIVERY_ATTEMPTS, problem,
+        )  # fmt: skip
+        if poison.attempts >= _DELIVERY_ATTEMPTS:
+            self._park(state, pending, poison)
+        else:
+            poison.next_attempt_ms = now + _DELIVERY_BACKOFF_MS * 2 ** (poison.attempts - 1)
+
+    def _park(self, state: HalfPartition, pending: PendingHalf, poison: _Poison) -> None:
+        """Move a commit that cannot be delivered to the check-max topic with its reason (an
+        operator replays it with ``bridge transactions replay`` once the cause is fixed)."""
+        tid = pending.transaction_id
+        parked = self._envelope(
+            pending,
+            **{
+                MessageConst.TRANSACTION_CHECK_TIMES: str(pending.check_times),
+                DELIVERY_ATTEMPTS: str(poison.attempts),
+                DELIVERY_ERROR: poison.reason[:_MAX_DELIVERY_ERROR_CHARS],
+            },
+        )
+        batch = _Batch()
+        batch.add(self.catalog.topic(SystemTopic.CHECK_MAX), parked, key=tid.encode())
+        self._write_op(state, pending, OpAction.DISCARD, batch)
+        if not self._commit_alone(batch):
+            poison.next_attempt_ms = now_ms() + _DELIVERY_BACKOFF_MS
+            return
+        state.resolve(pending)
+        self._poison.pop(tid, None)
+        self._offsets_dirty = True
+        logger.warning(
+            "transaction %s (group %s) parked in %s after %d failed deliveries: %s",
+            tid, pending.producer_group, self.catalog.topic(SystemTopic.CHECK_MAX),
+            poison.attempts, poison.reason,
+        )  # fmt: skip
+
+    # --- Kafka transaction ----------------------------------------------------------------
+    def _produce_all(self, batch: _Batch) -> None:
+        """Begin a Kafka transaction and produce ``batch`` in it. A record ``produce`` refuses
+        at once is noted as its commit's outcome before the error goes up."""
+        producer = self._producer
+        producer.begin_transaction()
+        for w in batch.records:
+            try:
                 producer.produce(
-                    topic, value, key, partition=partition, headers=headers,
-                    timestamp=timestamp, on_delivery=on_delivery,
+                    w.topic, w.value, w.key, partition=w.partition, headers=list(w.headers),
+                    timestamp=w.timestamp, on_delivery=w.on_delivery,
                 )  # fmt: skip
-            producer.flush(self.config.client.request_timeout_ms / 1000)
+            except KafkaException as exc:
+                if w.owner is not None and exc.args and isinstance(exc.args[0], KafkaError):
+                    batch.outcome[w.owner] = exc.args[0]
+                raise
+
+    def _commit(self, batch: _Batch) -> bool:
+        """Write ``batch`` and every owned partition's checkpoint in one Kafka transaction.
+        False when it failed: the state is rebuilt and the commits that made it fail are set
+        aside."""
+        if not batch.dirty or self._consumer is None:
+            return True
+        self._offsets_dirty = False
+        producer = self._producer
+        timeout_s = self.timeout_s
+        try:
+            self._produce_all(batch)
+            producer.flush(timeout_s)
+            failed = next((e for e in batch.outcome.values() if e is not None), None)
+            if failed is not None:
+                # Doomed: fail before the offsets join it, so that the group's offsets are
+                # not left pending on the abort (the rebuild would wait for them to settle).
+                raise KafkaException(failed)
             offsets = [
                 TopicPartition(self._half, p, state.checkpoint())
                 for p, state in self._partitions.items()
@@ -326,14 +736,30 @@ class TransactionService(TransactionalService):
             ]
             if offsets:
                 producer.send_offsets_to_transaction(
-                    offsets,
-                    self._consumer.consumer_group_metadata(),
-                    self.config.client.request_timeout_ms / 1000,
+                    offsets, self._consumer.consumer_group_metadata(), timeout_s
                 )
-            producer.commit_transaction(self.config.client.request_timeout_ms / 1000)
-            self.committed_transactions += 1
-        except KafkaException as exc:
-            self._transaction_failed(exc)
+            producer.commit_transaction(timeout_s)
+        except (KafkaException, SystemError) as exc:
+            self._transaction_failed(_as_kafka_exception(exc))
+            self._set_aside_culprits(batch)
+            return False
+        self.committed_transactions += 1
+        self._failures = 0
+        return True
+
+    def _commit_alone(self, batch: _Batch) -> bool:
+        """Write ``batch`` in a Kafka transaction of its own (no offsets). False when it
+        failed; nothing else is rebuilt (nothing else was in it)."""
+        producer = self._producer
+        try:
+            self._produce_all(batch)
+            producer.flush(self.timeout_s)
+            producer.commit_transaction(self.timeout_s)
+        except (KafkaException, SystemError) as exc:
+            self.transaction_failed(_as_kafka_exception(exc))
+            return False
+        self.committed_transactions += 1
+        return True
 
     def _transaction_failed(self, exc: KafkaException) -> None:
         self.transaction_failed(exc)
@@ -341,12 +767,68 @@ class TransactionService(TransactionalService):
         self._to_recover.update(self._partitions)
         self._partitions.clear()
 
+    def _set_aside_culprits(self, batch: _Batch) -> None:
+        """After a failed transaction: set aside the commits whose real record made it fail
+        (a permanent delivery error, or a target the metadata shows is wrong), so the rebuilt
+        batch goes through without them. If none is found, back off before the retry."""
+        found = 0
+        for tid, (half_partition, real) in batch.real.items():
+            err = batch.outcome.get(tid)
+            if tid in batch.outcome and err is None:
+                continue  # stored (and aborted with the rest): not the cause
+            if _is_permanent_delivery_error(err):
+                assert err is not None
+                reason: str | None = delivery_problem(real.topic, err)
+            else:
+                # Timed out, purged, or the whole transaction refused (a partition could
+                # not be added to it): ask the metadata about its target.
+                reason = self._target_problem(real.topic, real.partition, fresh=True)
+            if reason is not None and tid not in self._poison:
+                now = now_ms()
+                self._poison[tid] = _Poison(half_partition, 1, reason, now + _DELIVERY_BACKOFF_MS)
+                found += 1
+                logger.warning(
+                    "transaction %s: its message made the Kafka transaction fail (%s); "
+                    "committing it on its own",
+                    tid, reason,
+                )  # fmt: skip
+        if found:
+            self._failures = 0
+            return
+        self._failures += 1
+        if self._failures >= 2:
+            self._set_aside_lone_failures(batch)
+        # Transient (the broker, the network): retry the rebuilt batch, not in a tight loop.
+        self._stopped.wait(min(0.05 * 2**self._failures, 5.0))
+
+    def _set_aside_lone_failures(self, batch: _Batch) -> None:
+        """Transactions keep failing and nothing names a cause: if some real records of the
+        batch were stored and others were not, the others are the odd ones out. They are
+        committed on their own (retried for as long as it takes: nothing shows their failure
+        is permanent), so the rest goes on."""
+        stored = any(err is None for err in batch.outcome.values())
+        purged = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
+        failed = {
+            tid: err
+            for tid, err in batch.outcome.items()
+            if err is not None and err.code() not in purged
+        }
+        if not stored or not failed:
+            return
+        now = now_ms()
+        for tid, err in failed.items():
+            half_partition, real = batch.real[tid]
+            if tid not in self._poison:
+                reason = delivery_problem(real.topic, err)
+                self._poison[tid] = _Poison(half_partition, 0, reason, now)
+                logger.warning("transaction %s: %s; committing it on its own", tid, reason)
+
     # --- recovery -----------------------------------------------------------------------------
     def _recover(self, partitions: list[int]) -> None:
         consumer = self._consumer
         if consumer is None:
             return
-        timeout_s = self.config.client.request_timeout_ms / 1000
+        timeout_s = self.timeout_s
         assigned = {tp.partition for tp in consumer.assignment() if tp.topic == self._half}
         reader = new_consumer(
             self.config.client, f"{self.name}-recovery-{uuid.uuid4().hex[:8]}", self.name,
@@ -356,7 +838,7 @@ class TransactionService(TransactionalService):
             for p in partitions:
                 try:
                     self._recover_partition(consumer, reader, p, p in assigned, timeout_s)
-                except KafkaException as exc:
+                except (KafkaException, KafkaClientError) as exc:
                     # E.g. a leader not elected yet: the partition stays to be recovered and
                     # is tried again on the next iteration.
                     logger.warning("%s: recovering HALF partition %d failed: %s", self.name, p, exc)
@@ -385,21 +867,49 @@ class TransactionService(TransactionalService):
             self.name, p, time.monotonic() - started, start, high, state.decided_count,
         )  # fmt: skip
 
+    def _first_timestamp(self, reader: Consumer, tp: TopicPartition) -> int | None:
+        """The broker timestamp of the first record at or after ``tp``'s offset, ms; None if
+        the partition ends before it. Raises :class:`KafkaClientError` when it cannot be read
+        within the request timeout: the recovery is then tried again, never guessed (a guess
+        too recent misses decisions and commits them twice)."""
+        reader.assign([tp])
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            record = reader.poll(0.2)
+            if record is None:
+                continue
+            error = record.error()
+            if error is None:
+                return int(record.timestamp()[1])
+            if error.code() == KafkaError._PARTITION_EOF:
+                return None
+            raise KafkaException(error)
+        raise KafkaClientError(
+            f"HALF partition {tp.partition}: the record at offset {tp.offset} was not read "
+            f"within {self.client.request_timeout_ms} ms"
+        )
+
     def _load_decisions(self, reader: Consumer, state: HalfPartition, start: int) -> None:
         """Mark the transactions decided since the half message at ``start``."""
-        first = read_record_at(reader, TopicPartition(self._half, state.partition, start))
-        since_ms = (first.timestamp()[1] if first is not None else now_ms()) - _OP_SCAN_SLACK_MS
+        first = self._first_timestamp(reader, TopicPartition(self._half, state.partition, start))
+        since_ms = (first if first is not None else now_ms()) - _OP_SCAN_SLACK_MS
         tp = reader.offsets_for_times(
-            [TopicPartition(self._op, state.partition, max(since_ms, 0))],
-            self.config.client.request_timeout_ms / 1000,
+            [TopicPartition(self._op, state.partition, max(since_ms, 0))], self.timeout_s
         )[0]
         if tp.offset < 0:
             return
         reader.assign([tp])
+        deadline = time.monotonic() + self.timeout_s
         while True:
-            record = reader.poll(1.0)
+            record = reader.poll(0.2)
             if record is None:
+                if time.monotonic() > deadline:
+                    raise KafkaClientError(
+                        f"OP partition {state.partition}: no record nor its end within "
+                        f"{self.client.request_timeout_ms} ms"
+                    )
                 continue
+            deadline = time.monotonic() + self.timeout_s
             error = record.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
@@ -408,12 +918,38 @@ class TransactionService(TransactionalService):
             try:
                 entry = OpEntry.decode(record.value())
             except WireFormatError as exc:
-                logger.warning(
-                    "%s: unreadable OP record at %d: %s", self.name, record.offset(), exc
-                )
+                self._undecodable_decision(state, record, exc)
                 continue
             if entry.half_offset >= start:
                 state.mark_decided(entry.transaction_id, entry.half_offset)
+
+    def _undecodable_decision(self, state: HalfPartition, record: Any, exc: Exception) -> None:
+        """An OP record this version cannot decode (a newer schema, during a rolling upgrade)
+        still decides its transaction: its Kafka key is the transaction id. Which copy it
+        names is unknown, so it counts for every copy read during this recovery."""
+        key = record.key()
+        if not key:
+            logger.warning(
+                "%s: OP record at %d of partition %d cannot be read and has no key (%s)",
+                self.name, record.offset(), state.partition, exc,
+            )  # fmt: skip
+            return
+        tid = key.decode("utf-8", "replace")
+        state.mark_decided(tid, state.catch_up_offset)
+        logger.warning(
+            "%s: OP record at %d of partition %d cannot be read (%s); transaction %s counts "
+            "as decided",
+            self.name, record.offset(), state.partition, exc, tid,
+        )  # fmt: skip
+
+
+def _as_kafka_exception(exc: Exception) -> KafkaException:
+    """``exc`` as a ``KafkaException``. confluent-kafka reports a fatal producer error met
+    while it runs a delivery callback as ``SystemError``: it counts as fatal (the producer is
+    replaced and the state rebuilt, as for any failed transaction)."""
+    if isinstance(exc, KafkaException):
+        return exc
+    return KafkaException(KafkaError(KafkaError._FATAL, f"client failed: {exc}", fatal=True))
 
 
 def assert_admin(admin: TopicAdmin | None) -> TopicAdmin:

@@ -190,7 +190,8 @@ def test_long_immunity_is_honoured_and_checked_before_any_discard(
         producer.send_message_in_transaction(msg)
         parked = wait_until(lambda: read_parked(client_config, timeout_ms=2000), timeout_s=30)
     assert len(listener.checks["immune"]) == 1
-    assert listener.checks["immune"][0] - sent >= 4.0
+    # The immunity is capped at the retention (1 s): checked then, once, and parked after.
+    assert listener.checks["immune"][0] - sent >= 1.0
     assert parked[0].get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "1"
 
 

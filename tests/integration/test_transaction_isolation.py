@@ -1,0 +1,527 @@
+"""The transaction service against a real broker when records or timing are unkind: commits
+whose real record cannot be written, restarts at awkward moments, unreadable decisions, long
+immunities, and operators replaying one message twice at once."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Producer as RawProducer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bridge import (
+    ClientConfig,
+    Message,
+    MessageExt,
+    TransactionListener,
+    TransactionMQProducer,
+    TransactionStatus,
+    read_messages,
+)
+from bridge.client.reader import read_to_end
+from bridge.codec import encode_envelope
+from bridge.coordinator import Coordinator, CoordinatorConfig
+from bridge.errors import BridgeError, KafkaClientError
+from bridge.kafka.admin import TopicAdmin
+from bridge.message import MessageConst, now_ms
+from bridge.transaction import service as service_module
+from bridge.transaction.admin import read_parked, resolve_parked
+from bridge.transaction.model import CheckRequest, EndTransaction, OpAction
+from bridge.transaction.service import TransactionService
+from tests.conftest import wait_until
+from topics.catalog import SystemTopic, TopicCatalog
+
+pytestmark = pytest.mark.broker
+
+C, R, U = TransactionStatus.COMMIT, TransactionStatus.ROLLBACK, TransactionStatus.UNKNOWN
+GROUP = "tx_iso"
+DELIVERY_ATTEMPTS = "DELIVERY_ATTEMPTS"
+DELIVERY_ERROR = "DELIVERY_ERROR"
+"""Properties of a message parked because its real record could not be written."""
+
+
+def coordinator_config(
+    client: ClientConfig,
+    *,
+    check_max: int = 15,
+    coordinator_id: str | None = None,
+    check_interval_ms: int = 2000,
+) -> CoordinatorConfig:
+    return CoordinatorConfig(
+        client=client,
+        coordinator_id=coordinator_id or f"c-{uuid.uuid4().hex[:8]}",
+        transaction_partitions=1,
+        transaction_timeout_ms=2000,
+        check_interval_ms=check_interval_ms,
+        transaction_check_max=check_max,
+        session_timeout_ms=6000,
+    )
+
+
+def no_auto_create(client: ClientConfig) -> ClientConfig:
+    """Clients that never create a topic by writing to it (as a broker with auto-create off)."""
+    return client.replace(kafka={"allow.auto.create.topics": "false"})
+
+
+def transaction_service(coordinator: Coordinator) -> TransactionService:
+    (service,) = [s for s in coordinator.services if isinstance(s, TransactionService)]
+    return service
+
+
+class HalfWriter:
+    """Writes half messages and end requests straight into HALF partition 0, as a producer
+    would, without the producer's send-time checks (a poison half message is one they refuse
+    today, or one written by an older client)."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.catalog = TopicCatalog(namespace=config.namespace)
+        self.half = self.catalog.topic(SystemTopic.HALF)
+        self.raw = RawProducer(
+            {"bootstrap.servers": config.bootstrap_servers, "enable.idempotence": True}
+        )
+
+    def _write(self, value: bytes, key: str) -> int:
+        offsets: list[int] = []
+        self.raw.produce(
+            self.half, value, key.encode(), partition=0,
+            on_delivery=lambda err, m: offsets.append(-1 if err else m.offset()),
+        )  # fmt: skip
+        self.raw.flush(10)
+        assert offsets and offsets[0] >= 0, "HALF record not stored"
+        return offsets[0]
+
+    def half_message(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        queue_id: int = -1,
+        properties: dict[str, str] | None = None,
+    ) -> tuple[str, int]:
+        """A half message for ``topic``: (transaction id, HALF offset)."""
+        tid = uuid.uuid4().hex.upper()
+        props = {
+            MessageConst.TRANSACTION_PREPARED: "true",
+            MessageConst.PRODUCER_GROUP: GROUP,
+            MessageConst.REAL_TOPIC: topic,
+            MessageConst.REAL_QUEUE_ID: str(queue_id),
+            MessageConst.TRANSACTION_ID: tid,
+            MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: tid,
+            **(properties or {}),
+        }
+        envelope = encode_envelope(tid, body, props, now_ms(), "127.0.0.1")
+        return tid, self._write(envelope, tid)
+
+    def end(self, tid: str, status: TransactionStatus = C) -> int:
+        end = EndTransaction(tid, tid, GROUP, status, False, "test", now_ms())
+        return self._write(end.encode(), tid)
+
+    def commit(self, topic: str, body: bytes, *, queue_id: int = -1) -> str:
+        tid, _ = self.half_message(topic, body, queue_id=queue_id)
+        self.end(tid, C)
+        return tid
+
+
+def create_topic(config: ClientConfig, name: str, **configs: str) -> None:
+    admin = AdminClient({"bootstrap.servers": config.bootstrap_servers})
+    admin.create_topics([NewTopic(name, 1, 1, config=configs)])[name].result(30)
+    TopicAdmin(config).wait_for_topics([name])
+
+
+def delete_topic(config: ClientConfig, name: str) -> None:
+    admin = AdminClient({"bootstrap.servers": config.bootstrap_servers})
+    admin.delete_topics([name])[name].result(30)
+
+
+def bodies(config: ClientConfig, topic: str, expected: int, idle_ms: int = 3000) -> list[str]:
+    """Bodies on ``topic`` (read_committed): ``expected`` of them, then ``idle_ms`` more of
+    waiting so that duplicates would show."""
+    out = [
+        m.body.decode()
+        for m in read_messages(config, [topic], max_messages=expected, timeout_ms=30_000)
+    ]
+    out += [m.body.decode() for m in read_messages(config, [topic], timeout_ms=idle_ms)][len(out) :]
+    return sorted(out)
+
+
+def check_requests(config: ClientConfig, group: str) -> list[CheckRequest]:
+    topic = TopicCatalog(namespace=config.namespace).check_topic(group)
+    return [CheckRequest.decode(r.value()) for r in read_to_end(config, topic, 5000)]
+
+
+def committed_checkpoint(config: ClientConfig) -> int:
+    """Where the transaction service would read HALF partition 0 again after a restart."""
+    half = TopicCatalog(namespace=config.namespace).topic(SystemTopic.HALF)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.bootstrap_servers,
+            "group.id": f"{config.namespace}.coordinator.transaction",
+        }
+    )
+    try:
+        return int(consumer.committed([TopicPartition(half, 0)], timeout=10)[0].offset)
+    finally:
+        consumer.close()
+
+
+class Arrivals:
+    """Reads ``topic`` in the background and notes when each body arrives."""
+
+    def __init__(self, config: ClientConfig, topic: str) -> None:
+        self.seen: list[tuple[str, float]] = []
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": config.bootstrap_servers,
+                "group.id": f"arrivals-{uuid.uuid4().hex}",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        self._consumer.subscribe([topic])
+        self._thread = threading.Thread(target=self._run, name="arrivals", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            record = self._consumer.poll(0.1)
+            if record is not None and record.error() is None:
+                self.seen.append((record.value().decode(), time.time()))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+
+# --- commits whose real record cannot be written --------------------------------------------------
+
+
+def test_poison_commits_are_parked_with_their_reason_and_the_others_flow(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    client = no_auto_create(client_config)
+    good, small, doomed, missing = (unique(n) for n in ("good", "small", "doomed", "missing"))
+    create_topic(client, good)
+    create_topic(client, small, **{"max.message.bytes": "2048"})
+    create_topic(client, doomed)
+    writer = HalfWriter(client)
+    poisons: dict[str, tuple[str, int, bytes]] = {
+        "internal": ("__consumer_offsets", -1, b"internal"),
+        "missing": (missing, -1, b"missing"),
+        "partition": (good, 7, b"partition"),
+        "large": (small, -1, b"x" * 8192),
+        "deleted": (doomed, -1, b"deleted"),
+    }
+    arrivals = Arrivals(client, good)
+    try:
+        with Coordinator(coordinator_config(client)):
+            # The service writes to ``doomed`` once (so it knows the topic), then it goes.
+            writer.commit(doomed, b"before")
+            assert bodies(client, doomed, 1, idle_ms=0) == ["before"]
+            delete_topic(client, doomed)
+            sent: dict[str, float] = {}
+            poison_ids: dict[str, str] = {}
+            kinds = iter(poisons)
+            for i in range(25):
+                if i % 5 == 2:
+                    kind = next(kinds)
+                    topic, queue_id, body = poisons[kind]
+                    poison_ids[writer.commit(topic, body, queue_id=queue_id)] = kind
+                writer.commit(good, f"good-{i}".encode())
+                sent[f"good-{i}"] = time.time()
+                time.sleep(0.1)  # pacing: a stream, not one batch
+            wait_until(lambda: len(arrivals.seen) >= len(sent), timeout_s=60)
+            parked = wait_until(
+                lambda: (p := read_parked(client, timeout_ms=2000)) and len(p) >= 5 and p,
+                timeout_s=60,
+            )
+            latencies = {body: at - sent[body] for body, at in arrivals.seen}
+            print(f"good ones: max latency {max(latencies.values()):.2f} s")
+            time.sleep(2)  # duplicates would arrive within this
+    finally:
+        arrivals.close()
+    assert Counter(body for body, _ in arrivals.seen) == Counter(list(sent))
+    # Bounded by send_msg_timeout_ms (a record for a deleted topic times out) plus a rebuild.
+    assert max(latencies.values()) < 15, latencies
+    reasons = {poison_ids[m.msg_id]: m for m in parked}
+    assert sorted(reasons) == sorted(poisons)
+    expected = {
+        "internal": "internal topic",
+        "missing": f"{missing} does not exist",
+        "partition": "partition 7",
+        "large": "MSG_SIZE_TOO_LARGE",
+        "deleted": f"{doomed} does not exist",
+    }
+    for kind, text in expected.items():
+        msg = reasons[kind]
+        assert text in (msg.get_property(DELIVERY_ERROR) or ""), (kind, msg.properties)
+        assert msg.get_property(DELIVERY_ATTEMPTS) == "3", (kind, msg.properties)
+    assert list(read_messages(client, [small], timeout_ms=500)) == []
+
+
+class Unknown(TransactionListener):
+    """Never knows: every half message stays undecided."""
+
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        return U
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        return U
+
+
+def park_by_checks(client: ClientConfig, writer: HalfWriter, topic: str, body: bytes) -> str:
+    """A half message for ``topic`` that nobody decides, parked after its single check."""
+    with Coordinator(coordinator_config(client, check_max=1)):
+        tid, _ = writer.half_message(topic, body)
+        wait_until(
+            lambda: [m for m in read_parked(client, timeout_ms=2000) if m.msg_id == tid],
+            timeout_s=30,
+        )
+    return tid
+
+
+def test_replay_to_a_missing_topic_raises_a_typed_error_and_the_message_stays_parked(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    client = no_auto_create(client_config)
+    later = unique("later")
+    tid = park_by_checks(client, HalfWriter(client), later, b"late")
+    with pytest.raises(KafkaClientError, match=f"{later} does not exist"):
+        resolve_parked(client, tid, OpAction.COMMIT)
+    assert [m.msg_id for m in read_parked(client)] == [tid]
+    create_topic(client, later)
+    assert resolve_parked(client, tid, OpAction.COMMIT).msg_id == tid
+    assert bodies(client, later, 1) == ["late"]
+    assert read_parked(client) == []
+
+
+def test_a_poison_parked_message_is_replayed_without_its_delivery_error(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    client = no_auto_create(client_config)
+    later = unique("later")
+    writer = HalfWriter(client)
+    with Coordinator(coordinator_config(client)):
+        tid = writer.commit(later, b"late")
+        (parked,) = wait_until(lambda: read_parked(client, timeout_ms=2000), timeout_s=60)
+    assert f"{later} does not exist" in (parked.get_property(DELIVERY_ERROR) or "")
+    create_topic(client, later)
+    resolve_parked(client, tid, OpAction.COMMIT)
+    (replayed,) = read_messages(client, [later], timeout_ms=3000)
+    assert replayed.body == b"late" and replayed.msg_id == tid
+    assert DELIVERY_ERROR not in replayed.properties
+    assert DELIVERY_ATTEMPTS not in replayed.properties
+
+
+# --- two operators replay one message at once -----------------------------------------------------
+
+
+def test_two_concurrent_replays_of_one_message_deliver_it_once(
+    client_config: ClientConfig, topic: str
+) -> None:
+    create_topic(client_config, topic)
+    tid = park_by_checks(client_config, HalfWriter(client_config), topic, b"once")
+    start = threading.Barrier(2)
+    outcomes: list[object] = []
+
+    def replay() -> None:
+        start.wait()
+        try:
+            outcomes.append(resolve_parked(client_config, tid, OpAction.COMMIT))
+        except BridgeError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=replay, name=f"replay-{i}") for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert bodies(client_config, topic, 1, idle_ms=4000) == ["once"]
+    # One replays it; the other fails with a typed error (fenced, or found it resolved).
+    assert len(outcomes) == 2, outcomes
+    assert sum(isinstance(o, MessageExt) for o in outcomes) == 1, outcomes
+    print("the other replay:", [o for o in outcomes if isinstance(o, BridgeError)])
+    assert read_parked(client_config) == []
+
+
+# --- check-back after a restart -------------------------------------------------------------------
+
+
+def test_check_back_resumes_after_a_coordinator_restart(
+    client_config: ClientConfig, topic: str
+) -> None:
+    config = coordinator_config(
+        client_config, check_max=5, coordinator_id=f"restarted-{uuid.uuid4().hex[:6]}"
+    )
+    with Coordinator(config):
+        with TransactionMQProducer("tx_restart", Unknown(), config=client_config) as producer:
+            sent = producer.send_message_in_transaction(Message(topic, "waits"))
+        # The producer has exited; its first check is written and nobody answers it.
+        wait_until(lambda: check_requests(client_config, "tx_restart"), timeout_s=30)
+    with Coordinator(config):  # restarted with the same id
+        (parked,) = wait_until(lambda: read_parked(client_config, timeout_ms=2000), timeout_s=40)
+    assert parked.msg_id == sent.msg_id
+    assert parked.get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "5"
+    checks = [r.check_times for r in check_requests(client_config, "tx_restart")]
+    assert checks == [1, 2, 3, 4, 5]
+
+
+# --- an end request between a checked copy and its new copy ---------------------------------------
+
+
+class FrozenReads:
+    """A real consumer whose reads can be held back (a slow fetch), everything else as is."""
+
+    def __init__(self, real: Consumer) -> None:
+        self._real = real
+        self.frozen = threading.Event()
+        self.frozen_polls = 0
+
+    def poll(self, timeout: float = -1) -> Any:
+        if self.frozen.is_set():
+            self.frozen_polls += 1
+            time.sleep(timeout)
+            return None
+        return self._real.poll(timeout)
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        if self.frozen.is_set():
+            return []
+        return self._real.consume(num_messages, timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_a_commit_read_after_the_checkpoint_moved_survives_a_restart(
+    client_config: ClientConfig, topic: str
+) -> None:
+    config = coordinator_config(client_config, coordinator_id=f"cp-{uuid.uuid4().hex[:6]}")
+    writer = HalfWriter(client_config)
+    with Coordinator(config) as coordinator:
+        service = transaction_service(coordinator)
+        tid, _ = writer.half_message(topic, b"committed")
+        wait_until(lambda: tid in getattr(service._partitions.get(0), "pending", {}))
+        frozen = FrozenReads(service._consumer)  # type: ignore[arg-type]
+        frozen.frozen.set()
+        service._consumer = frozen  # type: ignore[assignment]
+        wait_until(lambda: frozen.frozen_polls >= 2)
+        writer.end(tid, C)  # not read before the check below
+        wait_until(lambda: check_requests(client_config, GROUP), timeout_s=20)
+    with Coordinator(config):
+        assert bodies(client_config, topic, 1) == ["committed"]
+
+
+# --- recovery -------------------------------------------------------------------------------------
+
+
+class SlowReads:
+    """A real consumer whose every poll finds nothing (a fetch that does not come back)."""
+
+    def __init__(self, real: Consumer) -> None:
+        self._real = real
+
+    def poll(self, timeout: float = -1) -> Any:
+        time.sleep(min(timeout, 0.2))
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_recovery_that_cannot_read_its_first_half_message_is_retried_not_guessed(
+    client_config: ClientConfig, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = client_config.replace(request_timeout_ms=3000)
+    config = coordinator_config(
+        client, coordinator_id=f"rec-{uuid.uuid4().hex[:6]}", check_interval_ms=60_000
+    )
+    writer = HalfWriter(client)
+    with Coordinator(config):
+        # Neither checked nor put back while this test runs: it holds the checkpoint at 0.
+        immune = {MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: "3600"}
+        writer.half_message(topic, b"undecided", properties=immune)
+        writer.commit(topic, b"once")
+        assert bodies(client, topic, 1, idle_ms=0) == ["once"]
+        wait_until(lambda: committed_checkpoint(client) == 0)
+    # Decisions are found from the first half message's time: no slack, so a guess of "now"
+    # misses the decision on "once" (as a guess of 60 s misses one older than that).
+    monkeypatch.setattr(service_module, "_OP_SCAN_SLACK_MS", 0)
+    real_new_consumer = service_module.new_consumer
+    slowed: list[str] = []
+
+    def new_consumer(config: ClientConfig, group_id: str, client_id: str, **kw: Any) -> Any:
+        consumer = real_new_consumer(config, group_id, client_id, **kw)
+        if "-recovery-" in group_id and not slowed:
+            slowed.append(group_id)
+            return SlowReads(consumer)
+        return consumer
+
+    monkeypatch.setattr(service_module, "new_consumer", new_consumer)
+    with Coordinator(config):
+        writer.commit(topic, b"after")
+        assert bodies(client, topic, 2, idle_ms=4000) == ["after", "once"]
+    assert slowed
+
+
+def unknown_schema_op(config: ClientConfig, tid: str) -> None:
+    """An OP record written by a newer version: a schema fingerprint this one does not know."""
+    op = TopicCatalog(namespace=config.namespace).topic(SystemTopic.OP)
+    raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
+    raw.produce(op, b"\xc3\x01" + b"\x00" * 8 + b"a future OP record", tid.encode(), partition=0)
+    assert raw.flush(10) == 0
+
+
+def test_an_op_record_in_an_unknown_schema_still_marks_its_transaction_decided(
+    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = coordinator_config(client_config)
+    TopicAdmin(client_config).ensure_system_topics(config.catalog)
+    writer = HalfWriter(client_config)
+    # A newer coordinator committed "decided" (its OP record is in a newer schema), then
+    # stopped before its checkpoint moved; the END is read again here.
+    decided, _ = writer.half_message(topic, b"decided")
+    writer.end(decided, C)
+    unknown_schema_op(client_config, decided)
+    writer.commit(topic, b"sentinel")
+    with caplog.at_level(logging.WARNING), Coordinator(config):
+        assert bodies(client_config, topic, 1, idle_ms=3000) == ["sentinel"]
+    assert any(decided in r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+
+
+# --- a long immunity does not hold the checkpoint back --------------------------------------------
+
+
+def test_a_long_immune_transaction_does_not_hold_the_checkpoint_back(
+    client_config: ClientConfig, topic: str
+) -> None:
+    writer = HalfWriter(client_config)
+    started = time.monotonic()
+    with Coordinator(coordinator_config(client_config)):
+        tid, first = writer.half_message(
+            topic, b"immune", properties={MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: "3600"}
+        )
+        last = first
+        for i in range(3):
+            good, _ = writer.half_message(topic, f"g{i}".encode())
+            last = writer.end(good, C)
+        assert bodies(client_config, topic, 3, idle_ms=0) == ["g0", "g1", "g2"]
+        wait_until(lambda: committed_checkpoint(client_config) > last, timeout_s=20)
+        writer.end(tid, C)
+        assert bodies(client_config, topic, 4) == ["g0", "g1", "g2", "immune"]
+    elapsed = time.monotonic() - started
+    assert check_requests(client_config, GROUP) == []  # put back, never checked
+    half = TopicCatalog(namespace=client_config.namespace).topic(SystemTopic.HALF)
+    copies = [
+        r for r in read_to_end(client_config, half, 5000) if r.key() == tid.encode()
+    ]  # the half message, its put-back copies and its END
+    assert 2 <= len(copies) - 1 <= elapsed / 2 + 2, (len(copies), elapsed)
