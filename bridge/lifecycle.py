@@ -9,11 +9,12 @@ from __future__ import annotations
 import abc
 import logging
 import threading
+from collections.abc import Callable
 from enum import Enum
 from types import TracebackType
 from typing import Self
 
-from bridge.errors import IllegalStateError, InvalidArgumentError
+from bridge.errors import BridgeError, IllegalStateError, InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,12 @@ class Lifecycle:
             )
 
 
+class FatalServiceError(BridgeError):
+    """Raised by a service (from ``on_start`` or ``run_once``) that must not go on: the
+    service stops, keeps the error as :attr:`ServiceThread.failure` and tells its failure
+    listeners (a coordinator then stops as a whole)."""
+
+
 class Startable(abc.ABC):
     """Something with a ``start()``/``stop()`` lifecycle, usable as a context manager."""
 
@@ -98,7 +105,8 @@ class ServiceThread(Startable):
     """A named background thread that calls :meth:`run_once` until stopped.
 
     Like RocketMQ's ``ServiceThread``: ``wakeup()`` cuts the wait short. An exception in
-    ``run_once`` is logged and the loop goes on, so one bad input never stalls the service.
+    ``run_once`` is logged and the loop goes on, so one bad input never stalls the service;
+    a :class:`FatalServiceError` ends the service instead (see :attr:`failure`).
     """
 
     def __init__(self, name: str, interval_ms: int) -> None:
@@ -110,11 +118,25 @@ class ServiceThread(Startable):
         self._stopped = threading.Event()
         self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failure: FatalServiceError | None = None
+        self._failure_listeners: list[Callable[[ServiceThread, FatalServiceError], None]] = []
 
     @property
     def state(self) -> ServiceState:
         """The service's lifecycle state."""
         return self._lifecycle.state
+
+    @property
+    def failure(self) -> FatalServiceError | None:
+        """Why the service ended by itself, or None while it runs or after a plain stop."""
+        return self._failure
+
+    def add_failure_listener(
+        self, listener: Callable[[ServiceThread, FatalServiceError], None]
+    ) -> None:
+        """Call ``listener(service, error)`` (on the service's thread) if the service ends
+        with a :class:`FatalServiceError`. Register before :meth:`start`."""
+        self._failure_listeners.append(listener)
 
     @property
     def stopped(self) -> bool:
@@ -153,6 +175,8 @@ class ServiceThread(Startable):
             try:
                 self.on_start()
                 return True
+            except FatalServiceError:
+                raise
             except Exception:
                 logger.exception(
                     "service %s: start failed; retrying in %.1f s", self.name, backoff_s
@@ -172,10 +196,21 @@ class ServiceThread(Startable):
             while not self._stopped.is_set():
                 try:
                     self.run_once()
+                except FatalServiceError:
+                    raise
                 except Exception:
                     logger.exception("service %s: iteration failed; continuing", self.name)
                 self._wakeup.wait(self.interval_ms / 1000)
                 self._wakeup.clear()
+        except FatalServiceError as exc:
+            logger.error("service %s: stopping: %s", self.name, exc)
+            self._failure = exc
+            self._stopped.set()
+            for listener in self._failure_listeners:
+                try:
+                    listener(self, exc)
+                except Exception:
+                    logger.exception("service %s: failure listener failed", self.name)
         finally:
             try:
                 self.on_stop()

@@ -21,7 +21,7 @@ from bridge.delay.service import ScheduleDeliveryService, TimerService
 from bridge.errors import InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.transactional import ServiceConfig
-from bridge.lifecycle import Lifecycle, ServiceState, ServiceThread, Startable
+from bridge.lifecycle import FatalServiceError, Lifecycle, ServiceState, ServiceThread, Startable
 from bridge.transaction.service import TransactionService
 from bridge.transaction.state import CheckPolicy
 from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
@@ -58,6 +58,11 @@ class CoordinatorConfig:
     kafka_transaction_timeout_ms: int = 10_000
     """``transaction.timeout.ms`` of the coordinator's Kafka transactions: how long a crashed
     coordinator's unfinished transaction can hold readers back, ms."""
+    delivery_attempts: int = 3
+    """Deliveries of a delayed message that fail for a permanent reason (missing topic,
+    partition out of range, too large, not authorized) before it goes to QUARANTINE."""
+    delivery_backoff_ms: int = 1000
+    """Wait before the second such delivery attempt, ms; doubles for each further one."""
 
     def __post_init__(self) -> None:
         if not self.coordinator_id:
@@ -70,6 +75,7 @@ class CoordinatorConfig:
         for name in (
             "transaction_timeout_ms", "check_interval_ms", "transaction_check_max",
             "file_reserved_time_ms", "kafka_transaction_timeout_ms", "session_timeout_ms",
+            "delivery_attempts", "delivery_backoff_ms",
         ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise InvalidArgumentError(f"{name} must be positive, got {getattr(self, name)}")
@@ -114,6 +120,8 @@ def default_services(config: CoordinatorConfig) -> list[ServiceThread]:
         coordinator_id=config.coordinator_id,
         kafka_transaction_timeout_ms=config.kafka_transaction_timeout_ms,
         session_timeout_ms=config.session_timeout_ms,
+        delivery_attempts=config.delivery_attempts,
+        delivery_backoff_ms=config.delivery_backoff_ms,
     )
     policy = CheckPolicy(
         transaction_timeout_ms=config.transaction_timeout_ms,
@@ -143,7 +151,11 @@ class _StatusService(ServiceThread):
 class Coordinator(Startable):
     """Provisions the system topics, then runs its services until stopped.
 
-    ``with Coordinator(CoordinatorConfig.from_env(), services) as c: c.wait()``.
+    ``with Coordinator(CoordinatorConfig.from_env(), services) as c: c.run_until(stop)``.
+
+    A service that cannot go on (e.g. fenced by another coordinator started with the same
+    ``coordinator_id``) stops the whole coordinator: :attr:`failure` says why, :meth:`wait`
+    returns and :meth:`run_until` raises it.
     """
 
     def __init__(
@@ -156,14 +168,40 @@ class Coordinator(Startable):
         self._lifecycle = Lifecycle(f"coordinator {config.coordinator_id}")
         self._status = _StatusService(self, config.status_interval_ms)
         self._stopped = threading.Event()
+        self._failure: FatalServiceError | None = None
+        self._transition_lock = threading.Lock()
+        """Held while starting or stopping: a failing service's stop waits for start."""
+        for service in self.services:
+            service.add_failure_listener(self._service_failed)
 
     @property
     def state(self) -> ServiceState:
         """The coordinator's lifecycle state."""
         return self._lifecycle.state
 
+    @property
+    def failure(self) -> FatalServiceError | None:
+        """Why the coordinator stopped by itself (a service failed), or None."""
+        return self._failure
+
+    def _service_failed(self, service: ServiceThread, error: FatalServiceError) -> None:
+        if self._failure is None:
+            self._failure = error
+        logger.error(
+            "coordinator %s: service %s failed, stopping every service: %s",
+            self.config.coordinator_id, service.name, error,
+        )  # fmt: skip
+        # Not on the failed service's thread: stopping joins the other services' threads.
+        threading.Thread(
+            target=self.stop, name=f"bridge-coordinator-stop-{self.config.coordinator_id}"
+        ).start()
+
     def start(self) -> None:
         """Create missing system topics and start every service."""
+        with self._transition_lock:
+            self._start()
+
+    def _start(self) -> None:
         self._lifecycle.transition(ServiceState.RUNNING)
         try:
             created = TopicAdmin(self.config.client).ensure_system_topics(self.config.catalog)
@@ -195,14 +233,26 @@ class Coordinator(Startable):
             self._status.stop()
 
     def stop(self) -> None:
-        """Stop every service (in reverse start order). Idempotent."""
-        if self._lifecycle.state is ServiceState.SHUTDOWN_ALREADY:
-            return
-        self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
-        self._stop_services()
-        self._stopped.set()
-        logger.info("coordinator %s stopped", self.config.coordinator_id)
+        """Stop every service (in reverse start order). Idempotent and thread-safe."""
+        with self._transition_lock:
+            if self._lifecycle.state is ServiceState.SHUTDOWN_ALREADY:
+                return
+            self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
+            self._stop_services()
+            self._stopped.set()
+        if self._failure is not None:
+            logger.error("coordinator %s stopped: %s", self.config.coordinator_id, self._failure)
+        else:
+            logger.info("coordinator %s stopped", self.config.coordinator_id)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until stopped (or ``timeout_s`` passes); True if stopped."""
         return self._stopped.wait(timeout_s)
+
+    def run_until(self, stop: threading.Event, poll_s: float = 0.2) -> None:
+        """Block until ``stop`` is set (e.g. by a signal handler) or the coordinator stopped;
+        raise :attr:`failure` if it stopped because a service failed."""
+        while not stop.wait(poll_s) and not self._stopped.is_set():
+            pass
+        if self._failure is not None:
+            raise self._failure

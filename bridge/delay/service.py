@@ -9,35 +9,113 @@ partition, whatever is waiting, and recovery after a crash is reading from the c
 offsets: nothing to rebuild.
 
 Every batch is one Kafka transaction: the delivered (or re-routed) records and the offsets
-that say they are done. A crash at any point delivers each message exactly once (G5).
+that say they are done. A crash at any point delivers each message exactly once (G5). After a
+failed transaction or a new assignment, a partition is read again from its committed offset,
+and nothing of it is processed before that seek succeeded.
+
+Isolation: a message that cannot be delivered for a reason that will not go away by itself
+(internal, missing or deleted topic, partition out of range, record too large for the topic,
+authorization) does not hold the others back. Cheap checks against topic metadata catch most
+before the transaction; otherwise the failed transaction's delivery reports name the record.
+It then goes to the timer topic to be tried again after a back-off (``DELIVERY_ATTEMPTS`` and
+``DELIVERY_ERROR`` record why), and after ``delivery_attempts`` tries to QUARANTINE with the
+reason. Transient failures (broker unreachable, timeouts) are retried as they are.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import ConfigResource, ResourceType
 
-from bridge.codec import decode_envelope, decode_headers, real_record
+from bridge.codec import decode_envelope, decode_headers, encode_envelope, real_record
 from bridge.delay.model import DelayPolicy
 from bridge.delay.routing import TIMER_ROUTING_HEADER
 from bridge.errors import WireFormatError
-from bridge.kafka.clients import new_consumer
-from bridge.kafka.quarantine import quarantine_copy
-from bridge.kafka.transactional import ServiceConfig, TransactionalService
+from bridge.kafka.clients import new_admin, new_consumer
+from bridge.kafka.quarantine import quarantine_copy, read_headers
+from bridge.kafka.transactional import (
+    DELIVERY_ATTEMPTS,
+    DELIVERY_ERROR,
+    MAX_DELIVERY_ERROR_CHARS,
+    REMOVED_ON_DELIVERY,
+    ServiceConfig,
+    TransactionalService,
+    is_permanent_delivery_error,
+)
+from bridge.lifecycle import FatalServiceError
 from bridge.message import DELAY_PROPERTIES, MessageConst, now_ms
 from topics.catalog import SystemTopic
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["REMOVED_ON_DELIVERY", "ScheduleDeliveryService", "TimerService"]
+
 _BATCH = 2000
 _MAX_POLL_WAIT_MS = 50
-REMOVED_ON_DELIVERY = frozenset(
-    {MessageConst.REAL_TOPIC, MessageConst.REAL_QUEUE_ID, *DELAY_PROPERTIES}
+_METADATA_MAX_AGE_S = 1.0
+"""How old the partition count of a target topic may be before it is asked again, s."""
+_METADATA_RECHECK_S = 0.2
+"""A target that looks missing or too small is asked again if its answer is older, s."""
+_REPOSITION_RETRY_S = 0.2
+"""Wait between tries to read committed offsets when the group coordinator does not answer."""
+KAFKA_INTERNAL_TOPICS: Final = frozenset(
+    {"__consumer_offsets", "__transaction_state", "__cluster_metadata", "__share_group_state"}
 )
-"""Properties a delayed message loses when it reaches its real topic."""
+RECORD_ERRORS: Final = (WireFormatError, ValueError, TypeError, SystemError, ArithmeticError)
+"""What decoding one malformed record can raise (its own fault: it is quarantined)."""
+
+Headers = list[tuple[str, bytes | None]]
+_MISSING: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
+_UNKNOWN_TARGET: Final = (1 << 31, None)
+"""What :meth:`_FifoDelayService._target` says when it cannot tell: try to deliver."""
+
+
+class Output(NamedTuple):
+    """A record a due message becomes (arguments of ``Producer.produce``)."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers | None
+    timestamp: int
+    real: bool
+    """True for a delivery to the message's real topic (which may refuse it)."""
+
+
+@dataclass(slots=True)
+class Held:
+    """A fetched record, its headers read once (see :func:`read_headers`)."""
+
+    record: Any
+    partition: int
+    offset: int
+    headers: Headers
+    header_error: str | None
+    """Why the headers could not be read (then ``headers`` is empty)."""
+    due_ms: int = 0
+
+
+@dataclass(slots=True)
+class _Unit:
+    held: Held
+    outputs: list[Output]
+    suspect: bool = False
+    """Its delivery failed in a transaction with other failures: it goes alone next time."""
+    aside: bool = False
+
+
+def _attempts(raw: str | bytes | None) -> int:
+    try:
+        return max(int(raw), 0) if raw else 0
+    except ValueError:
+        return 0
 
 
 class _FifoDelayService(TransactionalService):
@@ -50,19 +128,34 @@ class _FifoDelayService(TransactionalService):
         super().__init__(self.kind, config)
         self.policy: DelayPolicy = config.client.delay_policy
         self.topic = config.catalog.topic(self.system)
-        self._held: dict[int, list[Any]] = {}
+        self.timer_topic = config.catalog.topic(SystemTopic.TIMER)
+        self._held: dict[int, deque[Held]] = {}
         """Fetched records not due yet, per partition, in offset order (at most a batch)."""
         self._paused: set[int] = set()
+        self._next_offset: dict[int, int | None] = {}
+        """Assigned partitions -> the next offset to take; None until a seek to the committed
+        offset succeeded (after an assignment or a failed transaction)."""
+        self._reposition_after = 0.0
+        self._culprits: dict[tuple[int, int], str] = {}
+        """(partition, offset) -> why its delivery failed: moved aside on the next pass."""
+        self._suspects: set[tuple[int, int]] = set()
+        self._topics: dict[str, tuple[int | None, str | None, float]] = {}
+        """Target topic -> (partition count or None if missing, why it cannot be written,
+        when asked in monotonic s)."""
+        self._auto_create = True
         self.delivered = 0
         """Messages delivered to their real topics (for tests and metrics)."""
+        self.moved_aside = 0
+        """Messages sent back to wait after a failed delivery, or quarantined."""
+        self.dropped = 0
+        """Fetched records thrown away to be read again (stale after a rebalance or rewind)."""
 
     def partition_delay_ms(self, partition: int) -> int:
-        """How long records wait in ``partition``."""
+        """How long records wait in ``partition``, ms."""
         raise NotImplementedError
 
-    def process(self, record: Any, now: int, out: list[tuple[Any, ...]]) -> None:
-        """Append what the due ``record`` becomes to ``out`` (topic, partition, key, value,
-        headers, timestamp)."""
+    def process(self, held: Held, now: int) -> list[Output]:
+        """What the due record becomes. Raises one of :data:`RECORD_ERRORS` if malformed."""
         raise NotImplementedError
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -71,7 +164,7 @@ class _FifoDelayService(TransactionalService):
         self.start_producer()
         self._consumer = new_consumer(
             client,
-            f"{client.namespace}.coordinator.{self.kind}",
+            self.group_id,
             client_id=self.name,
             fetch_wait_max_ms=_MAX_POLL_WAIT_MS,
             session_timeout_ms=self.config.session_timeout_ms,
@@ -80,15 +173,40 @@ class _FifoDelayService(TransactionalService):
             queued_max_messages_kbytes=8192,
             # Static membership: a coordinator restarted with the same id takes its
             # partitions back at once instead of after the session timeout.
-            group_instance_id=f"{self.config.coordinator_id}-{self.kind}",
+            group_instance_id=self.group_instance_id,
         )
+        self._auto_create = self._topics_created_on_demand()
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
 
+    def _topics_created_on_demand(self) -> bool:
+        """Whether producing to a missing topic creates it (the broker's
+        ``auto.create.topics.enable`` and the client's ``allow.auto.create.topics``)."""
+        if str(self.client.kafka.get("allow.auto.create.topics", "true")).lower() == "false":
+            return False
+        try:
+            admin = new_admin(self.client, f"{self.name}-config")
+            brokers = admin.list_topics(timeout=self.timeout_s).brokers
+            resource = ConfigResource(ResourceType.BROKER, str(next(iter(brokers))))
+            entries = admin.describe_configs([resource], request_timeout=self.timeout_s)
+            config = entries[resource].result(timeout=self.timeout_s)
+            entry = config.get("auto.create.topics.enable")
+            return entry is None or str(entry.value).lower() == "true"
+        except Exception as exc:  # unknown: let the producer find out
+            logger.info("%s: broker's auto.create.topics.enable unknown: %s", self.name, exc)
+            return True
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            # Records fetched before this assignment may already sit in the batch being
+            # read: nothing of the partition is taken before a seek to its committed offset.
+            self._next_offset[tp.partition] = None
+            self._held.pop(tp.partition, None)
+            self._paused.discard(tp.partition)
+        self._reposition_after = 0.0
         started = time.monotonic()
         pending = 0
         try:
-            for tp in consumer.committed(partitions, self.config.client.request_timeout_ms / 1000):
+            for tp in consumer.committed(partitions, self.timeout_s):
                 low, high = consumer.get_watermark_offsets(tp, cached=False, timeout=5)
                 pending += max(high - max(tp.offset, low), 0)
         except KafkaException as exc:  # only for the log line: never fail an assignment
@@ -101,107 +219,405 @@ class _FifoDelayService(TransactionalService):
         )  # fmt: skip
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:
-            self._held.pop(tp.partition, None)
-            self._paused.discard(tp.partition)
+        revoked = {tp.partition for tp in partitions}
+        for partition in revoked:
+            self._next_offset.pop(partition, None)
+            self._held.pop(partition, None)
+            self._paused.discard(partition)
+        self._culprits = {k: v for k, v in self._culprits.items() if k[0] not in revoked}
+        self._suspects = {k for k in self._suspects if k[0] not in revoked}
 
     # --- main loop ------------------------------------------------------------------------
     def run_once(self) -> None:
         consumer = self._consumer
         if consumer is None:
             return
+        self._reposition(consumer)
         now = now_ms()
-        next_due = min((self._due_at(h[0]) for h in self._held.values()), default=None)
+        next_due = min((held[0].due_ms for held in self._held.values() if held), default=None)
         wait_ms = _MAX_POLL_WAIT_MS if next_due is None else min(_MAX_POLL_WAIT_MS, next_due - now)
         fetched: list[Any] = []
         first = consumer.poll(max(wait_ms, 0) / 1000)
         if first is not None:
             fetched = [first, *consumer.consume(_BATCH, 0)]
+        try:
+            resume = self._take(fetched)
+        except FatalServiceError:
+            raise
+        except BaseException:
+            # Records were taken from Kafka and maybe from memory without being committed:
+            # read them again rather than let a later batch commit past them.
+            self._rewind_all()
+            raise
+        if resume is None:
+            return  # rewound: every partition is read again from its committed offset
+        for partition in resume:
+            expected = self._next_offset.get(partition)
+            if expected is not None:
+                self._resume(consumer, TopicPartition(self.topic, partition, expected))
+
+    def _take(self, fetched: list[Any]) -> list[int] | None:
+        """Keep the fetched records, deliver those due; return the partitions to fetch again
+        (their held records are all gone), or None if a failed transaction rewound them."""
         for record in fetched:
-            error = record.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    logger.warning("%s: consumer error %s", self.name, error.str())
-                continue
-            self._held.setdefault(record.partition(), []).append(record)
-        out: list[tuple[Any, ...]] = []
-        offsets: dict[int, int] = {}
+            self._accept(record)
         now = now_ms()
+        due: list[Held] = []
         resume = []
         for partition, held in list(self._held.items()):
-            while held and self._due_at(held[0]) <= now:
-                record = held.pop(0)
-                try:
-                    self.process(record, now, out)
-                except (WireFormatError, ValueError) as exc:
-                    copy = quarantine_copy(self.config.catalog, record, str(exc), self.name)
-                    out.append(
-                        (copy.topic, -1, copy.key, copy.value, copy.headers, copy.timestamp_ms)
-                    )
-                offsets[partition] = record.offset() + 1
-            tp = TopicPartition(self.topic, partition)
+            while held and held[0].due_ms <= now:
+                due.append(held.popleft())
             if held and partition not in self._paused:
                 # The head is not due: stop fetching this partition until it is (it is FIFO,
                 # so nothing behind it is due either); what was fetched waits here.
-                consumer.pause([tp])
-                self._paused.add(partition)
+                self._pause([TopicPartition(self.topic, partition)])
             elif not held:
                 del self._held[partition]
                 if partition in self._paused:
-                    resume.append(tp)
-                    self._paused.discard(partition)
-        if offsets:
-            self._commit(out, offsets)
-        if resume:
-            consumer.resume(resume)
+                    resume.append(partition)
+        if due and not self._deliver(due, now):
+            return None
+        return resume
 
-    def _due_at(self, record: Any) -> int:
-        """When ``record`` is due: a fixed time after it was stored."""
-        return int(record.timestamp()[1]) + self.partition_delay_ms(record.partition())
+    def _accept(self, record: Any) -> None:
+        """Keep a fetched record, unless it is stale: of a partition no longer (or newly)
+        assigned and not repositioned yet, or from before the last seek."""
+        error = record.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return
+            self.check_fencing(error)
+            if error.fatal():  # the consumer cannot go on: stop rather than idle unseen
+                raise FatalServiceError(f"{self.name}: Kafka consumer failed: {error.str()}")
+            logger.warning("%s: consumer error %s", self.name, error.str())
+            return
+        partition = record.partition()
+        offset = record.offset()
+        expected = self._next_offset.get(partition)
+        if expected is None or offset < expected:
+            self.dropped += 1
+            return
+        self._next_offset[partition] = offset + 1
+        headers, header_error = read_headers(record)
+        held = Held(record, partition, offset, headers, header_error)
+        held.due_ms = self.due_at(held)
+        self._held.setdefault(partition, deque()).append(held)
 
-    def _commit(self, out: list[tuple[Any, ...]], offsets: dict[int, int]) -> None:
-        producer = self._producer
+    def due_at(self, held: Held) -> int:
+        """When ``held`` is due, epoch ms: a fixed time after it was stored."""
+        return int(held.record.timestamp()[1]) + self.partition_delay_ms(held.partition)
+
+    # --- rewind ---------------------------------------------------------------------------
+    def _rewind_all(self) -> None:
+        """After a failed transaction: forget what was fetched and read every owned partition
+        again from its committed offset."""
+        self._held.clear()
+        for partition in self._next_offset:
+            self._next_offset[partition] = None
+        self._reposition_after = 0.0
+        if self._consumer is not None:
+            self._reposition(self._consumer)
+
+    def _reposition(self, consumer: Consumer) -> None:
+        """Seek the partitions waiting for it to their committed offsets. A partition whose
+        committed offset cannot be read now is paused and waits (nothing of it is taken), so
+        no later batch can commit past what a failed one left undone."""
+        pending = [p for p, expected in self._next_offset.items() if expected is None]
+        if not pending or time.monotonic() < self._reposition_after:
+            return
+        tps = [TopicPartition(self.topic, p) for p in pending]
+        try:
+            committed = consumer.committed(tps, self.timeout_s)
+        except KafkaException as exc:
+            logger.warning(
+                "%s: cannot read committed offsets of partitions %s (%s); they wait",
+                self.name, pending, exc,
+            )  # fmt: skip
+            self._reposition_after = time.monotonic() + _REPOSITION_RETRY_S
+            self._pause([tp for tp in tps if tp.partition not in self._paused])
+            return
+        for tp in committed:
+            if tp.error is not None or tp.partition not in self._next_offset:
+                continue
+            self._held.pop(tp.partition, None)
+            start = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            if self._resume(consumer, TopicPartition(self.topic, tp.partition, start)):
+                self._next_offset[tp.partition] = max(tp.offset, 0)
+        if any(expected is None for expected in self._next_offset.values()):
+            self._reposition_after = time.monotonic() + _REPOSITION_RETRY_S
+
+    def _pause(self, tps: list[TopicPartition]) -> None:
         consumer = self._consumer
-        timeout_s = self.config.client.request_timeout_ms / 1000
-        if consumer is None:
+        if consumer is None or not tps:
             return
         try:
+            consumer.pause(tps)
+            self._paused.update(tp.partition for tp in tps)
+        except KafkaException as exc:  # revoked meanwhile
+            logger.info("%s: pause failed: %s", self.name, exc)
+
+    def _resume(self, consumer: Consumer, at: TopicPartition) -> bool:
+        """Fetch ``at.partition`` from ``at.offset`` on. The seek also wakes the fetcher at
+        once: after a plain resume of the only fetchable partition librdkafka's broker
+        thread fetches again only when its idle wait ends (0.25 to 1 s later)."""
+        try:
+            consumer.resume([TopicPartition(self.topic, at.partition)])
+            self._paused.discard(at.partition)
+            consumer.seek(at)
+        except KafkaException as exc:
+            logger.info("%s: seek of partition %d failed: %s", self.name, at.partition, exc)
+            return False
+        return True
+
+    # --- delivery -------------------------------------------------------------------------
+    def _deliver(self, due: list[Held], now: int) -> bool:
+        """Commit what the due records become; False if a transaction failed (then every
+        partition was rewound). A suspect goes in a transaction of its own, so a record that
+        fails alone is known to be the culprit; partitions of a failed transaction are not
+        committed further in this pass (FIFO), the others are."""
+        segments: list[list[_Unit]] = [[]]
+        for held in due:
+            unit = self._unit(held, now)
+            if unit.suspect:
+                segments += [[unit], []]
+            else:
+                segments[-1].append(unit)
+        failed: set[int] = set()
+        for segment in segments:
+            units = [u for u in segment if u.held.partition not in failed]
+            if units and not self._commit(units, now):
+                failed.update(u.held.partition for u in units)
+        if failed:
+            self._rewind_all()
+        return not failed
+
+    def _unit(self, held: Held, now: int) -> _Unit:
+        key = (held.partition, held.offset)
+        problem = self._culprits.get(key)
+        if problem is not None:
+            return _Unit(held, self._aside(held, problem, now), aside=True)
+        try:
+            outputs = self.process(held, now)
+        except RECORD_ERRORS as exc:
+            return _Unit(held, [self._quarantined(held, str(exc) or type(exc).__name__)])
+        for out in outputs:
+            problem = self._target_problem(out) if out.real else None
+            if problem is not None:
+                return _Unit(held, self._aside(held, problem, now), aside=True)
+        return _Unit(held, outputs, suspect=key in self._suspects)
+
+    def _quarantined(self, held: Held, reason: str) -> Output:
+        if held.header_error is not None:
+            reason += f"; copied without its headers, which could not be read ({held.header_error})"
+        copy = quarantine_copy(
+            self.config.catalog, held.record, reason, self.name, headers=held.headers
+        )
+        return Output(copy.topic, -1, copy.key, copy.value, copy.headers, copy.timestamp_ms, False)
+
+    def _aside(self, held: Held, problem: str, now: int) -> list[Output]:
+        """Where a message whose delivery failed for ``problem`` goes: back to wait in the
+        timer topic for a back-off, or QUARANTINE once it failed ``delivery_attempts`` times."""
+        try:
+            msg = decode_envelope(held.record.value())
+            attempts = _attempts(msg.get_property(DELIVERY_ATTEMPTS)) + 1
+            if attempts >= self.config.delivery_attempts:
+                logger.warning("%s: delivery failed %d times: %s", self.name, attempts, problem)
+                return [self._quarantined(held, f"delivery failed {attempts} times: {problem}")]
+            backoff_ms = self.config.delivery_backoff_ms * 2 ** (attempts - 1)
+            deliver_ms = now + backoff_ms
+            props = {k: v for k, v in msg.properties.items() if k not in DELAY_PROPERTIES}
+            props[DELIVERY_ATTEMPTS] = str(attempts)
+            props[DELIVERY_ERROR] = problem[:MAX_DELIVERY_ERROR_CHARS]
+            props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
+            value = encode_envelope(
+                msg.msg_id, msg.body, props, msg.born_timestamp_ms, msg.born_host
+            )
+        except RECORD_ERRORS as exc:
+            return [self._quarantined(held, f"{problem}; then {exc}")]
+        logger.warning(
+            "%s: delivery of %s failed (%s); attempt %d of %d in %d ms",
+            self.name, msg.msg_id, problem, attempts + 1, self.config.delivery_attempts,
+            backoff_ms,
+        )  # fmt: skip
+        tier = self.policy.route(deliver_ms, now, self.policy.tier_count) or 0
+        headers: Headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode())]
+        return [Output(self.timer_topic, tier, held.record.key(), value, headers, 0, False)]
+
+    def _target_problem(self, out: Output) -> str | None:
+        """Why ``out`` cannot be delivered, from (cached) metadata, or None if it may be."""
+        topic, partition = out.topic, out.partition
+        if topic in KAFKA_INTERNAL_TOPICS:
+            return f"{topic} is an internal topic of Kafka"
+        count, problem = self._target(topic, partition)
+        if problem is not None:
+            return problem
+        if count is None:
+            return None if self._auto_create else f"topic {topic} does not exist"
+        if partition >= count:
+            return f"partition {partition} of {topic} is out of range: it has {count}"
+        return None
+
+    def _target(
+        self, topic: str, partition: int, *, fresh: bool = False
+    ) -> tuple[int | None, str | None]:
+        """(partitions of ``topic`` or None if it does not exist, why it cannot be written
+        or None), asked at most every :data:`_METADATA_MAX_AGE_S` and again sooner when it
+        looks missing or too small. When metadata cannot be had, the producer finds out."""
+        count, problem, asked = self._topics.get(topic, (None, None, -1e9))
+        age = time.monotonic() - asked
+        looks_wrong = count is None or partition >= count or problem is not None
+        if fresh or age > _METADATA_MAX_AGE_S or (looks_wrong and age > _METADATA_RECHECK_S):
+            try:
+                meta = self._producer.list_topics(topic, timeout=self.timeout_s).topics.get(topic)
+            except KafkaException as exc:
+                logger.info("%s: no metadata for %s: %s", self.name, topic, exc)
+                return _UNKNOWN_TARGET
+            error = None if meta is None else meta.error
+            if meta is None or (error is not None and error.code() in _MISSING):
+                count, problem = None, None
+            elif error is None:
+                count, problem = len(meta.partitions), None
+            elif error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                count, problem = None, f"topic {topic}: {error.str()}"
+            else:  # e.g. a leader being elected: not this message's fault
+                return _UNKNOWN_TARGET
+            self._topics[topic] = (count, problem, time.monotonic())
+        return count, problem
+
+    def _commit(self, units: list[_Unit], now: int) -> bool:
+        """One Kafka transaction: the outputs of ``units`` and their offsets."""
+        producer = self._producer
+        consumer = self._consumer
+        if consumer is None:
+            return False
+        reports: dict[int, tuple[KafkaError, int]] = {}
+        offsets: dict[int, int] = {}
+        try:
             producer.begin_transaction()
-            for topic, partition, key, value, headers, timestamp in out:
-                producer.produce(
-                    topic, value, key, partition=partition, headers=headers, timestamp=timestamp
-                )
+            for index, unit in enumerate(units):
+                self._produce(producer, unit, index, reports, now)
+                offsets[unit.held.partition] = unit.held.offset + 1
             producer.send_offsets_to_transaction(
                 [TopicPartition(self.topic, p, o) for p, o in offsets.items()],
                 consumer.consumer_group_metadata(),
-                timeout_s,
+                self.timeout_s,
             )
-            producer.commit_transaction(timeout_s)
-            self.delivered += sum(1 for item in out if item[0] != self.topic)
-        except KafkaException as exc:
-            self.transaction_failed(exc)
-            self._rewind()
+            producer.commit_transaction(self.timeout_s)
+        except (KafkaException, BufferError) as exc:
+            failure = (
+                exc
+                if isinstance(exc, KafkaException)
+                else KafkaException(KafkaError(KafkaError._QUEUE_FULL, str(exc)))
+            )
+            self.transaction_failed(failure)
+            producer.poll(0)  # the reports of what the abort purged
+            self._blame(units, reports, failure)
+            return False
+        for unit in units:
+            key = (unit.held.partition, unit.held.offset)
+            self._culprits.pop(key, None)
+            self._suspects.discard(key)
+            self.delivered += sum(1 for out in unit.outputs if out.real)
+            self.moved_aside += unit.aside
+        return True
 
-    def _rewind(self) -> None:
-        """Go back to the committed offsets of every owned partition (after a failed batch)."""
-        consumer = self._consumer
-        if consumer is None:
-            return
-        assigned = consumer.assignment()
-        self._held.clear()
-        if self._paused:
-            consumer.resume([TopicPartition(self.topic, p) for p in self._paused])
-            self._paused.clear()
-        for tp in consumer.committed(assigned, self.config.client.request_timeout_ms / 1000):
-            consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
+    def _produce(
+        self,
+        producer: Any,
+        unit: _Unit,
+        index: int,
+        reports: dict[int, tuple[KafkaError, int]],
+        now: int,
+    ) -> None:
+        def report(err: KafkaError | None, kmsg: Any) -> None:
+            if err is not None:
+                partition = kmsg.partition()
+                reports[index] = (err, -1 if partition is None else partition)
 
-    def deliver(self, record: Any, out: list[tuple[Any, ...]]) -> None:
-        """Append the real-topic record of a delayed message that is due."""
-        msg = decode_envelope(record.value())
+        for out in list(unit.outputs):
+            try:
+                producer.produce(
+                    out.topic, out.value, out.key, partition=out.partition, headers=out.headers,
+                    timestamp=out.timestamp, on_delivery=report if out.real else None,
+                )  # fmt: skip
+            except KafkaException as exc:
+                # Refused before it was sent (e.g. a partition the client knows is out of
+                # range): the transaction is intact, the message goes aside in it.
+                err = exc.args[0] if exc.args else None
+                if err is None or not (out.real and is_permanent_delivery_error(err)):
+                    raise
+                problem = f"{_where(out.topic, out.partition)}: {err.str()} ({err.name()})"
+                unit.outputs = self._aside(unit.held, problem, now)
+                unit.aside = True
+                for aside in unit.outputs:
+                    producer.produce(
+                        aside.topic, aside.value, aside.key, partition=aside.partition,
+                        headers=aside.headers, timestamp=aside.timestamp,
+                    )  # fmt: skip
+                return
+
+    def _blame(
+        self,
+        units: list[_Unit],
+        reports: dict[int, tuple[KafkaError, int]],
+        exc: KafkaException,
+    ) -> None:
+        """Find the deliveries that failed a transaction for a permanent reason. Alone on
+        its target in the transaction, a record is the culprit; several on one target (a
+        batch the broker refused as a whole) are suspects, each tried alone next time."""
+        blamed: dict[int, str] = {}
+        for index, (err, partition) in reports.items():
+            real = next((o for o in units[index].outputs if o.real), None)
+            if real is None:
+                continue
+            where = _where(real.topic, partition if partition >= 0 else real.partition)
+            if is_permanent_delivery_error(err):
+                blamed[index] = f"{where}: {err.str()} ({err.name()})"
+            elif (
+                err.code() in (KafkaError._MSG_TIMED_OUT, KafkaError._UNKNOWN_TOPIC)
+                and not self._auto_create
+                and self._target(real.topic, real.partition, fresh=True) == (None, None)
+            ):
+                blamed[index] = f"topic {real.topic} does not exist"
+        error = exc.args[0] if exc.args else None
+        if not blamed and isinstance(error, KafkaError) and is_permanent_delivery_error(error):
+            # The transaction failed for a record's reason (a partition it could not add,
+            # e.g. not authorized) but the reports only say "purged", for the innocent
+            # records added in the same request too: each unacknowledged one is a suspect.
+            for index, unit in enumerate(units):
+                real = next((o for o in unit.outputs if o.real), None)
+                if real is not None and index in reports:
+                    key = (unit.held.partition, unit.held.offset)
+                    where = _where(real.topic, real.partition)
+                    if len(units) == 1:
+                        self._culprits[key] = f"{where}: {error.str()} ({error.name()})"
+                    else:
+                        self._suspects.add(key)
+        targets: dict[str, list[int]] = {}
+        for index in blamed:
+            targets.setdefault(blamed[index].split(":", 1)[0], []).append(index)
+        for indexes in targets.values():
+            for index in indexes:
+                key = (units[index].held.partition, units[index].held.offset)
+                if len(indexes) == 1 or len(units) == 1:
+                    self._culprits[key] = blamed[index]
+                else:
+                    self._suspects.add(key)
+        if blamed:
+            logger.warning("%s: failed deliveries: %s", self.name, sorted(set(blamed.values())))
+
+    def deliver(self, held: Held) -> Output:
+        """The real-topic record of a delayed message that is due."""
+        msg = decode_envelope(held.record.value())
         real = real_record(msg, self.config.catalog.namespace, REMOVED_ON_DELIVERY)
-        out.append(
-            (real.topic, real.partition, real.key, real.value, real.headers, real.timestamp_ms)
+        headers: Headers = list(real.headers)
+        return Output(
+            real.topic, real.partition, real.key, real.value, headers, real.timestamp_ms, True
         )
+
+
+def _where(topic: str, partition: int) -> str:
+    return f"{topic}[{partition}]" if partition >= 0 else topic
 
 
 class ScheduleDeliveryService(_FifoDelayService):
@@ -215,8 +631,8 @@ class ScheduleDeliveryService(_FifoDelayService):
         delays = self.policy.level_delays_ms
         return delays[min(partition, len(delays) - 1)]
 
-    def process(self, record: Any, now: int, out: list[tuple[Any, ...]]) -> None:
-        self.deliver(record, out)
+    def process(self, held: Held, now: int) -> list[Output]:
+        return [self.deliver(held)]
 
 
 class TimerService(_FifoDelayService):
@@ -229,27 +645,28 @@ class TimerService(_FifoDelayService):
     def partition_delay_ms(self, partition: int) -> int:
         return self.policy.tier_delay_ms(partition)
 
-    def _due_at(self, record: Any) -> int:
+    def due_at(self, held: Held) -> int:
         """Out of its tier, a record close to its time waits here for the exact time rather
         than another hop (records behind it, FIFO, wait at most the hold window more)."""
-        tier_due = super()._due_at(record)
+        tier_due = super().due_at(held)
         try:
-            deliver_ms = self._deliver_ms(record)
-        except (WireFormatError, ValueError):
+            deliver_ms = self._deliver_ms(held)
+        except RECORD_ERRORS:
             return tier_due  # process() quarantines it
         return self.policy.exit_time_ms(tier_due, deliver_ms)
 
     @staticmethod
-    def _deliver_ms(record: Any) -> int:
-        raw = decode_headers(record.headers()).get(TIMER_ROUTING_HEADER)
-        if raw is None:  # written by another client: the envelope has it too
-            raw = decode_envelope(record.value()).get_property(TIMER_ROUTING_HEADER) or "0"
+    def _deliver_ms(held: Held) -> int:
+        raw = decode_headers(held.headers).get(TIMER_ROUTING_HEADER)
+        if raw is None:  # written by another client, or headers unreadable: the envelope has it
+            raw = decode_envelope(held.record.value()).get_property(TIMER_ROUTING_HEADER) or "0"
         return int(raw)
 
-    def process(self, record: Any, now: int, out: list[tuple[Any, ...]]) -> None:
-        deliver_ms = self._deliver_ms(record)
+    def process(self, held: Held, now: int) -> list[Output]:
+        deliver_ms = self._deliver_ms(held)
         tier = self.policy.route(deliver_ms, now, self.policy.tier_count)
         if tier is None:
-            self.deliver(record, out)
-        else:
-            out.append((self.topic, tier, record.key(), record.value(), record.headers(), 0))
+            return [self.deliver(held)]
+        headers: Headers = [(k, v) for k, v in held.headers if k != TIMER_ROUTING_HEADER]
+        headers.append((TIMER_ROUTING_HEADER, str(deliver_ms).encode()))
+        return [Output(self.topic, tier, held.record.key(), held.record.value(), headers, 0, False)]

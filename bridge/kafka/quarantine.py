@@ -1,23 +1,31 @@
-"""Quarantine: where a record that cannot be decoded goes, byte for byte, with its reason.
+"""Quarantine: where a record that cannot be decoded or delivered goes, byte for byte, with its
+reason; and how an operator re-drives a quarantined delayed message.
 
-A service that meets a malformed record in a system or retry topic calls :func:`quarantine`
-with the producer it is working with (a transactional one, so the copy and the consumed offset
-commit together) and moves on: the record is neither dropped nor retried forever. The copy
-keeps value, key, timestamp and headers, and adds headers naming the reason and the origin.
+A service that meets a malformed record in a system or retry topic, or a delayed message whose
+delivery keeps failing for a permanent reason, calls :func:`quarantine` (or adds
+:func:`quarantine_copy` to its transaction) and moves on: the record is neither dropped nor
+retried forever. The copy keeps value, key, timestamp and headers, and adds headers naming the
+reason and the origin. :func:`replay_quarantined` delivers a quarantined delayed message to its
+real topic once the cause is fixed, exactly once.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from bridge.codec import decode_headers
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from bridge.codec import decode_envelope, decode_headers, real_record
 from bridge.config import ClientConfig
-from bridge.kafka.clients import new_consumer
+from bridge.errors import BridgeError, InvalidArgumentError, SendError, WireFormatError
+from bridge.kafka.clients import new_consumer, new_producer, translate_error
+from bridge.kafka.transactional import REMOVED_ON_DELIVERY
 from topics.catalog import SystemTopic, TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -28,7 +36,38 @@ QUARANTINE_SOURCE_PARTITION: Final = "QUARANTINE_SOURCE_PARTITION"
 QUARANTINE_SOURCE_OFFSET: Final = "QUARANTINE_SOURCE_OFFSET"
 QUARANTINED_BY: Final = "QUARANTINED_BY"
 QUARANTINED_AT_MS: Final = "QUARANTINED_AT_MS"
+QUARANTINE_RESOLVED_OFFSET: Final = "QUARANTINE_RESOLVED_OFFSET"
+"""On a marker record (no value): the QUARANTINE offset it resolves (replayed)."""
+_OURS: Final = frozenset(
+    {
+        QUARANTINE_REASON,
+        QUARANTINE_SOURCE_TOPIC,
+        QUARANTINE_SOURCE_PARTITION,
+        QUARANTINE_SOURCE_OFFSET,
+        QUARANTINED_BY,
+        QUARANTINED_AT_MS,
+    }
+)
 _MAX_REASON_CHARS = 2000
+
+RecordHeaders = Sequence[tuple[str, bytes | None]]
+
+
+class QuarantineReplayError(BridgeError):
+    """A quarantined record could not be replayed."""
+
+
+class NotReplayableError(QuarantineReplayError, InvalidArgumentError):
+    """The QUARANTINE offset holds no quarantined delayed message that can be delivered (no
+    record, a marker, a record from another service, an undecodable or targetless one)."""
+
+
+class AlreadyReplayedError(QuarantineReplayError):
+    """The quarantined record was replayed before: it is not delivered again."""
+
+
+class ReplayConflictError(QuarantineReplayError):
+    """Another replay of the same QUARANTINE offset ran at the same time and won."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +82,49 @@ class QuarantineCopy:
     """The original record's timestamp, or 0 (the producer's clock)."""
 
 
+_HEADERS_OF = operator.methodcaller("headers")
+"""``record.headers()`` through a generic C call, which always checks for a pending error.
+confluent-kafka's ``Message.headers()`` returns a list *and* sets an exception for a header
+name that is not UTF-8; a direct ``record.headers()`` call site that the interpreter has
+specialized does not check, so the error would surface later, elsewhere."""
+
+
+def read_headers(record: Any) -> tuple[list[tuple[str, bytes | None]], str | None]:
+    """The headers of a consumed record and None, or ``[]`` and why they cannot be read.
+
+    Call it once per record, before anything else reads its headers: for a header name that
+    is not UTF-8 (other Kafka clients can write one) confluent-kafka fails the first
+    ``headers()`` call, and every later call returns a list holding a null pointer that
+    crashes the process when used.
+    """
+    try:
+        return list(_HEADERS_OF(record) or []), None
+    except Exception as exc:
+        return [], f"{type(exc).__name__}: {exc}"
+
+
 def quarantine_copy(
-    catalog: TopicCatalog, record: Any, reason: str, quarantined_by: str
+    catalog: TopicCatalog,
+    record: Any,
+    reason: str,
+    quarantined_by: str,
+    *,
+    headers: RecordHeaders | None = None,
 ) -> QuarantineCopy:
     """The quarantine copy of the consumed ``record`` (logged): services add it to the Kafka
-    transaction of the batch the record belonged to."""
-    headers: list[tuple[str, bytes | None]] = list(record.headers() or [])
-    headers += [
+    transaction of the batch the record belonged to.
+
+    ``headers``: the record's headers when the caller has read them already (see
+    :func:`read_headers`); otherwise they are read here. Headers that cannot be read are left
+    out and the reason says so.
+    """
+    if headers is None:
+        kept, unreadable = read_headers(record)
+        if unreadable is not None:
+            reason = f"{reason}; copied without its headers, which could not be read ({unreadable})"
+    else:
+        kept = list(headers)
+    kept += [
         (QUARANTINE_REASON, reason[:_MAX_REASON_CHARS].encode()),
         (QUARANTINE_SOURCE_TOPIC, record.topic().encode()),
         (QUARANTINE_SOURCE_PARTITION, str(record.partition()).encode()),
@@ -69,7 +144,7 @@ def quarantine_copy(
         catalog.topic(SystemTopic.QUARANTINE),
         record.key(),
         record.value(),
-        headers,
+        kept,
         timestamp if timestamp and timestamp > 0 else 0,
     )
 
@@ -97,16 +172,30 @@ class QuarantinedRecord:
     quarantined_at_ms: int
     value: bytes | None
     key: bytes | None
-    headers: dict[str, str]
-    """The original record's headers."""
+    headers: dict[str, str | bytes]
+    """The original record's headers (text when UTF-8, else bytes)."""
     offset: int
     """Offset in the QUARANTINE topic."""
+
+
+def _text(value: str | bytes | None, default: str = "") -> str:
+    if value is None:
+        return default
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")
+
+
+def _int(value: str | bytes | None, default: int) -> int:
+    try:
+        return int(_text(value)) if value is not None else default
+    except ValueError:
+        return default
 
 
 def read_quarantine(
     config: ClientConfig, *, timeout_ms: int = 5000, max_records: int | None = None
 ) -> Iterator[QuarantinedRecord]:
-    """Every record in the QUARANTINE topic of ``config.namespace``, oldest first."""
+    """Every record in the QUARANTINE topic of ``config.namespace``, oldest first (replay
+    markers left out)."""
     topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.QUARANTINE)
     consumer = new_consumer(config, f"bridge-quarantine-reader-{uuid.uuid4().hex[:12]}", "bridge")
     consumer.subscribe([topic])
@@ -120,24 +209,209 @@ def read_quarantine(
             offset = record.offset()
             if offset is None:
                 continue
-            props = decode_headers(record.headers())
-            ours = {
-                QUARANTINE_REASON, QUARANTINE_SOURCE_TOPIC, QUARANTINE_SOURCE_PARTITION,
-                QUARANTINE_SOURCE_OFFSET, QUARANTINED_BY, QUARANTINED_AT_MS,
-            }  # fmt: skip
-            count += 1
+            raw, _ = read_headers(record)
+            props = decode_headers(raw)
             deadline = time.monotonic() + timeout_ms / 1000
+            if QUARANTINE_RESOLVED_OFFSET in props:
+                continue
+            count += 1
             yield QuarantinedRecord(
-                reason=props.get(QUARANTINE_REASON, ""),
-                source_topic=props.get(QUARANTINE_SOURCE_TOPIC, ""),
-                source_partition=int(props.get(QUARANTINE_SOURCE_PARTITION, "-1")),
-                source_offset=int(props.get(QUARANTINE_SOURCE_OFFSET, "-1")),
-                quarantined_by=props.get(QUARANTINED_BY, ""),
-                quarantined_at_ms=int(props.get(QUARANTINED_AT_MS, "0")),
+                reason=_text(props.get(QUARANTINE_REASON)),
+                source_topic=_text(props.get(QUARANTINE_SOURCE_TOPIC)),
+                source_partition=_int(props.get(QUARANTINE_SOURCE_PARTITION), -1),
+                source_offset=_int(props.get(QUARANTINE_SOURCE_OFFSET), -1),
+                quarantined_by=_text(props.get(QUARANTINED_BY)),
+                quarantined_at_ms=_int(props.get(QUARANTINED_AT_MS), 0),
                 value=record.value(),
                 key=record.key(),
-                headers={k: v for k, v in props.items() if k not in ours},
+                headers={k: v for k, v in props.items() if k not in _OURS},
                 offset=offset,
             )
     finally:
         consumer.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedMessage:
+    """Where :func:`replay_quarantined` delivered a quarantined message."""
+
+    msg_id: str
+    topic: str
+    """The Kafka topic."""
+    partition: int
+    offset: int
+
+
+def replay_quarantined(
+    config: ClientConfig, offset: int, *, timeout_ms: int = 10_000
+) -> ReplayedMessage:
+    """Deliver the delayed message quarantined at QUARANTINE ``offset`` to its real topic
+    (delay and delivery-attempt properties removed), after the cause was fixed.
+
+    Exactly once, even when run twice at the same time: the message and a marker saying
+    ``offset`` is resolved commit in one Kafka transaction whose transactional id is derived
+    from ``offset``, so concurrent replays fence each other, and the marker is looked for once
+    the transactional id is ours. Raises :class:`NotReplayableError` (nothing replayable at
+    ``offset``), :class:`AlreadyReplayedError`, :class:`ReplayConflictError` (a concurrent
+    replay won), or a :class:`~bridge.errors.KafkaClientError` if the target still refuses
+    the message (then nothing was written). ``timeout_ms`` bounds each Kafka call.
+    """
+    if offset < 0:
+        raise NotReplayableError(f"QUARANTINE offset must be 0 or more, got {offset}")
+    catalog = TopicCatalog(namespace=config.namespace)
+    topic = catalog.topic(SystemTopic.QUARANTINE)
+    timeout_s = timeout_ms / 1000
+    reader = new_consumer(
+        config, f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}", "bridge-replay",
+        enable_partition_eof=True,
+    )  # fmt: skip
+    try:
+        real = _replayable(reader, catalog, topic, offset, timeout_s)
+        producer = new_producer(
+            config,
+            "bridge-quarantine-replay",
+            transactional_id=f"{config.namespace}.quarantine.replay.{offset}",
+            message_timeout_ms=min(config.send_msg_timeout_ms, timeout_ms),
+        )
+        try:
+            # Fences a replay of this offset still running and waits for its transaction.
+            producer.init_transactions(timeout_s)
+        except KafkaException as exc:
+            raise translate_error(exc, f"replaying QUARANTINE offset {offset}") from exc
+        if _resolved(config, topic, offset, timeout_s):
+            raise AlreadyReplayedError(f"QUARANTINE offset {offset} was replayed already")
+        return _deliver(producer, real, topic, offset, timeout_s)
+    finally:
+        reader.close()
+
+
+def _replayable(
+    reader: Consumer, catalog: TopicCatalog, topic: str, offset: int, timeout_s: float
+) -> tuple[str, Any]:
+    """(message id, real record) of the quarantined delayed message at ``offset``."""
+    record = _record_at(reader, TopicPartition(topic, 0, offset), timeout_s)
+    if record is None or record.offset() != offset:
+        raise NotReplayableError(f"QUARANTINE offset {offset} holds no record")
+    raw, unreadable = read_headers(record)
+    props = decode_headers(raw)
+    if unreadable is not None:
+        raise NotReplayableError(f"QUARANTINE offset {offset}: headers unreadable ({unreadable})")
+    if QUARANTINE_RESOLVED_OFFSET in props:
+        raise NotReplayableError(f"QUARANTINE offset {offset} is a replay marker")
+    source = _text(props.get(QUARANTINE_SOURCE_TOPIC))
+    delayed = (catalog.topic(SystemTopic.SCHEDULE), catalog.topic(SystemTopic.TIMER))
+    if source not in delayed:
+        raise NotReplayableError(
+            f"QUARANTINE offset {offset} was quarantined from {source or 'an unknown topic'}, "
+            f"not from {' or '.join(delayed)}: only delayed messages can be replayed"
+        )
+    try:
+        msg = decode_envelope(record.value())
+        return msg.msg_id, real_record(msg, catalog.namespace, REMOVED_ON_DELIVERY)
+    except (WireFormatError, ValueError) as exc:
+        raise NotReplayableError(
+            f"QUARANTINE offset {offset} holds no deliverable message: {exc}"
+        ) from exc
+
+
+def _record_at(reader: Consumer, tp: TopicPartition, timeout_s: float) -> Any:
+    """The first record at or after ``tp``'s offset, or None at the end of the partition."""
+    reader.assign([tp])
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = reader.poll(0.2)
+        if record is None:
+            continue
+        error = record.error()
+        if error is None:
+            return record
+        if error.code() == KafkaError._PARTITION_EOF:
+            return None
+    raise QuarantineReplayError(f"reading {tp.topic}@{tp.offset} timed out")
+
+
+def _resolved(config: ClientConfig, topic: str, offset: int, timeout_s: float) -> bool:
+    """True if a committed marker after ``offset`` says it was replayed. Reads up to the high
+    watermark, waiting for transactions still open below it to end (a marker committed after
+    an unrelated transaction began is not visible before that one ends)."""
+    probe = new_consumer(
+        config, f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}", "bridge-replay",
+        isolation_level="read_uncommitted",
+    )  # fmt: skip
+    try:
+        _, high = probe.get_watermark_offsets(
+            TopicPartition(topic, 0), timeout=timeout_s, cached=False
+        )
+    finally:
+        probe.close()
+    if high <= offset + 1:
+        return False
+    scanner = new_consumer(
+        config, f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}", "bridge-replay",
+        enable_partition_eof=True,
+    )  # fmt: skip
+    try:
+        scanner.assign([TopicPartition(topic, 0, offset + 1)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            record = scanner.poll(0.2)
+            if record is None:
+                continue
+            error = record.error()
+            if error is None:
+                raw, _ = read_headers(record)
+                if dict(raw).get(QUARANTINE_RESOLVED_OFFSET) == str(offset).encode():
+                    return True
+            elif error.code() == KafkaError._PARTITION_EOF and (record.offset() or 0) >= high:
+                return False  # the end of what is committed, at or past the high watermark
+    finally:
+        scanner.close()
+    raise QuarantineReplayError(
+        f"could not read {topic} up to offset {high} within {timeout_s:.0f} s "
+        "(a transaction is still open); try again"
+    )
+
+
+def _deliver(
+    producer: Any, msg: tuple[str, Any], topic: str, offset: int, timeout_s: float
+) -> ReplayedMessage:
+    msg_id, real = msg
+    reports: dict[str, tuple[int, int]] = {}
+
+    def delivered(err: KafkaError | None, kmsg: Any) -> None:
+        if err is None and kmsg.topic() == real.topic:
+            reports["real"] = (kmsg.partition(), kmsg.offset())
+
+    marker = [
+        (QUARANTINE_RESOLVED_OFFSET, str(offset).encode()),
+        (QUARANTINE_REASON, f"replayed to {real.topic}".encode()),
+        (QUARANTINED_BY, b"replay"),
+        (QUARANTINED_AT_MS, str(time.time_ns() // 1_000_000).encode()),
+    ]
+    context = f"replaying QUARANTINE offset {offset} to {real.topic}"
+    try:
+        producer.begin_transaction()
+        producer.produce(
+            real.topic, real.value, real.key, partition=real.partition, headers=real.headers,
+            timestamp=real.timestamp_ms, on_delivery=delivered,
+        )  # fmt: skip
+        producer.produce(topic, None, None, partition=0, headers=marker)
+        producer.commit_transaction(timeout_s)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.code() in (
+            KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+        ):  # fmt: skip
+            raise ReplayConflictError(
+                f"another replay of QUARANTINE offset {offset} ran at the same time"
+            ) from exc
+        try:
+            producer.abort_transaction(timeout_s)
+        except KafkaException:
+            logger.info("%s: abort failed (the transaction times out instead)", context)
+        raise translate_error(exc, context, SendError) from exc
+    partition, real_offset = reports.get("real", (-1, -1))
+    logger.info(
+        "replayed QUARANTINE offset %d to %s[%d]@%d", offset, real.topic, partition, real_offset
+    )
+    return ReplayedMessage(msg_id, real.topic, partition, real_offset)

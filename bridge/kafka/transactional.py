@@ -1,19 +1,105 @@
-"""Base of the coordinator services that consume, transform and produce in Kafka transactions."""
+"""Base of the coordinator services that consume, transform and produce in Kafka transactions,
+and the rules they share about delivery errors and fencing."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 
 from bridge.config import ClientConfig
-from bridge.kafka.clients import new_producer
-from bridge.lifecycle import ServiceThread
+from bridge.kafka.clients import new_admin, new_producer
+from bridge.lifecycle import FatalServiceError, ServiceThread
+from bridge.message import DELAY_PROPERTIES, MessageConst
 from topics.catalog import TopicCatalog
 
 logger = logging.getLogger(__name__)
+
+DELIVERY_ATTEMPTS: Final = "DELIVERY_ATTEMPTS"
+"""Property: how many times delivering a message to its real topic failed so far (the same
+name as ``MessageConst.DELIVERY_ATTEMPTS``); removed when it gets there."""
+DELIVERY_ERROR: Final = "DELIVERY_ERROR"
+"""Property: why the last delivery attempt failed (``MessageConst.DELIVERY_ERROR``)."""
+MAX_DELIVERY_ERROR_CHARS: Final = 500
+"""``DELIVERY_ERROR`` is cut to this many characters."""
+REMOVED_ON_DELIVERY: Final = frozenset(
+    {
+        MessageConst.REAL_TOPIC,
+        MessageConst.REAL_QUEUE_ID,
+        *DELAY_PROPERTIES,
+        DELIVERY_ATTEMPTS,
+        DELIVERY_ERROR,
+    }
+)
+"""Properties a delayed message loses when it reaches its real topic."""
+
+_PERMANENT: Final = frozenset(
+    {
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
+        # Retriable for the broker, but in a delivery report librdkafka has already retried
+        # for message.timeout.ms: the topic or partition is gone (deleted, never created).
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.INVALID_RECORD,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.POLICY_VIOLATION,
+        KafkaError.INVALID_TIMESTAMP,
+        KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+    }
+)
+_NEVER_PERMANENT: Final = frozenset(
+    {
+        # What happened to the transaction or the client, not to one record.
+        KafkaError._PURGE_QUEUE,
+        KafkaError._PURGE_INFLIGHT,
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.INVALID_TXN_STATE,
+        KafkaError._STATE,
+        KafkaError._FATAL,
+        KafkaError._INCONSISTENT,
+        KafkaError._DESTROY,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        # Time and transport: the broker may come back.
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
+    }
+)
+
+
+def is_permanent_delivery_error(err: KafkaError | None) -> bool:
+    """True if a record's delivery failed for a reason that will not go away by retrying it
+    (unknown topic or partition, authorization, record too large, invalid or internal
+    topic), False for transient, transport, timeout, purge and fencing errors and for None.
+
+    Meant for delivery reports and ``produce()`` errors of one record; the error a failed
+    transaction raises names a record's problem only when such a report does.
+    """
+    if err is None:
+        return False
+    code = err.code()
+    if code in _PERMANENT:
+        return True
+    if code in _NEVER_PERMANENT or err.fatal() or err.retriable():
+        return False
+    return code >= 0  # other broker errors that are not retriable; local ones are ours
+
+
+class DuplicateCoordinatorError(FatalServiceError):
+    """Another running coordinator uses this coordinator's id: Kafka fenced this one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +113,10 @@ class ServiceConfig:
     """How long an unfinished Kafka transaction of a crashed coordinator blocks readers, ms."""
     session_timeout_ms: int = 10_000
     """How long a crashed coordinator keeps its partitions, ms."""
+    delivery_attempts: int = 3
+    """Deliveries of one message that fail for a permanent reason before it is moved aside."""
+    delivery_backoff_ms: int = 1000
+    """Wait before the second delivery attempt, ms; doubles for each further one."""
 
 
 class TransactionalService(ServiceThread):
@@ -34,7 +124,9 @@ class TransactionalService(ServiceThread):
     inputs they came from commit together, so a crash applies a batch completely or not at all.
 
     ``transactional_id`` should be stable per coordinator and service: a restarted process
-    with the same id fences its predecessor and aborts what it left open.
+    with the same id fences its predecessor and aborts what it left open. Two live processes
+    with the same id would fence each other for ever; the one that finds the other holding
+    its static group membership stops with :class:`DuplicateCoordinatorError` instead.
     """
 
     def __init__(self, kind: str, config: ServiceConfig) -> None:
@@ -44,9 +136,14 @@ class TransactionalService(ServiceThread):
         self._transactional_id = (
             f"{config.client.namespace}.coordinator.{kind}.{config.coordinator_id}"
         )
+        self.group_id = f"{config.client.namespace}.coordinator.{kind}"
+        """The consumer group of this kind of service."""
+        self.group_instance_id = f"{config.coordinator_id}-{kind}"
+        """This service's static membership in :attr:`group_id`."""
         self._kafka_transaction_timeout_ms = config.kafka_transaction_timeout_ms
         self._consumer: Consumer | None = None
         self._producer: Any = None
+        self._fencing_admin: AdminClient | None = None
 
     @property
     def timeout_s(self) -> float:
@@ -80,9 +177,15 @@ class TransactionalService(ServiceThread):
 
     def transaction_failed(self, exc: KafkaException) -> None:
         """Abort the failed transaction, or replace a fenced or broken producer. The caller
-        then re-reads its inputs from the committed offsets."""
+        then re-reads its inputs from the committed offsets.
+
+        Raises :class:`DuplicateCoordinatorError` when the fencing came from another
+        coordinator running with this one's id (recreating the producer would fence it back).
+        """
         error = exc.args[0] if exc.args else None
         logger.warning("%s: Kafka transaction failed (%s); re-reading", self.name, exc)
+        if isinstance(error, KafkaError):
+            self.check_fencing(error)
         fatal = isinstance(error, KafkaError) and error.fatal()
         if not fatal:
             try:
@@ -91,3 +194,47 @@ class TransactionalService(ServiceThread):
                 fatal = True
         if fatal:
             self.start_producer()
+
+    def check_fencing(self, error: KafkaError) -> None:
+        """Raise :class:`DuplicateCoordinatorError` if ``error`` (from the producer or the
+        consumer) means another live coordinator has this one's id.
+
+        Static membership fenced (``FENCED_INSTANCE_ID``) is proof. A fenced producer is not:
+        a transaction that outlived ``transaction.timeout.ms`` is fenced the same way, so the
+        group is asked whether another member holds this service's instance id.
+        """
+        code = error.code()
+        # librdkafka reports a fenced static member as a fatal consumer error (_FATAL).
+        static_fenced = code == KafkaError._FATAL and "group.instance.id" in error.str()
+        if code == KafkaError.FENCED_INSTANCE_ID or static_fenced:
+            raise self._duplicate(error.str())
+        if code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED) and self._membership_taken():
+            raise self._duplicate(error.str())
+
+    def _duplicate(self, detail: str) -> DuplicateCoordinatorError:
+        return DuplicateCoordinatorError(
+            f"another coordinator with coordinator_id {self.config.coordinator_id!r} is running "
+            f"in namespace {self.client.namespace!r} and fenced {self.name} ({detail}); "
+            "stopping this one: give every coordinator its own BRIDGE_COORDINATOR_ID"
+        )
+
+    def _membership_taken(self) -> bool:
+        """True if another member of :attr:`group_id` holds :attr:`group_instance_id`."""
+        consumer = self._consumer
+        if consumer is None:
+            return False
+        try:
+            mine = consumer.memberid()
+            if self._fencing_admin is None:
+                self._fencing_admin = new_admin(self.client, f"{self.name}-fencing")
+            futures = self._fencing_admin.describe_consumer_groups(
+                [self.group_id], request_timeout=self.timeout_s
+            )
+            group = futures[self.group_id].result(timeout=self.timeout_s)
+        except Exception as exc:  # unknown: assume not (a duplicate is found next time)
+            logger.info("%s: could not describe group %s: %s", self.name, self.group_id, exc)
+            return False
+        return any(
+            m.group_instance_id == self.group_instance_id and m.member_id != mine
+            for m in group.members
+        )

@@ -4,19 +4,32 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from confluent_kafka import Producer as RawProducer
+from confluent_kafka.admin import NewPartitions
 
+from bridge import read_messages
 from bridge.codec import decode_envelope, encode_envelope
 from bridge.config import ClientConfig
-from bridge.errors import WireFormatError
+from bridge.errors import KafkaClientError, WireFormatError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_consumer, new_producer
-from bridge.kafka.quarantine import quarantine, read_quarantine
-from bridge.message import MessageExt
-from topics.catalog import SystemTopic, TopicCatalog
+from bridge.kafka.clients import new_admin, new_consumer, new_producer
+from bridge.kafka.quarantine import (
+    AlreadyReplayedError,
+    NotReplayableError,
+    QuarantineReplayError,
+    ReplayConflictError,
+    ReplayedMessage,
+    quarantine,
+    read_quarantine,
+    replay_quarantined,
+)
+from bridge.message import MessageConst, MessageExt
+from tests.conftest import wait_until
+from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
 
 pytestmark = pytest.mark.broker
 
@@ -66,3 +79,125 @@ def test_malformed_half_record_is_quarantined_with_reason_and_origin(
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert f"from {half}[0]@0 by test-service (8 bytes): expected a MessageEnvelope" in cli.stdout
+
+
+def _quarantined_delayed_message(
+    config: ClientConfig, catalog: TopicCatalog, target: str, queue_id: int
+) -> int:
+    """Quarantine a SCHEDULE record as the coordinator does after its last delivery attempt;
+    return its QUARANTINE offset."""
+    schedule = catalog.topic(SystemTopic.SCHEDULE)
+    props = {
+        MessageConst.REAL_TOPIC: target,
+        MessageConst.REAL_QUEUE_ID: str(queue_id),
+        MessageConst.DELAY_TIME_LEVEL: "1",
+        MessageConst.TAGS: "T",
+        "DELIVERY_ATTEMPTS": "2",
+        "DELIVERY_ERROR": "partition out of range",
+        "color": "red",
+    }
+    raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
+    raw.produce(schedule, encode_envelope("ID-R", b"late", props, 1, "h"), b"k", partition=0)
+    assert raw.flush(10) == 0
+    consumer = new_consumer(config, f"replay-test-{target}", "test")
+    consumer.subscribe([schedule])
+    record = None
+    deadline = time.monotonic() + 30
+    while record is None and time.monotonic() < deadline:
+        polled = consumer.poll(0.5)
+        record = polled if polled is not None and polled.error() is None else None
+    consumer.close()
+    assert record is not None
+    producer = new_producer(config, "replay-test")
+    quarantine(producer, catalog, record, "delivery failed 3 times", "test-service")
+    assert producer.flush(10) == 0
+    kept = [k for k in read_quarantine(config, timeout_ms=2000) if k.source_topic == schedule]
+    return kept[-1].offset
+
+
+@pytest.fixture()
+def catalog(client_config: ClientConfig) -> TopicCatalog:
+    catalog = TopicCatalog(namespace=client_config.namespace, transaction_partitions=1)
+    TopicAdmin(client_config).ensure_system_topics(catalog)
+    return catalog
+
+
+def test_a_quarantined_delayed_message_is_replayed_once_after_the_cause_is_fixed(
+    client_config: ClientConfig, catalog: TopicCatalog, topic: str
+) -> None:
+    TopicAdmin(client_config).ensure_topics([TopicSpec(topic, 1)])
+    offset = _quarantined_delayed_message(client_config, catalog, topic, queue_id=2)
+    with pytest.raises(KafkaClientError, match="QUARANTINE offset"):
+        replay_quarantined(client_config, offset)  # partition 2 does not exist yet
+    admin = new_admin(client_config)
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result(10)
+    TopicAdmin(client_config).wait_for_topics([topic])
+    wait_until(lambda: TopicAdmin(client_config).list_topics()[topic] == 3)
+
+    replayed = replay_quarantined(client_config, offset)
+
+    assert (replayed.msg_id, replayed.topic, replayed.partition) == ("ID-R", topic, 2)
+    (msg,) = read_messages(client_config, [topic], timeout_ms=3000)
+    assert (msg.body, msg.msg_id, msg.queue_id, msg.tags) == (b"late", "ID-R", 2, "T")
+    assert msg.properties["color"] == "red"
+    gone = {"DELIVERY_ATTEMPTS", "DELIVERY_ERROR", MessageConst.DELAY_TIME_LEVEL}
+    assert not gone & set(msg.properties), msg.properties
+    assert MessageConst.REAL_TOPIC not in msg.properties
+    with pytest.raises(AlreadyReplayedError):
+        replay_quarantined(client_config, offset)
+    assert [k.offset for k in read_quarantine(client_config, timeout_ms=1000)] == [offset]
+    assert len(list(read_messages(client_config, [topic], timeout_ms=1000))) == 1
+
+
+def test_concurrent_replays_of_one_offset_deliver_it_once(
+    client_config: ClientConfig, catalog: TopicCatalog, topic: str
+) -> None:
+    offset = _quarantined_delayed_message(client_config, catalog, topic, queue_id=-1)
+    start = threading.Barrier(3)
+    outcomes: list[object] = []
+
+    def replay() -> None:
+        start.wait()
+        try:
+            outcomes.append(replay_quarantined(client_config, offset))
+        except QuarantineReplayError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=replay) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(outcomes) == 3
+    assert sum(isinstance(o, ReplayedMessage) for o in outcomes) == 1, outcomes
+    assert all(
+        isinstance(o, (ReplayedMessage, AlreadyReplayedError, ReplayConflictError))
+        for o in outcomes
+    )
+    assert [m.body for m in read_messages(client_config, [topic], timeout_ms=3000)] == [b"late"]
+
+
+def test_what_cannot_be_replayed_is_refused_with_a_typed_error(
+    client_config: ClientConfig, catalog: TopicCatalog
+) -> None:
+    half = catalog.topic(SystemTopic.HALF)
+    raw = RawProducer({"bootstrap.servers": client_config.bootstrap_servers})
+    raw.produce(half, b"\x00garbage")
+    assert raw.flush(10) == 0
+    consumer = new_consumer(client_config, "replay-refusal", "test")
+    consumer.subscribe([half])
+    record = None
+    while record is None:
+        polled = consumer.poll(1.0)
+        record = polled if polled is not None and polled.error() is None else None
+    consumer.close()
+    producer = new_producer(client_config, "replay-refusal")
+    quarantine(producer, catalog, record, "undecodable", "test-service")
+    assert producer.flush(10) == 0
+    (kept,) = read_quarantine(client_config, timeout_ms=2000)
+    with pytest.raises(NotReplayableError, match="only delayed messages"):
+        replay_quarantined(client_config, kept.offset)
+    with pytest.raises(NotReplayableError, match="holds no record"):
+        replay_quarantined(client_config, kept.offset + 1)
+    with pytest.raises(NotReplayableError):
+        replay_quarantined(client_config, -1)
