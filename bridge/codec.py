@@ -10,6 +10,8 @@ valid UTF-8, else the bytes), so ``header_bytes(header_value(raw)) == raw`` for 
 
 from __future__ import annotations
 
+import logging
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -26,8 +28,10 @@ from bridge.message import (
 )
 from topics.avro import default_registry
 from topics.catalog import TopicCatalog
-from topics.errors import InvalidArgumentError, InvalidTopicNameError
+from topics.errors import InvalidArgumentError, InvalidTopicNameError, MalformedRecordError
 from topics.naming import to_kafka_topic
+
+logger = logging.getLogger(__name__)
 
 Headers = list[tuple[str, bytes]]
 
@@ -125,14 +129,48 @@ def decode_headers(headers: RawHeaders | None) -> dict[str, PropertyValue]:
     return out
 
 
-def message_from_record(record: Any, catalog: TopicCatalog | None = None) -> MessageExt:
+_call_headers = operator.methodcaller("headers")
+
+
+def read_headers(record: Any) -> list[tuple[str, bytes | None]] | None:
+    """``record.headers()`` of a consumed ``confluent_kafka.Message``, or
+    :class:`MalformedRecordError` when confluent-kafka cannot convert them (a header name that
+    is not UTF-8).
+
+    Call it once per record and never call ``record.headers()`` again after it failed:
+    confluent-kafka then returns a list all the same, with the error still set (CPython's
+    specialised call of a C method in a hot loop does not look at it, so it surfaces at a later,
+    unrelated call) and a NULL name inside that crashes the process when read. A call through
+    ``methodcaller`` is checked and raises here.
+    """
+    try:
+        headers: list[tuple[str, bytes | None]] | None = _call_headers(record)
+    except (SystemError, UnicodeDecodeError) as exc:
+        cause = exc.__cause__ or exc.__context__ or exc
+        raise MalformedRecordError(
+            f"the headers of {record.topic()}[{record.partition()}]@{record.offset()} cannot be "
+            f"read ({type(cause).__name__}: {cause})"
+        ) from exc
+    return headers
+
+
+def message_from_record(
+    record: Any, catalog: TopicCatalog | None = None, headers: RawHeaders | None = None
+) -> MessageExt:
     """Decode a consumed ``confluent_kafka.Message`` of a real, retry or DLQ topic.
 
     Records written by other Kafka producers decode too: their headers become properties and
     the message id is ``<topic>-<partition>-<offset>`` when no ``UNIQ_KEY`` header is present.
+    ``headers`` are the record's headers when the caller read them already (see
+    :func:`read_headers`); a record whose headers cannot be read decodes without them (logged).
     """
     kafka_topic: str = record.topic()
-    props = decode_headers(record.headers())
+    if headers is None:
+        try:
+            headers = read_headers(record)
+        except MalformedRecordError as exc:
+            logger.warning("%s; shown without its headers", exc)
+    props = decode_headers(headers)
     topic = kafka_topic
     if catalog is not None:
         try:

@@ -21,7 +21,6 @@ import heapq
 import itertools
 import logging
 import math
-import operator
 import os
 import socket
 import threading
@@ -34,7 +33,7 @@ from typing import Any, NamedTuple, cast
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, TopicPartition
 
 from bridge.client.producer import Producer
-from bridge.codec import PreparedRecord, message_from_record
+from bridge.codec import PreparedRecord, message_from_record, read_headers
 from bridge.config import ClientConfig
 from bridge.consumer.config import PushConsumerConfig
 from bridge.consumer.model import (
@@ -86,12 +85,6 @@ _ORDERLY_SLICE_S = 60.0
 _MAX_REQUESTS_PER_TASK = 64
 """Most consume requests one pool task runs in a row."""
 _RECORD_ERRORS_IGNORED = frozenset({KafkaError._PARTITION_EOF})
-_read_headers = operator.methodcaller("headers")
-"""``record.headers()``, called so that a failure raises here. confluent-kafka fails to convert
-a header name that is not UTF-8 but returns a list all the same, with the error still set;
-CPython's specialised call of a C method (a hot loop's ``record.headers()``) does not look at
-that, and the error surfaces at some later call. A call through ``methodcaller`` is checked:
-it raises ``SystemError`` from the conversion's ``UnicodeDecodeError``."""
 _EXPIRY_CHECK_S = 1.0
 """How often, at most, messages in concurrent listeners are checked against
 ``consume_timeout``, seconds."""
@@ -674,18 +667,14 @@ class PushConsumer(Startable):
         if incoming.cut or (incoming.full and self._cut(record, incoming)):
             return  # fetched again once the partition resumes
         try:
-            headers = _read_headers(record)
-        except Exception as exc:
-            # A header name that is not UTF-8 (see _read_headers). The list confluent-kafka
-            # keeps afterwards holds a NULL that crashes the process when read: never again.
-            cause = exc.__cause__ or exc.__context__ or exc
-            reason = MalformedRecordError(
-                f"the record's headers cannot be read ({type(cause).__name__}: {cause}); "
-                "quarantined without them"
-            )
+            headers = read_headers(record)
+        except MalformedRecordError as exc:
+            # A header name that is not UTF-8. The list confluent-kafka keeps afterwards holds
+            # a NULL that crashes the process when read: never read them again.
+            reason = MalformedRecordError(f"{exc}; quarantined without them")
             incoming.hold_poison(_Headerless(record), reason)
             return
-        msg = self._decode(record)
+        msg = self._decode(record, headers)
         if isinstance(msg, Exception):
             incoming.hold_poison(record, msg)
             return
@@ -750,10 +739,12 @@ class PushConsumer(Startable):
             if key in self._queues:
                 self._kafka.resume([TopicPartition(*key)])
 
-    def _decode(self, record: Any) -> MessageExt | MalformedRecordError:
-        """The message of ``record``, or why it must be quarantined (a malformed retry
-        record)."""
-        msg = message_from_record(record)
+    def _decode(
+        self, record: Any, headers: list[tuple[str, bytes | None]] | None
+    ) -> MessageExt | MalformedRecordError:
+        """The message of ``record`` (whose ``headers`` were read), or why it must be
+        quarantined (a malformed retry record)."""
+        msg = message_from_record(record, headers=headers)
         msg.topic = self._topic_names.get(msg.kafka_topic, msg.kafka_topic)
         if msg.kafka_topic != self._retry_kafka_topic:
             return msg

@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Consumer as RawConsumer
 from confluent_kafka import Producer as RawProducer
 
-from bridge import ClientConfig, Message, MessageConst, MessageExt, Producer
+from bridge import ClientConfig, Message, MessageConst, MessageExt, Producer, read_messages
 from bridge.client import producer as producer_module
 from bridge.consumer import (
     ConsumeOrderlyContext,
@@ -379,6 +379,20 @@ def test_a_record_whose_headers_cannot_be_read_is_quarantined_and_its_batch_goes
     assert found.source_offset == 2
     assert "header" in found.reason, found.reason
     assert found.headers == {}, "headers that cannot be read are not carried"
+
+
+def test_readers_show_a_record_whose_headers_cannot_be_read_without_them(
+    config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    topic = make_topic(config, unique("t"))
+    records: list[tuple[bytes, list[tuple[bytes, bytes]]]] = [
+        (b"before", [(b"n", b"v")]),
+        (b"bad-name", [(b"\xff\xfekey", b"v")]),
+        (b"after", [(b"n", b"w")]),
+    ]
+    produce_with_raw_header_names(config.bootstrap_servers, topic, records)
+    got = {m.body: m.properties for m in read_messages(config, [topic], max_messages=3)}
+    assert got == {b"before": {"n": "v"}, b"bad-name": {}, b"after": {"n": "w"}}
 
 
 # --- item 8: bounds -----------------------------------------------------------------------
