@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import TopicPartition
 
@@ -12,6 +13,7 @@ from bridge.codec import decode_headers
 from bridge.config import ClientConfig
 from bridge.delay.routing import TIMER_ROUTING_HEADER
 from bridge.kafka.clients import new_consumer, read_record_at
+from bridge.kafka.quarantine import read_headers
 from topics.catalog import SystemTopic, TopicCatalog
 
 
@@ -28,6 +30,17 @@ class QueueStatus:
     """Records not yet delivered or moved on (counted by offsets, so approximate)."""
     next_due_ms: int | None
     """When the oldest one is due, epoch ms; for a timer tier, when it leaves the tier."""
+
+
+def _deliver_ms(record: Any) -> int | None:
+    """A timer record's delivery time from its routing header, or None (no such header,
+    headers unreadable or the value not a number: the tier's own time is shown)."""
+    headers, _ = read_headers(record)
+    wanted = decode_headers(headers).get(TIMER_ROUTING_HEADER)
+    try:
+        return int(wanted) if wanted else None
+    except ValueError:
+        return None
 
 
 def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueStatus]:
@@ -71,8 +84,7 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
                     else:
                         next_due = head.timestamp()[1] + delay
                         if kind == "tier":
-                            wanted = decode_headers(head.headers()).get(TIMER_ROUTING_HEADER)
-                            next_due = min(next_due, int(wanted)) if wanted else next_due
+                            next_due = min(next_due, _deliver_ms(head) or next_due)
                 out.append(
                     QueueStatus(
                         kind,

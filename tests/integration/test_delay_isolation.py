@@ -15,10 +15,10 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import Producer as RawProducer
 from confluent_kafka.admin import (
     AclBinding,
@@ -31,10 +31,12 @@ from confluent_kafka.admin import (
 from bridge import ClientConfig, Message, Producer, read_messages
 from bridge.codec import decode_envelope, encode_envelope
 from bridge.coordinator import Coordinator
+from bridge.delay.admin import delay_status
 from bridge.delay.service import ScheduleDeliveryService, TimerService
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine
+from bridge.kafka.transactional import is_permanent_delivery_error
 from bridge.message import MessageConst
 from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
 from tests.conftest import wait_until
@@ -102,7 +104,7 @@ def write(
     """Write a :func:`system_record` with a plain Kafka producer; return its message id."""
     topic, partition, value, headers, msg_id = record
     raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
-    raw.produce(topic, value, msg_id.encode(), partition=partition, headers=headers)
+    raw.produce(topic, value, msg_id.encode(), partition=partition, headers=list(headers))
     assert raw.flush(10) == 0
     return msg_id
 
@@ -115,6 +117,30 @@ def quarantined_ids(config: ClientConfig) -> dict[str, QuarantinedRecord]:
         except Exception:
             continue
     return out
+
+
+@pytest.mark.parametrize(
+    ("error", "permanent"),
+    [
+        (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), True),
+        (KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), True),
+        (KafkaError(KafkaError._UNKNOWN_PARTITION), True),
+        (KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, retriable=True), True),
+        (KafkaError(KafkaError.POLICY_VIOLATION), True),
+        (KafkaError(KafkaError._PURGE_QUEUE), False),
+        (KafkaError(KafkaError._MSG_TIMED_OUT), False),
+        (KafkaError(KafkaError._TRANSPORT), False),
+        (KafkaError(KafkaError._FENCED, fatal=True), False),
+        (KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, retriable=True), False),
+        (KafkaError(KafkaError.CLUSTER_AUTHORIZATION_FAILED), False),
+        (KafkaError(KafkaError._INCONSISTENT), False),
+        (None, False),
+    ],
+)
+def test_permanent_delivery_errors_are_told_from_transient_ones(
+    error: KafkaError | None, permanent: bool
+) -> None:
+    assert is_permanent_delivery_error(error) is permanent
 
 
 def test_poison_of_every_kind_leaves_every_good_message_delivered_once_and_on_time(
@@ -308,14 +334,17 @@ def test_a_rewind_that_cannot_read_committed_offsets_loses_nothing(
         (service,) = [s for s in coordinator.services if isinstance(s, ScheduleDeliveryService)]
         producer = Flaky(service._producer, "commit_transaction", KafkaError(KafkaError._TIMED_OUT))
         consumer = Flaky(service._consumer, "committed", KafkaError(KafkaError._TIMED_OUT))
-        service._producer, service._consumer = producer, consumer
+        service._producer, service._consumer = producer, cast(Consumer, consumer)
         producer.armed = consumer.armed = True
         with Producer("pg", config=level_config) as sender:
             sender.send_sync(Message(topic, b"first", delay_time_level=1))
             assert producer.fired.wait(20) and consumer.fired.wait(20)
             sender.send_sync(Message(topic, b"second", delay_time_level=1))
-        bodies = [m.body for m in read_messages(level_config, [topic], timeout_ms=5000)]
-    assert sorted(bodies) == [b"first", b"second"]
+        got = list(read_messages(level_config, [topic], timeout_ms=5000))
+    assert sorted(m.body for m in got) == [b"first", b"second"]
+    # A transient failure is retried as it is: no delivery attempt counted, nothing set aside.
+    assert all("DELIVERY_ATTEMPTS" not in m.properties for m in got)
+    assert not list(read_quarantine(level_config, timeout_ms=500))
 
 
 def test_rebalances_under_load_deliver_every_message_exactly_once(
@@ -413,8 +442,9 @@ def test_records_fetched_before_a_rebalance_are_not_delivered_twice(
         warm_up(level_config, f"{topic}-warm")
         (service,) = [s for s in first.services if isinstance(s, ScheduleDeliveryService)]
         real = service._consumer
+        assert real is not None
         stashing = Stashing(real, partition=2, count=5)  # delay level 3: 3 s
-        service._consumer = stashing
+        service._consumer = cast(Consumer, stashing)
         with Producer("pg", config=level_config) as producer:
             for i in range(5):
                 producer.send_sync(Message(topic, f"m{i}", delay_time_level=3))
@@ -524,3 +554,7 @@ def test_timer_records_whose_headers_cannot_be_read_do_not_stop_the_timer(
     assert "headers" in kept.reason
     assert kept.key == b"k"
     assert not next(s for s in timer_coordinator.services if isinstance(s, TimerService)).stopped
+    # One that waits long in tier 12 (7 min): the status shows its tier time.
+    produce_with_raw_headers(level_config.bootstrap_servers, timer_topic, 12, None, value, bad_key)
+    (tier12,) = [q for q in delay_status(level_config) if q.kind == "tier" and q.index == 12]
+    assert tier12.pending == 1 and tier12.next_due_ms is not None
