@@ -32,7 +32,7 @@ from bridge.delay.admin import delay_status
 from bridge.errors import BridgeError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.quarantine import read_quarantine
-from bridge.message import Message, MessageConst
+from bridge.message import Message, MessageConst, MessageExt
 from bridge.runtime.jars import ARTIFACT_SETS, cache_dir, ensure_jars
 from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
@@ -438,10 +438,22 @@ def transactions_show(
         if (msg.transaction_id or msg.msg_id) == transaction_id:
             console.print(
                 f"parked at check-max offset {msg.queue_offset} after "
-                f"{msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)} checks: {msg!r}"
+                f"{msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)} checks"
+                f"{_delivery_failure(msg)}: {msg!r}",
+                markup=False,
             )
             return
     console.print(f"{transaction_id}: decided, or not found")
+
+
+def _delivery_failure(msg: MessageExt) -> str:
+    """`` delivery failed N times: reason`` for a message parked because its real topic refused
+    it, else empty."""
+    error = msg.get_property(MessageConst.DELIVERY_ERROR)
+    if not error:
+        return ""
+    attempts = msg.get_property(MessageConst.DELIVERY_ATTEMPTS) or "?"
+    return f" delivery failed {attempts} times: {error}"
 
 
 @transactions.command("parked")
@@ -456,6 +468,8 @@ def transactions_parked(ctx: click.Context, bootstrap_servers: str | None) -> No
             f"{msg.msg_id} group={msg.get_property(MessageConst.PRODUCER_GROUP)} "
             f"topic={msg.get_property(MessageConst.REAL_TOPIC)} "
             f"checks={msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)} body={msg.body!r}"
+            + _delivery_failure(msg),
+            markup=False,
         )
     console.print(f"{len(parked)} parked")
 

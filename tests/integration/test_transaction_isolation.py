@@ -5,6 +5,7 @@ immunities, and operators replaying one message twice at once."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -37,6 +38,7 @@ from bridge.transaction.admin import read_parked, resolve_parked
 from bridge.transaction.model import CheckRequest, EndTransaction, OpAction
 from bridge.transaction.service import TransactionService
 from tests.conftest import wait_until
+from tests.integration.test_cli import run_cli
 from topics.catalog import SystemTopic, TopicCatalog
 
 pytestmark = pytest.mark.broker
@@ -266,6 +268,13 @@ def test_poison_commits_are_parked_with_their_reason_and_the_others_flow(
         assert text in (msg.get_property(DELIVERY_ERROR) or ""), (kind, msg.properties)
         assert msg.get_property(DELIVERY_ATTEMPTS) == "3", (kind, msg.properties)
     assert list(read_messages(client, [small], timeout_ms=500)) == []
+    shown = run_cli(
+        "transactions", "parked",
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": client.bootstrap_servers,
+             "BRIDGE_NAMESPACE": client.namespace},
+    )  # fmt: skip
+    internal = next(m for m in parked if poison_ids[m.msg_id] == "internal")
+    assert f"{internal.msg_id} " in shown and "delivery failed 3 times: " in shown, shown
 
 
 class Unknown(TransactionListener):
