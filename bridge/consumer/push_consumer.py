@@ -61,7 +61,12 @@ from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import MessageConst, MessageExt, local_ipv4, parse_count
 from topics.catalog import SystemTopic
 from topics.errors import MalformedRecordError
-from topics.naming import RETRY_GROUP_TOPIC_PREFIX, to_kafka_topic, validate_group
+from topics.naming import (
+    RETRY_GROUP_TOPIC_PREFIX,
+    broadcast_group,
+    to_kafka_topic,
+    validate_user_group,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -268,12 +273,12 @@ class PushConsumer(Startable):
         settings: PushConsumerConfig | None = None,
         **options: Any,
     ) -> None:
-        self.group = validate_group(group)
-        if group.startswith(RETRY_GROUP_TOPIC_PREFIX):
-            raise InvalidArgumentError(f"consumer group {group!r} may not start with %RETRY%")
         self.config = (config or ClientConfig()).replace(
             bootstrap_servers=bootstrap_servers, namespace=namespace
         )
+        self.group = validate_user_group(group, self.config.namespace)
+        if group.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            raise InvalidArgumentError(f"consumer group {group!r} may not start with %RETRY%")
         self.settings = (settings or PushConsumerConfig()).replace(
             message_model=message_model, **options
         )
@@ -446,7 +451,7 @@ class PushConsumer(Startable):
             instance = self.settings.instance_name or f"{socket.gethostname()}@{os.getpid()}"
             self._kafka = new_consumer(
                 self.config,
-                f"{self.group}.broadcast.{instance}",
+                broadcast_group(self.group, instance),
                 f"{self.group}-broadcast",
                 auto_offset_reset=reset,
                 **self._fetch_tuning(),

@@ -30,6 +30,7 @@ from bridge.transaction.service import (
 )
 from topics.avro import default_registry
 from topics.catalog import SystemTopic, TopicCatalog
+from topics.naming import operator_transactional_id
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +159,9 @@ def resolve_parked(config: ClientConfig, msg_id: str, action: OpAction) -> Messa
     verb = "replaying" if action is OpAction.COMMIT else "dropping"
     real = committed_record(msg, config.namespace) if action is OpAction.COMMIT else None
     producer = new_producer(
-        config, "bridge-operator", transactional_id=f"{config.namespace}.operator.{msg_id}"
+        config,
+        "bridge-operator",
+        transactional_id=operator_transactional_id(config.namespace, msg_id),
     )
     timeout_s = config.request_timeout_ms / 1000
     try:

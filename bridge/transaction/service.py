@@ -61,6 +61,7 @@ from bridge.transaction.model import (
 from bridge.transaction.state import CheckAction, CheckPolicy, HalfPartition, PendingHalf
 from topics.avro import default_registry
 from topics.catalog import SystemTopic
+from topics.naming import coordinator_group, coordinator_group_instance_id, reader_group
 
 logger = logging.getLogger(__name__)
 
@@ -296,7 +297,7 @@ class TransactionService(TransactionalService):
         self.start_producer()
         self._consumer = new_consumer(
             client,
-            f"{client.namespace}.coordinator.transaction",
+            coordinator_group(client.namespace, "transaction"),
             client_id=self.name,
             partition_assignment_strategy="range",
             fetch_wait_max_ms=50,
@@ -304,7 +305,9 @@ class TransactionService(TransactionalService):
             heartbeat_interval_ms=max(self.config.session_timeout_ms // 6, 500),
             # Static membership: a coordinator restarted with the same id takes its
             # partitions back at once instead of after the session timeout.
-            group_instance_id=f"{self.config.coordinator_id}-transaction",
+            group_instance_id=coordinator_group_instance_id(
+                self.config.coordinator_id, "transaction"
+            ),
         )
         self._consumer.subscribe([self._half], on_assign=self._on_assign, on_revoke=self._on_revoke)
 
@@ -831,7 +834,7 @@ class TransactionService(TransactionalService):
         timeout_s = self.timeout_s
         assigned = {tp.partition for tp in consumer.assignment() if tp.topic == self._half}
         reader = new_consumer(
-            self.config.client, f"{self.name}-recovery-{uuid.uuid4().hex[:8]}", self.name,
+            self.config.client, reader_group("recovery", uuid.uuid4().hex[:12]), self.name,
             enable_partition_eof=True,
         )  # fmt: skip
         try:
