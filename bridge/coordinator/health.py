@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from bridge.config import ClientConfig
 from bridge.errors import BrokerUnreachableError
 from bridge.kafka.clients import new_admin
+from topics.naming import COORDINATOR_SERVICE_KINDS, coordinator_group
 
-SERVICE_KINDS = ("transaction", "schedule", "timer")
+SERVICE_KINDS = COORDINATOR_SERVICE_KINDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class ServiceHealth:
 def coordinator_health(config: ClientConfig) -> list[ServiceHealth]:
     """The group of every coordinator service of ``config.namespace``. Raises
     :class:`BrokerUnreachableError` if Kafka does not answer within ``request_timeout_ms``."""
-    groups = {kind: f"{config.namespace}.coordinator.{kind}" for kind in SERVICE_KINDS}
+    groups = {kind: coordinator_group(config.namespace, kind) for kind in SERVICE_KINDS}
     timeout_s = config.request_timeout_ms / 1000
     admin = new_admin(config, "bridge-health")
     try:

@@ -15,6 +15,7 @@ from bridge.delay.routing import TIMER_ROUTING_HEADER
 from bridge.kafka.clients import new_consumer, read_record_at
 from bridge.kafka.quarantine import read_headers
 from topics.catalog import SystemTopic, TopicCatalog
+from topics.naming import coordinator_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
         service = "schedule" if system is SystemTopic.SCHEDULE else "timer"
         consumer = new_consumer(
             config,
-            f"{config.namespace}.coordinator.{service}",
+            coordinator_group(config.namespace, service),
             f"bridge-admin-{uuid.uuid4().hex[:6]}",
         )
         head_reader = new_consumer(

@@ -15,6 +15,11 @@ from bridge.kafka.clients import new_admin, new_producer
 from bridge.lifecycle import FatalServiceError, ServiceThread
 from bridge.message import DELAY_PROPERTIES, MessageConst
 from topics.catalog import TopicCatalog
+from topics.naming import (
+    coordinator_group,
+    coordinator_group_instance_id,
+    coordinator_transactional_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -133,12 +138,13 @@ class TransactionalService(ServiceThread):
         super().__init__(f"bridge-{kind}-{config.coordinator_id}", interval_ms=1)
         self.config = config
         self.client = config.client
-        self._transactional_id = (
-            f"{config.client.namespace}.coordinator.{kind}.{config.coordinator_id}"
+        namespace = config.client.namespace
+        self._transactional_id = coordinator_transactional_id(
+            namespace, kind, config.coordinator_id
         )
-        self.group_id = f"{config.client.namespace}.coordinator.{kind}"
+        self.group_id = coordinator_group(namespace, kind)
         """The consumer group of this kind of service."""
-        self.group_instance_id = f"{config.coordinator_id}-{kind}"
+        self.group_instance_id = coordinator_group_instance_id(config.coordinator_id, kind)
         """This service's static membership in :attr:`group_id`."""
         self._kafka_transaction_timeout_ms = config.kafka_transaction_timeout_ms
         self._consumer: Consumer | None = None
