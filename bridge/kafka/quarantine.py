@@ -12,7 +12,6 @@ real topic once the cause is fixed, exactly once.
 from __future__ import annotations
 
 import logging
-import operator
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -22,8 +21,15 @@ from typing import Any, Final
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.codec import decode_envelope, decode_headers, real_record
+from bridge.codec import read_headers as read_record_headers
 from bridge.config import ClientConfig
-from bridge.errors import BridgeError, InvalidArgumentError, SendError, WireFormatError
+from bridge.errors import (
+    BridgeError,
+    InvalidArgumentError,
+    MalformedRecordError,
+    SendError,
+    WireFormatError,
+)
 from bridge.kafka.clients import new_consumer, new_producer, translate_error
 from bridge.kafka.transactional import REMOVED_ON_DELIVERY
 from topics.catalog import SystemTopic, TopicCatalog
@@ -82,25 +88,14 @@ class QuarantineCopy:
     """The original record's timestamp, or 0 (the producer's clock)."""
 
 
-_HEADERS_OF = operator.methodcaller("headers")
-"""``record.headers()`` through a generic C call, which always checks for a pending error.
-confluent-kafka's ``Message.headers()`` returns a list *and* sets an exception for a header
-name that is not UTF-8; a direct ``record.headers()`` call site that the interpreter has
-specialized does not check, so the error would surface later, elsewhere."""
-
-
 def read_headers(record: Any) -> tuple[list[tuple[str, bytes | None]], str | None]:
-    """The headers of a consumed record and None, or ``[]`` and why they cannot be read.
-
-    Call it once per record, before anything else reads its headers: for a header name that
-    is not UTF-8 (other Kafka clients can write one) confluent-kafka fails the first
-    ``headers()`` call, and every later call returns a list holding a null pointer that
-    crashes the process when used.
-    """
+    """The headers of a consumed record and None, or ``[]`` and why they cannot be read (see
+    :func:`bridge.codec.read_headers`: call it once per record, before anything else reads
+    its headers)."""
     try:
-        return list(_HEADERS_OF(record) or []), None
-    except Exception as exc:
-        return [], f"{type(exc).__name__}: {exc}"
+        return list(read_record_headers(record) or []), None
+    except MalformedRecordError as exc:
+        return [], str(exc)
 
 
 def quarantine_copy(
