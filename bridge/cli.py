@@ -31,7 +31,7 @@ from bridge.coordinator.health import coordinator_health
 from bridge.delay.admin import delay_status
 from bridge.errors import BridgeError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.quarantine import read_quarantine
+from bridge.kafka.quarantine import read_quarantine, replay_quarantined
 from bridge.message import Message, MessageConst, MessageExt
 from bridge.runtime.jars import ARTIFACT_SETS, cache_dir, ensure_jars
 from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
@@ -193,7 +193,9 @@ def up(
                 _self_check(config)
             if not once:
                 console.print("up; press Ctrl-C to stop")
-                stop.wait()
+                # Returns on Ctrl-C; raises if a service failed for good (another coordinator
+                # with this id, say), so the command exits non-zero.
+                coordinator.run_until(stop)
                 console.print("stopping...")
         finally:
             if coordinator is not None:
@@ -228,7 +230,7 @@ def coordinator(ctx: click.Context, bootstrap_servers: str | None) -> None:
     config = CoordinatorConfig.from_env().with_client(_client_config(ctx, bootstrap_servers))
     with _stop_on_signals() as stop, Coordinator(config) as running:
         console.print(f"coordinator {running.config.coordinator_id} running; Ctrl-C stops")
-        stop.wait()
+        running.run_until(stop)
 
 
 @cli.group()
@@ -618,12 +620,16 @@ def dlq_replay(
     console.print(f"{'would replay' if dry_run else 'replayed'} {len(letters)}")
 
 
-@cli.command("quarantine")
+@cli.group("quarantine", invoke_without_command=True)
 @_bootstrap_option("Kafka to inspect.")
 @click.option("--count", type=int, default=None, help="Show at most N records.")
 @click.pass_context
 def quarantine_list(ctx: click.Context, bootstrap_servers: str | None, count: int | None) -> None:
-    """Print the quarantined records: origin, reason and size."""
+    """Print the quarantined records: origin, reason and size (``replay OFFSET`` re-drives
+    one)."""
+    if ctx.invoked_subcommand is not None:
+        ctx.ensure_object(dict)["quarantine_bootstrap"] = bootstrap_servers
+        return
     config = _client_config(ctx, bootstrap_servers)
     shown = 0
     for kept in read_quarantine(config, max_records=count):
@@ -635,6 +641,22 @@ def quarantine_list(ctx: click.Context, bootstrap_servers: str | None, count: in
         )
     if not shown:
         console.print("no quarantined records")
+
+
+@quarantine_list.command("replay")
+@_bootstrap_option("Kafka to write to.")
+@click.argument("offset", type=int)
+@click.pass_context
+def quarantine_replay(ctx: click.Context, bootstrap_servers: str | None, offset: int) -> None:
+    """Deliver the delayed message quarantined at OFFSET to its real topic, once (after the
+    cause, e.g. a missing topic or an ACL, was fixed)."""
+    given = bootstrap_servers or (ctx.obj or {}).get("quarantine_bootstrap")
+    done = replay_quarantined(_client_config(ctx, given), offset)
+    console.print(
+        f"replayed {done.msg_id} from quarantine offset {offset} to "
+        f"{done.topic}[{done.partition}]@{done.offset}",
+        markup=False,
+    )
 
 
 @cli.command()

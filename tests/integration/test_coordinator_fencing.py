@@ -3,6 +3,9 @@ newer, stops with an error naming the id, and does not fence the newer one back.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -49,3 +52,37 @@ def test_a_coordinator_fenced_by_another_with_its_id_stops_and_says_why(
     finally:
         older.stop()
     assert bodies == sorted(f"{k}{i}".encode() for k in "mt" for i in range(3))
+
+
+def test_bridge_coordinator_exits_non_zero_when_another_takes_its_id(
+    config: ClientConfig, topic: str
+) -> None:
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": config.bootstrap_servers,
+        "BRIDGE_NAMESPACE": config.namespace,
+        "BRIDGE_MESSAGE_DELAY_LEVEL": config.message_delay_level,
+        "BRIDGE_TIMER_PRECISION_MS": str(config.timer_precision_ms),
+        "BRIDGE_TIMER_MAX_DELAY_MS": str(config.timer_max_delay_ms),
+        "BRIDGE_TRANSACTION_PARTITIONS": "1",
+        "BRIDGE_SESSION_TIMEOUT_MS": "6000",
+        "BRIDGE_COORDINATOR_ID": "cli-twin",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bridge.cli", "coordinator"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        warm_up(config, f"{topic}-warm")  # the command's services own their partitions
+        with Coordinator(coordinator_config(config, "cli-twin")):
+            _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    assert err.strip().splitlines()[-1].startswith("Error: "), err
+    assert "'cli-twin'" in err, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ from bridge.kafka.quarantine import (
 )
 from bridge.message import MessageConst, MessageExt
 from tests.conftest import wait_until
+from tests.integration.test_cli import run_cli, run_cli_failing
 from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
 
 pytestmark = pytest.mark.broker
@@ -201,3 +203,26 @@ def test_what_cannot_be_replayed_is_refused_with_a_typed_error(
         replay_quarantined(client_config, kept.offset + 1)
     with pytest.raises(NotReplayableError):
         replay_quarantined(client_config, -1)
+
+
+def test_operators_replay_a_quarantined_message_from_the_command_line(
+    client_config: ClientConfig, catalog: TopicCatalog, topic: str
+) -> None:
+    TopicAdmin(client_config).ensure_topics([TopicSpec(topic, 1)])
+    offset = _quarantined_delayed_message(client_config, catalog, topic, queue_id=0)
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": client_config.bootstrap_servers,
+        "BRIDGE_NAMESPACE": client_config.namespace,
+    }
+    listed = run_cli("quarantine", env=env)
+    assert f"@{offset} from {catalog.topic(SystemTopic.SCHEDULE)}[0]" in listed, listed
+
+    out = run_cli("quarantine", "replay", str(offset), env=env)
+
+    assert f"replayed ID-R from quarantine offset {offset} to {topic}[0]@0" in out, out
+    (msg,) = read_messages(client_config, [topic], timeout_ms=3000)
+    assert (msg.body, msg.msg_id) == (b"late", "ID-R")
+    again = run_cli_failing("quarantine", "replay", str(offset), env=env)
+    assert "AlreadyReplayedError" in again.stderr, again.stderr
+    assert len(list(read_messages(client_config, [topic], timeout_ms=1000))) == 1

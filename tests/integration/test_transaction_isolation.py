@@ -31,6 +31,7 @@ from bridge.client.reader import read_to_end
 from bridge.codec import encode_envelope
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import BridgeError, KafkaClientError
+from bridge.kafka import clients as clients_module
 from bridge.kafka.admin import TopicAdmin
 from bridge.message import MessageConst, now_ms
 from bridge.transaction import service as service_module
@@ -94,7 +95,7 @@ class HalfWriter:
         offsets: list[int] = []
         self.raw.produce(
             self.half, value, key.encode(), partition=0,
-            on_delivery=lambda err, m: offsets.append(-1 if err else m.offset()),
+            on_delivery=lambda err, m: offsets.append(-1 if err else (m.offset() or 0)),
         )  # fmt: skip
         self.raw.flush(10)
         assert offsets and offsets[0] >= 0, "HALF record not stored"
@@ -196,7 +197,7 @@ class Arrivals:
         while not self._stop.is_set():
             record = self._consumer.poll(0.1)
             if record is not None and record.error() is None:
-                self.seen.append((record.value().decode(), time.time()))
+                self.seen.append(((record.value() or b"").decode(), time.time()))
 
     def close(self) -> None:
         self._stop.set()
@@ -465,7 +466,7 @@ def test_recovery_that_cannot_read_its_first_half_message_is_retried_not_guessed
     # Decisions are found from the first half message's time: no slack, so a guess of "now"
     # misses the decision on "once" (as a guess of 60 s misses one older than that).
     monkeypatch.setattr(service_module, "_OP_SCAN_SLACK_MS", 0)
-    real_new_consumer = service_module.new_consumer
+    real_new_consumer = clients_module.new_consumer
     slowed: list[str] = []
 
     def new_consumer(config: ClientConfig, group_id: str, client_id: str, **kw: Any) -> Any:
