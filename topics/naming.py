@@ -329,3 +329,10 @@ def parse_kafka_topic(
 def kafka_collision_key(kafka_name: str) -> str:
     """The key under which Kafka considers two topic names to collide ('.' == '_')."""
     return kafka_name.replace(".", "_")
+
+
+def is_kafka_internal(kafka_name: str) -> bool:
+    """True for a name of Kafka's internal topics (``__consumer_offsets``,
+    ``__transaction_state``, ...): only the broker writes to them. Kafka reserves every name
+    starting with ``__``, and treats ``.`` and ``_`` alike, so ``._x`` counts too."""
+    return kafka_collision_key(kafka_name).startswith("__")

@@ -39,7 +39,7 @@ from bridge.kafka.clients import new_producer, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageIdGenerator, local_ipv4
 from topics.catalog import SystemTopic
-from topics.naming import kafka_collision_key, to_kafka_topic, validate_user_group
+from topics.naming import is_kafka_internal, to_kafka_topic, validate_user_group
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +107,7 @@ def _kafka_topic(topic: str, namespace: str) -> str:
             "by being sent to their real topic",
         )
     kafka_topic = to_kafka_topic(topic, namespace)
-    # Kafka treats '.' and '_' alike in topic names, so '._x' would collide with '__x'.
-    if kafka_collision_key(kafka_topic).startswith("__"):
+    if is_kafka_internal(kafka_topic):
         raise InvalidTopicNameError(
             topic, "names starting with '__' are Kafka's internal topics (__consumer_offsets, ...)"
         )

@@ -51,6 +51,7 @@ from bridge.kafka.transactional import (
 from bridge.lifecycle import FatalServiceError
 from bridge.message import DELAY_PROPERTIES, MessageConst, now_ms
 from topics.catalog import SystemTopic
+from topics.naming import is_kafka_internal
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +65,6 @@ _METADATA_RECHECK_S = 0.2
 """A target that looks missing or too small is asked again if its answer is older, s."""
 _REPOSITION_RETRY_S = 0.2
 """Wait between tries to read committed offsets when the group coordinator does not answer."""
-KAFKA_INTERNAL_TOPICS: Final = frozenset(
-    {"__consumer_offsets", "__transaction_state", "__cluster_metadata", "__share_group_state"}
-)
 RECORD_ERRORS: Final = (WireFormatError, ValueError, TypeError, SystemError, ArithmeticError)
 """What decoding one malformed record can raise (its own fault: it is quarantined)."""
 
@@ -446,7 +444,7 @@ class _FifoDelayService(TransactionalService):
     def _target_problem(self, out: Output) -> str | None:
         """Why ``out`` cannot be delivered, from (cached) metadata, or None if it may be."""
         topic, partition = out.topic, out.partition
-        if topic in KAFKA_INTERNAL_TOPICS:
+        if is_kafka_internal(topic):
             return f"{topic} is an internal topic of Kafka"
         count, problem = self._target(topic, partition)
         if problem is not None:

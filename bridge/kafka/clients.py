@@ -149,8 +149,12 @@ def new_consumer(config: ClientConfig, group_id: str, client_id: str, **override
 
 
 def read_record_at(reader: Consumer, tp: TopicPartition, timeout_s: float = 10.0) -> Any:
-    """The record at ``tp``'s offset, read with ``reader`` (a consumer created with
-    ``enable_partition_eof=True``); None if the partition ends before it."""
+    """The first record at or after ``tp``'s offset, read with ``reader`` (a consumer created
+    with ``enable_partition_eof=True``); None if the partition ends before one.
+
+    Raises :class:`KafkaClientError` when neither comes within ``timeout_s`` (or the read
+    fails): callers must not take a slow broker for an empty partition.
+    """
     reader.assign([tp])
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -162,7 +166,12 @@ def read_record_at(reader: Consumer, tp: TopicPartition, timeout_s: float = 10.0
             return record
         if error.code() == KafkaError._PARTITION_EOF:
             return None
-    return None
+        raise translate_error(
+            error, f"reading {tp.topic}[{tp.partition}]@{tp.offset}", default=KafkaClientError
+        )
+    raise KafkaClientError(
+        f"reading {tp.topic}[{tp.partition}]@{tp.offset}: nothing within {timeout_s:.1f} s"
+    )
 
 
 def new_admin(config: ClientConfig, client_id: str = "bridge-admin") -> AdminClient:

@@ -30,7 +30,7 @@ from bridge.errors import (
     SendError,
     WireFormatError,
 )
-from bridge.kafka.clients import new_consumer, new_producer, translate_error
+from bridge.kafka.clients import new_consumer, new_producer, read_record_at, translate_error
 from bridge.kafka.transactional import REMOVED_ON_DELIVERY
 from topics.catalog import SystemTopic, TopicCatalog
 
@@ -284,7 +284,7 @@ def _replayable(
     reader: Consumer, catalog: TopicCatalog, topic: str, offset: int, timeout_s: float
 ) -> tuple[str, Any]:
     """(message id, real record) of the quarantined delayed message at ``offset``."""
-    record = _record_at(reader, TopicPartition(topic, 0, offset), timeout_s)
+    record = read_record_at(reader, TopicPartition(topic, 0, offset), timeout_s)
     if record is None or record.offset() != offset:
         raise NotReplayableError(f"QUARANTINE offset {offset} holds no record")
     raw, unreadable = read_headers(record)
@@ -307,22 +307,6 @@ def _replayable(
         raise NotReplayableError(
             f"QUARANTINE offset {offset} holds no deliverable message: {exc}"
         ) from exc
-
-
-def _record_at(reader: Consumer, tp: TopicPartition, timeout_s: float) -> Any:
-    """The first record at or after ``tp``'s offset, or None at the end of the partition."""
-    reader.assign([tp])
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        record = reader.poll(0.2)
-        if record is None:
-            continue
-        error = record.error()
-        if error is None:
-            return record
-        if error.code() == KafkaError._PARTITION_EOF:
-            return None
-    raise QuarantineReplayError(f"reading {tp.topic}@{tp.offset} timed out")
 
 
 def _resolved(config: ClientConfig, topic: str, offset: int, timeout_s: float) -> bool:

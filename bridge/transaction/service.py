@@ -44,9 +44,14 @@ from bridge.codec import RealRecord, encode_envelope, envelope_to_message
 from bridge.config import ClientConfig
 from bridge.errors import BridgeError, KafkaClientError, WireFormatError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_consumer, new_producer
+from bridge.kafka.clients import new_consumer, new_producer, read_record_at
 from bridge.kafka.quarantine import quarantine_copy
-from bridge.kafka.transactional import ServiceConfig, TransactionalService
+from bridge.kafka.transactional import (
+    ServiceConfig,
+    TransactionalService,
+    is_permanent_delivery_error,
+)
+from bridge.lifecycle import FatalServiceError
 from bridge.message import MessageConst, PropertyValue, now_ms
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
@@ -61,7 +66,12 @@ from bridge.transaction.model import (
 from bridge.transaction.state import CheckAction, CheckPolicy, HalfPartition, PendingHalf
 from topics.avro import default_registry
 from topics.catalog import SystemTopic
-from topics.naming import coordinator_group, coordinator_group_instance_id, reader_group
+from topics.naming import (
+    coordinator_group,
+    coordinator_group_instance_id,
+    is_kafka_internal,
+    reader_group,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -95,31 +105,6 @@ _CONFIRM_MISSING_S = 0.75
 """How long an unknown topic is asked about again before it counts as missing, s."""
 _TARGET_CACHE_SIZE = 10_000
 
-INTERNAL_TOPICS: Final = frozenset(
-    {"__consumer_offsets", "__transaction_state", "__share_group_state", "__cluster_metadata"}
-)
-"""Topics only the broker writes to."""
-
-_PERMANENT_CODES: Final = frozenset(
-    {
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError._UNKNOWN_TOPIC,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.RECORD_LIST_TOO_LARGE,
-        KafkaError.TOPIC_EXCEPTION,
-        KafkaError.INVALID_RECORD,
-        KafkaError.POLICY_VIOLATION,
-    }
-)
-
-
-def _is_permanent_delivery_error(err: KafkaError | None) -> bool:
-    """True if one record's delivery failed for a reason that retrying it does not cure
-    (unknown topic or partition, authorization, too large, invalid topic or record)."""
-    return err is not None and err.code() in _PERMANENT_CODES
-
 
 def auto_create_allowed(config: ClientConfig) -> bool:
     """False when the client never creates a topic by writing to it
@@ -144,7 +129,7 @@ def topic_problem(
     about again for ``confirm_s`` seconds before it counts as missing (0 when the client
     does not auto-create).
     """
-    if topic in INTERNAL_TOPICS:
+    if is_kafka_internal(topic):
         return f"{topic} is a Kafka internal topic (only the broker writes to it)", 0
     deadline = time.monotonic() + confirm_s
     wait_s = 0.05
@@ -380,8 +365,12 @@ class TransactionService(TransactionalService):
     def _handle(self, record: Any, batch: _Batch) -> None:
         error = record.error()
         if error is not None:
-            if error.code() != KafkaError._PARTITION_EOF:
-                logger.warning("%s: consumer error %s", self.name, error.str())
+            if error.code() == KafkaError._PARTITION_EOF:
+                return
+            self.check_fencing(error)  # another coordinator with this id: stop, say why
+            if error.fatal():  # the consumer cannot go on: stop rather than idle unseen
+                raise FatalServiceError(f"{self.name}: Kafka consumer failed: {error.str()}")
+            logger.warning("%s: consumer error %s", self.name, error.str())
             return
         state = self._partitions.get(record.partition())
         if state is None or record.partition() in self._to_recover:
@@ -651,7 +640,7 @@ class TransactionService(TransactionalService):
                 logger.info("transaction %s: committed on its own", tid)
                 return
             err = batch.outcome.get(tid)
-            if err is None or not _is_permanent_delivery_error(err):
+            if err is None or not is_permanent_delivery_error(err):
                 # The broker, not this record (as far as anyone can tell): again later, and
                 # this does not count towards parking it.
                 poison.transient_failures += 1
@@ -779,7 +768,7 @@ class TransactionService(TransactionalService):
             err = batch.outcome.get(tid)
             if tid in batch.outcome and err is None:
                 continue  # stored (and aborted with the rest): not the cause
-            if _is_permanent_delivery_error(err):
+            if is_permanent_delivery_error(err):
                 assert err is not None
                 reason: str | None = delivery_problem(real.topic, err)
             else:
@@ -870,32 +859,14 @@ class TransactionService(TransactionalService):
             self.name, p, time.monotonic() - started, start, high, state.decided_count,
         )  # fmt: skip
 
-    def _first_timestamp(self, reader: Consumer, tp: TopicPartition) -> int | None:
-        """The broker timestamp of the first record at or after ``tp``'s offset, ms; None if
-        the partition ends before it. Raises :class:`KafkaClientError` when it cannot be read
-        within the request timeout: the recovery is then tried again, never guessed (a guess
-        too recent misses decisions and commits them twice)."""
-        reader.assign([tp])
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            record = reader.poll(0.2)
-            if record is None:
-                continue
-            error = record.error()
-            if error is None:
-                return int(record.timestamp()[1])
-            if error.code() == KafkaError._PARTITION_EOF:
-                return None
-            raise KafkaException(error)
-        raise KafkaClientError(
-            f"HALF partition {tp.partition}: the record at offset {tp.offset} was not read "
-            f"within {self.client.request_timeout_ms} ms"
-        )
-
     def _load_decisions(self, reader: Consumer, state: HalfPartition, start: int) -> None:
         """Mark the transactions decided since the half message at ``start``."""
-        first = self._first_timestamp(reader, TopicPartition(self._half, state.partition, start))
-        since_ms = (first if first is not None else now_ms()) - _OP_SCAN_SLACK_MS
+        # A read that times out raises: the recovery is tried again, never guessed (a guess
+        # too recent misses decisions and commits them twice).
+        first = read_record_at(
+            reader, TopicPartition(self._half, state.partition, start), self.timeout_s
+        )
+        since_ms = (first.timestamp()[1] if first is not None else now_ms()) - _OP_SCAN_SLACK_MS
         tp = reader.offsets_for_times(
             [TopicPartition(self._op, state.partition, max(since_ms, 0))], self.timeout_s
         )[0]

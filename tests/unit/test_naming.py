@@ -20,6 +20,7 @@ from topics.naming import (
     coordinator_transactional_id,
     dlq_topic,
     escape_group,
+    is_kafka_internal,
     kafka_collision_key,
     operator_transactional_id,
     parse_kafka_topic,
@@ -184,3 +185,19 @@ def test_every_group_name_of_the_bridge_is_refused_for_users() -> None:
             validate_user_group(name, "ns")
     for group in ["orders", "a.b", "ns", "ns-x", "nsx.a", "a.ns", "order_consumer", "%x|y"]:
         assert validate_user_group(group, "ns") == group
+
+
+@pytest.mark.parametrize(
+    ("name", "internal"),
+    [
+        ("__consumer_offsets", True),
+        ("__transaction_state", True),
+        ("._x", True),  # Kafka treats '.' like '_': it collides with '__x'
+        ("_.x", True),
+        ("_x", False),
+        ("orders", False),
+        ("rmq.SCHEDULE_TOPIC_XXXX", False),
+    ],
+)
+def test_kafka_internal_topics_are_recognised(name: str, internal: bool) -> None:
+    assert is_kafka_internal(name) is internal
