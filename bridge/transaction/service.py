@@ -87,10 +87,6 @@ DELIVERY_ATTEMPTS: Final = MessageConst.DELIVERY_ATTEMPTS
 DELIVERY_ERROR: Final = MessageConst.DELIVERY_ERROR
 """Property of a parked message: why its real record could not be written."""
 _MAX_DELIVERY_ERROR_CHARS = 500
-_DELIVERY_ATTEMPTS = 3
-"""Failed deliveries (for a reason that does not go away by itself) before a commit is parked."""
-_DELIVERY_BACKOFF_MS = 1000
-"""Wait before a commit's second delivery attempt, ms; doubles for each further one."""
 _TRANSIENT_BACKOFF_MAX_MS = 30_000
 """Longest wait between attempts of a commit that fails for a transient reason, ms."""
 _ALONE_PER_CYCLE = 20
@@ -225,7 +221,7 @@ class _Batch:
 @dataclass(slots=True)
 class _Poison:
     """A commit whose real record could not be written with the others: it is applied on its
-    own, and parked after :data:`_DELIVERY_ATTEMPTS` failures that do not go away."""
+    own, and parked after ``ServiceConfig.delivery_attempts`` failures that do not go away."""
 
     half_partition: int
     attempts: int
@@ -428,7 +424,10 @@ class TransactionService(TransactionalService):
             except (BridgeError, ValueError) as exc:
                 # No retry makes a name or a property that cannot be written writable.
                 poison = self._set_aside(
-                    state, tid, f"its real record cannot be built: {exc}", _DELIVERY_ATTEMPTS
+                    state,
+                    tid,
+                    f"its real record cannot be built: {exc}",
+                    self.config.delivery_attempts,
                 )
             else:
                 problem = self._target_problem(real.topic, real.partition, fresh=False)
@@ -442,12 +441,14 @@ class TransactionService(TransactionalService):
         state.resolve(pending)
 
     def _set_aside(self, state: HalfPartition, tid: str, reason: str, attempts: int) -> _Poison:
-        poison = _Poison(state.partition, attempts, reason, now_ms() + _DELIVERY_BACKOFF_MS)
+        poison = _Poison(
+            state.partition, attempts, reason, now_ms() + self.config.delivery_backoff_ms
+        )
         self._poison[tid] = poison
         logger.warning(
             "transaction %s: its message cannot be written with the others (%s); "
             "committing it on its own (attempt %d of %d failed)",
-            tid, reason, attempts, _DELIVERY_ATTEMPTS,
+            tid, reason, attempts, self.config.delivery_attempts,
         )  # fmt: skip
         return poison
 
@@ -618,13 +619,13 @@ class TransactionService(TransactionalService):
     def _deliver_alone(self, state: HalfPartition, pending: PendingHalf, poison: _Poison) -> None:
         tid = pending.transaction_id
         now = now_ms()
-        if poison.attempts >= _DELIVERY_ATTEMPTS:
+        if poison.attempts >= self.config.delivery_attempts:
             self._park(state, pending, poison)
             return
         try:
             real = committed_record(pending.message, self.catalog.namespace)
         except (BridgeError, ValueError) as exc:
-            poison.attempts = _DELIVERY_ATTEMPTS
+            poison.attempts = self.config.delivery_attempts
             poison.reason = f"its real record cannot be built: {exc}"
             self._park(state, pending, poison)
             return
@@ -645,7 +646,8 @@ class TransactionService(TransactionalService):
                 # this does not count towards parking it.
                 poison.transient_failures += 1
                 poison.next_attempt_ms = now + min(
-                    _DELIVERY_BACKOFF_MS * 2**poison.transient_failures, _TRANSIENT_BACKOFF_MAX_MS
+                    self.config.delivery_backoff_ms * 2**poison.transient_failures,
+                    _TRANSIENT_BACKOFF_MAX_MS,
                 )
                 return
             problem = delivery_problem(real.topic, err)
@@ -653,12 +655,14 @@ class TransactionService(TransactionalService):
         poison.reason = problem
         logger.warning(
             "transaction %s: delivery attempt %d of %d failed: %s",
-            tid, poison.attempts, _DELIVERY_ATTEMPTS, problem,
+            tid, poison.attempts, self.config.delivery_attempts, problem,
         )  # fmt: skip
-        if poison.attempts >= _DELIVERY_ATTEMPTS:
+        if poison.attempts >= self.config.delivery_attempts:
             self._park(state, pending, poison)
         else:
-            poison.next_attempt_ms = now + _DELIVERY_BACKOFF_MS * 2 ** (poison.attempts - 1)
+            poison.next_attempt_ms = now + self.config.delivery_backoff_ms * 2 ** (
+                poison.attempts - 1
+            )
 
     def _park(self, state: HalfPartition, pending: PendingHalf, poison: _Poison) -> None:
         """Move a commit that cannot be delivered to the check-max topic with its reason (an
@@ -676,7 +680,7 @@ class TransactionService(TransactionalService):
         batch.add(self.catalog.topic(SystemTopic.CHECK_MAX), parked, key=tid.encode())
         self._write_op(state, pending, OpAction.DISCARD, batch)
         if not self._commit_alone(batch):
-            poison.next_attempt_ms = now_ms() + _DELIVERY_BACKOFF_MS
+            poison.next_attempt_ms = now_ms() + self.config.delivery_backoff_ms
             return
         state.resolve(pending)
         self._poison.pop(tid, None)
@@ -777,7 +781,9 @@ class TransactionService(TransactionalService):
                 reason = self._target_problem(real.topic, real.partition, fresh=True)
             if reason is not None and tid not in self._poison:
                 now = now_ms()
-                self._poison[tid] = _Poison(half_partition, 1, reason, now + _DELIVERY_BACKOFF_MS)
+                self._poison[tid] = _Poison(
+                    half_partition, 1, reason, now + self.config.delivery_backoff_ms
+                )
                 found += 1
                 logger.warning(
                     "transaction %s: its message made the Kafka transaction fail (%s); "
