@@ -6,6 +6,8 @@ the Avro ``MessageEnvelope`` (see :mod:`topics.avro`).
 Properties are binary-safe: :func:`header_bytes` writes a property value as a header (text as
 UTF-8, bytes as they are) and :func:`header_value` reads one back (text when the bytes are
 valid UTF-8, else the bytes), so ``header_bytes(header_value(raw)) == raw`` for any bytes.
+
+Guarantees kept here (see ``docs/guarantees.md``): G10.
 """
 
 from __future__ import annotations

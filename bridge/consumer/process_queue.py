@@ -14,6 +14,8 @@ returns, learns which of its results still count (:meth:`ProcessQueue.settle`): 
 partition is released (its next owner consumes them again), and not those of a message taken
 from it because it ran past the consume timeout (:meth:`ProcessQueue.overdue`, which the
 consumer sends back for retry, as RocketMQ's ``cleanExpireMsg`` does).
+
+Guarantees kept here (see ``docs/guarantees.md``): G6, G11 (bounds in count and bytes).
 """
 
 from __future__ import annotations

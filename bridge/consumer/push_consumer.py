@@ -13,6 +13,8 @@ cannot even be built, the record goes to the QUARANTINE topic with the reason. R
 handled one by one, so one that cannot be decoded is quarantined and never costs the rest of
 its batch. Waits are bounded: ``consume_timeout`` for a listener (concurrent: the message is
 sent back; orderly: a rebalance waits that long), ``shutdown(timeout_ms)`` for shutdown.
+
+Guarantees kept here (see ``docs/guarantees.md``): G6, G9, G11.
 """
 
 from __future__ import annotations

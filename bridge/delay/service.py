@@ -20,6 +20,8 @@ before the transaction; otherwise the failed transaction's delivery reports name
 It then goes to the timer topic to be tried again after a back-off (``DELIVERY_ATTEMPTS`` and
 ``DELIVERY_ERROR`` record why), and after ``delivery_attempts`` tries to QUARANTINE with the
 reason. Transient failures (broker unreachable, timeouts) are retried as they are.
+
+Guarantees kept here (see ``docs/guarantees.md``): G2, G3, G5, G9.
 """
 
 from __future__ import annotations

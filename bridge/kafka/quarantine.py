@@ -7,6 +7,8 @@ delivery keeps failing for a permanent reason, calls :func:`quarantine` (or adds
 retried forever. The copy keeps value, key, timestamp and headers, and adds headers naming the
 reason and the origin. :func:`replay_quarantined` delivers a quarantined delayed message to its
 real topic once the cause is fixed, exactly once.
+
+Guarantees kept here (see ``docs/guarantees.md``): G8, G9.
 """
 
 from __future__ import annotations

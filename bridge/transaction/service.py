@@ -27,6 +27,8 @@ Recovery of a partition: read OP records written since the oldest undecided half
 An OP record that cannot be decoded (a newer schema during a rolling upgrade) still marks its
 transaction (its Kafka key) decided; a recovery that cannot read what it needs fails and is
 tried again rather than guessing.
+
+Guarantees kept here (see ``docs/guarantees.md``): G1-G4, G9.
 """
 
 from __future__ import annotations

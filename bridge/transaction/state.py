@@ -20,6 +20,8 @@ so an end request written between the two copies is read again after a restart.
 Duplicates are decided by transaction id: once a transaction is committed, rolled back or
 discarded, any later decision for it (a second commit, a commit racing a check answer, a commit
 after a rollback; RocketMQ #5574, #8158) changes nothing.
+
+Guarantees kept here (see ``docs/guarantees.md``): G3 (decisions by transaction id), G4.
 """
 
 from __future__ import annotations
