@@ -14,7 +14,7 @@ from bridge.codec import RealRecord, envelope_to_message
 from bridge.config import ClientConfig
 from bridge.errors import InvalidArgumentError, SendError, WireFormatError
 from bridge.kafka.clients import new_producer
-from bridge.message import MessageConst, MessageExt
+from bridge.message import MessageConst, MessageExt, parse_count
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
     ENVELOPE_SCHEMA,
@@ -124,14 +124,14 @@ def list_undecided(config: ClientConfig, timeout_ms: int = 30_000) -> list[Undec
         tid = msg.transaction_id or msg.msg_id
         if tid in decided:
             continue
-        times = msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES) or "0"
         latest[tid] = UndecidedTransaction(
             transaction_id=tid,
             producer_group=msg.get_property(MessageConst.PRODUCER_GROUP) or "",
             real_topic=msg.get_property(MessageConst.REAL_TOPIC) or "",
             half_partition=record.partition(),
             half_offset=record.offset(),
-            check_times=int(times) if times.isdigit() else 0,
+            # Not plain ASCII digits (e.g. "²", which isdigit() accepts): none.
+            check_times=parse_count(msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)) or 0,
             age_ms=now - msg.born_timestamp_ms,
         )
     return sorted(latest.values(), key=lambda t: -t.age_ms)

@@ -252,6 +252,8 @@ class TransactionService(TransactionalService):
         self._partitions: dict[int, HalfPartition] = {}
         self._to_recover: set[int] = set()
         self._known_check_topics: set[str] = set()
+        self._check_topic_errors: dict[str, tuple[str, int]] = {}
+        """Check topic -> (why it could not be had, when that was found, ms)."""
         self._admin: TopicAdmin | None = None
         self._poison: dict[str, _Poison] = {}
         """Commits applied on their own, by transaction id (kept across rebuilds)."""
@@ -511,11 +513,46 @@ class TransactionService(TransactionalService):
                 self._discard(state, pending, batch)
             else:
                 self._check(state, pending, now, batch)
-        except BridgeError:
+        except BridgeError as exc:
             # One failing check (e.g. its group's check topic cannot be created) must not
-            # stall the others (RocketMQ #9500): it is tried again at the next interval.
-            logger.exception("transaction %s: check failed; retrying later", pending.transaction_id)
+            # stall the others (RocketMQ #9500). It counts as a check, so a check that can
+            # never be made ends with the message parked (with the reason), not pinning the
+            # checkpoint for ever.
+            self._check_failed(state, pending, now, f"check-back failed: {exc}", batch)
+
+    def _check_failed(
+        self, state: HalfPartition, pending: PendingHalf, now: int, reason: str, batch: _Batch
+    ) -> None:
+        """Count a check of ``pending`` that could not be made: a copy with
+        ``TRANSACTION_CHECK_TIMES`` + 1 is written (as for a check, without the request), so
+        the count survives a restart and the copy moves the checkpoint on."""
+        tid = pending.transaction_id
+        try:
+            copy = self._with_check_times(pending, pending.check_times + 1)
+        except BridgeError:
+            logger.exception("transaction %s: check failed (%s); retrying later", tid, reason)
             state.postpone(pending, now)
+            return
+        state.check_failed(pending, now, reason)
+        logger.warning(
+            "transaction %s (group %s): check %d of %d could not be made: %s",
+            tid, pending.producer_group, pending.check_times,
+            self.policy.transaction_check_max, reason,
+        )  # fmt: skip
+        self._add_half_copy(state, tid, copy, batch)
+
+    def _add_half_copy(self, state: HalfPartition, tid: str, copy: bytes, batch: _Batch) -> None:
+        """Write ``copy`` of transaction ``tid``'s half message at the end of its partition;
+        its offset is noted once Kafka acknowledged it."""
+
+        def copy_delivered(err: KafkaError | None, kmsg: Any) -> None:
+            if err is None:
+                state.copy_written(tid, kmsg.offset())
+
+        batch.add(
+            self._half, copy, partition=state.partition, key=tid.encode(),
+            on_delivery=copy_delivered,
+        )  # fmt: skip
 
     def _envelope(self, pending: PendingHalf, **changes: PropertyValue) -> bytes:
         """``pending``'s half message with properties ``changes`` set."""
@@ -529,13 +566,21 @@ class TransactionService(TransactionalService):
 
     def _discard(self, state: HalfPartition, pending: PendingHalf, batch: _Batch) -> None:
         logger.warning(
-            "transaction %s (group %s) parked in %s after %d checks",
+            "transaction %s (group %s) parked in %s after %d checks%s",
             pending.transaction_id, pending.producer_group,
             self.catalog.topic(SystemTopic.CHECK_MAX), pending.check_times,
+            f" ({pending.check_error})" if pending.check_error else "",
         )  # fmt: skip
+        changes: dict[str, PropertyValue] = {
+            MessageConst.TRANSACTION_CHECK_TIMES: str(pending.check_times)
+        }
+        if pending.check_error is not None:
+            # Its last check could not be made: the operator sees why.
+            changes[DELIVERY_ATTEMPTS] = str(pending.check_failures)
+            changes[DELIVERY_ERROR] = pending.check_error[:_MAX_DELIVERY_ERROR_CHARS]
         batch.add(
             self.catalog.topic(SystemTopic.CHECK_MAX),
-            self._with_check_times(pending, pending.check_times),
+            self._envelope(pending, **changes),
             key=pending.transaction_id.encode(),
         )
         self._write_op(state, pending, OpAction.DISCARD, batch)
@@ -545,44 +590,18 @@ class TransactionService(TransactionalService):
         """Copy ``pending`` unchanged to the end of its partition (no check request), so its
         old offset stops holding the checkpoint back."""
         tid = pending.transaction_id
-
-        def copy_delivered(err: KafkaError | None, kmsg: Any) -> None:
-            if err is None:
-                state.copy_written(tid, kmsg.offset())
-
-        batch.add(
-            self._half,
-            pending.envelope,
-            partition=state.partition,
-            key=tid.encode(),
-            on_delivery=copy_delivered,
-        )
+        self._add_half_copy(state, tid, pending.envelope, batch)
         logger.debug("transaction %s: put back (next check at %d)", tid, pending.next_check_ms)
 
     def _check(self, state: HalfPartition, pending: PendingHalf, now: int, batch: _Batch) -> None:
         group = pending.producer_group
-        topic = self.catalog.check_topic(group)
-        if topic not in self._known_check_topics:
-            assert_admin(self._admin).ensure_topics(
-                [self.catalog.check_topic_spec(group, self.check_topic_partitions)]
-            )
-            self._known_check_topics.add(topic)
+        topic = self._ensure_check_topic(group, now)
         checked_offset = pending.offset
+        copy = self._with_check_times(pending, pending.check_times + 1)
         state.checked(pending, now)
-        copy = self._with_check_times(pending, pending.check_times)
+        pending.check_error = None
         tid = pending.transaction_id
-
-        def copy_delivered(err: KafkaError | None, kmsg: Any) -> None:
-            if err is None:
-                state.copy_written(tid, kmsg.offset())
-
-        batch.add(
-            self._half,
-            copy,
-            partition=state.partition,
-            key=tid.encode(),
-            on_delivery=copy_delivered,
-        )
+        self._add_half_copy(state, tid, copy, batch)
         request = CheckRequest(
             transaction_id=tid,
             msg_id=pending.message.msg_id,
@@ -596,6 +615,28 @@ class TransactionService(TransactionalService):
             "transaction %s (group %s): check %d of %d",
             tid, group, pending.check_times, self.policy.transaction_check_max,
         )  # fmt: skip
+
+    def _ensure_check_topic(self, group: str, now: int) -> str:
+        """The check topic of producer ``group``, created if missing. Any partition count
+        will do (a producer may have created it with its own ``check_topic_partitions``: a
+        consumer group reads them all). Raises :class:`BridgeError` when it cannot be had;
+        that answer is kept :data:`_MISSING_CACHE_MS` ms (many checks, one question)."""
+        topic = self.catalog.check_topic(group)
+        if topic in self._known_check_topics:
+            return topic
+        failed = self._check_topic_errors.get(topic)
+        if failed is not None and now - failed[1] < _MISSING_CACHE_MS:
+            raise BridgeError(failed[0])
+        try:
+            assert_admin(self._admin).ensure_topics(
+                [self.catalog.check_topic_spec(group, self.check_topic_partitions)], strict=False
+            )
+        except BridgeError as exc:
+            self._check_topic_errors[topic] = (str(exc), now)
+            raise
+        self._check_topic_errors.pop(topic, None)
+        self._known_check_topics.add(topic)
+        return topic
 
     # --- commits applied on their own -------------------------------------------------------------
     def _commit_alone_due(self, now: int) -> None:
@@ -878,6 +919,10 @@ class TransactionService(TransactionalService):
         tp = reader.offsets_for_times(
             [TopicPartition(self._op, state.partition, max(since_ms, 0))], self.timeout_s
         )[0]
+        if tp.error is not None:
+            # The lookup failed (e.g. a leader moving): read as "no decisions", it would apply
+            # them again. The recovery is tried again instead.
+            raise KafkaException(tp.error)
         if tp.offset < 0:
             return
         reader.assign([tp])

@@ -30,7 +30,7 @@ import heapq
 from dataclasses import dataclass, field
 from enum import Enum
 
-from bridge.message import MessageConst, MessageExt
+from bridge.message import MessageConst, MessageExt, parse_count
 
 
 class CheckAction(Enum):
@@ -91,6 +91,11 @@ class PendingHalf:
     held: bool = False
     """A commit is being applied on its own (its real record could not be written with the
     others): no check, and no other decision, until it is committed or parked."""
+    check_failures: int = 0
+    """Checks that could not be made (e.g. the group's check topic cannot be created); each
+    one counts in :attr:`check_times` so the message is parked in the end."""
+    check_error: str | None = None
+    """Why the last check could not be made (None when it was made)."""
 
     def __post_init__(self) -> None:
         self.latest_offset = max(self.latest_offset, self.offset)
@@ -148,8 +153,8 @@ class HalfPartition:
         current = self.pending.get(tid)
         if current is not None and current.offset >= offset:
             return  # an older copy, or the same one read again
-        raw_times = msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES) or "0"
-        check_times = int(raw_times) if raw_times.isdigit() else 0
+        # Anything but plain ASCII digits (e.g. "²", which isdigit() accepts) counts as none.
+        check_times = parse_count(msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)) or 0
         born_ms = msg.born_timestamp_ms
         if check_times == 0:
             due = born_ms + self.policy.immunity_ms(msg)
@@ -164,6 +169,9 @@ class HalfPartition:
             due = max(due, current.next_check_ms)
             latest, held = max(offset, current.latest_offset), current.held
         pending = PendingHalf(tid, offset, envelope, msg, check_times, born_ms, due, latest, held)
+        if current is not None:
+            pending.check_failures = current.check_failures
+            pending.check_error = current.check_error
         self.pending[tid] = pending
         heapq.heappush(self._schedule, (due, tid, check_times))
         interval = self.policy.check_interval_ms
@@ -246,6 +254,14 @@ class HalfPartition:
         heapq.heappush(
             self._schedule, (pending.next_check_ms, pending.transaction_id, pending.check_times)
         )
+
+    def check_failed(self, pending: PendingHalf, now_ms: int, reason: str) -> None:
+        """A check of ``pending`` could not be made, for ``reason``: it counts as a check (so
+        a check that can never be made ends with the message parked, and its copy moves the
+        checkpoint on), and the next one is an interval later."""
+        pending.check_failures += 1
+        pending.check_error = reason
+        self.checked(pending, now_ms)
 
     def postpone(self, pending: PendingHalf, now_ms: int) -> None:
         """A check could not be made: try again an interval later (not counted)."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka import Producer as RawProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -35,7 +35,7 @@ from bridge.kafka import clients as clients_module
 from bridge.kafka.admin import TopicAdmin
 from bridge.message import MessageConst, now_ms
 from bridge.transaction import service as service_module
-from bridge.transaction.admin import read_parked, resolve_parked
+from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import CheckRequest, EndTransaction, OpAction
 from bridge.transaction.service import TransactionService
 from tests.conftest import wait_until
@@ -535,3 +535,97 @@ def test_a_long_immune_transaction_does_not_hold_the_checkpoint_back(
         r for r in read_to_end(client_config, half, 5000) if r.key() == tid.encode()
     ]  # the half message, its put-back copies and its END
     assert 2 <= len(copies) - 1 <= elapsed / 2 + 2, (len(copies), elapsed)
+
+
+# --- counts that are not numbers, offsets the broker could not look up ----------------------------
+
+
+def test_a_check_count_that_is_not_a_number_is_listed_as_zero(
+    client_config: ClientConfig, topic: str
+) -> None:
+    TopicAdmin(client_config).ensure_system_topics(TopicCatalog(namespace=client_config.namespace))
+    writer = HalfWriter(client_config)
+    # "²" passes str.isdigit(), which int() refuses.
+    tid, _ = writer.half_message(
+        topic, b"odd", properties={MessageConst.TRANSACTION_CHECK_TIMES: "²"}
+    )
+    (undecided,) = list_undecided(client_config, timeout_ms=5000)
+    assert undecided.transaction_id == tid and undecided.check_times == 0
+
+
+class ErrorTopicPartition:
+    """What ``offsets_for_times`` returns for a partition whose offset lookup failed."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition, self.offset = topic, partition, -1
+        self.error = KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, "leader moving")
+
+
+class FailingTimeLookup:
+    """A real consumer whose first ``offsets_for_times`` answers with an error per partition."""
+
+    def __init__(self, real: Consumer, failed: list[str]) -> None:
+        self._real = real
+        self._failed = failed
+
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float = -1) -> Any:
+        if not self._failed:
+            self._failed.append("failed")
+            return [ErrorTopicPartition(tp.topic, tp.partition) for tp in partitions]
+        return self._real.offsets_for_times(partitions, timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_recovery_whose_decision_lookup_fails_is_retried_not_read_as_no_decisions(
+    client_config: ClientConfig, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = coordinator_config(
+        client_config, coordinator_id=f"lookup-{uuid.uuid4().hex[:6]}", check_interval_ms=60_000
+    )
+    writer = HalfWriter(client_config)
+    with Coordinator(config):
+        immune = {MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: "3600"}
+        writer.half_message(topic, b"undecided", properties=immune)  # holds the checkpoint
+        writer.commit(topic, b"once")
+        assert bodies(client_config, topic, 1, idle_ms=0) == ["once"]
+        wait_until(lambda: committed_checkpoint(client_config) == 0)
+    real_new_consumer = clients_module.new_consumer
+    failed: list[str] = []
+
+    def new_consumer(config: ClientConfig, group_id: str, client_id: str, **kw: Any) -> Any:
+        consumer = real_new_consumer(config, group_id, client_id, **kw)
+        if "-recovery-" in group_id:
+            return FailingTimeLookup(consumer, failed)
+        return consumer
+
+    monkeypatch.setattr(service_module, "new_consumer", new_consumer)
+    with Coordinator(config):
+        writer.commit(topic, b"after")
+        assert bodies(client_config, topic, 2, idle_ms=4000) == ["after", "once"]
+    assert failed
+
+
+# --- a check that cannot be made ------------------------------------------------------------------
+
+
+def test_a_check_topic_with_fewer_partitions_than_the_coordinator_wants_still_gets_checks(
+    client_config: ClientConfig, topic: str
+) -> None:
+    group = f"tx_two_{uuid.uuid4().hex[:6]}"
+    # The producer creates its check topic with 2 partitions; the coordinator asks for 4.
+    with (
+        Coordinator(coordinator_config(client_config, check_max=2)),
+        TransactionMQProducer(
+            group, Unknown(), config=client_config, check_topic_partitions=2
+        ) as producer,
+    ):
+        sent = producer.send_message_in_transaction(Message(topic, "waits"))
+        parked = wait_until(
+            lambda: [m for m in read_parked(client_config, timeout_ms=2000)
+                     if m.msg_id == sent.msg_id],
+            timeout_s=40,
+        )  # fmt: skip
+    assert [r.check_times for r in check_requests(client_config, group)] == [1, 2]
+    assert parked[0].get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "2"

@@ -192,3 +192,29 @@ def test_a_held_commit_is_not_checked_nor_decided_twice() -> None:
     assert state.on_end(2, "a") is None  # a later answer does not reopen it
     state.resolve(pending)
     assert state.checkpoint() == 3
+
+
+def test_a_check_count_that_is_not_ascii_digits_counts_as_zero() -> None:
+    # "²" passes str.isdigit() but int() refuses it: it must not stop the partition.
+    state = HalfPartition(0, POLICY)
+    for offset, raw in enumerate(("²", "-1", " 3", "1" * 40)):
+        tid = f"t{offset}"
+        state.on_half(offset, T0, b"", half(tid, {MessageConst.TRANSACTION_CHECK_TIMES: raw}), T0)
+        assert state.pending[tid].check_times == 0, raw
+
+
+def test_a_check_that_could_not_be_made_counts_and_parks_in_the_end() -> None:
+    policy = CheckPolicy(transaction_timeout_ms=1_000, check_interval_ms=1_000,
+                         transaction_check_max=3)  # fmt: skip
+    state = HalfPartition(0, policy)
+    state.on_half(0, T0, b"", half("a"), now_ms=T0)
+    now = T0 + 1_000
+    for attempt in range(1, 4):
+        (due,) = state.due(now, 10)
+        assert policy.action(due.check_times, due.born_ms, now) is CheckAction.CHECK
+        state.check_failed(due, now, "check topic cannot be created")
+        assert due.check_times == attempt and due.check_failures == attempt
+        assert due.check_error == "check topic cannot be created"
+        now += 1_000
+    (due,) = state.due(now, 10)
+    assert policy.action(due.check_times, due.born_ms, now) is CheckAction.DISCARD
