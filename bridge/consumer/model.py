@@ -4,7 +4,9 @@
 * :class:`MessageListenerConcurrently` / :class:`MessageListenerOrderly` and their contexts;
 * :class:`MessageModel`, :class:`ConsumeFromWhere`;
 * :class:`TagFilter`: a subscription expression (``"*"`` or ``"TagA || TagB"``);
-* :func:`retry_route`: where a failed message goes next (retry level or dead-letter queue).
+* :func:`retry_route`: where a failed message goes next (retry level or dead-letter queue);
+* :func:`checked_ack_index`, :func:`checked_delay_level`, :func:`checked_suspend_millis`: what
+  a listener left in its context, checked before it is trusted.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import abc
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, cast
 
 from bridge.errors import InvalidArgumentError
 from bridge.message import MessageExt
@@ -172,3 +174,29 @@ def effective_max_reconsume_times(max_reconsume_times: int, *, orderly: bool) ->
     if max_reconsume_times == -1:
         return ORDERLY_UNLIMITED_RECONSUME if orderly else DEFAULT_MAX_RECONSUME_TIMES
     return max_reconsume_times
+
+
+def _is_int(value: object) -> bool:
+    """True for an ``int`` that is not a ``bool`` (``True`` is no index nor level here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def checked_ack_index(value: object, count: int) -> int | None:
+    """``ConsumeConcurrentlyContext.ack_index`` as left by a listener that returned
+    CONSUME_SUCCESS for ``count`` messages: clamped to ``[-1, count - 1]`` (-1: none consumed),
+    or None if it is not an int (the whole batch then counts as failed)."""
+    if not _is_int(value):
+        return None
+    return max(-1, min(cast(int, value), count - 1))
+
+
+def checked_delay_level(value: object) -> int | None:
+    """``ConsumeConcurrentlyContext.delay_level_when_next_consume`` as left by a listener, or
+    None if it is not an int (the default level then applies)."""
+    return cast(int, value) if _is_int(value) else None
+
+
+def checked_suspend_millis(value: object) -> int | None:
+    """``ConsumeOrderlyContext.suspend_current_queue_time_millis`` as left by a listener (ms;
+    negative: the consumer's setting), or None if it is not an int (the setting applies)."""
+    return cast(int, value) if _is_int(value) else None

@@ -29,10 +29,11 @@ from bridge.message import MessageExt
 
 
 class _Held:
-    """A held message, its size in bytes, the record it was read from (opaque here), and the
-    listener call running it since ``since`` (monotonic seconds), if any."""
+    """A held message, its size in bytes, the record it was read from (opaque here), the
+    listener call running it since ``since`` (monotonic seconds), if any, and how many of its
+    copies (retry, DLQ) were refused for good so far."""
 
-    __slots__ = ("call", "msg", "record", "since", "size")
+    __slots__ = ("call", "msg", "record", "refusals", "since", "size")
 
     def __init__(self, msg: MessageExt, size: int, record: object) -> None:
         self.msg = msg
@@ -40,6 +41,7 @@ class _Held:
         self.record = record
         self.call: object = None
         self.since = 0.0
+        self.refusals = 0
 
 
 def message_size(msg: MessageExt) -> int:
@@ -130,6 +132,17 @@ class ProcessQueue:
             held = self._held.get(offset)
             return held.record if held is not None else None
 
+    def note_refusal(self, offset: int) -> int:
+        """A copy of the message at ``offset`` was refused for a reason that will not go away
+        (too large, not authorized, ...): how many times so far, this one included; 0 if the
+        message is not held (done meanwhile)."""
+        with self._lock:
+            held = self._held.get(offset)
+            if held is None:
+                return 0
+            held.refusals += 1
+            return held.refusals
+
     def commit_offset(self) -> int | None:
         """The offset to commit (the next to read), or None if nothing was received."""
         with self._lock:
@@ -177,6 +190,23 @@ class ProcessQueue:
                 if not self.released:
                     counted.add(msg.queue_offset)
             return counted
+
+    def withdraw(self, call: object, msgs: Iterable[MessageExt]) -> list[MessageExt]:
+        """Take back from ``call`` (whose result cannot be used) the messages of ``msgs`` it
+        still runs, to hand them to another: those, in the order given; none once the queue is
+        released (the next owner has them). Messages done meanwhile, or taken by
+        :meth:`overdue`, are not returned."""
+        with self._lock:
+            back: list[MessageExt] = []
+            for msg in msgs:
+                held = self._held.get(msg.queue_offset)
+                if held is None or held.call is not call:
+                    continue
+                held.call = None
+                self._in_call.pop(msg.queue_offset, None)
+                if not self.released:
+                    back.append(held.msg)
+            return back
 
     def overdue(self, now: float, timeout_s: float) -> list[MessageExt]:
         """Messages whose listener call started more than ``timeout_s`` before ``now``

@@ -9,7 +9,9 @@ A failed message (CLUSTERING) is copied to the group's retry topic through the d
 or to its dead-letter queue once its retries are spent, and only counts as done once Kafka
 has acknowledged the copy. If the copy cannot be written, the message is consumed again
 locally after ``send_back_retry_delay_ms``, and its offset stays uncommitted meanwhile; if it
-cannot even be built, the record goes to the QUARANTINE topic with the reason. Records are
+cannot even be built, or is refused for good (too large, not authorized) a few times, the
+record goes to the QUARANTINE topic with the reason (without its value if the whole record is
+refused there too). Records are
 handled one by one, so one that cannot be decoded is quarantined and never costs the rest of
 its batch. Waits are bounded: ``consume_timeout`` for a listener (concurrent: the message is
 sent back; orderly: a rebalance waits that long), ``shutdown(timeout_ms)`` for shutdown.
@@ -32,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, TopicPartition
 
 from bridge.client.producer import Producer
 from bridge.codec import PreparedRecord, message_from_record, read_headers
@@ -50,15 +52,19 @@ from bridge.consumer.model import (
     MessageQueue,
     RetryRoute,
     TagFilter,
+    checked_ack_index,
+    checked_delay_level,
+    checked_suspend_millis,
     effective_max_reconsume_times,
     retry_route,
 )
 from bridge.consumer.process_queue import ProcessQueue
 from bridge.consumer.send_back import origin_topic, send_back_record
-from bridge.errors import IllegalStateError, InvalidArgumentError, KafkaClientError
+from bridge.errors import IllegalStateError, InvalidArgumentError, KafkaClientError, SendError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.quarantine import quarantine_copy
+from bridge.kafka.transactional import is_permanent_delivery_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import MessageConst, MessageExt, local_ipv4, parse_count
 from topics.catalog import SystemTopic
@@ -110,6 +116,10 @@ _CLOSE_GRACE_S = 5.0
 consumer (leaving the group), seconds."""
 _WAIT_SLICE_S = 0.1
 """Waits for running listeners look at the shutdown deadline this often, seconds."""
+_COPY_ATTEMPTS = 3
+"""Times one message's retry or DLQ copy may be refused for good (too large, not authorized,
+...) before the message is quarantined instead; between them it is consumed again locally
+after ``send_back_retry_delay_ms``, doubled for each further refusal."""
 
 
 class ConsumerStats(NamedTuple):
@@ -239,6 +249,38 @@ def _leading_successes(callback: MessageCallback, msgs: list[MessageExt]) -> int
     return len(msgs)
 
 
+def _refused_for_good(error: object) -> bool:
+    """True if a copy failed for a reason that sending it again will not change: a delivery
+    report or ``produce()`` error that :func:`is_permanent_delivery_error` calls permanent
+    (record too large, topic unknown or not authorized, ...), or a record the client refuses
+    (:class:`InvalidArgumentError`, such as :class:`~bridge.errors.MessageTooLargeError`).
+    Timeouts, an unreachable broker and anything else are transient."""
+    if isinstance(error, KafkaException) and error.args:
+        error = error.args[0]
+    if isinstance(error, KafkaClientError):
+        error = error.kafka_error
+    if isinstance(error, KafkaError):
+        return is_permanent_delivery_error(error)
+    return isinstance(error, InvalidArgumentError)
+
+
+def _error_text(error: object) -> str:
+    """A delivery report's error or an exception, as a reason (with Kafka's error name)."""
+    if isinstance(error, KafkaError):
+        return f"{error.str()} ({error.name()})"
+    return str(error)
+
+
+class _Valueless(_Headerless):
+    """A consumed record seen without its value nor headers: what is left to quarantine when
+    its whole copy is refused (too large)."""
+
+    __slots__ = ()
+
+    def value(self) -> Any:
+        return None
+
+
 class PushConsumer(Startable):
     """RocketMQ's push consumer: ``subscribe(topic, listener, expression)``, then
     :meth:`start`; :meth:`shutdown` when done (or use ``with``).
@@ -251,7 +293,8 @@ class PushConsumer(Startable):
     Isolation: each record is handled on its own. A record that cannot be decoded (a header
     that cannot be read, a malformed retry record), or a failed message whose retry copy cannot
     be built, is moved to the QUARANTINE topic with its reason, and the rest of its batch and
-    partition go on; a copy that cannot be sent is retried locally. A message in a concurrent
+    partition go on; a copy that cannot be sent is retried locally, and one refused for good
+    (too large, not authorized) 3 times is quarantined instead. A message in a concurrent
     listener for longer than ``consume_timeout`` minutes is sent back for retry and the
     listener's late result ignored. Held messages are bounded per partition in number
     (``pull_threshold_for_queue``) and bytes (``pull_threshold_size_for_queue``, MiB).
@@ -768,15 +811,48 @@ class PushConsumer(Startable):
         msg.topic = origin
         return msg
 
-    def _quarantine(self, record: Any, pq: ProcessQueue, reason: Exception) -> None:
+    def _quarantine(
+        self, record: Any, pq: ProcessQueue, reason: Exception, refused: str | None = None
+    ) -> None:
         """Copy ``record`` (held in ``pq``) to QUARANTINE with ``reason``, without waiting; it
-        is done once Kafka acknowledges the copy. Until then it stays held, and a copy that
-        cannot be sent is tried again after ``send_back_retry_delay_ms``. Never raises."""
+        is done once Kafka acknowledges the copy. Until then it stays held. A whole copy that
+        is refused for good (too large, say) is replaced by one without the value and headers
+        (``refused``: why); a copy that fails otherwise, or a value-less one refused too (an
+        error is logged: the record pins its partition), is tried again after
+        ``send_back_retry_delay_ms``. Never raises."""
         offset = record.offset()
 
         def again() -> None:
             if not pq.dropped:
-                self._quarantine(record, pq, reason)
+                self._quarantine(record, pq, reason, refused)
+
+        def valueless(why: str) -> None:
+            if not pq.dropped:
+                self._quarantine(record, pq, reason, why)
+
+        def failed(error: object) -> None:
+            text = _error_text(error)
+            if not _refused_for_good(error):
+                logger.warning(
+                    "quarantine of %s[%d]@%d failed, retrying later: %s",
+                    pq.topic, pq.partition, offset, text,
+                )  # fmt: skip
+            elif refused is None:
+                logger.warning(
+                    "quarantine of %s[%d]@%d refused (%s): quarantining it without its value",
+                    pq.topic, pq.partition, offset, text,
+                )  # fmt: skip
+                # On the poll thread: this may run inside a delivery report.
+                self._after(0, lambda: valueless(text))
+                return
+            else:
+                logger.error(
+                    "push consumer %s: %s[%d]@%d cannot be quarantined, even without its value "
+                    "(%s); it stays held and its offset uncommitted, retrying in %d ms",
+                    self.group, pq.topic, pq.partition, offset, text,
+                    self.settings.send_back_retry_delay_ms,
+                )  # fmt: skip
+            self._after(self.settings.send_back_retry_delay_ms, again)
 
         def delivered(err: KafkaError | None, _: Any) -> None:
             try:
@@ -784,36 +860,42 @@ class PushConsumer(Startable):
                     pq.remove([offset])
                     self._count("quarantined")
                 else:
-                    logger.warning(
-                        "quarantine of %s[%d]@%d failed, retrying later: %s",
-                        pq.topic, pq.partition, offset, err.str(),
-                    )  # fmt: skip
-                    self._after(self.settings.send_back_retry_delay_ms, again)
+                    failed(err)
             except Exception:
                 logger.exception("push consumer %s: quarantine report", self.group)
 
         try:
-            copy = self._quarantine_record(record, f"{type(reason).__name__}: {reason}")
+            copy = self._quarantine_record(record, f"{type(reason).__name__}: {reason}", refused)
             self._sender.send_record_async(copy, -1, delivered)
         except Exception as exc:
-            logger.warning(
-                "quarantine of %s[%d]@%d failed, retrying later: %s",
-                pq.topic, pq.partition, offset, exc,
-            )  # fmt: skip
-            self._after(self.settings.send_back_retry_delay_ms, again)
+            failed(exc)
 
-    def _quarantine_record(self, record: Any, reason: str) -> PreparedRecord:
-        """The QUARANTINE record of ``record``; without its headers if they break the copy."""
+    def _quarantine_record(
+        self, record: Any, reason: str, refused: str | None = None
+    ) -> PreparedRecord:
+        """The QUARANTINE record of ``record``; without its headers if they break the copy,
+        and without its value and headers if the whole copy was ``refused`` (why): then the
+        key, the origin (topic, partition, offset), the value's size and the reason remain."""
         by = f"consumer {self.group}"
-        try:
-            copy = quarantine_copy(self._catalog, record, reason, by)
-        except Exception as exc:
+        if refused is not None:
+            value = record.value()
             copy = quarantine_copy(
                 self._catalog,
-                _Headerless(record),
-                f"{reason}; quarantined without its headers ({type(exc).__name__}: {exc})",
+                _Valueless(record),
+                f"{reason}; quarantined without its value of {len(value or b'')} bytes and "
+                f"its headers, the whole copy being refused ({refused})",
                 by,
             )
+        else:
+            try:
+                copy = quarantine_copy(self._catalog, record, reason, by)
+            except Exception as exc:
+                copy = quarantine_copy(
+                    self._catalog,
+                    _Headerless(record),
+                    f"{reason}; quarantined without its headers ({type(exc).__name__}: {exc})",
+                    by,
+                )
         return PreparedRecord(
             copy.topic,
             copy.key,
@@ -1045,7 +1127,9 @@ class PushConsumer(Startable):
 
     def _consume_requests(self, pq: ProcessQueue, requests: list[list[MessageExt]]) -> None:
         """Run the listener on each request, marking what it consumed done at once (so the
-        commit follows a slow listener), then send every failed message back together."""
+        commit follows a slow listener), then send every failed message back together. A
+        request whose handling fails unexpectedly is consumed again later and never costs the
+        task's other requests."""
         if not pq.begin():
             return  # revoked or stopping: the messages stay uncommitted for the next owner
         try:
@@ -1054,48 +1138,101 @@ class PushConsumer(Startable):
             for msgs in requests:
                 if pq.dropped:
                     break  # what is left stays held: redelivered to the next owner
-                call = object()
-                pq.start(call, msgs, time.monotonic())
-                context = ConsumeConcurrentlyContext(MessageQueue(msgs[0].topic, pq.partition))
-                sub = self._subscriptions.get(msgs[0].topic)
-                if sub is None:
-                    # A retry of a topic no longer subscribed to: keep it, in the DLQ.
-                    logger.warning(
-                        "push consumer %s: no subscription for %s; %d messages go to the DLQ",
-                        self.group,
-                        msgs[0].topic,
-                        len(msgs),
-                    )
-                    context.delay_level_when_next_consume = -1
-                    ack_index = -1
-                else:
-                    ack_index = self._call_concurrently(sub.listener, msgs, context)
-                head, tail = msgs[: ack_index + 1], msgs[ack_index + 1 :]
-                counted = pq.settle(call, msgs)
-                if len(counted) < len(msgs):
-                    # Sent back past consume_timeout, or the partition was given up.
-                    logger.warning(
-                        "push consumer %s: ignoring the late listener result for %s",
-                        self.group,
-                        [m.msg_id for m in msgs if m.queue_offset not in counted],
-                    )
-                    head = [m for m in head if m.queue_offset in counted]
-                    tail = [m for m in tail if m.queue_offset in counted]
-                if head:
-                    self._count("consumed", len(head))
-                    pq.remove(m.queue_offset for m in head)
-                failed += tail
-                levels += [context.delay_level_when_next_consume] * len(tail)
-            self._process_result(pq, failed, levels)
+                self._consume_request(pq, msgs, failed, levels)
+            try:
+                self._process_result(pq, failed, levels)
+            except Exception:
+                logger.exception(
+                    "push consumer %s: handling %d failed messages; consuming them again later",
+                    self.group, len(failed),
+                )  # fmt: skip
+                self._retry_locally(pq, [m for m in failed if pq.holds(m.queue_offset)])
         except Exception:
             logger.exception("push consumer %s: consume request failed", self.group)
         finally:
             pq.end()
 
+    def _consume_request(
+        self, pq: ProcessQueue, msgs: list[MessageExt], failed: list[MessageExt], levels: list[int]
+    ) -> None:
+        """Run the listener on ``msgs``: mark what it consumed done and add the rest, with
+        their delay levels, to ``failed`` and ``levels``. If this goes wrong, the messages not
+        yet accounted for are handed back (consumed again after ``send_back_retry_delay_ms``)
+        instead of staying held, and in their listener call, for ever."""
+        call = object()
+        pq.start(call, msgs, time.monotonic())
+        settled: set[int] | None = None
+        added = 0
+        try:
+            context = ConsumeConcurrentlyContext(MessageQueue(msgs[0].topic, pq.partition))
+            sub = self._subscriptions.get(msgs[0].topic)
+            if sub is None:
+                # A retry of a topic no longer subscribed to: keep it, in the DLQ.
+                logger.warning(
+                    "push consumer %s: no subscription for %s; %d messages go to the DLQ",
+                    self.group,
+                    msgs[0].topic,
+                    len(msgs),
+                )
+                context.delay_level_when_next_consume = -1
+                ack_index = -1
+            else:
+                ack_index = self._call_concurrently(sub.listener, msgs, context)
+            head, tail = msgs[: ack_index + 1], msgs[ack_index + 1 :]
+            level = self._delay_level(context, msgs) if tail else 0
+            settled = pq.settle(call, msgs)
+            if len(settled) < len(msgs):
+                # Sent back past consume_timeout, or the partition was given up.
+                logger.warning(
+                    "push consumer %s: ignoring the late listener result for %s",
+                    self.group,
+                    [m.msg_id for m in msgs if m.queue_offset not in settled],
+                )
+                head = [m for m in head if m.queue_offset in settled]
+                tail = [m for m in tail if m.queue_offset in settled]
+            if head:
+                self._count("consumed", len(head))
+                pq.remove(m.queue_offset for m in head)
+            failed += tail
+            added = len(tail)
+            levels += [level] * len(tail)
+        except Exception:
+            if settled is None:
+                back = pq.withdraw(call, msgs)
+            else:
+                accounted = {id(m) for m in failed[len(failed) - added :]}
+                back = [
+                    m
+                    for m in msgs
+                    if m.queue_offset in settled
+                    and id(m) not in accounted
+                    and pq.holds(m.queue_offset)
+                ]
+            logger.exception(
+                "push consumer %s: handling the listener result for %s failed; consuming %d "
+                "of them again later",
+                self.group, [m.msg_id for m in msgs], len(back),
+            )  # fmt: skip
+            if back:
+                self._retry_locally(pq, back)
+
+    def _delay_level(self, context: ConsumeConcurrentlyContext, msgs: list[MessageExt]) -> int:
+        """The listener's ``delay_level_when_next_consume``; the default (0) if not an int."""
+        level = checked_delay_level(context.delay_level_when_next_consume)
+        if level is None:
+            logger.warning(
+                "push consumer %s: the listener set delay_level_when_next_consume=%r (not an "
+                "int) for %s; using the default level",
+                self.group, context.delay_level_when_next_consume, [m.msg_id for m in msgs],
+            )  # fmt: skip
+            return 0
+        return level
+
     def _call_concurrently(
         self, listener: Listener, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
     ) -> int:
-        """Run the listener; return the index of the last message consumed successfully."""
+        """Run the listener; return the index of the last message consumed successfully (-1:
+        none). An ``ack_index`` that is not an int fails the whole batch."""
         if isinstance(listener, MessageListenerConcurrently):
             try:
                 status = listener.consume_message(msgs, context)
@@ -1107,7 +1244,15 @@ class PushConsumer(Startable):
                 )
                 return -1
             if status is ConsumeStatus.CONSUME_SUCCESS:
-                return min(context.ack_index, len(msgs) - 1)
+                index = checked_ack_index(context.ack_index, len(msgs))
+                if index is None:
+                    logger.warning(
+                        "push consumer %s: the listener set ack_index=%r (not an int) for %s: "
+                        "RECONSUME_LATER",
+                        self.group, context.ack_index, [m.msg_id for m in msgs],
+                    )  # fmt: skip
+                    return -1
+                return index
             if status is None:
                 logger.warning("listener returned None for %s: RECONSUME_LATER", msgs[0].msg_id)
             return -1
@@ -1155,20 +1300,50 @@ class PushConsumer(Startable):
                     self._sent_back(msg, route)
                     pq.remove([msg.queue_offset])
                 else:
-                    logger.warning(
-                        "send-back of %s failed, consuming it again later: %s",
-                        msg.msg_id,
-                        err.str(),
-                    )
-                    self._retry_locally(pq, [msg])
+                    self._copy_failed(pq, msg, route, err)
             except Exception:
                 logger.exception("push consumer %s: send-back report", self.group)
 
         try:
             self._sender.send_record_async(record, record.partition, delivered)
         except Exception as exc:
-            logger.warning("send-back of %s failed, consuming it again later: %s", msg.msg_id, exc)
+            self._copy_failed(pq, msg, route, exc)
+
+    def _copy_failed(
+        self, pq: ProcessQueue, msg: MessageExt, route: RetryRoute, error: object
+    ) -> None:
+        """The retry or DLQ copy of held ``msg`` was not written. A transient failure: consume
+        it again later. A refusal for good: the same, a bounded number of times (the listener
+        may succeed meanwhile), then quarantine it with the reason, so it no longer pins its
+        partition."""
+        where = "DLQ" if route.to_dlq else "retry"
+        if not _refused_for_good(error):
+            logger.warning(
+                "%s copy of %s failed, consuming it again later: %s",
+                where, msg.msg_id, _error_text(error),
+            )  # fmt: skip
             self._retry_locally(pq, [msg])
+            return
+        refusals = pq.note_refusal(msg.queue_offset)
+        if refusals == 0:
+            return  # done meanwhile, or the partition was given up
+        if refusals < _COPY_ATTEMPTS:
+            logger.warning(
+                "%s copy of %s refused (%d of %d), consuming it again later: %s",
+                where, msg.msg_id, refusals, _COPY_ATTEMPTS, _error_text(error),
+            )  # fmt: skip
+            delay_ms = self.settings.send_back_retry_delay_ms << (refusals - 1)
+            self._retry_locally(pq, [msg], delay_ms)
+            return
+        self._quarantine_held(pq, msg, self._refusal(msg, where, refusals, error))
+
+    @staticmethod
+    def _refusal(msg: MessageExt, where: str, refusals: int, error: object) -> SendError:
+        """Why ``msg`` is quarantined: its ``where`` copy was refused ``refusals`` times."""
+        return SendError(
+            f"the {where} copy of message {msg.msg_id} was refused {refusals} times: "
+            f"{_error_text(error)}"
+        )
 
     def _quarantine_held(self, pq: ProcessQueue, msg: MessageExt, reason: Exception) -> None:
         """Quarantine the record of held ``msg`` (its copy cannot be built)."""
@@ -1197,7 +1372,8 @@ class PushConsumer(Startable):
         self, pq: ProcessQueue, msgs: list[MessageExt]
     ) -> tuple[list[MessageExt], list[MessageExt]]:
         """Copy ``msgs`` to the DLQ and wait for Kafka; return (acknowledged, not). A message
-        whose copy cannot be built is quarantined instead (it is in neither list)."""
+        whose copy cannot be built, or was refused for good ``_COPY_ATTEMPTS`` times, is
+        quarantined instead (it is in neither list)."""
         built: list[tuple[MessageExt, RetryRoute, PreparedRecord]] = []
         for msg in msgs:
             try:
@@ -1213,6 +1389,11 @@ class PushConsumer(Startable):
         kept: list[MessageExt] = []
         for (msg, route, _), result in zip(built, results, strict=True):
             if isinstance(result, KafkaClientError):
+                refusals = pq.note_refusal(msg.queue_offset) if _refused_for_good(result) else 0
+                if refusals >= _COPY_ATTEMPTS:
+                    # Refused for good each time: quarantined, so the partition goes on.
+                    self._quarantine_held(pq, msg, self._refusal(msg, "DLQ", refusals, result))
+                    continue
                 logger.warning("DLQ copy of %s failed, retrying in place: %s", msg.msg_id, result)
                 kept.append(msg)
                 continue
@@ -1239,9 +1420,12 @@ class PushConsumer(Startable):
                 route.reconsume_times,
             )
 
-    def _retry_locally(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
-        """Consume again later, here (RocketMQ's ``submitConsumeRequestLater``): the send-back
-        failed, so the messages stay held and uncommitted."""
+    def _retry_locally(
+        self, pq: ProcessQueue, msgs: list[MessageExt], delay_ms: int | None = None
+    ) -> None:
+        """Consume again after ``delay_ms`` (default ``send_back_retry_delay_ms``), here
+        (RocketMQ's ``submitConsumeRequestLater``): the send-back failed, so the messages stay
+        held and uncommitted."""
         self._count("retried_locally", len(msgs))
         for msg in msgs:
             msg.put_system_property(MessageConst.RECONSUME_TIME, str(msg.reconsume_times + 1))
@@ -1250,7 +1434,7 @@ class PushConsumer(Startable):
             if not pq.dropped:
                 self._dispatch(pq, msgs)
 
-        self._after(self.settings.send_back_retry_delay_ms, again)
+        self._after(self.settings.send_back_retry_delay_ms if delay_ms is None else delay_ms, again)
 
     # --- orderly consumption -------------------------------------------------------------
     def _schedule_orderly(self, pq: ProcessQueue, delay_ms: int = 0) -> None:
@@ -1279,6 +1463,11 @@ class PushConsumer(Startable):
             logger.exception("push consumer %s: orderly consumption failed", self.group)
             with pq.lock:
                 pq.orderly_scheduled = False
+            # What is still pending must not wait for new records to be looked at again.
+            try:
+                self._schedule_orderly(pq, max(self.settings.suspend_current_queue_time_millis, 1))
+            except Exception:  # the pool is shut down: the consumer stops
+                logger.exception("push consumer %s: orderly rescheduling failed", self.group)
         finally:
             pq.end()
 
@@ -1291,42 +1480,75 @@ class PushConsumer(Startable):
                 if not msgs:
                     pq.orderly_scheduled = False
                     return
-            context = ConsumeOrderlyContext(MessageQueue(msgs[0].topic, pq.partition))
-            sub = self._subscriptions[msgs[0].topic]
             call = object()
             pq.start(call, msgs, time.monotonic())
-            ok = self._call_orderly(sub.listener, msgs, context)
-            if len(pq.settle(call, msgs)) < len(msgs):
-                # Given up while the listener ran (see _release): the next owner has them.
-                logger.warning(
-                    "push consumer %s: ignoring the late orderly result for %s",
-                    self.group,
-                    [m.msg_id for m in msgs],
-                )
-                with pq.lock:
-                    pq.orderly_scheduled = False
-                return
-            done, failed = msgs[:ok], msgs[ok:]
-            self._count("consumed", len(done))
-            pq.remove(m.queue_offset for m in done)
-            if failed:
-                self._count("failed", len(failed))
-                try:
-                    retry = self._orderly_failed(pq, failed)
-                except Exception:
-                    # Keep the partition's order: retry the batch in place.
-                    logger.exception("push consumer %s: orderly failure handling", self.group)
-                    retry = failed
-                if retry:
-                    pq.put_back(retry)
-                    suspend = context.suspend_current_queue_time_millis
-                    if suspend < 0:
-                        suspend = self.settings.suspend_current_queue_time_millis
-                    self._schedule_orderly(pq, max(suspend, 1))
+            settled: set[int] | None = None
+            retry: list[MessageExt] = []
+            suspend = 0
+            try:
+                context = ConsumeOrderlyContext(MessageQueue(msgs[0].topic, pq.partition))
+                ok = self._call_orderly(self._subscriptions[msgs[0].topic].listener, msgs, context)
+                settled = pq.settle(call, msgs)
+                if len(settled) < len(msgs):
+                    # Given up while the listener ran (see _release): the next owner has them.
+                    logger.warning(
+                        "push consumer %s: ignoring the late orderly result for %s",
+                        self.group,
+                        [m.msg_id for m in msgs],
+                    )
+                    with pq.lock:
+                        pq.orderly_scheduled = False
                     return
+                done, failed = msgs[:ok], msgs[ok:]
+                self._count("consumed", len(done))
+                pq.remove(m.queue_offset for m in done)
+                if failed:
+                    self._count("failed", len(failed))
+                    try:
+                        retry = self._orderly_failed(pq, failed)
+                    except Exception:
+                        # Keep the partition's order: retry the batch in place.
+                        logger.exception("push consumer %s: orderly failure handling", self.group)
+                        retry = failed
+                    if retry:
+                        suspend = self._suspend_ms(context, retry)
+            except Exception:
+                # Keep the partition's order: what is still held of the batch goes back to the
+                # head, retried after the default suspension.
+                retry = (
+                    pq.withdraw(call, msgs)
+                    if settled is None
+                    else [m for m in msgs if pq.holds(m.queue_offset)]
+                )
+                logger.exception(
+                    "push consumer %s: handling the orderly result for %s failed; retrying %d "
+                    "of them in place",
+                    self.group, [m.msg_id for m in msgs], len(retry),
+                )  # fmt: skip
+                suspend = max(self.settings.suspend_current_queue_time_millis, 1)
+            if retry:
+                pq.put_back(retry)
+                self._schedule_orderly(pq, suspend)
+                return
             if time.monotonic() > until:
                 self._resubmit_orderly(pq)
                 return
+
+    def _suspend_ms(self, context: ConsumeOrderlyContext, msgs: list[MessageExt]) -> int:
+        """How long the partition waits before ``msgs`` are retried in place (ms, at least 1):
+        the listener's ``suspend_current_queue_time_millis`` if it is a non-negative int,
+        else the consumer's setting (a value that is not an int is logged)."""
+        suspend = checked_suspend_millis(context.suspend_current_queue_time_millis)
+        if suspend is None:
+            logger.warning(
+                "push consumer %s: the listener set suspend_current_queue_time_millis=%r (not "
+                "an int) for %s; using the consumer's setting",
+                self.group, context.suspend_current_queue_time_millis, [m.msg_id for m in msgs],
+            )  # fmt: skip
+            suspend = -1
+        if suspend < 0:
+            suspend = self.settings.suspend_current_queue_time_millis
+        return max(suspend, 1)
 
     def _call_orderly(
         self, listener: Listener, msgs: list[MessageExt], context: ConsumeOrderlyContext

@@ -26,9 +26,11 @@ from confluent_kafka import Producer as RawProducer
 from bridge import ClientConfig, Message, MessageConst, MessageExt, Producer, read_messages
 from bridge.client import producer as producer_module
 from bridge.consumer import (
+    ConsumeConcurrentlyContext,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     ConsumeStatus,
+    MessageListenerConcurrently,
     MessageListenerOrderly,
     PushConsumer,
     send_back,
@@ -44,6 +46,7 @@ from tests.integration.test_consumer import (
     send,
     start_consumer,
 )
+from topics.catalog import TopicSpec
 from topics.naming import retry_topic
 
 pytestmark = pytest.mark.broker
@@ -563,3 +566,150 @@ def test_an_orderly_partition_never_runs_two_listeners_when_it_moves_to_another_
                 assert before[4] is not None and before[4] <= after[3], f"overlap on {p}: {mine}"
             bodies = [b for c in mine for b in c[2]]
             assert bodies == [f"p{p}-{i}".encode() for i in range(5)], bodies
+
+
+# --- a copy that can never be written (review finding 1) -----------------------------------
+BIG_BODY = 2 << 20
+"""A 2 MiB body: more than the 1 MB the SCHEDULE, DLQ and QUARANTINE topics take."""
+
+
+@dataclass
+class FailsAlways(Listener):
+    """A :class:`Listener` that fails every delivery of the bodies in ``poison``."""
+
+    poison: frozenset[bytes] = frozenset()
+
+    def __call__(self, msg: MessageExt) -> ConsumeStatus:
+        status = super().__call__(msg)
+        return ConsumeStatus.RECONSUME_LATER if msg.body in self.poison else status
+
+
+def test_a_failed_message_whose_copies_are_too_large_is_quarantined_without_its_value(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+) -> None:  # fmt: skip
+    # The listener fails the 2 MiB message every time. The topic takes 5 MB records. A
+    # consumer whose max_message_bytes is raised writes the 2 MiB retry copy and the broker
+    # refuses it; one with the default limit is refused by its own producer at produce().
+    # Either way the copy can never be written.
+    big = config.replace(max_message_bytes=4 << 20)
+    topic = unique("t")
+    TopicAdmin(big).ensure_topics([TopicSpec(topic, 1, {"max.message.bytes": str(5 << 20)})])
+    body = os.urandom(BIG_BODY)
+    with Producer("test_pg", config=big) as producer:
+        [big_id] = [producer.send_sync(Message(topic, body, keys="big-key")).msg_id]
+        for name in ("after1", "after2"):
+            producer.send_sync(Message(topic, name))
+    runs = []
+    for settings in (big, config):
+        group = unique("g")
+        listener = FailsAlways(poison=frozenset({body}))
+        consumer = start_consumer(consumers, settings, group, topic, listener)
+        runs.append((group, listener, consumer))
+    for group, listener, consumer in runs:
+
+        def moved_on(consumer: PushConsumer = consumer, group: str = group) -> bool:
+            return consumer.stats().quarantined == 1 and committed(big, group, topic) == 3
+
+        try:
+            wait_until(moved_on, timeout_s=45)
+        except pytest.fail.Exception:
+            pytest.fail(
+                f"group {group}: the partition is pinned behind the 2 MiB message: listener "
+                f"called {len(listener.of(body))} times on it, committed offset "
+                f"{committed(big, group, topic)} of 3, {consumer.stats()}"
+            )
+        assert len(listener.of(b"after1")) == len(listener.of(b"after2")) == 1
+        # Consumed again locally after each refused copy, a bounded number of times.
+        assert len(listener.of(body)) == 3, len(listener.of(body))
+        stats = consumer.stats()
+        assert (stats.failed, stats.sent_back, stats.consumed) == (3, 0, 2), stats
+    found = {
+        q.quarantined_by: q
+        for q in read_quarantine(big, timeout_ms=3000)
+        if q.source_topic == topic
+    }
+    assert set(found) == {f"consumer {group}" for group, _, _ in runs}, found
+    for q in found.values():
+        assert (q.source_partition, q.source_offset, q.key) == (0, 0, b"big-key")
+        assert not q.value, "the copy too large to keep whole is kept without its value"
+        assert "refused" in q.reason and "MSG_SIZE_TOO_LARGE" in q.reason, q.reason
+        assert f"value of {len(body)} bytes" in q.reason, q.reason
+        assert big_id in q.reason, q.reason
+
+
+# --- values a listener hands back through its context (review finding 6) -------------------
+class FloatAck(MessageListenerConcurrently):
+    """Acknowledges half of each batch with a float ``ack_index``."""
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+    ) -> ConsumeStatus:
+        with self.lock:
+            self.seen += [m.body for m in msgs]
+        context.ack_index = len(msgs) / 2  # type: ignore[assignment]
+        return ConsumeStatus.CONSUME_SUCCESS
+
+
+def test_a_float_ack_index_fails_its_batch_and_neither_strands_the_rest_nor_pins_the_offset(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.WARNING, logger=push_consumer_module.__name__)
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    bodies = [f"m{i}" for i in range(8)]
+    send(config, topic, bodies)
+    listener = FloatAck()
+    # One pool thread: the 4 requests of 2 messages run in one task, one after the other.
+    consumer = start_consumer(consumers, config, group, topic, listener,
+                              consume_thread_count=1, consume_message_batch_max_size=2)  # fmt: skip
+    try:
+        wait_until(lambda: committed(config, group, topic) == len(bodies), timeout_s=30)
+    except pytest.fail.Exception:
+        pytest.fail(
+            f"committed offset {committed(config, group, topic)} of {len(bodies)}; the "
+            f"listener saw {listener.seen}; {consumer.stats()}"
+        )
+    assert sorted(listener.seen) == sorted(b.encode() for b in bodies)
+    stats = consumer.stats()
+    assert (stats.consumed, stats.failed, stats.sent_back) == (0, 8, 8), stats
+    assert "ack_index=1.0" in caplog.text, caplog.text
+
+
+@dataclass
+class OrderlyNoneSuspend(MessageListenerOrderly):
+    """Suspends the first call with ``suspend_current_queue_time_millis = None``."""
+
+    seen: list[bytes] = field(default_factory=list)
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        self.seen += [m.body for m in msgs]
+        if len(self.seen) == 1:
+            context.suspend_current_queue_time_millis = None  # type: ignore[assignment]
+            return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        return ConsumeOrderlyStatus.SUCCESS
+
+
+def test_an_orderly_suspend_that_is_no_int_waits_the_default_and_the_partition_goes_on(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+) -> None:  # fmt: skip
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    send(config, topic, ["a", "b", "c"])
+    listener = OrderlyNoneSuspend()
+    consumer = start_consumer(consumers, config, group, topic, listener,
+                              suspend_current_queue_time_millis=200)  # fmt: skip
+    try:
+        wait_until(lambda: committed(config, group, topic) == 3, timeout_s=20)
+    except pytest.fail.Exception:
+        pytest.fail(
+            f"committed offset {committed(config, group, topic)} of 3; the listener saw "
+            f"{listener.seen}; {consumer.stats()}"
+        )
+    assert listener.seen == [b"a", b"a", b"b", b"c"]

@@ -5,19 +5,36 @@ from __future__ import annotations
 import random
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from bridge import ClientConfig, MessageConst, MessageExt
 from bridge.codec import decode_envelope, decode_headers
 from bridge.consumer import PushConsumer, PushConsumerConfig, TagFilter
 from bridge.consumer.model import (
+    ACK_INDEX_ALL,
     DEFAULT_MAX_RECONSUME_TIMES,
     ORDERLY_UNLIMITED_RECONSUME,
+    ConsumeConcurrentlyContext,
+    ConsumeStatus,
+    MessageListenerConcurrently,
+    MessageModel,
+    MessageQueue,
+    checked_ack_index,
+    checked_delay_level,
+    checked_suspend_millis,
     effective_max_reconsume_times,
     retry_route,
 )
 from bridge.consumer.process_queue import ProcessQueue
+from bridge.consumer.push_consumer import _refused_for_good
 from bridge.consumer.send_back import ReplayTarget, replay_record, send_back_record
-from bridge.errors import IllegalStateError, InvalidArgumentError
+from bridge.errors import (
+    IllegalStateError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    SendError,
+    SendTimeoutError,
+)
 from topics.naming import dlq_topic, retry_topic, system_topic
 
 
@@ -226,3 +243,110 @@ def test_orderly_consumers_stay_in_the_group_while_a_revoke_waits_consume_timeou
 def test_shutdown_timeout_must_be_a_non_negative_number_of_ms() -> None:
     with pytest.raises(InvalidArgumentError, match="timeout_ms"):
         PushConsumer("g").shutdown(timeout_ms=-1)
+
+
+@pytest.mark.parametrize(
+    ("value", "count", "expected"),
+    [
+        (ACK_INDEX_ALL, 4, 3),
+        (1, 4, 1),
+        (9, 4, 3),
+        (-1, 4, -1),
+        (-7, 4, -1),
+        (0, 1, 0),
+        (2.0, 4, None),
+        (True, 4, None),
+        (False, 4, None),
+        (None, 4, None),
+        ("1", 4, None),
+    ],
+)
+def test_an_ack_index_is_clamped_to_the_batch_and_one_that_is_no_int_is_refused(
+    value: object, count: int, expected: int | None
+) -> None:
+    assert checked_ack_index(value, count) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(0, 0), (5, 5), (-1, -1), (2.5, None), (True, None), (None, None)]
+)
+def test_a_delay_level_or_suspension_that_is_no_int_is_refused(
+    value: object, expected: int | None
+) -> None:
+    assert checked_delay_level(value) == expected
+    assert checked_suspend_millis(value) == expected
+
+
+class _HalfAck(MessageListenerConcurrently):
+    def __init__(self, ack: object, delay: object = 0) -> None:
+        self.ack, self.delay = ack, delay
+        self.seen: list[bytes] = []
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+    ) -> ConsumeStatus:
+        self.seen += [m.body for m in msgs]
+        context.ack_index = self.ack  # type: ignore[assignment]
+        context.delay_level_when_next_consume = self.delay  # type: ignore[assignment]
+        return ConsumeStatus.CONSUME_SUCCESS
+
+
+def _batch(n: int) -> list[MessageExt]:
+    return [MessageExt("t", f"m{i}".encode(), msg_id=f"id{i}", queue_offset=i) for i in range(n)]
+
+
+@pytest.mark.parametrize(("ack", "expected"), [(1.0, -1), (True, -1), (None, -1), (1, 1), (99, 3)])
+def test_what_the_listener_acknowledges_is_checked_before_it_is_trusted(
+    ack: object, expected: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    consumer = PushConsumer("g")
+    msgs = _batch(4)
+    context = ConsumeConcurrentlyContext(MessageQueue("t", 0))
+    assert consumer._call_concurrently(_HalfAck(ack), msgs, context) == expected
+    if expected == -1:
+        assert f"ack_index={ack!r}" in caplog.text
+    context.delay_level_when_next_consume = 2.5  # type: ignore[assignment]
+    assert consumer._delay_level(context, msgs) == 0
+    assert "delay_level_when_next_consume=2.5" in caplog.text
+
+
+def test_an_unexpected_failure_in_one_request_hands_it_back_and_runs_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    consumer = PushConsumer("g", message_model=MessageModel.BROADCASTING)
+    listener = _HalfAck(ACK_INDEX_ALL)
+    consumer.subscribe("t", listener)
+    pq = ProcessQueue("t", 0)
+    msgs = _batch(6)
+    pq.put(msgs)
+    settle = pq.settle
+    broke: list[int] = []
+
+    def breaks_once(call: object, batch: list[MessageExt]) -> set[int]:
+        if not broke:
+            broke.append(batch[0].queue_offset)
+            raise RuntimeError("bookkeeping broke")
+        return settle(call, batch)
+
+    monkeypatch.setattr(pq, "settle", breaks_once)
+    consumer._consume_requests(pq, [msgs[0:2], msgs[2:4], msgs[4:6]])
+    assert listener.seen == [m.body for m in msgs], "the task's other requests ran"
+    assert pq.held == 2 and pq.commit_offset() == 0
+    assert pq.overdue(1e12, 0.0) == [], "nothing is left in a listener call"
+    assert consumer.stats().retried_locally == 2
+    assert len(consumer._later) == 1, "the broken request is consumed again later"
+    assert pq.running == 0
+
+
+def test_copy_failures_that_will_never_succeed_are_told_from_transient_ones() -> None:
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    assert _refused_for_good(too_large)
+    assert _refused_for_good(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    assert _refused_for_good(KafkaException(too_large))
+    assert _refused_for_good(SendError("send of x: too large", too_large))
+    assert _refused_for_good(MessageTooLargeError(2 << 20, 1 << 20))
+    assert not _refused_for_good(KafkaError(KafkaError._MSG_TIMED_OUT))
+    assert not _refused_for_good(SendTimeoutError("no acknowledgement"))
+    assert not _refused_for_good(KafkaError(KafkaError._TRANSPORT))
+    assert not _refused_for_good(RuntimeError("the client broke"))
+    assert not _refused_for_good(IllegalStateError("not started"))

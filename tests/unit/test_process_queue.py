@@ -155,3 +155,38 @@ def test_consume_timeout_takes_fractions_of_a_minute_and_defaults_to_rocketmqs()
     assert PushConsumerConfig().pull_threshold_size_for_queue == 100
     with pytest.raises(InvalidArgumentError, match="pull_threshold_size_for_queue"):
         PushConsumerConfig(pull_threshold_size_for_queue=0)
+
+
+def test_withdraw_takes_back_only_what_the_call_still_runs() -> None:
+    pq = ProcessQueue("t", 0)
+    msgs = [_msg(o) for o in range(4)]
+    pq.put(msgs)
+    call, other = object(), object()
+    pq.start(call, msgs[:3], 0.0)
+    pq.start(other, msgs[3:], 0.0)
+    pq.remove([0])  # done meanwhile
+    assert pq.overdue(100.0, 50.0) == msgs[1:]  # taken by the consume timeout...
+    pq.start(call, msgs[1:3], 60.0)  # ...and 1, 2 started again by this call
+    assert [m.queue_offset for m in pq.withdraw(call, msgs)] == [1, 2]
+    assert pq.withdraw(call, msgs) == [], "withdrawn once"
+    assert pq.overdue(1000.0, 1.0) == [], "no longer in any call"
+    assert pq.settle(call, msgs) == set(), "a late result of the call does not count"
+
+
+def test_nothing_is_withdrawn_once_the_queue_is_released() -> None:
+    pq = ProcessQueue("t", 0)
+    pq.put([_msg(0)])
+    call = object()
+    pq.start(call, [_msg(0)], 0.0)
+    pq.release()
+    assert pq.withdraw(call, [_msg(0)]) == []
+
+
+def test_refusals_are_counted_per_held_message_and_forgotten_with_it() -> None:
+    pq = ProcessQueue("t", 0)
+    pq.put([_msg(0), _msg(1)])
+    assert [pq.note_refusal(0), pq.note_refusal(0), pq.note_refusal(1)] == [1, 2, 1]
+    pq.remove([0])
+    assert pq.note_refusal(0) == 0, "done: nothing to count"
+    pq.put([_msg(0)])
+    assert pq.note_refusal(0) == 1
