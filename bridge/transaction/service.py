@@ -189,6 +189,8 @@ class _Batch:
     """Transaction id -> (HALF partition, real record) of each commit in the batch."""
     outcome: dict[str, KafkaError | None] = field(default_factory=dict)
     """Transaction id -> what became of its real record (None: stored)."""
+    error: KafkaError | None = None
+    """Why the Kafka transaction failed, as the producer said (None: it did not)."""
 
     def add(
         self,
@@ -684,6 +686,10 @@ class TransactionService(TransactionalService):
                 logger.info("transaction %s: committed on its own", tid)
                 return
             err = batch.outcome.get(tid)
+            if not is_permanent_delivery_error(err) and is_permanent_delivery_error(batch.error):
+                # Alone in its transaction: the transaction's own error (e.g. its topic could
+                # not be added to it, not authorized) is this record's.
+                err = batch.error
             if err is None or not is_permanent_delivery_error(err):
                 # The broker, not this record (as far as anyone can tell): again later, and
                 # this does not count towards parking it.
@@ -764,7 +770,7 @@ class TransactionService(TransactionalService):
             self._produce_all(batch)
             producer.flush(timeout_s)
             failed = next((e for e in batch.outcome.values() if e is not None), None)
-            if failed is not None:
+            if failed is not None and not _is_purge(failed):
                 # Doomed: fail before the offsets join it, so that the group's offsets are
                 # not left pending on the abort (the rebuild would wait for them to settle).
                 raise KafkaException(failed)
@@ -774,12 +780,18 @@ class TransactionService(TransactionalService):
                 if p not in self._to_recover
             ]
             if offsets:
+                # After a purge (the transaction failed as a whole, e.g. a partition it could
+                # not add) this raises the transaction's own error, which names the cause.
                 producer.send_offsets_to_transaction(
                     offsets, self._consumer.consumer_group_metadata(), timeout_s
                 )
+            if failed is not None:
+                raise KafkaException(failed)  # never commit what lost a record
             producer.commit_transaction(timeout_s)
         except (KafkaException, SystemError) as exc:
-            self._transaction_failed(_as_kafka_exception(exc))
+            failure = _as_kafka_exception(exc)
+            batch.error = _kafka_error(failure)
+            self._transaction_failed(failure)
             self._set_aside_culprits(batch)
             return False
         self.committed_transactions += 1
@@ -795,7 +807,9 @@ class TransactionService(TransactionalService):
             producer.flush(self.timeout_s)
             producer.commit_transaction(self.timeout_s)
         except (KafkaException, SystemError) as exc:
-            self.transaction_failed(_as_kafka_exception(exc))
+            failure = _as_kafka_exception(exc)
+            batch.error = _kafka_error(failure)
+            self.transaction_failed(failure)
             return False
         self.committed_transactions += 1
         return True
@@ -833,6 +847,8 @@ class TransactionService(TransactionalService):
                     "committing it on its own",
                     tid, reason,
                 )  # fmt: skip
+        if not found and is_permanent_delivery_error(batch.error):
+            found = self._suspect_all(batch)
         if found:
             self._failures = 0
             return
@@ -841,6 +857,32 @@ class TransactionService(TransactionalService):
             self._set_aside_lone_failures(batch)
         # Transient (the broker, the network): retry the rebuilt batch, not in a tight loop.
         self._stopped.wait(min(0.05 * 2**self._failures, 5.0))
+
+    def _suspect_all(self, batch: _Batch) -> int:
+        """The transaction failed for a record's reason (its own error says so, e.g. a topic
+        it was not authorized to add) but no delivery report names the record (all say
+        "purged"): every commit not acknowledged is a suspect, committed on its own (uncounted
+        at first), so the innocent ones go through and the guilty one fails alone and is
+        parked in the end. Returns how many were set aside."""
+        assert batch.error is not None
+        now = now_ms()
+        found = 0
+        for tid, (half_partition, _) in batch.real.items():
+            if (tid in batch.outcome and batch.outcome[tid] is None) or tid in self._poison:
+                continue
+            reason = (
+                f"the Kafka transaction it was in failed: {batch.error.str()} "
+                f"({batch.error.name()})"
+            )
+            self._poison[tid] = _Poison(half_partition, 0, reason, now)
+            found += 1
+        if found:
+            logger.warning(
+                "%s: a Kafka transaction failed (%s) and no record is named: committing its "
+                "%d commits on their own",
+                self.name, batch.error.str(), found,
+            )  # fmt: skip
+        return found
 
     def _set_aside_lone_failures(self, batch: _Batch) -> None:
         """Transactions keep failing and nothing names a cause: if some real records of the
@@ -977,6 +1019,16 @@ def _as_kafka_exception(exc: Exception) -> KafkaException:
     if isinstance(exc, KafkaException):
         return exc
     return KafkaException(KafkaError(KafkaError._FATAL, f"client failed: {exc}", fatal=True))
+
+
+def _kafka_error(exc: KafkaException) -> KafkaError | None:
+    error = exc.args[0] if exc.args else None
+    return error if isinstance(error, KafkaError) else None
+
+
+def _is_purge(err: KafkaError) -> bool:
+    """A record purged because its transaction failed or was aborted (not its own fault)."""
+    return err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
 
 def assert_admin(admin: TopicAdmin | None) -> TopicAdmin:

@@ -10,13 +10,21 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka import Producer as RawProducer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from bridge import (
     ClientConfig,
@@ -33,14 +41,16 @@ from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import BridgeError, KafkaClientError
 from bridge.kafka import clients as clients_module
 from bridge.kafka.admin import TopicAdmin
+from bridge.kafka.clients import new_admin
 from bridge.message import MessageConst, now_ms
+from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
 from bridge.transaction import service as service_module
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import CheckRequest, EndTransaction, OpAction
 from bridge.transaction.service import TransactionService
 from tests.conftest import wait_until
 from tests.integration.test_cli import run_cli
-from topics.catalog import SystemTopic, TopicCatalog
+from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
 
 pytestmark = pytest.mark.broker
 
@@ -629,3 +639,64 @@ def test_a_check_topic_with_fewer_partitions_than_the_coordinator_wants_still_ge
         )  # fmt: skip
     assert [r.check_times for r in check_requests(client_config, group)] == [1, 2]
     assert parked[0].get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "2"
+
+
+# --- what the broker's ACLs deny ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def authorizing_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A broker of its own with an authorizer that allows what no ACL mentions."""
+    broker = LocalKafka(
+        LocalKafkaConfig(
+            data_dir=tmp_path_factory.mktemp("kafka-tx-acl"),
+            properties={
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "allow.everyone.if.no.acl.found": "true",
+            },
+        )
+    )
+    broker.start()
+    try:
+        yield broker.bootstrap_servers
+    finally:
+        broker.stop()
+
+
+def deny(config: ClientConfig, topic: str, operation: AclOperation) -> None:
+    """Deny ``operation`` on ``topic`` to everyone, and allow Describe (metadata says fine)."""
+    anyone = ("User:ANONYMOUS", "*")
+    acls = [
+        AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, *anyone,
+                   operation, AclPermissionType.DENY),
+        AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, *anyone,
+                   AclOperation.DESCRIBE, AclPermissionType.ALLOW),
+    ]  # fmt: skip
+    admin = new_admin(config)  # kept alive until the futures complete
+    for future in admin.create_acls(acls).values():
+        future.result(10)
+
+
+def test_a_topic_the_acls_deny_writing_to_is_parked_and_the_other_commits_flow(
+    authorizing_broker: str, namespace: str, unique: Callable[[str], str]
+) -> None:
+    client = ClientConfig(bootstrap_servers=authorizing_broker, namespace=namespace)
+    good, denied = unique("good"), unique("denied")
+    TopicAdmin(client).ensure_topics([TopicSpec(good, 1), TopicSpec(denied, 1)])
+    # Adding `denied` to a Kafka transaction fails, so the whole transaction does, and every
+    # record's report says only "purged".
+    deny(client, denied, AclOperation.WRITE)
+    writer = HalfWriter(client)
+    sent: list[str] = []
+    with Coordinator(coordinator_config(client)):
+        for i in range(8):
+            if i == 3:
+                doomed = writer.commit(denied, b"denied")
+            writer.commit(good, f"good-{i}".encode())
+            sent.append(f"good-{i}")
+        got = bodies(client, good, len(sent), idle_ms=2000)
+        (parked,) = wait_until(lambda: read_parked(client, timeout_ms=2000), timeout_s=60)
+    assert got == sorted(sent)
+    assert parked.msg_id == doomed
+    reason = parked.get_property(DELIVERY_ERROR) or ""
+    assert "TOPIC_AUTHORIZATION_FAILED" in reason and denied in reason, parked.properties
