@@ -100,6 +100,9 @@ class TopicSpec:
     min_retention_ms: int | None = None
     """The shortest ``retention.ms`` an existing topic may have: records must outlive the
     longest wait they are kept for, ms (None: not checked)."""
+    exact_partitions: bool = False
+    """An existing topic must have exactly :attr:`partitions`, not more: its readers look at
+    those partitions only (the parked and quarantine topics: partition 0)."""
 
     def config_mismatches(self, actual: Mapping[str, str | None]) -> list[ConfigMismatch]:
         """The settings of an existing topic (``actual``, as ``describe_configs`` reports them)
@@ -290,6 +293,8 @@ class TopicCatalog:
             system=system,
             replication_factor=self.replication_factor,
             min_retention_ms=min_retention_ms,
+            # Replay, `transactions parked` and `bridge quarantine` read partition 0 only.
+            exact_partitions=system in (SystemTopic.CHECK_MAX, SystemTopic.QUARANTINE),
         )
 
     def system_specs(self) -> Iterator[TopicSpec]:

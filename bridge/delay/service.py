@@ -40,7 +40,7 @@ from bridge.delay.model import DelayPolicy
 from bridge.delay.routing import TIMER_ROUTING_HEADER
 from bridge.errors import WireFormatError
 from bridge.kafka.clients import new_admin, new_consumer
-from bridge.kafka.quarantine import quarantine_copy, read_headers
+from bridge.kafka.quarantine import QUARANTINE_OMITTED_BYTES, quarantine_copy, read_headers
 from bridge.kafka.transactional import (
     DELIVERY_ATTEMPTS,
     DELIVERY_ERROR,
@@ -67,11 +67,26 @@ _METADATA_RECHECK_S = 0.2
 """A target that looks missing or too small is asked again if its answer is older, s."""
 _REPOSITION_RETRY_S = 0.2
 """Wait between tries to read committed offsets when the group coordinator does not answer."""
+_SLOW_ACK_S = 0.4
+"""A delivery still unacknowledged this long after the broker answered the rest of its Kafka
+transaction is set aside for a back-off instead of holding the transaction (and every other
+due message) for the whole ``message.timeout.ms``, s. Doubles from a message's fourth
+unacknowledged try on, so that a target that is only slow is delivered in the end."""
+_MAX_BACKOFF_MS = 60_000
+"""The longest back-off between two deliveries of a message that keeps timing out, ms."""
 RECORD_ERRORS: Final = (WireFormatError, ValueError, TypeError, SystemError, ArithmeticError)
 """What decoding one malformed record can raise (its own fault: it is quarantined)."""
 
 Headers = list[tuple[str, bytes | None]]
+Key = tuple[int, int]
+"""(partition, offset) of a fetched record."""
+Reports = dict[tuple[int, int], tuple[KafkaError | None, int]]
+"""(unit index, output index) -> (its delivery report's error or None, its partition)."""
 _MISSING: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
+_NOT_RECORD_ERRORS: Final = frozenset(
+    {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, KafkaError._FENCED}
+)
+"""Report errors that say what happened to the transaction, not to the record."""
 _UNKNOWN_TARGET: Final = (1 << 31, None)
 """What :meth:`_FifoDelayService._target` says when it cannot tell: try to deliver."""
 
@@ -136,9 +151,17 @@ class _FifoDelayService(TransactionalService):
         """Assigned partitions -> the next offset to take; None until a seek to the committed
         offset succeeded (after an assignment or a failed transaction)."""
         self._reposition_after = 0.0
-        self._culprits: dict[tuple[int, int], str] = {}
+        self._culprits: dict[Key, str] = {}
         """(partition, offset) -> why its delivery failed: moved aside on the next pass."""
-        self._suspects: set[tuple[int, int]] = set()
+        self._suspects: set[Key] = set()
+        self._slow: dict[Key, str] = {}
+        """Records whose delivery timed out (a transient reason): sent back for a back-off
+        on the next pass, without holding the others."""
+        self._timeouts: dict[Key, int] = {}
+        """Failed transactions in which a record timed out with nothing to compare it to."""
+        self._shrink: dict[Key, tuple[int, str]] = {}
+        """Records whose bridge-made copy (back-off or quarantine) the broker refused for good:
+        (1: quarantine it; 2: quarantine it without its value and headers, why)."""
         self._topics: dict[str, tuple[int | None, str | None, float]] = {}
         """Target topic -> (partition count or None if missing, why it cannot be written,
         when asked in monotonic s)."""
@@ -226,6 +249,9 @@ class _FifoDelayService(TransactionalService):
             self._paused.discard(partition)
         self._culprits = {k: v for k, v in self._culprits.items() if k[0] not in revoked}
         self._suspects = {k for k in self._suspects if k[0] not in revoked}
+        self._slow = {k: v for k, v in self._slow.items() if k[0] not in revoked}
+        self._timeouts = {k: v for k, v in self._timeouts.items() if k[0] not in revoked}
+        self._shrink = {k: v for k, v in self._shrink.items() if k[0] not in revoked}
 
     # --- main loop ------------------------------------------------------------------------
     def run_once(self) -> None:
@@ -393,9 +419,16 @@ class _FifoDelayService(TransactionalService):
 
     def _unit(self, held: Held, now: int) -> _Unit:
         key = (held.partition, held.offset)
+        shrink = self._shrink.get(key)
+        if shrink is not None:
+            stage, why = shrink
+            return _Unit(held, [self._quarantined(held, why, keep_value=stage < 2)], aside=True)
         problem = self._culprits.get(key)
         if problem is not None:
             return _Unit(held, self._aside(held, problem, now), aside=True)
+        problem = self._slow.get(key)
+        if problem is not None:
+            return _Unit(held, self._aside(held, problem, now, transient=True), aside=True)
         try:
             outputs = self.process(held, now)
         except RECORD_ERRORS as exc:
@@ -406,24 +439,32 @@ class _FifoDelayService(TransactionalService):
                 return _Unit(held, self._aside(held, problem, now), aside=True)
         return _Unit(held, outputs, suspect=key in self._suspects)
 
-    def _quarantined(self, held: Held, reason: str) -> Output:
+    def _quarantined(self, held: Held, reason: str, *, keep_value: bool = True) -> Output:
         if held.header_error is not None:
             reason += f"; copied without its headers, which could not be read ({held.header_error})"
         copy = quarantine_copy(
-            self.config.catalog, held.record, reason, self.name, headers=held.headers
-        )
+            self.config.catalog, held.record, reason, self.name, headers=held.headers,
+            keep_value=keep_value,
+        )  # fmt: skip
         return Output(copy.topic, -1, copy.key, copy.value, copy.headers, copy.timestamp_ms, False)
 
-    def _aside(self, held: Held, problem: str, now: int) -> list[Output]:
+    def _aside(
+        self, held: Held, problem: str, now: int, *, transient: bool = False
+    ) -> list[Output]:
         """Where a message whose delivery failed for ``problem`` goes: back to wait in the
-        timer topic for a back-off, or QUARANTINE once it failed ``delivery_attempts`` times."""
+        timer topic for a back-off, or QUARANTINE once it failed ``delivery_attempts`` times
+        for a permanent reason. A ``transient`` failure (a timeout) counts in
+        ``DELIVERY_ATTEMPTS`` (its back-off doubles, up to :data:`_MAX_BACKOFF_MS`) but never
+        quarantines the message by itself."""
         try:
             msg = decode_envelope(held.record.value())
             attempts = _attempts(msg.get_property(DELIVERY_ATTEMPTS)) + 1
-            if attempts >= self.config.delivery_attempts:
+            if not transient and attempts >= self.config.delivery_attempts:
                 logger.warning("%s: delivery failed %d times: %s", self.name, attempts, problem)
                 return [self._quarantined(held, f"delivery failed {attempts} times: {problem}")]
-            backoff_ms = self.config.delivery_backoff_ms * 2 ** (attempts - 1)
+            backoff_ms = min(
+                self.config.delivery_backoff_ms * 2 ** min(attempts - 1, 30), _MAX_BACKOFF_MS
+            )
             deliver_ms = now + backoff_ms
             props = {k: v for k, v in msg.properties.items() if k not in DELAY_PROPERTIES}
             props[DELIVERY_ATTEMPTS] = str(attempts)
@@ -435,9 +476,9 @@ class _FifoDelayService(TransactionalService):
         except RECORD_ERRORS as exc:
             return [self._quarantined(held, f"{problem}; then {exc}")]
         logger.warning(
-            "%s: delivery of %s failed (%s); attempt %d of %d in %d ms",
-            self.name, msg.msg_id, problem, attempts + 1, self.config.delivery_attempts,
-            backoff_ms,
+            "%s: delivery of %s failed (%s); attempt %d%s in %d ms",
+            self.name, msg.msg_id, problem, attempts + 1,
+            "" if transient else f" of {self.config.delivery_attempts}", backoff_ms,
         )  # fmt: skip
         tier = self.policy.route(deliver_ms, now, self.policy.tier_count) or 0
         headers: Headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode())]
@@ -490,18 +531,24 @@ class _FifoDelayService(TransactionalService):
         consumer = self._consumer
         if consumer is None:
             return False
-        reports: dict[int, tuple[KafkaError, int]] = {}
+        reports: Reports = {}
+        expected: set[tuple[int, int]] = set()
         offsets: dict[int, int] = {}
         try:
             producer.begin_transaction()
             for index, unit in enumerate(units):
-                self._produce(producer, unit, index, reports, now)
+                self._produce(producer, unit, index, reports, expected=expected, now=now)
                 offsets[unit.held.partition] = unit.held.offset + 1
             producer.send_offsets_to_transaction(
                 [TopicPartition(self.topic, p, o) for p, o in offsets.items()],
                 consumer.consumer_group_metadata(),
                 self.timeout_s,
             )
+            slow = self._unacknowledged(units, reports, expected)
+            if slow:
+                raise KafkaException(
+                    KafkaError(KafkaError._TIMED_OUT, f"set aside: {'; '.join(slow.values())}")
+                )
             producer.commit_transaction(self.timeout_s)
         except (KafkaException, BufferError) as exc:
             failure = (
@@ -515,78 +562,208 @@ class _FifoDelayService(TransactionalService):
             return False
         for unit in units:
             key = (unit.held.partition, unit.held.offset)
-            self._culprits.pop(key, None)
+            for pending in (self._culprits, self._slow, self._shrink, self._timeouts):
+                pending.pop(key, None)
             self._suspects.discard(key)
             self.delivered += sum(1 for out in unit.outputs if out.real)
             self.moved_aside += unit.aside
         return True
+
+    def _unacknowledged(
+        self, units: list[_Unit], reports: Reports, expected: set[tuple[int, int]]
+    ) -> dict[Key, str]:
+        """Wait (serving delivery reports) until every output is acknowledged or failed, and
+        return the records whose real delivery the broker has not acknowledged within their
+        patience (:data:`_SLOW_ACK_S`) of answering the transaction's offset commit: they
+        are marked to be set aside, and the transaction is to be aborted. Empty when all
+        were acknowledged or failed (the commit says which), or when all are slow alike (a
+        slow broker: the commit waits for them)."""
+        answered = time.monotonic()
+        limit_s = self.client.send_msg_timeout_ms / 1000
+        tries: dict[int, int] = {}
+        units_sent = {index for index, _ in expected}
+        while True:
+            pending = expected - reports.keys()
+            if not pending:
+                return {}
+            waited = time.monotonic() - answered
+            if waited >= limit_s:
+                return {}
+            if waited >= _SLOW_ACK_S:
+                slow: dict[Key, str] = {}
+                for index, pos in sorted(pending):
+                    out = units[index].outputs[pos]
+                    if not out.real:
+                        continue
+                    if index not in tries:
+                        tries[index] = self._tries(units[index].held)
+                    if waited >= min(
+                        _SLOW_ACK_S * float(1 << min(max(tries[index] - 3, 0), 10)), limit_s
+                    ):
+                        held = units[index].held
+                        slow[(held.partition, held.offset)] = (
+                            f"{_where(out.topic, out.partition)}: not acknowledged within "
+                            f"{waited * 1000:.0f} ms while the broker answered the rest of its "
+                            "Kafka transaction (timed out)"
+                        )
+                # The offset commit answered, so the broker lives: a record alone in its
+                # transaction or one that timed out before is set aside; several fresh ones
+                # all slow look like a slow broker: the commit waits for them.
+                fresh = [
+                    i
+                    for i in tries
+                    if tries[i] == 0 and (units[i].held.partition, units[i].held.offset) in slow
+                ]
+                if slow and (len(slow) < len(units_sent) or len(units_sent) == 1 or not fresh):
+                    for key, why in slow.items():
+                        self._slow[key] = why
+                    logger.warning("%s: deliveries set aside: %s", self.name, sorted(slow.values()))
+                    return slow
+            self._producer.poll(0.01)
+
+    @staticmethod
+    def _tries(held: Held) -> int:
+        """How many deliveries of ``held`` failed before (its ``DELIVERY_ATTEMPTS``)."""
+        try:
+            return _attempts(decode_envelope(held.record.value()).get_property(DELIVERY_ATTEMPTS))
+        except RECORD_ERRORS:
+            return 0
 
     def _produce(
         self,
         producer: Any,
         unit: _Unit,
         index: int,
-        reports: dict[int, tuple[KafkaError, int]],
+        reports: Reports,
+        *,
+        expected: set[tuple[int, int]],
         now: int,
     ) -> None:
-        def report(err: KafkaError | None, kmsg: Any) -> None:
-            if err is not None:
-                partition = kmsg.partition()
-                reports[index] = (err, -1 if partition is None else partition)
-
-        for out in list(unit.outputs):
+        """Produce ``unit``'s outputs, each with a delivery report. An output the producer
+        refuses for good before sending it is replaced in the transaction, which stays
+        intact: a real delivery by its back-off copy, a bridge-made copy by a smaller form."""
+        for _ in range(4):  # the outputs, then their back-off copy, quarantine, smallest form
             try:
-                producer.produce(
-                    out.topic, out.value, out.key, partition=out.partition, headers=out.headers,
-                    timestamp=out.timestamp, on_delivery=report if out.real else None,
-                )  # fmt: skip
+                for pos, out in enumerate(unit.outputs):
+                    producer.produce(
+                        out.topic, out.value, out.key, partition=out.partition,
+                        headers=out.headers, timestamp=out.timestamp,
+                        on_delivery=self._reporter(reports, (index, pos)),
+                    )  # fmt: skip
+                    expected.add((index, pos))
+                return
             except KafkaException as exc:
                 # Refused before it was sent (e.g. a partition the client knows is out of
-                # range): the transaction is intact, the message goes aside in it.
+                # range, or a record above the producer's message.max.bytes).
                 err = exc.args[0] if exc.args else None
-                if err is None or not (out.real and is_permanent_delivery_error(err)):
+                failed = unit.outputs[pos]
+                if pos > 0 or not isinstance(err, KafkaError):
                     raise
-                problem = f"{_where(out.topic, out.partition)}: {err.str()} ({err.name()})"
-                unit.outputs = self._aside(unit.held, problem, now)
+                if not is_permanent_delivery_error(err):
+                    raise
+                problem = f"{_where(failed.topic, failed.partition)}: {err.str()} ({err.name()})"
+                if failed.real:
+                    unit.outputs = self._aside(unit.held, problem, now)
+                else:
+                    stage, why = self._escalate(unit, failed, problem)
+                    if stage > 2:
+                        raise
+                    unit.outputs = [self._quarantined(unit.held, why, keep_value=stage < 2)]
                 unit.aside = True
-                for aside in unit.outputs:
-                    producer.produce(
-                        aside.topic, aside.value, aside.key, partition=aside.partition,
-                        headers=aside.headers, timestamp=aside.timestamp,
-                    )  # fmt: skip
-                return
+        raise KafkaException(KafkaError(KafkaError._STATE, "no form of the record was accepted"))
+
+    @staticmethod
+    def _reporter(reports: Reports, at: tuple[int, int]) -> Any:
+        def report(err: KafkaError | None, kmsg: Any) -> None:
+            partition = kmsg.partition()
+            reports[at] = (err, -1 if partition is None else partition)
+
+        return report
+
+    def _escalate(self, unit: _Unit, failed: Output, problem: str) -> tuple[int, str]:
+        """Record that ``unit``'s bridge-made output ``failed`` for good (``problem``) and
+        return what replaces it: (1: quarantine, 2: quarantine without value and headers,
+        3: nothing smaller exists; why)."""
+        key = (unit.held.partition, unit.held.offset)
+        quarantine_topic = self.config.catalog.topic(SystemTopic.QUARANTINE)
+        if failed.topic != quarantine_topic:
+            stage = 1
+        else:
+            smallest = any(k == QUARANTINE_OMITTED_BYTES for k, _ in failed.headers or [])
+            stage = 3 if smallest else 2
+        before = self._shrink.get(key, (0, ""))[1] or self._culprits.get(key) or self._slow.get(key)
+        why = f"{before}; then " if before else ""
+        why += f"its copy to {failed.topic} failed: {problem}"
+        if stage > 2:
+            logger.error(
+                "%s: even the smallest quarantine copy of %s[%d]@%d is refused (%s): "
+                "fix the %s topic", self.name, self.topic, key[0], key[1], problem,
+                quarantine_topic,
+            )  # fmt: skip
+            return stage, why
+        self._shrink[key] = (stage, why)
+        logger.warning("%s: %s[%d]@%d: %s", self.name, self.topic, key[0], key[1], why)
+        return stage, why
 
     def _blame(
         self,
         units: list[_Unit],
-        reports: dict[int, tuple[KafkaError, int]],
+        reports: Reports,
         exc: KafkaException,
     ) -> None:
         """Find the deliveries that failed a transaction for a permanent reason. Alone on
         its target in the transaction, a record is the culprit; several on one target (a
-        batch the broker refused as a whole) are suspects, each tried alone next time."""
+        batch the broker refused as a whole) are suspects, each tried alone next time.
+
+        A bridge-made output (back-off or quarantine copy) refused for good is replaced by a
+        smaller form next time. A real delivery that timed out while other outputs of the
+        transaction were acknowledged, or alone, goes back for a back-off (transient); one
+        that timed out with all the others twice in a row is tried alone."""
         blamed: dict[int, str] = {}
-        for index, (err, partition) in reports.items():
-            real = next((o for o in units[index].outputs if o.real), None)
-            if real is None:
+        acknowledged = any(err is None for err, _ in reports.values())
+        timed_out: set[int] = set()
+        for (index, pos), (err, partition) in reports.items():
+            out = units[index].outputs[pos]
+            if err is None:
                 continue
-            where = _where(real.topic, partition if partition >= 0 else real.partition)
+            where = _where(out.topic, partition if partition >= 0 else out.partition)
+            problem = f"{where}: {err.str()} ({err.name()})"
+            if not out.real:
+                if is_permanent_delivery_error(err):
+                    self._escalate(units[index], out, problem)
+                continue
             if is_permanent_delivery_error(err):
-                blamed[index] = f"{where}: {err.str()} ({err.name()})"
+                blamed[index] = problem
             elif (
                 err.code() in (KafkaError._MSG_TIMED_OUT, KafkaError._UNKNOWN_TOPIC)
                 and not self._auto_create
-                and self._target(real.topic, real.partition, fresh=True) == (None, None)
+                and self._target(out.topic, out.partition, fresh=True) == (None, None)
             ):
-                blamed[index] = f"topic {real.topic} does not exist"
+                blamed[index] = f"topic {out.topic} does not exist"
+            elif err.code() not in _NOT_RECORD_ERRORS:
+                timed_out.add(index)
+                key = (units[index].held.partition, units[index].held.offset)
+                if acknowledged or len(units) == 1:
+                    self._slow[key] = problem
+                else:
+                    self._timeouts[key] = self._timeouts.get(key, 0) + 1
+                    if self._timeouts[key] >= 2:
+                        self._suspects.add(key)
+        if timed_out:
+            logger.warning(
+                "%s: deliveries timed out: %s", self.name,
+                sorted(f"{self.topic}[{units[i].held.partition}]@{units[i].held.offset}"
+                       for i in timed_out),
+            )  # fmt: skip
         error = exc.args[0] if exc.args else None
         if not blamed and isinstance(error, KafkaError) and is_permanent_delivery_error(error):
             # The transaction failed for a record's reason (a partition it could not add,
             # e.g. not authorized) but the reports only say "purged", for the innocent
             # records added in the same request too: each unacknowledged one is a suspect.
+            unacknowledged = {i for (i, _), (err, _) in reports.items() if err is not None}
             for index, unit in enumerate(units):
                 real = next((o for o in unit.outputs if o.real), None)
-                if real is not None and index in reports:
+                if real is not None and index in unacknowledged:
                     key = (unit.held.partition, unit.held.offset)
                     where = _where(real.topic, real.partition)
                     if len(units) == 1:

@@ -46,7 +46,9 @@ class TopicAdmin:
 
         A topic that exists with fewer partitions than its spec raises
         :class:`TopicProvisioningError` (a SCHEDULE topic with too few partitions would lose
-        delay levels), unless ``strict`` is False; more partitions are accepted.
+        delay levels), unless ``strict`` is False; more partitions are accepted, except for
+        a spec with :attr:`TopicSpec.exact_partitions` (the parked and quarantine topics),
+        which raises for any other count whatever ``strict`` says.
 
         A system topic that already existed is also checked for the settings the guarantees
         rely on (:meth:`TopicSpec.config_mismatches`: timestamp type, no compaction,
@@ -62,10 +64,20 @@ class TopicAdmin:
         # by us or by another process, may not be visible yet).
         counts = self.wait_for_topics(s.kafka_name for s in wanted)
         for spec in wanted:
-            if strict and counts[spec.kafka_name] < spec.partitions:
+            count = counts[spec.kafka_name]
+            if spec.exact_partitions and count != spec.partitions:
                 raise TopicProvisioningError(
-                    f"topic {spec.kafka_name} has {counts[spec.kafka_name]} partitions, "
-                    f"{spec.partitions} needed"
+                    f"topic {spec.kafka_name} has {count} partitions, exactly "
+                    f"{spec.partitions} required: its readers (replay, the parked and "
+                    "quarantine views) look at partition 0 only, so records in the others "
+                    "would never be seen; fix: copy out what it holds, then "
+                    f"kafka-topics.sh --bootstrap-server {self._config.bootstrap_servers} "
+                    f"--delete --topic {spec.kafka_name} and start again (it is recreated "
+                    f"with {spec.partitions})"
+                )
+            if strict and count < spec.partitions:
+                raise TopicProvisioningError(
+                    f"topic {spec.kafka_name} has {count} partitions, {spec.partitions} needed"
                 )
         self._check_settings(
             [s for s in wanted if s.system is not None and s.kafka_name not in created]

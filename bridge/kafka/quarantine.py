@@ -27,7 +27,9 @@ from bridge.codec import read_headers as read_record_headers
 from bridge.config import ClientConfig
 from bridge.errors import (
     BridgeError,
+    BrokerUnreachableError,
     InvalidArgumentError,
+    KafkaClientError,
     MalformedRecordError,
     SendError,
     WireFormatError,
@@ -45,7 +47,15 @@ QUARANTINE_SOURCE_OFFSET: Final = "QUARANTINE_SOURCE_OFFSET"
 QUARANTINED_BY: Final = "QUARANTINED_BY"
 QUARANTINED_AT_MS: Final = "QUARANTINED_AT_MS"
 QUARANTINE_RESOLVED_OFFSET: Final = "QUARANTINE_RESOLVED_OFFSET"
-"""On a marker record (no value): the QUARANTINE offset it resolves (replayed)."""
+"""On a marker record (no value): the QUARANTINE offset it resolves (replayed). Only a replay
+writes it: a quarantined record's own headers of these names are kept renamed (see
+:data:`ORIGINAL_HEADER_PREFIX`)."""
+QUARANTINE_OMITTED_BYTES: Final = "QUARANTINE_OMITTED_BYTES"
+"""On a copy kept without its value and headers (they did not fit): their size, bytes."""
+ORIGINAL_HEADER_PREFIX: Final = "QUARANTINE_ORIGINAL:"
+"""A quarantined record's own header whose name is one the quarantine topic uses (a record
+quarantined twice, or a foreign one) is kept under this prefix, so that nothing it carries
+passes for the bridge's (a replay marker above all); readers give it its own name back."""
 _OURS: Final = frozenset(
     {
         QUARANTINE_REASON,
@@ -54,15 +64,23 @@ _OURS: Final = frozenset(
         QUARANTINE_SOURCE_OFFSET,
         QUARANTINED_BY,
         QUARANTINED_AT_MS,
+        QUARANTINE_OMITTED_BYTES,
     }
 )
 _MAX_REASON_CHARS = 2000
+_UNREACHABLE: Final = frozenset(
+    {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
+)
 
 RecordHeaders = Sequence[tuple[str, bytes | None]]
 
 
 class QuarantineReplayError(BridgeError):
     """A quarantined record could not be replayed."""
+
+
+class QuarantineReplayKafkaError(QuarantineReplayError, KafkaClientError):
+    """Kafka failed while a replay read the QUARANTINE topic (broker unreachable, ...)."""
 
 
 class NotReplayableError(QuarantineReplayError, InvalidArgumentError):
@@ -100,6 +118,10 @@ def read_headers(record: Any) -> tuple[list[tuple[str, bytes | None]], str | Non
         return [], str(exc)
 
 
+def _ours(name: str) -> bool:
+    return name.startswith(("QUARANTINE", "QUARANTINED"))
+
+
 def quarantine_copy(
     catalog: TopicCatalog,
     record: Any,
@@ -107,13 +129,19 @@ def quarantine_copy(
     quarantined_by: str,
     *,
     headers: RecordHeaders | None = None,
+    keep_value: bool = True,
 ) -> QuarantineCopy:
     """The quarantine copy of the consumed ``record`` (logged): services add it to the Kafka
     transaction of the batch the record belonged to.
 
     ``headers``: the record's headers when the caller has read them already (see
     :func:`read_headers`); otherwise they are read here. Headers that cannot be read are left
-    out and the reason says so.
+    out and the reason says so. Headers named like the quarantine topic's own are kept
+    under :data:`ORIGINAL_HEADER_PREFIX`.
+
+    ``keep_value=False`` makes the smallest copy, for a record whose full copy the topic
+    refused (too large): no value and none of its headers, with their size in bytes in
+    ``QUARANTINE_OMITTED_BYTES`` and the reason; its key and origin are kept.
     """
     if headers is None:
         kept, unreadable = read_headers(record)
@@ -121,6 +149,16 @@ def quarantine_copy(
             reason = f"{reason}; copied without its headers, which could not be read ({unreadable})"
     else:
         kept = list(headers)
+    kept = [(f"{ORIGINAL_HEADER_PREFIX}{k}" if _ours(k) else k, v) for k, v in kept]
+    value = record.value()
+    if not keep_value:
+        omitted = len(value or b"") + sum(len(k) + len(v or b"") for k, v in kept)
+        reason = (
+            f"{reason[: _MAX_REASON_CHARS // 2]}; its value and headers ({omitted} bytes) are "
+            "left out: the full copy did not fit"
+        )
+        kept = [(QUARANTINE_OMITTED_BYTES, str(omitted).encode())]
+        value = None
     kept += [
         (QUARANTINE_REASON, reason[:_MAX_REASON_CHARS].encode()),
         (QUARANTINE_SOURCE_TOPIC, record.topic().encode()),
@@ -140,7 +178,7 @@ def quarantine_copy(
     return QuarantineCopy(
         catalog.topic(SystemTopic.QUARANTINE),
         record.key(),
-        record.value(),
+        value,
         kept,
         timestamp if timestamp and timestamp > 0 else 0,
     )
@@ -150,11 +188,15 @@ def quarantine(
     producer: Any, catalog: TopicCatalog, record: Any, reason: str, quarantined_by: str
 ) -> None:
     """Produce the quarantine copy of the consumed ``record`` with ``producer`` (a
-    confluent-kafka producer; in a transaction the copy commits with it)."""
+    confluent-kafka producer; in a transaction the copy commits with it). Raises
+    :class:`~bridge.errors.KafkaClientError` if the producer refuses it."""
     copy = quarantine_copy(catalog, record, reason, quarantined_by)
-    producer.produce(
-        copy.topic, copy.value, copy.key, headers=copy.headers, timestamp=copy.timestamp_ms
-    )
+    try:
+        producer.produce(
+            copy.topic, copy.value, copy.key, headers=copy.headers, timestamp=copy.timestamp_ms
+        )
+    except (KafkaException, BufferError) as exc:
+        raise translate_error(exc, f"quarantining {record.topic()}[{record.partition()}]") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +215,9 @@ class QuarantinedRecord:
     """The original record's headers (text when UTF-8, else bytes)."""
     offset: int
     """Offset in the QUARANTINE topic."""
+    omitted_bytes: int = 0
+    """Size of the value and headers left out because the full copy did not fit, bytes (0:
+    kept whole)."""
 
 
 def _text(value: str | bytes | None, default: str = "") -> str:
@@ -188,28 +233,60 @@ def _int(value: str | bytes | None, default: int) -> int:
         return default
 
 
+def is_replay_marker(value: bytes | None, props: dict[str, str | bytes]) -> bool:
+    """Whether a QUARANTINE record is a replay's marker: no value and the resolved-offset
+    header, which quarantine copies never carry under that name."""
+    return value is None and QUARANTINE_RESOLVED_OFFSET in props
+
+
+def _original_headers(props: dict[str, str | bytes]) -> dict[str, str | bytes]:
+    out: dict[str, str | bytes] = {}
+    for name, value in props.items():
+        if name.startswith(ORIGINAL_HEADER_PREFIX):
+            out[name[len(ORIGINAL_HEADER_PREFIX) :]] = value
+        elif name not in _OURS:
+            out[name] = value
+    return out
+
+
 def read_quarantine(
     config: ClientConfig, *, timeout_ms: int = 5000, max_records: int | None = None
 ) -> Iterator[QuarantinedRecord]:
     """Every record in the QUARANTINE topic of ``config.namespace``, oldest first (replay
-    markers left out)."""
+    markers left out). Raises :class:`~bridge.errors.KafkaClientError` (e.g.
+    :class:`~bridge.errors.BrokerUnreachableError`) when the consumer fails for good, or
+    when no broker answered and nothing was read within ``timeout_ms``."""
     topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.QUARANTINE)
     consumer = new_consumer(config, f"bridge-quarantine-reader-{uuid.uuid4().hex[:12]}", "bridge")
     consumer.subscribe([topic])
     count = 0
+    seen = False
+    unreachable: KafkaError | None = None
     try:
+        try:  # an unreachable broker is an error, not an empty quarantine
+            consumer.list_topics(topic, timeout=timeout_ms / 1000)
+        except KafkaException as exc:
+            raise translate_error(exc, f"reading {topic}", BrokerUnreachableError) from exc
         deadline = time.monotonic() + timeout_ms / 1000
         while (max_records is None or count < max_records) and time.monotonic() < deadline:
             record = consumer.poll(0.2)
-            if record is None or record.error() is not None:
+            if record is None:
                 continue
+            error = record.error()
+            if error is not None:
+                if error.fatal():
+                    raise translate_error(error, f"reading {topic}", KafkaClientError)
+                if error.code() in _UNREACHABLE:
+                    unreachable = error
+                continue
+            seen = True
             offset = record.offset()
             if offset is None:
                 continue
             raw, _ = read_headers(record)
             props = decode_headers(raw)
             deadline = time.monotonic() + timeout_ms / 1000
-            if QUARANTINE_RESOLVED_OFFSET in props:
+            if is_replay_marker(record.value(), props):
                 continue
             count += 1
             yield QuarantinedRecord(
@@ -221,9 +298,13 @@ def read_quarantine(
                 quarantined_at_ms=_int(props.get(QUARANTINED_AT_MS), 0),
                 value=record.value(),
                 key=record.key(),
-                headers={k: v for k, v in props.items() if k not in _OURS},
+                headers=_original_headers(props),
                 offset=offset,
+                omitted_bytes=_int(props.get(QUARANTINE_OMITTED_BYTES), 0),
             )
+        if not seen and unreachable is not None:
+            # Not "nothing quarantined": the broker could not be asked.
+            raise translate_error(unreachable, f"reading {topic}", KafkaClientError)
     finally:
         consumer.close()
 
@@ -293,7 +374,7 @@ def _replayable(
     props = decode_headers(raw)
     if unreadable is not None:
         raise NotReplayableError(f"QUARANTINE offset {offset}: headers unreadable ({unreadable})")
-    if QUARANTINE_RESOLVED_OFFSET in props:
+    if is_replay_marker(record.value(), props):
         raise NotReplayableError(f"QUARANTINE offset {offset} is a replay marker")
     source = _text(props.get(QUARANTINE_SOURCE_TOPIC))
     delayed = (catalog.topic(SystemTopic.SCHEDULE), catalog.topic(SystemTopic.TIMER))
@@ -323,6 +404,10 @@ def _resolved(config: ClientConfig, topic: str, offset: int, timeout_s: float) -
         _, high = probe.get_watermark_offsets(
             TopicPartition(topic, 0), timeout=timeout_s, cached=False
         )
+    except KafkaException as exc:
+        raise translate_error(
+            exc, f"reading the end of {topic}", default=QuarantineReplayKafkaError
+        ) from exc
     finally:
         probe.close()
     if high <= offset + 1:
@@ -341,10 +426,16 @@ def _resolved(config: ClientConfig, topic: str, offset: int, timeout_s: float) -
             error = record.error()
             if error is None:
                 raw, _ = read_headers(record)
-                if dict(raw).get(QUARANTINE_RESOLVED_OFFSET) == str(offset).encode():
+                marker = is_replay_marker(record.value(), decode_headers(raw))
+                if marker and dict(raw).get(QUARANTINE_RESOLVED_OFFSET) == str(offset).encode():
                     return True
-            elif error.code() == KafkaError._PARTITION_EOF and (record.offset() or 0) >= high:
-                return False  # the end of what is committed, at or past the high watermark
+            elif error.code() == KafkaError._PARTITION_EOF:
+                if (record.offset() or 0) >= high:
+                    return False  # the end of what is committed, at or past the high watermark
+            elif error.fatal() or not error.retriable():
+                raise translate_error(
+                    error, f"reading {topic} after offset {offset}", QuarantineReplayKafkaError
+                )
     finally:
         scanner.close()
     raise QuarantineReplayError(

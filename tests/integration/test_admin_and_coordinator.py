@@ -179,3 +179,22 @@ def test_a_coordinator_refuses_a_compacted_half_topic(client_config: ClientConfi
         f"--entity-name {half.kafka_name} --add-config cleanup.policy=delete"
     )
     assert coordinator.state is ServiceState.SHUTDOWN_ALREADY
+
+
+@pytest.mark.parametrize("system", [SystemTopic.CHECK_MAX, SystemTopic.QUARANTINE])
+def test_a_parked_or_quarantine_topic_with_more_than_one_partition_is_refused(
+    client_config: ClientConfig, system: SystemTopic
+) -> None:
+    # Replay and the parked and quarantine views read partition 0 only: records in other
+    # partitions would be invisible to the operator.
+    catalog = TopicCatalog(namespace=client_config.namespace, transaction_partitions=1)
+    admin = TopicAdmin(client_config)
+    name = catalog.topic(system)
+    admin.ensure_topics([dataclasses.replace(catalog.spec(system), partitions=3)])
+    with pytest.raises(TopicProvisioningError) as refused:
+        admin.ensure_system_topics(catalog)
+    message = str(refused.value)
+    assert name in message and "3 partitions" in message and "exactly 1" in message
+    assert "kafka-topics.sh" in message and "--delete" in message
+    with pytest.raises(TopicProvisioningError):  # whatever strict says
+        admin.ensure_topics([catalog.spec(system)], strict=False)

@@ -7,6 +7,9 @@ client could: the producer's send-time checks must not be what keeps the coordin
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import os
 import socket
 import statistics
 import struct
@@ -558,3 +561,187 @@ def test_timer_records_whose_headers_cannot_be_read_do_not_stop_the_timer(
     produce_with_raw_headers(level_config.bootstrap_servers, timer_topic, 12, None, value, bad_key)
     (tier12,) = [q for q in delay_status(level_config) if q.kind == "tier" and q.index == 12]
     assert tier12.pending == 1 and tier12.next_due_ms is not None
+
+
+# --- deliveries that only time out, and bridge-made copies that do not fit -------------------
+
+
+class _Report:
+    """What a delivery report carries about a record that never reached the broker."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self._topic, self._partition = topic, partition
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+
+class Unacknowledged:
+    """Fault injection on a real transactional producer: records to ``topic`` are never
+    acknowledged while ``stuck`` is set, as when the partition's leader is offline. They are
+    not sent; as librdkafka does, their delivery reports say ``_MSG_TIMED_OUT`` once
+    ``message.timeout.ms`` has passed at commit, or purged when the transaction is aborted.
+    Records to other topics go to the broker as usual. Several producers may share one."""
+
+    def __init__(self, topic: str, message_timeout_s: float) -> None:
+        self.topic = topic
+        self.message_timeout_s = message_timeout_s
+        self.stuck = True
+        self.tries: list[float] = []
+        """When a record to ``topic`` was produced while stuck (monotonic s)."""
+
+    def wrap(self, real: Any) -> Any:
+        fault = self
+
+        class Producer:
+            def __init__(self) -> None:
+                self.held: list[tuple[Callable[..., None], int]] = []
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
+                if fault.stuck and topic == fault.topic:
+                    fault.tries.append(time.monotonic())
+                    self.held.append((kwargs["on_delivery"], kwargs.get("partition", -1)))
+                    return
+                real.produce(topic, *args, **kwargs)
+
+            def begin_transaction(self) -> None:
+                self.held = []
+                real.begin_transaction()
+
+            def commit_transaction(self, *args: Any) -> None:
+                if self.held:
+                    # The wait for an acknowledgement that never comes (message.timeout.ms).
+                    time.sleep(fault.message_timeout_s)
+                    self._report(KafkaError._MSG_TIMED_OUT)
+                    raise KafkaException(
+                        KafkaError(
+                            KafkaError._MSG_TIMED_OUT,
+                            "1 message(s) timed out",
+                            txn_requires_abort=True,
+                        )
+                    )
+                real.commit_transaction(*args)
+
+            def abort_transaction(self, *args: Any) -> None:
+                self._report(KafkaError._PURGE_QUEUE)
+                real.abort_transaction(*args)
+
+            def _report(self, code: int) -> None:
+                held, self.held = self.held, []
+                for on_delivery, partition in held:
+                    on_delivery(KafkaError(code), _Report(fault.topic, partition))
+
+        return Producer()
+
+
+def test_a_delivery_that_only_times_out_does_not_hold_the_others_back(
+    level_config: ClientConfig, topic: str
+) -> None:
+    stuck_topic, good = f"{topic}-stuck", f"{topic}-good"
+    TopicAdmin(level_config).ensure_topics(
+        [TopicSpec(stuck_topic, 1), TopicSpec(good, 1, {"message.timestamp.type": "LogAppendTime"})]
+    )
+    fault = Unacknowledged(stuck_topic, level_config.send_msg_timeout_ms / 1000)
+    sent: dict[str, tuple[float, int]] = {}
+    with Coordinator(coordinator_config(level_config, "slow")) as coordinator:
+        warm_up(level_config, f"{topic}-warm")
+        for service in coordinator.services:
+            if isinstance(service, (ScheduleDeliveryService, TimerService)):
+                service._producer = fault.wrap(service._producer)
+        with Producer("pg", config=level_config) as producer:
+            producer.send_sync(Message(stuck_topic, b"stuck", delay_time_level=1))
+            for i in range(16):
+                level = 1 + i % 2
+                producer.send_sync(Message(good, f"g{i}", delay_time_level=level))
+                sent[f"g{i}"] = (time.time(), level * 1000)
+                time.sleep(0.25)
+        got = {
+            m.body.decode(): (m.store_timestamp_ms or 0) / 1000
+            for m in read_messages(level_config, [good], max_messages=len(sent), timeout_ms=20_000)
+        }
+        assert got.keys() == sent.keys(), f"not delivered: {sorted(sent.keys() - got.keys())}"
+        wait_until(lambda: len(fault.tries) >= 3, timeout_s=30)
+        fault.stuck = False  # the partition is back
+        (delivered,) = list(
+            read_messages(level_config, [stuck_topic], max_messages=1, timeout_ms=30_000)
+        )
+        tries = list(fault.tries)
+        again = list(read_messages(level_config, [stuck_topic], timeout_ms=2000))
+    late_ms = {body: (got[body] - at) * 1000 - delay_ms for body, (at, delay_ms) in sent.items()}
+    gaps = [round(b - a, 2) for a, b in itertools.pairwise(tries)]
+    print(
+        f"good messages' lateness with a delivery that times out: p50 "
+        f"{statistics.median(late_ms.values()):.0f} ms, max {max(late_ms.values()):.0f} ms; "
+        f"tries of the stuck one {gaps} s apart"
+    )
+    assert max(late_ms.values()) <= PRECISION_MS + SLACK_MS, sorted(
+        late_ms.items(), key=lambda kv: -kv[1]
+    )[:5]
+    # Retried with a growing back-off, then delivered once, its delivery properties removed.
+    assert gaps[1] > gaps[0] + 0.5, gaps
+    assert delivered.body == b"stuck" and len(again) == 1
+    assert "DELIVERY_ATTEMPTS" not in delivered.properties
+    assert "DELIVERY_ERROR" not in delivered.properties
+    # A timeout is not the message's fault: never quarantined.
+    assert not list(read_quarantine(level_config, timeout_ms=500))
+
+
+def test_a_near_limit_record_whose_copies_do_not_fit_is_quarantined_without_its_body(
+    kafka_bootstrap: str, namespace: str, unique: Callable[[str], str]
+) -> None:
+    config = isolation_config(kafka_bootstrap, namespace)
+    coordinator = coordinator_config(config, "fit")
+    limit = 20_000
+    tight = (SystemTopic.SCHEDULE, SystemTopic.TIMER, SystemTopic.QUARANTINE)
+    admin = TopicAdmin(config)
+    admin.ensure_topics(
+        dataclasses.replace(spec, configs={**spec.configs, "max.message.bytes": str(limit)})
+        if spec.system in tight
+        else spec
+        for spec in coordinator.catalog.system_specs()
+    )
+    small, good, warm = unique("small"), unique("good"), unique("warm")
+    admin.ensure_topics(
+        [
+            TopicSpec(small, 1, {"max.message.bytes": "1024"}),
+            TopicSpec(good, 1, {"message.timestamp.type": "LogAppendTime"}),
+            TopicSpec(warm, 1),
+        ]
+    )
+    # Random bytes: compression cannot make the copies fit.
+    near = system_record(config, small, os.urandom(limit - 400), queue_id=0, level=1)
+    assert limit - 300 < len(near[2]) < limit - 150
+    sent: dict[str, tuple[float, int]] = {}
+    with Coordinator(coordinator):
+        warm_up(config, warm)
+        msg_id = write(config, near)
+        with Producer("pg", config=config) as producer:
+            for i in range(10):
+                level = 1 + i % 2
+                producer.send_sync(Message(good, f"g{i}", delay_time_level=level))
+                sent[f"g{i}"] = (time.time(), level * 1000)
+                time.sleep(0.2)
+        got = {
+            m.body.decode(): (m.store_timestamp_ms or 0) / 1000
+            for m in read_messages(config, [good], max_messages=len(sent), timeout_ms=20_000)
+        }
+        assert got.keys() == sent.keys(), f"not delivered: {sorted(sent.keys() - got.keys())}"
+        (kept,) = wait_until(
+            lambda: [k for k in read_quarantine(config, timeout_ms=1000) if small in k.reason],
+            timeout_s=30,
+        )
+    for body, (at, delay_ms) in sent.items():
+        assert got[body] - at <= (delay_ms + PRECISION_MS + SLACK_MS) / 1000, body
+    # Kept without its body, which did not fit: where it came from, how big it was, why.
+    assert kept.value is None
+    assert kept.source_topic == coordinator.catalog.topic(SystemTopic.SCHEDULE)
+    assert kept.source_partition == 0 and kept.source_offset >= 0
+    assert kept.omitted_bytes >= len(near[2])
+    assert "too large" in kept.reason.lower() and str(kept.omitted_bytes) in kept.reason
+    assert kept.key == msg_id.encode()

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from confluent_kafka import Producer as RawProducer
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import NewPartitions
 
 from bridge import read_messages
@@ -226,3 +227,54 @@ def test_operators_replay_a_quarantined_message_from_the_command_line(
     again = run_cli_failing("quarantine", "replay", str(offset), env=env)
     assert "AlreadyReplayedError" in again.stderr, again.stderr
     assert len(list(read_messages(client_config, [topic], timeout_ms=1000))) == 1
+
+
+def test_a_poison_record_carrying_quarantine_headers_is_listed_not_taken_for_a_marker(
+    client_config: ClientConfig,
+) -> None:
+    catalog = TopicCatalog(namespace=client_config.namespace, transaction_partitions=1)
+    TopicAdmin(client_config).ensure_system_topics(catalog)
+    half = catalog.topic(SystemTopic.HALF)
+    raw = RawProducer({"bootstrap.servers": client_config.bootstrap_servers})
+    foreign: list[tuple[str, str | bytes | None]] = [
+        ("QUARANTINE_RESOLVED_OFFSET", b"0"),
+        ("QUARANTINE_REASON", b"not ours"),
+        ("QUARANTINED_BY", b"replay"),
+    ]
+    raw.produce(half, b"\x00poison", b"k", headers=foreign)
+    assert raw.flush(10) == 0
+    consumer = new_consumer(client_config, "quarantine-foreign", "test")
+    consumer.assign([TopicPartition(half, 0, 0)])
+    record = wait_until(lambda: (r := consumer.poll(0.5)) is not None and r, timeout_s=20)
+    consumer.close()
+    producer = new_producer(client_config, "quarantine-foreign")
+    quarantine(producer, catalog, record, "undecodable", "test-service")
+    assert producer.flush(10) == 0
+
+    (kept,) = list(read_quarantine(client_config, timeout_ms=2000))
+    assert kept.value == b"\x00poison"
+    assert kept.reason == "undecodable" and kept.quarantined_by == "test-service"
+    assert kept.source_topic == half
+    # The original's headers come back under their own names, untouched.
+    assert kept.headers == {k: v.decode() for k, v in foreign if isinstance(v, bytes)}
+    # It is a quarantined record, not a marker: replay looks at it (and refuses it for what
+    # it is: not a delayed message), and offset 0 does not count as replayed.
+    with pytest.raises(NotReplayableError, match="not from"):
+        replay_quarantined(client_config, kept.offset)
+
+
+def test_replay_against_an_unreachable_broker_raises_a_typed_error() -> None:
+    from bridge.kafka.quarantine import _resolved
+    from bridge.runtime.local_kafka import free_port
+
+    config = ClientConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", request_timeout_ms=1500)
+    with pytest.raises(KafkaClientError):
+        _resolved(config, "rmq.QUARANTINE", 0, 1.5)
+
+
+def test_listing_the_quarantine_of_an_unreachable_broker_raises_a_typed_error() -> None:
+    from bridge.runtime.local_kafka import free_port
+
+    config = ClientConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", request_timeout_ms=1500)
+    with pytest.raises(KafkaClientError, match="QUARANTINE"):
+        list(read_quarantine(config, timeout_ms=3000))
