@@ -191,6 +191,9 @@ class _Batch:
     """Transaction id -> what became of its real record (None: stored)."""
     error: KafkaError | None = None
     """Why the Kafka transaction failed, as the producer said (None: it did not)."""
+    in_doubt: bool = False
+    """The transaction failed at or after its commit in a way that does not say whether it
+    committed (a timeout, a fatal error): only Kafka knows."""
 
     def add(
         self,
@@ -685,6 +688,9 @@ class TransactionService(TransactionalService):
                 self._offsets_dirty = True
                 logger.info("transaction %s: committed on its own", tid)
                 return
+            if batch.in_doubt:
+                self._reread(state, tid)
+                return
             err = batch.outcome.get(tid)
             if not is_permanent_delivery_error(err) and is_permanent_delivery_error(batch.error):
                 # Alone in its transaction: the transaction's own error (e.g. its topic could
@@ -713,6 +719,19 @@ class TransactionService(TransactionalService):
                 poison.attempts - 1
             )
 
+    def _reread(self, state: HalfPartition, tid: str) -> None:
+        """A transaction of its own for ``tid`` may or may not have committed: rebuild its
+        HALF partition from what Kafka holds (the OP records decide) before anything is tried
+        again, so the commit is never written twice. Its set-aside entry is kept (uncounted):
+        if the commit did not happen, its end request is read again and it is retried."""
+        logger.warning(
+            "transaction %s: whether its own Kafka transaction committed is unknown; "
+            "re-reading HALF partition %d",
+            tid, state.partition,
+        )  # fmt: skip
+        self._partitions.pop(state.partition, None)
+        self._to_recover.add(state.partition)
+
     def _park(self, state: HalfPartition, pending: PendingHalf, poison: _Poison) -> None:
         """Move a commit that cannot be delivered to the check-max topic with its reason (an
         operator replays it with ``bridge transactions replay`` once the cause is fixed)."""
@@ -729,6 +748,9 @@ class TransactionService(TransactionalService):
         batch.add(self.catalog.topic(SystemTopic.CHECK_MAX), parked, key=tid.encode())
         self._write_op(state, pending, OpAction.DISCARD, batch)
         if not self._commit_alone(batch):
+            if batch.in_doubt:
+                self._reread(state, tid)
+                return
             poison.next_attempt_ms = now_ms() + self.config.delivery_backoff_ms
             return
         state.resolve(pending)
@@ -802,13 +824,21 @@ class TransactionService(TransactionalService):
         """Write ``batch`` in a Kafka transaction of its own (no offsets). False when it
         failed; nothing else is rebuilt (nothing else was in it)."""
         producer = self._producer
+        committing = False
         try:
             self._produce_all(batch)
             producer.flush(self.timeout_s)
+            committing = True
             producer.commit_transaction(self.timeout_s)
         except (KafkaException, SystemError) as exc:
             failure = _as_kafka_exception(exc)
             batch.error = _kafka_error(failure)
+            # An error that requires an abort says the commit did not happen; a timeout or a
+            # fatal error does not (EndTxn may have been prepared, and a new producer's
+            # init_transactions then completes it).
+            batch.in_doubt = committing and (
+                batch.error is None or not batch.error.txn_requires_abort()
+            )
             self.transaction_failed(failure)
             return False
         self.committed_transactions += 1

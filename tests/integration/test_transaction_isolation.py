@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Producer as RawProducer
 from confluent_kafka.admin import (
     AclBinding,
@@ -700,3 +700,54 @@ def test_a_topic_the_acls_deny_writing_to_is_parked_and_the_other_commits_flow(
     assert parked.msg_id == doomed
     reason = parked.get_property(DELIVERY_ERROR) or ""
     assert "TOPIC_AUTHORIZATION_FAILED" in reason and denied in reason, parked.properties
+
+
+# --- a commit applied on its own whose outcome is unknown -----------------------------------------
+
+
+class CommitThenTimeOut:
+    """A real transactional producer whose first commit of a transaction that wrote to
+    ``topic`` really commits, then reports a timeout (an EndTxn answer that got lost)."""
+
+    def __init__(self, real: Any, topic: str) -> None:
+        self._real = real
+        self._topic = topic
+        self._wrote = False
+        self.tripped = 0
+
+    def produce(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        self._wrote = self._wrote or topic == self._topic
+        return self._real.produce(topic, *args, **kwargs)
+
+    def begin_transaction(self, *args: Any) -> Any:
+        self._wrote = False
+        return self._real.begin_transaction(*args)
+
+    def commit_transaction(self, *args: Any) -> Any:
+        self._real.commit_transaction(*args)
+        if self._wrote and not self.tripped:
+            self.tripped += 1
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out"))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_a_commit_on_its_own_whose_outcome_is_unknown_is_never_written_twice(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    client = no_auto_create(client_config)
+    late = unique("late")
+    writer = HalfWriter(client)
+    with Coordinator(coordinator_config(client)) as coordinator:
+        service = transaction_service(coordinator)
+        writer.commit(late, b"once")  # its topic is missing: set aside
+        wait_until(lambda: service.parked_for_delivery == 1, timeout_s=30)
+        wrapper = CommitThenTimeOut(service._producer, late)
+        service._producer = wrapper
+        create_topic(client, late)  # the next attempt on its own goes through
+        wait_until(lambda: wrapper.tripped, timeout_s=30)
+        got = bodies(client, late, 1, idle_ms=6000)
+        assert service.parked_for_delivery == 0
+    assert got == ["once"]
+    assert read_parked(client, timeout_ms=2000) == []
