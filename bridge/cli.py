@@ -634,10 +634,14 @@ def quarantine_list(ctx: click.Context, bootstrap_servers: str | None, count: in
     shown = 0
     for kept in read_quarantine(config, max_records=count):
         shown += 1
-        size = len(kept.value) if kept.value is not None else 0
+        if kept.omitted_bytes:  # too large to keep whole: kept without its value
+            size = f"{kept.omitted_bytes} bytes, value not kept"
+        else:
+            size = f"{len(kept.value) if kept.value is not None else 0} bytes"
         console.print(
             f"@{kept.offset} from {kept.source_topic}[{kept.source_partition}]@"
-            f"{kept.source_offset} by {kept.quarantined_by} ({size} bytes): {kept.reason}"
+            f"{kept.source_offset} by {kept.quarantined_by} ({size}): {kept.reason}",
+            markup=False,
         )
     if not shown:
         console.print("no quarantined records")

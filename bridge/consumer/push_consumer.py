@@ -271,16 +271,6 @@ def _error_text(error: object) -> str:
     return str(error)
 
 
-class _Valueless(_Headerless):
-    """A consumed record seen without its value nor headers: what is left to quarantine when
-    its whole copy is refused (too large)."""
-
-    __slots__ = ()
-
-    def value(self) -> Any:
-        return None
-
-
 class PushConsumer(Startable):
     """RocketMQ's push consumer: ``subscribe(topic, listener, expression)``, then
     :meth:`start`; :meth:`shutdown` when done (or use ``with``).
@@ -881,10 +871,11 @@ class PushConsumer(Startable):
             value = record.value()
             copy = quarantine_copy(
                 self._catalog,
-                _Valueless(record),
+                record,
                 f"{reason}; quarantined without its value of {len(value or b'')} bytes and "
                 f"its headers, the whole copy being refused ({refused})",
                 by,
+                keep_value=False,
             )
         else:
             try:
