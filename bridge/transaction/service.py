@@ -19,8 +19,13 @@ no authorization) never holds the others back. Such a commit is found before it 
 tried on its own, in a Kafka transaction of its own, a bounded number of times with back-off,
 and finally parked in the check-max topic with ``DELIVERY_ERROR`` (the reason) and
 ``DELIVERY_ATTEMPTS``, where ``bridge transactions replay`` re-drives it once the cause is
-fixed. A failure that names no record (the broker, the network) rebuilds and retries the
-whole batch, with back-off: nothing is lost.
+fixed. When the Kafka transaction failed as a whole for a record's reason that no report
+names (a topic that denies Write but allows Describe), each of its commits is tried on its own.
+A commit on its own whose outcome is unknown (a commit timeout) re-reads its partition from
+Kafka before it is tried again. A failure that names no record (the broker, the network)
+rebuilds and retries the whole batch, with back-off: nothing is lost. Check-back is isolated
+the same way: a check that cannot be made counts as a check, and a transaction whose check
+outputs cannot be written is checked on its own and parked with the reason.
 
 Recovery of a partition: read OP records written since the oldest undecided half message
 (found by time: HALF and OP use the broker's clock), then replay HALF from the committed offset.
@@ -177,6 +182,8 @@ class _Write:
     timestamp: int = 0
     on_delivery: Any = None
     owner: str | None = None
+    about: str | None = None
+    """The transaction a bridge-made output (check copy, check request, parked copy) is for."""
 
 
 @dataclass
@@ -194,6 +201,13 @@ class _Batch:
     in_doubt: bool = False
     """The transaction failed at or after its commit in a way that does not say whether it
     committed (a timeout, a fatal error): only Kafka knows."""
+    current: str | None = None
+    """While set, what :meth:`add` writes is a bridge-made output for this transaction."""
+    about: dict[str, int] = field(default_factory=dict)
+    """Transaction id -> HALF partition of each transaction with bridge-made outputs."""
+    side: dict[str, KafkaError | None] = field(default_factory=dict)
+    """Transaction id -> what became of its bridge-made outputs (the first failure, or None
+    once one was stored and none failed)."""
 
     def add(
         self,
@@ -206,10 +220,27 @@ class _Batch:
         timestamp: int = 0,
         on_delivery: Any = None,
     ) -> None:
+        about = self.current
+        if about is not None:
+            on_delivery = self._noting(about, on_delivery)
         self.records.append(
-            _Write(topic, value, partition, key, headers or (), timestamp, on_delivery)
+            _Write(topic, value, partition, key, headers or (), timestamp, on_delivery, None, about)
         )
         self.dirty = True
+
+    def _noting(self, about: str, then: Any) -> Any:
+        """A delivery callback that notes the outcome of an output for ``about``."""
+
+        def report(err: KafkaError | None, kmsg: Any) -> None:
+            if err is not None:
+                if self.side.get(about) is None:
+                    self.side[about] = err
+            else:
+                self.side.setdefault(about, None)
+            if then is not None:
+                then(err, kmsg)
+
+        return report
 
     def add_real(self, transaction_id: str, half_partition: int, real: RealRecord) -> None:
         """The real record of a commit, its delivery report noted in :attr:`outcome`."""
@@ -223,6 +254,18 @@ class _Batch:
         write.owner = transaction_id
         self.records.append(write)
         self.dirty = True
+
+
+@dataclass(slots=True)
+class _BadCheck:
+    """A transaction whose check-back outputs made a Kafka transaction fail: it is checked
+    on its own, and parked after ``ServiceConfig.delivery_attempts`` permanent failures."""
+
+    attempts: int = 0
+    """Failures for a permanent reason so far (0: only a suspect)."""
+    reason: str = ""
+    park_failures: int = 0
+    """Parked copies refused so far (the next one leaves the body out)."""
 
 
 @dataclass(slots=True)
@@ -258,6 +301,8 @@ class TransactionService(TransactionalService):
         self._to_recover: set[int] = set()
         self._known_check_topics: set[str] = set()
         self._check_topic_errors: dict[str, tuple[str, int]] = {}
+        self._bad_checks: dict[str, _BadCheck] = {}
+        """Transactions checked on their own (their check-back outputs failed), by id."""
         """Check topic -> (why it could not be had, when that was found, ms)."""
         self._admin: TopicAdmin | None = None
         self._poison: dict[str, _Poison] = {}
@@ -315,6 +360,7 @@ class TransactionService(TransactionalService):
             self._to_recover.discard(p)
         # The next owner finds these commits again (from its own delivery attempts).
         self._poison = {t: x for t, x in self._poison.items() if x.half_partition not in revoked}
+        self._bad_checks.clear()  # found again (if still bad) by whoever owns them next
         logger.info("%s: revoked HALF partitions %s", self.name, sorted(revoked))
 
     def on_stop(self) -> None:
@@ -340,14 +386,128 @@ class TransactionService(TransactionalService):
         now = now_ms()
         self._commit_alone_due(now)
         checks = _Batch()
+        alone: list[tuple[HalfPartition, PendingHalf]] = []
         for state in list(self._partitions.values()):
             for pending in state.put_backs_due(now, _CHECKS_PER_CYCLE):
+                checks.current = pending.transaction_id
+                checks.about[pending.transaction_id] = state.partition
                 self._put_back(state, pending, checks)
             for pending in state.due(now, _CHECKS_PER_CYCLE):
+                if pending.transaction_id in self._bad_checks:
+                    alone.append((state, pending))
+                    continue
+                checks.current = pending.transaction_id
+                checks.about[pending.transaction_id] = state.partition
                 self._check_or_discard(state, pending, now, checks)
+        checks.current = None
         if not self._commit(checks):
             # A check topic deleted meanwhile is created again by the next check.
             self._known_check_topics.clear()
+            self._set_aside_checks(checks)
+        for state, pending in alone[:_ALONE_PER_CYCLE]:
+            if self._partitions.get(state.partition) is state:
+                self._check_alone(state, pending, now)
+        for state, pending in alone[_ALONE_PER_CYCLE:]:
+            state.postpone(pending, now, self.config.delivery_backoff_ms)
+
+    # --- checks whose outputs cannot be written ----------------------------------------------
+    def _set_aside_checks(self, batch: _Batch) -> None:
+        """After a failed checks transaction: the transactions whose outputs (check copy,
+        check request, put-back or parked copy) failed for a permanent reason are checked on
+        their own from now on, and parked after ``delivery_attempts`` such failures; when the
+        transaction's own error is permanent and no report names an output, every
+        transaction of the batch is a suspect, checked on its own (uncounted) to find it."""
+        named = {
+            tid: err for tid, err in batch.side.items()
+            if err is not None and is_permanent_delivery_error(err)
+        }  # fmt: skip
+        suspects: list[str] = []
+        if not named and is_permanent_delivery_error(batch.error):
+            assert batch.error is not None
+            unacknowledged = [t for t in batch.about if batch.side.get(t, batch.error) is not None]
+            if len(unacknowledged) == 1:
+                named[unacknowledged[0]] = batch.error
+            else:
+                suspects = unacknowledged
+        for tid, err in named.items():
+            bad = self._bad_checks.setdefault(tid, _BadCheck())
+            bad.attempts += 1
+            bad.reason = f"its check-back output could not be written: {err.str()} ({err.name()})"
+            logger.warning(
+                "transaction %s: %s (attempt %d of %d); checked on its own",
+                tid, bad.reason, bad.attempts, self.config.delivery_attempts,
+            )  # fmt: skip
+        for tid in suspects:
+            self._bad_checks.setdefault(tid, _BadCheck())
+
+    def _check_alone(self, state: HalfPartition, pending: PendingHalf, now: int) -> None:
+        """Check (or park) one transaction whose check-back outputs made a transaction fail,
+        in a Kafka transaction of its own; parked with the reason after
+        ``delivery_attempts`` permanent failures."""
+        tid = pending.transaction_id
+        bad = self._bad_checks[tid]
+        batch = _Batch(current=tid)
+        batch.about[tid] = state.partition
+        parking = bad.attempts >= self.config.delivery_attempts
+        if parking:
+            self._park_check(state, pending, bad, batch)
+        else:
+            self._check_or_discard(state, pending, now, batch)
+        if self._commit_alone(batch):
+            self._bad_checks.pop(tid, None)
+            self._offsets_dirty = True
+            return
+        err = batch.side.get(tid)
+        if not is_permanent_delivery_error(err):
+            err = batch.error
+        if err is not None and is_permanent_delivery_error(err) and not batch.in_doubt:
+            if parking:
+                bad.park_failures += 1
+            else:
+                bad.attempts += 1
+            bad.reason = f"its check-back output could not be written: {err.str()} ({err.name()})"
+            logger.warning(
+                "transaction %s: %s (attempt %d of %d)",
+                tid, bad.reason, bad.attempts, self.config.delivery_attempts,
+            )  # fmt: skip
+        # The state was changed optimistically (or the outcome is unknown): rebuild the
+        # partition from Kafka before this is tried again.
+        self._partitions.pop(state.partition, None)
+        self._to_recover.add(state.partition)
+
+    def _park_check(
+        self, state: HalfPartition, pending: PendingHalf, bad: _BadCheck, batch: _Batch
+    ) -> None:
+        """Park a transaction whose check-back cannot be written, with the reason. When even
+        its parked copy was refused, the copy leaves the body out (its size and where the
+        half message is are in the reason; it stays there until the HALF retention)."""
+        reason = bad.reason
+        body: bytes | None = None
+        if bad.park_failures:
+            body = b""
+            reason += (
+                f"; parked without its body of {len(pending.message.body)} bytes (the half "
+                f"message is at {self._half}[{state.partition}]@{pending.offset})"
+            )
+        msg = pending.message
+        props = msg.properties
+        props[MessageConst.TRANSACTION_CHECK_TIMES] = str(pending.check_times)
+        props[DELIVERY_ATTEMPTS] = str(bad.attempts)
+        props[DELIVERY_ERROR] = reason[:_MAX_DELIVERY_ERROR_CHARS]
+        parked = encode_envelope(
+            msg.msg_id, msg.body if body is None else body, props, msg.born_timestamp_ms,
+            msg.born_host,
+        )  # fmt: skip
+        logger.warning(
+            "transaction %s (group %s) parked in %s: %s",
+            pending.transaction_id, pending.producer_group,
+            self.catalog.topic(SystemTopic.CHECK_MAX), reason,
+        )  # fmt: skip
+        batch.add(
+            self.catalog.topic(SystemTopic.CHECK_MAX), parked, key=pending.transaction_id.encode()
+        )
+        self._write_op(state, pending, OpAction.DISCARD, batch)
+        state.resolve(pending)
 
     def _follow_positions(self, consumer: Consumer) -> None:
         """Move each partition's read position to the consumer's: past the transaction
@@ -775,8 +935,11 @@ class TransactionService(TransactionalService):
                     timestamp=w.timestamp, on_delivery=w.on_delivery,
                 )  # fmt: skip
             except KafkaException as exc:
-                if w.owner is not None and exc.args and isinstance(exc.args[0], KafkaError):
-                    batch.outcome[w.owner] = exc.args[0]
+                if exc.args and isinstance(exc.args[0], KafkaError):
+                    if w.owner is not None:
+                        batch.outcome[w.owner] = exc.args[0]
+                    if w.about is not None:
+                        batch.side[w.about] = exc.args[0]
                 raise
 
     def _commit(self, batch: _Batch) -> bool:

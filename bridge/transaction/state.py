@@ -263,9 +263,12 @@ class HalfPartition:
         pending.check_error = reason
         self.checked(pending, now_ms)
 
-    def postpone(self, pending: PendingHalf, now_ms: int) -> None:
-        """A check could not be made: try again an interval later (not counted)."""
-        pending.next_check_ms = now_ms + self.policy.check_interval_ms
+    def postpone(self, pending: PendingHalf, now_ms: int, delay_ms: int | None = None) -> None:
+        """A check could not be made: try again ``delay_ms`` later (an interval when None),
+        not counted."""
+        pending.next_check_ms = now_ms + (
+            self.policy.check_interval_ms if delay_ms is None else delay_ms
+        )
         heapq.heappush(
             self._schedule, (pending.next_check_ms, pending.transaction_id, pending.check_times)
         )

@@ -751,3 +751,33 @@ def test_a_commit_on_its_own_whose_outcome_is_unknown_is_never_written_twice(
         assert service.parked_for_delivery == 0
     assert got == ["once"]
     assert read_parked(client, timeout_ms=2000) == []
+
+
+def test_a_check_topic_the_acls_deny_writing_to_parks_its_message_and_other_checks_go_on(
+    authorizing_broker: str, namespace: str, unique: Callable[[str], str]
+) -> None:
+    client = ClientConfig(bootstrap_servers=authorizing_broker, namespace=namespace)
+    target = unique("target")
+    catalog = TopicCatalog(namespace=namespace)
+    other = f"tx_ok_{uuid.uuid4().hex[:6]}"
+    TopicAdmin(client).ensure_topics([catalog.check_topic_spec(GROUP, 1)])
+    # Every check of GROUP fails as a whole (a partition the transaction cannot add), and
+    # the reports only say "purged".
+    deny(client, catalog.check_topic(GROUP), AclOperation.WRITE)
+    writer = HalfWriter(client)
+    with Coordinator(coordinator_config(client, check_max=2)):
+        denied, _ = writer.half_message(target, b"never checked")
+        fine, _ = writer.half_message(
+            target, b"checked", properties={MessageConst.PRODUCER_GROUP: other}
+        )
+        parked = wait_until(
+            lambda: (p := read_parked(client, timeout_ms=2000)) and len(p) >= 2 and p,
+            timeout_s=90,
+        )
+    by_id = {m.msg_id: m for m in parked}
+    assert sorted(by_id) == sorted([denied, fine])
+    assert [r.check_times for r in check_requests(client, other)] == [1, 2]
+    assert by_id[fine].get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "2"
+    reason = by_id[denied].get_property(DELIVERY_ERROR) or ""
+    assert "check-back" in reason and "TOPIC_AUTHORIZATION_FAILED" in reason, reason
+    assert by_id[denied].get_property(DELIVERY_ATTEMPTS) == "3"
