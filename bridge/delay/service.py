@@ -72,6 +72,12 @@ _SLOW_ACK_S = 0.4
 transaction is set aside for a back-off instead of holding the transaction (and every other
 due message) for the whole ``message.timeout.ms``, s. Doubles from a message's fourth
 unacknowledged try on, so that a target that is only slow is delivered in the end."""
+_SLOW_ACK_MAX_SHARE = 0.1
+_SMALL_TRANSACTION = 10
+"""Early set-aside of fresh deliveries is for a few stragglers: in a transaction of more than
+:data:`_SMALL_TRANSACTION` records, when more than :data:`_SLOW_ACK_MAX_SHARE` of them (and more
+than one) are still unacknowledged, the broker is busy rather than one target stuck, and the
+commit waits for them."""
 _MAX_BACKOFF_MS = 60_000
 """The longest back-off between two deliveries of a message that keeps timing out, ms."""
 RECORD_ERRORS: Final = (WireFormatError, ValueError, TypeError, SystemError, ArithmeticError)
@@ -608,13 +614,21 @@ class _FifoDelayService(TransactionalService):
                         )
                 # The offset commit answered, so the broker lives: a record alone in its
                 # transaction or one that timed out before is set aside; several fresh ones
-                # all slow look like a slow broker: the commit waits for them.
+                # all slow look like a slow broker: the commit waits for them. So does a large
+                # transaction (a burst, a backlog) with more than a few stragglers: its
+                # deliveries are acknowledged in waves, and setting the later waves aside would
+                # make them late by a back-off.
                 fresh = [
                     i
                     for i in tries
                     if tries[i] == 0 and (units[i].held.partition, units[i].held.offset) in slow
                 ]
-                if slow and (len(slow) < len(units_sent) or len(units_sent) == 1 or not fresh):
+                few = len(units_sent) <= _SMALL_TRANSACTION or len(slow) <= max(
+                    1, int(len(units_sent) * _SLOW_ACK_MAX_SHARE)
+                )
+                if slow and (
+                    not fresh or (few and (len(slow) < len(units_sent) or len(units_sent) == 1))
+                ):
                     for key, why in slow.items():
                         self._slow[key] = why
                     logger.warning("%s: deliveries set aside: %s", self.name, sorted(slow.values()))
