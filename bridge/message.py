@@ -68,6 +68,9 @@ class MessageConst:
     DELIVERY_ERROR: Final = "DELIVERY_ERROR"
     """Not a RocketMQ property: why the last delivery attempt failed (at most 500 characters);
     removed when the message reaches its real topic."""
+    BODY_OMITTED_BYTES: Final = "BODY_OMITTED_BYTES"
+    """Not a RocketMQ property: a parked copy kept without its body, too large to be kept whole
+    (the body's size in bytes); such a copy is never replayed."""
 
     KEY_SEPARATOR: Final = " "
 
@@ -119,6 +122,7 @@ SystemPropertyName = Literal[
     "BORN_HOST",
     "DELIVERY_ATTEMPTS",
     "DELIVERY_ERROR",
+    "BODY_OMITTED_BYTES",
 ]
 """The values of :data:`SYSTEM_PROPERTIES` as a type: ``get_property(MessageConst.X)`` is
 ``str | None``."""

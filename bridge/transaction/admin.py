@@ -157,6 +157,14 @@ def resolve_parked(config: ClientConfig, msg_id: str, action: OpAction) -> Messa
         raise InvalidArgumentError(f"no parked, unresolved message with id {msg_id!r}")
     msg = parked[-1]
     verb = "replaying" if action is OpAction.COMMIT else "dropping"
+    omitted = msg.get_property(MessageConst.BODY_OMITTED_BYTES)
+    if action is OpAction.COMMIT and omitted is not None:
+        raise ParkedReplayError(
+            f"replaying parked message {msg_id}: it was parked without its body of {omitted} "
+            f"bytes ({msg.get_property(MessageConst.DELIVERY_ERROR) or 'too large to keep'}); "
+            "delivering it would deliver an empty message. Drop it, or re-send it from its "
+            "half message while HALF still holds it"
+        )
     real = committed_record(msg, config.namespace) if action is OpAction.COMMIT else None
     producer = new_producer(
         config,

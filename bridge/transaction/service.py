@@ -279,6 +279,8 @@ class _Poison:
     reason: str
     next_attempt_ms: int
     transient_failures: int = 0
+    park_failures: int = 0
+    """Times its parked copy was refused; after one, it is parked without its body."""
 
 
 class TransactionService(TransactionalService):
@@ -491,6 +493,8 @@ class TransactionService(TransactionalService):
             )
         msg = pending.message
         props = msg.properties
+        if body is not None:  # replaying this copy would deliver an empty message
+            props[MessageConst.BODY_OMITTED_BYTES] = str(len(msg.body))
         props[MessageConst.TRANSACTION_CHECK_TIMES] = str(pending.check_times)
         props[DELIVERY_ATTEMPTS] = str(bad.attempts)
         props[DELIVERY_ERROR] = reason[:_MAX_DELIVERY_ERROR_CHARS]
@@ -719,12 +723,18 @@ class TransactionService(TransactionalService):
             on_delivery=copy_delivered,
         )  # fmt: skip
 
-    def _envelope(self, pending: PendingHalf, **changes: PropertyValue) -> bytes:
-        """``pending``'s half message with properties ``changes`` set."""
+    def _envelope(
+        self, pending: PendingHalf, body: bytes | None = None, /, **changes: PropertyValue
+    ) -> bytes:
+        """``pending``'s half message with properties ``changes`` set (and ``body`` instead
+        of its own, if given)."""
         msg = pending.message
         props = msg.properties
         props.update(changes)
-        return encode_envelope(msg.msg_id, msg.body, props, msg.born_timestamp_ms, msg.born_host)
+        return encode_envelope(
+            msg.msg_id, msg.body if body is None else body, props, msg.born_timestamp_ms,
+            msg.born_host,
+        )  # fmt: skip
 
     def _with_check_times(self, pending: PendingHalf, check_times: int) -> bytes:
         return self._envelope(pending, **{MessageConst.TRANSACTION_CHECK_TIMES: str(check_times)})
@@ -896,14 +906,22 @@ class TransactionService(TransactionalService):
         """Move a commit that cannot be delivered to the check-max topic with its reason (an
         operator replays it with ``bridge transactions replay`` once the cause is fixed)."""
         tid = pending.transaction_id
-        parked = self._envelope(
-            pending,
-            **{
-                MessageConst.TRANSACTION_CHECK_TIMES: str(pending.check_times),
-                DELIVERY_ATTEMPTS: str(poison.attempts),
-                DELIVERY_ERROR: poison.reason[:_MAX_DELIVERY_ERROR_CHARS],
-            },
-        )
+        changes: dict[str, PropertyValue] = {
+            MessageConst.TRANSACTION_CHECK_TIMES: str(pending.check_times),
+            DELIVERY_ATTEMPTS: str(poison.attempts),
+            DELIVERY_ERROR: poison.reason[:_MAX_DELIVERY_ERROR_CHARS],
+        }
+        body = None
+        if poison.park_failures:
+            # The whole copy was refused (too large for the check-max topic): park it without
+            # its body, marked so that it is never replayed as an empty message.
+            body = b""
+            changes[MessageConst.BODY_OMITTED_BYTES] = str(len(pending.message.body))
+            changes[DELIVERY_ERROR] = (
+                f"{poison.reason}; parked without its body (the half message is at "
+                f"{self._half}[{state.partition}]@{pending.offset})"
+            )[:_MAX_DELIVERY_ERROR_CHARS]
+        parked = self._envelope(pending, body, **changes)
         batch = _Batch()
         batch.add(self.catalog.topic(SystemTopic.CHECK_MAX), parked, key=tid.encode())
         self._write_op(state, pending, OpAction.DISCARD, batch)
@@ -911,7 +929,17 @@ class TransactionService(TransactionalService):
             if batch.in_doubt:
                 self._reread(state, tid)
                 return
-            poison.next_attempt_ms = now_ms() + self.config.delivery_backoff_ms
+            poison.park_failures += 1
+            if poison.park_failures > 1:
+                logger.error(
+                    "transaction %s: even its body-less parked copy was refused %d times; "
+                    "its HALF partition %d cannot move past it until the check-max topic "
+                    "takes it", tid, poison.park_failures - 1, state.partition,
+                )  # fmt: skip
+            poison.next_attempt_ms = now_ms() + min(
+                self.config.delivery_backoff_ms * 2 ** (poison.park_failures - 1),
+                _TRANSIENT_BACKOFF_MAX_MS,
+            )
             return
         state.resolve(pending)
         self._poison.pop(tid, None)

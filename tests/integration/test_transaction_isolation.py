@@ -781,3 +781,32 @@ def test_a_check_topic_the_acls_deny_writing_to_parks_its_message_and_other_chec
     reason = by_id[denied].get_property(DELIVERY_ERROR) or ""
     assert "check-back" in reason and "TOPIC_AUTHORIZATION_FAILED" in reason, reason
     assert by_id[denied].get_property(DELIVERY_ATTEMPTS) == "3"
+
+
+def test_a_commit_too_large_to_park_whole_is_parked_without_its_body_and_never_replayed_empty(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    client = no_auto_create(client_config)
+    catalog = TopicCatalog(namespace=client.namespace, transaction_partitions=1)
+    # The check-max topic takes less than HALF does: a whole parked copy of a big message
+    # does not fit there.
+    check_max = catalog.spec(SystemTopic.CHECK_MAX)
+    create_topic(client, check_max.kafka_name, **{**check_max.configs, "max.message.bytes": "4096"})
+    missing = unique("missing")
+    writer = HalfWriter(client)
+    with Coordinator(coordinator_config(client)):
+        tid = writer.commit(missing, b"x" * 8192)
+        parked = wait_until(
+            lambda: [m for m in read_parked(client, timeout_ms=2000) if m.msg_id == tid],
+            timeout_s=60,
+        )
+    (msg,) = parked
+    assert msg.body == b""
+    assert msg.get_property(MessageConst.BODY_OMITTED_BYTES) == "8192", msg.properties
+    assert "parked without its body" in (msg.get_property(DELIVERY_ERROR) or ""), msg.properties
+    create_topic(client, missing)
+    with pytest.raises(KafkaClientError, match="parked without its body of 8192 bytes"):
+        resolve_parked(client, tid, OpAction.COMMIT)
+    assert list(read_messages(client, [missing], timeout_ms=500)) == []
+    resolve_parked(client, tid, OpAction.ROLLBACK)  # an operator can still drop it
+    assert read_parked(client, timeout_ms=2000) == []
