@@ -266,6 +266,11 @@ class _BadCheck:
     reason: str = ""
     park_failures: int = 0
     """Parked copies refused so far (the next one leaves the body out)."""
+    failures: int = 0
+    """Failed tries on its own, of any kind: the back-off grows with them."""
+    next_attempt_ms: int = 0
+    """Not tried on its own again before this (epoch ms): a failure rebuilds the partition,
+    and without a wait the rebuilt transaction would be due, and fail, at once."""
 
 
 @dataclass(slots=True)
@@ -395,8 +400,12 @@ class TransactionService(TransactionalService):
                 checks.about[pending.transaction_id] = state.partition
                 self._put_back(state, pending, checks)
             for pending in state.due(now, _CHECKS_PER_CYCLE):
-                if pending.transaction_id in self._bad_checks:
-                    alone.append((state, pending))
+                bad = self._bad_checks.get(pending.transaction_id)
+                if bad is not None:
+                    if bad.next_attempt_ms > now:
+                        state.postpone(pending, now, bad.next_attempt_ms - now)
+                    else:
+                        alone.append((state, pending))
                     continue
                 checks.current = pending.transaction_id
                 checks.about[pending.transaction_id] = state.partition
@@ -472,6 +481,10 @@ class TransactionService(TransactionalService):
                 "transaction %s: %s (attempt %d of %d)",
                 tid, bad.reason, bad.attempts, self.config.delivery_attempts,
             )  # fmt: skip
+        bad.failures += 1
+        bad.next_attempt_ms = now_ms() + min(
+            self.config.delivery_backoff_ms * 2 ** (bad.failures - 1), _TRANSIENT_BACKOFF_MAX_MS
+        )
         # The state was changed optimistically (or the outcome is unknown): rebuild the
         # partition from Kafka before this is tried again.
         self._partitions.pop(state.partition, None)
@@ -578,6 +591,8 @@ class TransactionService(TransactionalService):
                 end.transaction_id, end.status.value, end.producer_id,
             )  # fmt: skip
             return
+        # Decided by its producer: no check of it is needed any more, on its own or not.
+        self._bad_checks.pop(end.transaction_id, None)
         if end.status is TransactionStatus.COMMIT:
             self._apply_commit(state, pending, batch)
         else:
