@@ -309,6 +309,9 @@ class TransactionService(TransactionalService):
         self._known_check_topics: set[str] = set()
         self._check_topic_errors: dict[str, tuple[str, int]] = {}
         self._bad_checks: dict[str, _BadCheck] = {}
+        self._shrink_quarantine: set[tuple[int, int]] = set()
+        """HALF (partition, offset) of malformed records whose whole quarantine copy was
+        refused: quarantined without their value next time."""
         """Transactions checked on their own (their check-back outputs failed), by id."""
         """Check topic -> (why it could not be had, when that was found, ms)."""
         self._admin: TopicAdmin | None = None
@@ -569,10 +572,23 @@ class TransactionService(TransactionalService):
             else:
                 raise WireFormatError(f"a {name} record does not belong in the HALF topic")
         except (WireFormatError, ValueError, KeyError) as exc:
-            copy = quarantine_copy(self.catalog, record, str(exc), self.name)
+            where = (record.partition(), offset)
+            copy = quarantine_copy(
+                self.catalog, record, str(exc), self.name,
+                keep_value=where not in self._shrink_quarantine,
+            )  # fmt: skip
+
+            def refused(err: KafkaError | None, _: Any, where: tuple[int, int] = where) -> None:
+                # Too large for QUARANTINE whole (a record near HALF's limit): the rebuilt
+                # batch quarantines it without its value, so the others are not held back.
+                if is_permanent_delivery_error(err):
+                    self._shrink_quarantine.add(where)
+                elif err is None:
+                    self._shrink_quarantine.discard(where)
+
             batch.add(
                 copy.topic, copy.value, key=copy.key, headers=copy.headers,
-                timestamp=copy.timestamp_ms,
+                timestamp=copy.timestamp_ms, on_delivery=refused,
             )  # fmt: skip
             state.on_other(offset)
 

@@ -42,6 +42,7 @@ from bridge.errors import BridgeError, KafkaClientError
 from bridge.kafka import clients as clients_module
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
+from bridge.kafka.quarantine import read_quarantine
 from bridge.message import MessageConst, now_ms
 from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
 from bridge.transaction import service as service_module
@@ -810,3 +811,27 @@ def test_a_commit_too_large_to_park_whole_is_parked_without_its_body_and_never_r
     assert list(read_messages(client, [missing], timeout_ms=500)) == []
     resolve_parked(client, tid, OpAction.ROLLBACK)  # an operator can still drop it
     assert read_parked(client, timeout_ms=2000) == []
+
+
+def test_a_malformed_half_record_too_large_to_quarantine_whole_holds_nothing_back(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    catalog = TopicCatalog(namespace=client_config.namespace, transaction_partitions=1)
+    quarantine = catalog.spec(SystemTopic.QUARANTINE)
+    create_topic(
+        client_config, quarantine.kafka_name, **{**quarantine.configs, "max.message.bytes": "4096"}
+    )
+    good = unique("good")
+    create_topic(client_config, good)
+    writer = HalfWriter(client_config)
+    with Coordinator(coordinator_config(client_config)):
+        writer._write(b"\x00not an envelope" + b"x" * 8192, "garbage")
+        for i in range(3):
+            writer.commit(good, f"g{i}".encode())
+        assert sorted(bodies(client_config, good, 3)) == ["g0", "g1", "g2"]
+        kept = wait_until(
+            lambda: list(read_quarantine(client_config, timeout_ms=1000)), timeout_s=30
+        )
+    (q,) = kept
+    assert q.value in (None, b"") and q.omitted_bytes >= 8192, q
+    assert q.source_topic == catalog.topic(SystemTopic.HALF)
