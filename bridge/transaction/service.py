@@ -907,6 +907,7 @@ class TransactionService(TransactionalService):
                 )
                 return
             problem = delivery_problem(real.topic, err)
+            self._remember_refusal(real.topic, err, problem)
         poison.attempts += 1
         poison.reason = problem
         logger.warning(
@@ -919,6 +920,16 @@ class TransactionService(TransactionalService):
             poison.next_attempt_ms = now + self.config.delivery_backoff_ms * 2 ** (
                 poison.attempts - 1
             )
+
+    def _remember_refusal(self, topic: str, err: KafkaError, problem: str) -> None:
+        """A topic that refuses every write (not authorized) while its metadata looks fine
+        (Describe allowed) is remembered as refusing for :data:`_MISSING_CACHE_MS`: the commits
+        for it meanwhile are set aside before the batch instead of failing it, one at a
+        time, for the others."""
+        if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            if len(self._targets) >= _TARGET_CACHE_SIZE:
+                self._targets.clear()
+            self._targets[topic] = (problem, 0, now_ms())
 
     def _reread(self, state: HalfPartition, tid: str) -> None:
         """A transaction of its own for ``tid`` may or may not have committed: rebuild its
