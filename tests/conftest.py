@@ -64,6 +64,26 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         broker.stop()
 
 
+@pytest.fixture(scope="session")
+def authorizing_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A broker of its own with an authorizer (``StandardAuthorizer``) that allows what no ACL
+    mentions: tests deny what they need on topics only they use."""
+    broker = LocalKafka(
+        LocalKafkaConfig(
+            data_dir=tmp_path_factory.mktemp("kafka-acl"),
+            properties={
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "allow.everyone.if.no.acl.found": "true",
+            },
+        )
+    )
+    broker.start()
+    try:
+        yield broker.bootstrap_servers
+    finally:
+        broker.stop()
+
+
 @pytest.fixture()
 def unique(request: pytest.FixtureRequest) -> Callable[[str], str]:
     """Make a name unique to this test: ``unique("orders")`` -> ``orders-test_x-1a2b3c4d``."""

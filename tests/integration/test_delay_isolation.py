@@ -41,7 +41,6 @@ from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine
 from bridge.kafka.transactional import is_permanent_delivery_error
 from bridge.message import MessageConst
-from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
 from tests.conftest import wait_until
 from tests.integration.test_delays import LEVELS, PRECISION_MS, SLACK_MS, coordinator_config
 from topics.catalog import SystemTopic, TopicSpec
@@ -230,25 +229,6 @@ def test_poison_of_every_kind_leaves_every_good_message_delivered_once_and_on_ti
     assert max(lateness_ms) <= PRECISION_MS + SLACK_MS, f"latest (body, ms): {worst}"
     for msg_id, (target, reason) in poisons.items():
         assert target in kept[msg_id].reason and reason in kept[msg_id].reason, kept[msg_id]
-
-
-@pytest.fixture(scope="module")
-def authorizing_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A broker of its own with an authorizer that allows what no ACL mentions."""
-    broker = LocalKafka(
-        LocalKafkaConfig(
-            data_dir=tmp_path_factory.mktemp("kafka-acl"),
-            properties={
-                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-                "allow.everyone.if.no.acl.found": "true",
-            },
-        )
-    )
-    broker.start()
-    try:
-        yield broker.bootstrap_servers
-    finally:
-        broker.stop()
 
 
 def test_targets_the_acls_deny_are_quarantined_and_the_others_flow(

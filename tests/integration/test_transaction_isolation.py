@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -44,7 +44,6 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import read_quarantine
 from bridge.message import MessageConst, now_ms
-from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
 from bridge.transaction import service as service_module
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import CheckRequest, EndTransaction, OpAction
@@ -643,25 +642,6 @@ def test_a_check_topic_with_fewer_partitions_than_the_coordinator_wants_still_ge
 
 
 # --- what the broker's ACLs deny ------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def authorizing_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A broker of its own with an authorizer that allows what no ACL mentions."""
-    broker = LocalKafka(
-        LocalKafkaConfig(
-            data_dir=tmp_path_factory.mktemp("kafka-tx-acl"),
-            properties={
-                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-                "allow.everyone.if.no.acl.found": "true",
-            },
-        )
-    )
-    broker.start()
-    try:
-        yield broker.bootstrap_servers
-    finally:
-        broker.stop()
 
 
 def deny(config: ClientConfig, topic: str, operation: AclOperation) -> None:
