@@ -179,25 +179,20 @@ class ProcessQueue:
     def settle(self, call: object, msgs: Iterable[MessageExt]) -> set[int]:
         """``call`` returned: the offsets of ``msgs`` whose results still count. Not those
         taken by :meth:`overdue` (or by a later call), nor any once the queue is released."""
-        with self._lock:
-            counted: set[int] = set()
-            for msg in msgs:
-                held = self._held.get(msg.queue_offset)
-                if held is None or held.call is not call:
-                    continue
-                held.call = None
-                self._in_call.pop(msg.queue_offset, None)
-                if not self.released:
-                    counted.add(msg.queue_offset)
-            return counted
+        return {msg.queue_offset for msg in self._end_call(call, msgs)}
 
     def withdraw(self, call: object, msgs: Iterable[MessageExt]) -> list[MessageExt]:
         """Take back from ``call`` (whose result cannot be used) the messages of ``msgs`` it
         still runs, to hand them to another: those, in the order given; none once the queue is
         released (the next owner has them). Messages done meanwhile, or taken by
         :meth:`overdue`, are not returned."""
+        return self._end_call(call, msgs)
+
+    def _end_call(self, call: object, msgs: Iterable[MessageExt]) -> list[MessageExt]:
+        """Detach from ``call`` the messages of ``msgs`` it still runs; return them, in the
+        order given (none once the queue is released)."""
         with self._lock:
-            back: list[MessageExt] = []
+            ended: list[MessageExt] = []
             for msg in msgs:
                 held = self._held.get(msg.queue_offset)
                 if held is None or held.call is not call:
@@ -205,8 +200,8 @@ class ProcessQueue:
                 held.call = None
                 self._in_call.pop(msg.queue_offset, None)
                 if not self.released:
-                    back.append(held.msg)
-            return back
+                    ended.append(held.msg)
+            return ended
 
     def overdue(self, now: float, timeout_s: float) -> list[MessageExt]:
         """Messages whose listener call started more than ``timeout_s`` before ``now``
