@@ -33,6 +33,11 @@ provider and spark-avro all resolve from the package registry this project uses.
 DELTA_VERSION = "4.0.0"
 """The Delta Lake release built for Spark 4.0 (the ingest job's ``--format delta``)."""
 
+ROCKETMQ_VERSION = "5.3.3"
+"""The Apache RocketMQ release the side-by-side runs compare against (name server, broker and
+the remoting client the differential driver is compiled with): the newest 5.3 release whose
+jars all resolve from the package registry this project uses (5.3.4 lacks some)."""
+
 _MAVEN_TIMEOUT_S = 900
 JAVA_HINT = "a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)"
 
@@ -70,6 +75,15 @@ ARTIFACT_SETS: Mapping[str, ArtifactSet] = MappingProxyType(
             "delta",
             DELTA_VERSION,
             (f"io.delta:delta-spark_2.13:{DELTA_VERSION}",),
+        ),
+        "rocketmq": ArtifactSet(
+            "rocketmq",
+            ROCKETMQ_VERSION,
+            (
+                f"org.apache.rocketmq:rocketmq-namesrv:{ROCKETMQ_VERSION}",
+                f"org.apache.rocketmq:rocketmq-broker:{ROCKETMQ_VERSION}",
+                f"org.apache.rocketmq:rocketmq-client:{ROCKETMQ_VERSION}",
+            ),
         ),
     }
 )
@@ -143,9 +157,10 @@ def jar_dir(name: str) -> Path:
 
 
 def ensure_jars(name: str) -> Path:
-    """Fetch the artifact set ``name`` (``kafka`` or ``spark``) unless cached; return its
-    ``libs`` directory. Raises :class:`MissingToolError` without Maven or Java and
-    :class:`ArtifactFetchError` when Maven fails (its output's tail is in the message)."""
+    """Fetch the artifact set ``name`` (``kafka``, ``spark``, ``delta`` or ``rocketmq``) unless
+    cached; return its ``libs`` directory. Raises :class:`MissingToolError` without Maven or
+    Java and :class:`ArtifactFetchError` when Maven fails (its output's tail is in the
+    message)."""
     if name not in ARTIFACT_SETS:
         raise ArtifactFetchError(f"unknown artifact set {name!r}; known: {sorted(ARTIFACT_SETS)}")
     libs = jar_dir(name)
