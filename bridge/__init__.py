@@ -13,6 +13,8 @@ Public API (RocketMQ's names)::
         ...
 """
 
+from importlib import metadata as _metadata
+
 from bridge.client import Producer, SendResult, SendStatus, read_messages
 from bridge.config import ClientConfig
 from bridge.consumer import (
@@ -36,7 +38,10 @@ from bridge.transaction import (
     TransactionStatus,
 )
 
-__version__ = "0.1.0"
+try:  # one source for the version: the installed package's metadata (pyproject.toml)
+    __version__ = _metadata.version("rocketmq-kafka-bridge")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path without an install
+    __version__ = "0+unknown"
 
 __all__ = [
     "BridgeError",
