@@ -44,10 +44,11 @@ DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
 DEFAULT_NAMESPACE = "rmq"
 
-_KAFKA_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
-_NAMESPACE_LEGAL = re.compile(r"^[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)*$")
+# Used with fullmatch: a "$" with re.match also matches before a final newline.
+_KAFKA_LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
+_NAMESPACE_LEGAL = re.compile(r"[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)*")
 # RocketMQ's TopicValidator accepts ^[%|a-zA-Z0-9_-]+$; Kafka users also use '.'.
-_GROUP_LEGAL = re.compile(r"^[%|a-zA-Z0-9._-]+$")
+_GROUP_LEGAL = re.compile(r"[%|a-zA-Z0-9._-]+")
 _GROUP_MAX_LENGTH = 200
 _ESCAPE_PLAIN = re.compile(r"[a-zA-Z0-9-]")
 _ESCAPED_TOKEN = re.compile(r"__|_([0-9A-F]{2})|[a-zA-Z0-9-]")
@@ -79,7 +80,7 @@ def validate_namespace(namespace: str) -> str:
     never collide with another namespace under Kafka's ``.``/``_`` rule), at most 64
     characters.
     """
-    if not namespace or len(namespace) > 64 or not _NAMESPACE_LEGAL.match(namespace):
+    if not namespace or len(namespace) > 64 or not _NAMESPACE_LEGAL.fullmatch(namespace):
         raise InvalidTopicNameError(
             namespace,
             "a namespace must be 1-64 characters of dot-separated words of [a-zA-Z0-9-]",
@@ -95,8 +96,8 @@ def validate_group(group: str) -> str:
         raise InvalidTopicNameError(
             group, f"a group name must be at most {_GROUP_MAX_LENGTH} characters"
         )
-    if not _GROUP_LEGAL.match(group):
-        bad = sorted({c for c in group if not _GROUP_LEGAL.match(c)})
+    if not _GROUP_LEGAL.fullmatch(group):
+        bad = sorted({c for c in group if not _GROUP_LEGAL.fullmatch(c)})
         raise InvalidTopicNameError(
             group, f"a group name may only contain [%|a-zA-Z0-9._-], found {bad!r}"
         )
@@ -285,8 +286,8 @@ def to_kafka_topic(name: str, namespace: str = DEFAULT_NAMESPACE) -> str:
         return retry_topic(name[len(RETRY_GROUP_TOPIC_PREFIX) :], namespace)
     if name.startswith(DLQ_GROUP_TOPIC_PREFIX):
         return dlq_topic(name[len(DLQ_GROUP_TOPIC_PREFIX) :], namespace)
-    if not _KAFKA_LEGAL.match(name):
-        bad = sorted({c for c in name if not _KAFKA_LEGAL.match(c)})
+    if not _KAFKA_LEGAL.fullmatch(name):
+        bad = sorted({c for c in name if not _KAFKA_LEGAL.fullmatch(c)})
         raise InvalidTopicNameError(
             name,
             f"Kafka topic names may only contain [a-zA-Z0-9._-], found {bad!r} "
