@@ -46,12 +46,16 @@ def parse_delay_levels(spec: str) -> tuple[int, ...]:
     levels = []
     for word in spec.split():
         m = _LEVEL.match(word)
-        if m is None or int(m.group(1)) <= 0:
+        try:
+            delay = int(m.group(1)) if m is not None else 0
+        except ValueError:  # more digits than int() converts (4300)
+            delay = 0
+        if m is None or delay <= 0:
             raise InvalidArgumentError(
                 f"delay level {word!r} in {spec!r} is not a positive number "
                 "followed by s, m, h or d"
             )
-        levels.append(int(m.group(1)) * _UNIT_MS[m.group(2)])
+        levels.append(delay * _UNIT_MS[m.group(2)])
     if not levels:
         raise InvalidArgumentError("the delay level table is empty")
     return tuple(levels)
