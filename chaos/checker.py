@@ -221,6 +221,8 @@ class Row:
     latency samples in ms."""
 
     name: str
+    faults: int = 0
+    """Faults of this nemesis (every fault in ``all``)."""
     operations: int = 0
     acknowledged: int = 0
     lost: int = 0
@@ -265,6 +267,7 @@ class Row:
         """The row as table cells, in :data:`COLUMNS` order."""
         return [
             self.name,
+            "-" if self.name in (NONE_ROW, POISON_ROW, SPARK_ROW) else str(self.faults),
             str(self.operations),
             str(self.acknowledged),
             str(self.lost),
@@ -285,6 +288,7 @@ class Row:
 
 COLUMNS: Final = (
     "nemesis",
+    "faults",
     "operations",
     "acknowledged",
     "lost",
@@ -320,7 +324,8 @@ def percentile(values: Sequence[float], p: float) -> float | None:
 @dataclass
 class Report:
     """What the checker found: a :class:`Row` per nemesis (plus ``none``, ``poison-records``,
-    ``spark`` when there is something to show, and ``all``), every :class:`Violation`, the
+    ``spark`` when there is something to show, and ``all``: every operation but the poison
+    records, and every violation, the spark check's included), every :class:`Violation`, the
     fault :class:`Window` s, whether the run drained completely, how many expected
     observations were not due yet (``pending``), and how many ids were observed but never sent
     (``unmatched_ids``: leftovers of an earlier run, or a history cut before its sends)."""
@@ -354,7 +359,8 @@ class Report:
 
     def _summary(self) -> str:
         state = "drained" if self.drained else "not drained (missing = stuck)"
-        verdict = "OK" if self.ok else f"{len(self.violations)} violations"
+        n = len(self.violations)
+        verdict = "OK" if self.ok else f"{n} violation{'' if n == 1 else 's'}"
         return (
             f"{verdict}; {state}; {self.pending} pending; "
             f"{self.unmatched_ids} unmatched ids; grace {self.grace_s:g} s"
@@ -409,6 +415,8 @@ def _describe(event: Mapping[str, Any]) -> str:
 
 def _req_id(event: Mapping[str, Any]) -> str:
     value = event.get("id")
+    if type(value) is str:  # the common case first: ~10^6 calls in a long run
+        return value
     if value is None or isinstance(value, bool | dict | list):
         raise HistoryFormatError(f"a {event.get('type')} event needs an 'id': {_describe(event)}")
     return str(value)
@@ -416,6 +424,8 @@ def _req_id(event: Mapping[str, Any]) -> str:
 
 def _num(event: Mapping[str, Any], key: str) -> float | None:
     value = event.get(key)
+    if type(value) is float or type(value) is int:
+        return float(value)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -469,6 +479,8 @@ class _Op:
         self.key = _opt_str(event, "key")
         self.seq = _opt_int(event, "seq")
         self.delay_ms = _num(event, "delay_ms")
+        if self.delay_ms is None and kind in ("delay", "timer"):
+            raise HistoryFormatError(f"a {kind} send needs 'delay_ms': {_describe(event)}")
         self.intent = _opt_str(event, "intent")
         self.fail_times = _opt_int(event, "fail_times")
         self.group = _opt_str(event, "group")
@@ -485,6 +497,20 @@ class _Op:
     @property
     def acknowledged(self) -> bool:
         return self.ack_ok and not self.indeterminate
+
+    def outcome(self, event: Mapping[str, Any], t: float) -> None:
+        """Apply an ``ack`` (the last one counts) or a ``decide`` at ``t``."""
+        if event.get("type") == "ack":
+            self.acked_seen = True
+            self.ack_ok = event.get("ok") is True
+            self.indeterminate = event.get("indeterminate") is True
+            self.ack_t = t
+            return
+        status = str(event.get("status"))
+        if status in (_COMMIT, _ROLLBACK):
+            self.first_t.setdefault(status, t)
+            both = _COMMIT in self.first_t and _ROLLBACK in self.first_t
+            self.decided = _CONFLICT if both else status
 
 
 class _Reads:
@@ -544,6 +570,7 @@ def _collect(events: Iterable[Mapping[str, Any]]) -> _Run:
     run = _Run()
     open_faults: dict[tuple[str, str], list[float]] = {}
     seen_success: set[str] = set()
+    before_send: dict[str, list[Mapping[str, Any]]] = {}
     ops = run.ops
     for event in events:
         etype = event.get("type")
@@ -583,21 +610,16 @@ def _collect(events: Iterable[Mapping[str, Any]]) -> _Run:
             op_id = _req_id(event)
             if op_id in ops:
                 raise HistoryFormatError(f"id {op_id} is sent twice: {_describe(event)}")
-            ops[op_id] = _Op(event, op_id)
-        elif etype == "ack":
-            op = ops.get(_req_id(event))
-            if op is not None:
-                op.acked_seen = True
-                op.ack_ok = event.get("ok") is True
-                op.indeterminate = event.get("indeterminate") is True
-                op.ack_t = t
-        elif etype == "decide":
-            op = ops.get(_req_id(event))
-            status = str(event.get("status"))
-            if op is not None and status in (_COMMIT, _ROLLBACK):
-                op.first_t.setdefault(status, t)
-                both = _COMMIT in op.first_t and _ROLLBACK in op.first_t
-                op.decided = _CONFLICT if both else status
+            sent = ops[op_id] = _Op(event, op_id)
+            for early in before_send.pop(op_id, ()):
+                sent.outcome(early, float(early["t"]))
+        elif etype in ("ack", "decide"):
+            op_id = _req_id(event)
+            op = ops.get(op_id)
+            if op is None:  # written before its send: applied when the send comes
+                before_send.setdefault(op_id, []).append(event)
+            else:
+                op.outcome(event, t)
         elif etype == "nemesis":
             name = str(event.get("name"))
             key = (name, str(event.get("target")))
@@ -742,6 +764,9 @@ class _Judge:
         self.rows: dict[str, Row] = {}
         for name in [*self.windows.names, NONE_ROW]:
             self.rows[name] = Row(name)
+        for window in run.windows:
+            self.rows[window.name].faults += 1
+        self._row(ALL_ROW).faults = len(run.windows)
         self.violations: list[Violation] = []
         self.pending = 0
         # Set per operation while it is judged.

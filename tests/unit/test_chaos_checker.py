@@ -21,6 +21,7 @@ from chaos.checker import (
     Report,
     check,
     check_file,
+    main,
     percentile,
 )
 from chaos.history import HistoryWriter, read_history
@@ -182,7 +183,8 @@ def test_a_clean_history_passes(history: History) -> None:
     assert report.row("leader_kill").operations + report.row(NONE_ROW).operations == 11
     assert report.row("leader_kill").lateness_ms == [200.0, 500.0]
     text = report.render()
-    assert text.splitlines()[0].split()[:3] == ["nemesis", "operations", "acknowledged"]
+    assert text.splitlines()[0].split()[:4] == ["nemesis", "faults", "operations", "acknowledged"]
+    assert report.row("leader_kill").faults == report.row(ALL_ROW).faults == 1
     assert "OK; drained" in text
     assert "violations" not in text
 
@@ -703,6 +705,8 @@ def test_bad_events_are_refused_with_a_typed_error() -> None:
         check([{"t": T0, "type": "send", "id": "x", "kind": "tx"}] * 2)
     with pytest.raises(HistoryFormatError, match="needs an 'id'"):
         check([{"t": T0, "type": "ack", "ok": True}])
+    with pytest.raises(HistoryFormatError, match="timer send needs 'delay_ms'"):
+        check([{"t": T0, "type": "send", "id": "x", "kind": "timer"}])
     with pytest.raises(HistoryFormatError, match="'delay_ms' must be a number"):
         check([{"t": T0, "type": "send", "id": "x", "kind": "delay", "delay_ms": "5s"}])
     with pytest.raises(ValueError, match="grace_s"):
@@ -729,9 +733,39 @@ def test_render_lists_the_first_violations(history: History) -> None:
     assert text.rstrip().splitlines()[-1].startswith("lost")
     assert "d1" in text and "d2" not in text
     markdown = report.render_markdown(max_violations=3)
-    assert markdown.startswith("| nemesis | operations | acknowledged | lost |")
-    assert "| all | 5 | 5 | 5 | 0 |" in markdown
+    assert markdown.startswith("| nemesis | faults | operations | acknowledged | lost |")
+    assert "| all | 0 | 5 | 5 | 5 | 0 |" in markdown
+    assert "| none | - | 5 | 5 | 5 | 0 |" in markdown
+    assert "5 violations; drained" in markdown
     assert "- `lost` `d2` [none]:" in markdown
+
+
+def test_the_command_line_prints_the_table_and_fails_on_a_violation(
+    history: History, capsys: pytest.CaptureFixture[str]
+) -> None:
+    history.send("d", "delay", T0 + 1 * S, delay_ms=1000)
+    history.ack("d", T0 + 1 * S + 5)
+    history.drained(T0 + 60 * S)
+    history.writer.close()
+    assert main([str(history.path), "--markdown"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("| nemesis |")
+    assert "- `lost` `d` [none]" in out
+    assert main([str(history.path), "--grace", "0", "--violations", "0"]) == 1
+    assert "violations (first 0 of 1)" in capsys.readouterr().out
+
+
+def test_outcomes_written_before_their_send_still_count() -> None:
+    """Threads write in any order: an ack or decision may precede its send in the file."""
+    events = [
+        {"t": T0 + 2, "type": "decide", "id": "x", "status": "COMMIT", "via": "execute"},
+        {"t": T0 + 3, "type": "ack", "id": "x", "ok": True},
+        {"t": T0 + 1, "type": "send", "id": "x", "kind": "tx", "topic": "orders"},
+        {"t": T0 + 9, "type": "phase", "name": "drained"},
+    ]
+    report = check(events)
+    assert kinds(report) == [("lost", "x", ("none",))]
+    assert report.row(ALL_ROW).acknowledged == 1
 
 
 def test_percentile_is_nearest_rank() -> None:
