@@ -1,9 +1,16 @@
-"""A real single-node Apache Kafka broker (KRaft, broker + controller) on loopback.
+"""A real Apache Kafka node (KRaft, broker + controller in one process) on loopback.
 
-The broker's jars come from Maven Central through :mod:`bridge.runtime.jars`. Everything the
-broker writes lives in one data directory: ``server.properties``, ``broker.json`` (ports,
-cluster id, pid), ``kraft/`` (the log dirs) and ``logs/server.log``. Starting again on the
-same directory keeps every topic and record, on the same ports.
+By default the node is a cluster of its own (node id 1, the only voter). Given a node id, a
+static voter set and a shared cluster id it is one of N such nodes
+(:mod:`bridge.runtime.cluster` builds those). An optional second client listener, PROXIED,
+binds one port and advertises another, where a fault proxy listens and forwards to the bound
+one: a client that bootstraps through the proxy is sent back through it for every broker, while
+inter-broker and controller traffic stays direct.
+
+The jars come from Maven Central through :mod:`bridge.runtime.jars`. Everything the node writes
+lives in one data directory: ``server.properties``, ``broker.json`` (node id, ports, cluster
+id, pid), ``kraft/`` (the log dirs) and ``logs/server.log``. Starting again on the same
+directory keeps every topic and record, on the same ports.
 """
 
 from __future__ import annotations
@@ -26,9 +33,9 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from bridge.errors import BrokerStartError, InvalidArgumentError
+from bridge.errors import BrokerStartError, IllegalStateError, InvalidArgumentError
 from bridge.lifecycle import Startable
-from bridge.runtime.jars import JAVA_HINT, ensure_jars, require_tool
+from bridge.runtime.jars import JAVA_HINT, KAFKA_VERSION, ensure_jars, require_tool
 
 logger = logging.getLogger(__name__)
 # librdkafka complains loudly while the broker is still starting; keep that apart.
@@ -70,7 +77,8 @@ def port_in_use(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _new_cluster_id() -> str:
+def new_cluster_id() -> str:
+    """A new random cluster id."""
     # Kafka's Uuid.toString(): URL-safe base64 of 16 random bytes, unpadded; like Kafka's
     # Uuid.randomUuid(), never one starting with "-" (command lines would take it for a flag).
     while True:
@@ -79,13 +87,28 @@ def _new_cluster_id() -> str:
             return cluster_id
 
 
+def valid_cluster_id(cluster_id: str) -> bool:
+    """True if ``cluster_id`` is a Kafka ``Uuid`` string (16 bytes, URL-safe base64, unpadded)."""
+    if len(cluster_id) != 22 or cluster_id.startswith("-"):
+        return False
+    try:
+        return len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
+    except ValueError:
+        return False
+
+
+_PORT_FIELDS = ("port", "controller_port", "proxied_port", "proxied_advertised_port")
+
+
 @dataclass(frozen=True, slots=True)
 class LocalKafkaConfig:
-    """Where and how the local broker runs. A port of 0 picks a free one (then remembered)."""
+    """Where and how the local node runs. A port of 0 picks a free one (then remembered)."""
 
     data_dir: Path
     port: int = 0
+    """The client (PLAINTEXT) port, also used between brokers."""
     controller_port: int = 0
+    """The CONTROLLER listener's port; with :attr:`voters` it is ``voters[node_id]``."""
     heap_mb: int = 512
     """JVM heap, MiB."""
     start_timeout_ms: int = 90_000
@@ -93,12 +116,31 @@ class LocalKafkaConfig:
     stop_timeout_ms: int = 30_000
     """How long a clean stop may take before the process is killed, ms."""
     properties: Mapping[str, str] = field(default_factory=dict)
-    """Extra ``server.properties`` entries."""
+    """Extra ``server.properties`` entries (they win over the generated ones)."""
+    node_id: int = 1
+    """This node's ``node.id``."""
+    voters: Mapping[int, int] = field(default_factory=dict)
+    """The static controller quorum: node id -> CONTROLLER port on 127.0.0.1, this node
+    included. Empty: this node is the only voter."""
+    cluster_id: str | None = None
+    """The cluster id storage is formatted with (every node of a cluster shares one).
+    None: a new one, remembered in ``broker.json``."""
+    proxied: bool = False
+    """Add the PROXIED client listener: it binds :attr:`proxied_port` and advertises
+    :attr:`proxied_advertised_port` (where a fault proxy is to listen)."""
+    proxied_port: int = 0
+    """The port the PROXIED listener binds (0: a free one, remembered)."""
+    proxied_advertised_port: int = 0
+    """The port the PROXIED listener advertises (0: a free one, remembered)."""
+    jvm_options: tuple[str, ...] = ()
+    """Extra JVM options (after the heap settings)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         object.__setattr__(self, "properties", MappingProxyType(dict(self.properties)))
-        for name in ("port", "controller_port"):
+        object.__setattr__(self, "voters", MappingProxyType(dict(self.voters)))
+        object.__setattr__(self, "jvm_options", tuple(self.jvm_options))
+        for name in _PORT_FIELDS:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise InvalidArgumentError(f"{name} must be 0..65535, got {value}")
@@ -106,10 +148,39 @@ class LocalKafkaConfig:
             raise InvalidArgumentError(f"heap_mb must be at least 128, got {self.heap_mb}")
         if self.start_timeout_ms <= 0 or self.stop_timeout_ms <= 0:
             raise InvalidArgumentError("start_timeout_ms and stop_timeout_ms must be positive")
+        if not 0 <= self.node_id <= 2**31 - 1:
+            raise InvalidArgumentError(f"node_id must be 0..2147483647, got {self.node_id}")
+        self._check_voters()
+        if self.cluster_id is not None and not valid_cluster_id(self.cluster_id):
+            raise InvalidArgumentError(
+                f"cluster_id must be a Kafka Uuid (22 URL-safe base64 characters, not starting "
+                f"with '-'), got {self.cluster_id!r}"
+            )
+        if not self.proxied and (self.proxied_port or self.proxied_advertised_port):
+            raise InvalidArgumentError("proxied_port and proxied_advertised_port need proxied=True")
+
+    def _check_voters(self) -> None:
+        if not self.voters:
+            return
+        if self.node_id not in self.voters:
+            raise InvalidArgumentError(
+                f"voters {dict(self.voters)} must include this node's id {self.node_id}"
+            )
+        for voter, vport in self.voters.items():
+            if voter < 0 or not 1 <= vport <= 65535:
+                raise InvalidArgumentError(
+                    f"voters must map node ids >= 0 to ports 1..65535, got {voter}: {vport}"
+                )
+        own = self.voters[self.node_id]
+        if self.controller_port and self.controller_port != own:
+            raise InvalidArgumentError(
+                f"controller_port {self.controller_port} differs from this node's voter port "
+                f"{own}: give one of them"
+            )
 
 
 class LocalKafka(Startable):
-    """Start, stop, kill and restart one local broker process.
+    """Start, stop, kill, pause and restart one local node process.
 
     ``with LocalKafka(LocalKafkaConfig(data_dir)) as kafka: kafka.bootstrap_servers``.
     """
@@ -118,12 +189,19 @@ class LocalKafka(Startable):
         self.config = config
         self._proc: subprocess.Popen[bytes] | None = None
         self._state: dict[str, Any] = {}
+        self._launched_at = 0.0
+        self._paused = False
 
     # --- paths and state ----------------------------------------------------------------
     @property
     def data_dir(self) -> Path:
         """The broker's data directory."""
         return self.config.data_dir
+
+    @property
+    def node_id(self) -> int:
+        """This node's ``node.id``."""
+        return self.config.node_id
 
     @property
     def log_file(self) -> Path:
@@ -140,6 +218,27 @@ class LocalKafka(Startable):
         return int(self._load_state()["port"])
 
     @property
+    def controller_port(self) -> int:
+        """The CONTROLLER listener's port."""
+        return int(self._load_state()["controller_port"])
+
+    @property
+    def proxied_port(self) -> int | None:
+        """The port the PROXIED listener binds, or None without one."""
+        return int(self._load_state()["proxied_port"]) if self.config.proxied else None
+
+    @property
+    def proxied_advertised_port(self) -> int | None:
+        """The port the PROXIED listener advertises (the proxy's), or None without one."""
+        state = self._load_state()
+        return int(state["proxied_advertised_port"]) if self.config.proxied else None
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster id this node's storage is (or will be) formatted with."""
+        return str(self._load_state()["cluster_id"])
+
+    @property
     def bootstrap_servers(self) -> str:
         """``127.0.0.1:<port>``."""
         return f"127.0.0.1:{self.port}"
@@ -151,23 +250,41 @@ class LocalKafka(Startable):
 
     @property
     def is_running(self) -> bool:
-        """True while the broker process is alive."""
+        """True while the broker process is alive (paused or not)."""
         return self.pid is not None
+
+    @property
+    def is_paused(self) -> bool:
+        """True while the process is alive and frozen by :meth:`pause`."""
+        return self._paused and self.is_running
 
     def _load_state(self) -> dict[str, Any]:
         if not self._state:
+            config = self.config
+            state: dict[str, Any] = {}
             if self._state_file.is_file():
-                self._state = json.loads(self._state_file.read_text())
+                state = json.loads(self._state_file.read_text())
+            fresh = not state
+            configured = {
+                "port": config.port,
+                "controller_port": config.voters.get(config.node_id, config.controller_port),
+                "proxied_port": config.proxied_port,
+                "proxied_advertised_port": config.proxied_advertised_port,
+            }
+            for name in _PORT_FIELDS:
+                if name.startswith("proxied") and not config.proxied:
+                    continue
                 # An explicitly configured port wins over the remembered one.
-                for name in ("port", "controller_port"):
-                    if getattr(self.config, name):
-                        self._state[name] = getattr(self.config, name)
-            else:
-                self._state = {
-                    "port": self.config.port or free_port(),
-                    "controller_port": self.config.controller_port or free_port(),
-                    "cluster_id": _new_cluster_id(),
-                }
+                if configured[name]:
+                    state[name] = configured[name]
+                elif name not in state:
+                    state[name] = free_port()
+            if config.cluster_id is not None:
+                state["cluster_id"] = config.cluster_id
+            elif "cluster_id" not in state:
+                state["cluster_id"] = new_cluster_id()
+            self._state = state
+            if fresh:
                 self.data_dir.mkdir(parents=True, exist_ok=True)
                 self._save_state()
         return self._state
@@ -177,14 +294,25 @@ class LocalKafka(Startable):
 
     def _server_properties(self, state: Mapping[str, Any]) -> str:
         port, cport = state["port"], state["controller_port"]
+        node_id = self.config.node_id
+        voters = dict(self.config.voters) or {node_id: cport}
+        listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}"
+        advertised = f"PLAINTEXT://127.0.0.1:{port}"
+        protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+        if self.config.proxied:
+            listeners += f",PROXIED://127.0.0.1:{state['proxied_port']}"
+            advertised += f",PROXIED://127.0.0.1:{state['proxied_advertised_port']}"
+            protocols += ",PROXIED:PLAINTEXT"
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{cport}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "node.id": str(node_id),
+            "controller.quorum.voters": ",".join(
+                f"{voter}@127.0.0.1:{vport}" for voter, vport in sorted(voters.items())
+            ),
+            "listeners": listeners,
+            "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "listener.security.protocol.map": protocols,
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.data_dir / "kraft"),
             # A single node: without these the transaction coordinator never comes up.
@@ -201,6 +329,17 @@ class LocalKafka(Startable):
         }
         props.update(self.config.properties)
         return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _formatted_cluster_id(self) -> str | None:
+        """The cluster id in the formatted storage's ``meta.properties``, or None."""
+        meta = self.data_dir / "kraft" / "meta.properties"
+        if not meta.is_file():
+            return None
+        for line in meta.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "cluster.id":
+                return value.strip()
+        return None
 
     # --- lifecycle ------------------------------------------------------------------------
     def _java_base(self, java: str, libs: Path) -> list[str]:
@@ -225,6 +364,7 @@ class LocalKafka(Startable):
         if b"kafka.Kafka" in cmdline and str(self.data_dir).encode() in cmdline:
             logger.warning("stopping a stale broker (pid %s) left on %s", pid, self.data_dir)
             os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGCONT)  # a paused one would never see the SIGTERM
             deadline = time.monotonic() + self.config.stop_timeout_ms / 1000
             while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -236,6 +376,18 @@ class LocalKafka(Startable):
         until it answers. Raises :class:`BrokerStartError` with the log's tail on failure."""
         if self.is_running:
             return
+        self.launch()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+
+    def launch(self) -> None:
+        """Like :meth:`start` without waiting for the broker to answer (a node of a cluster
+        cannot answer before a majority of the voters runs); :meth:`wait_ready` waits."""
+        if self.is_running:
+            return
         java = require_tool("java", JAVA_HINT)
         libs = ensure_jars("kafka")
         state = self._load_state()
@@ -244,13 +396,19 @@ class LocalKafka(Startable):
         props_file = self.data_dir / "server.properties"
         props_file.write_text(self._server_properties(state))
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
-        for name in ("port", "controller_port"):
-            if port_in_use(state[name]):
+        for name in ("port", "controller_port", "proxied_port"):
+            if name in state and port_in_use(state[name]):
                 raise BrokerStartError(
                     f"cannot start the local broker: 127.0.0.1:{state[name]} ({name}) is in use"
                 )
         base = self._java_base(java, libs)
-        if not (self.data_dir / "kraft" / "meta.properties").is_file():
+        formatted = self._formatted_cluster_id()
+        if formatted is not None and formatted != state["cluster_id"]:
+            raise BrokerStartError(
+                f"the storage in {self.data_dir / 'kraft'} belongs to cluster {formatted}, "
+                f"not {state['cluster_id']}: use another data directory or remove this one"
+            )
+        if formatted is None:
             fmt = subprocess.run(
                 [*base, "kafka.tools.StorageTool", "format", f"--cluster-id={state['cluster_id']}",
                  "-c", str(props_file)],
@@ -263,28 +421,26 @@ class LocalKafka(Startable):
                 )
         stdout = (self.data_dir / "logs" / "stdout.log").open("ab")
         cmd = [*base[:1], f"-Xmx{self.config.heap_mb}m", f"-Xms{min(self.config.heap_mb, 256)}m",
-               *base[1:], "kafka.Kafka", str(props_file)]  # fmt: skip
-        started = time.monotonic()
+               *self.config.jvm_options, *base[1:], "kafka.Kafka", str(props_file)]  # fmt: skip
+        self._launched_at = time.monotonic()
         # Own session: Ctrl-C in a terminal reaches us, and we stop the broker in order.
         proc = subprocess.Popen(
             cmd, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True
         )
         self._proc = proc
+        self._paused = False
         stdout.close()
         state["pid"] = proc.pid
         self._save_state()
-        try:
-            self._wait_ready(proc, started)
-        except BaseException:
-            self.kill()
-            raise
-        logger.info(
-            "local Kafka %s ready at %s in %.1f s (data in %s)",
-            libs.parent.name, self.bootstrap_servers, time.monotonic() - started, self.data_dir,
-        )  # fmt: skip
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes], started: float) -> None:
-        deadline = started + self.config.start_timeout_ms / 1000
+    def wait_ready(self) -> None:
+        """Wait until the process :meth:`launch` started answers metadata requests, at most
+        ``start_timeout_ms`` after the launch. Raises :class:`BrokerStartError` with the
+        log's tail if it exits or does not answer in time (the process is left as it is)."""
+        proc = self._proc
+        if proc is None:
+            raise BrokerStartError(f"the broker on {self.data_dir} was not launched")
+        deadline = self._launched_at + self.config.start_timeout_ms / 1000
         admin_config: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             "logger": _probe_logger,
@@ -300,7 +456,7 @@ class LocalKafka(Startable):
             try:
                 metadata = admin.list_topics(timeout=1.0)
                 if metadata.brokers:
-                    return
+                    break
             except KafkaException:
                 pass
             if time.monotonic() > deadline:
@@ -309,6 +465,11 @@ class LocalKafka(Startable):
                     f"log tail:\n{self.log_tail()}"
                 )
             time.sleep(0.2)
+        logger.info(
+            "local Kafka %s node %d ready at %s in %.1f s (data in %s)",
+            KAFKA_VERSION, self.node_id, self.bootstrap_servers,
+            time.monotonic() - self._launched_at, self.data_dir,
+        )  # fmt: skip
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the broker's log and stdout."""
@@ -318,13 +479,23 @@ class LocalKafka(Startable):
                 out.extend(path.read_text(errors="replace").splitlines()[-lines:])
         return "\n".join(out[-lines:])
 
-    def stop(self) -> None:
-        """Stop cleanly (SIGTERM), killing the process if it takes too long."""
+    def begin_stop(self) -> None:
+        """Ask the process to stop cleanly (SIGTERM; SIGCONT too if paused) without waiting
+        (:meth:`wait_stopped` waits). Stopping every node of a cluster at once this way
+        keeps a controller quorum while each broker hands over its leaderships."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
-            self._proc = None
             return
         proc.send_signal(signal.SIGTERM)
+        if self._paused:
+            proc.send_signal(signal.SIGCONT)
+            self._paused = False
+
+    def wait_stopped(self) -> None:
+        """Wait up to ``stop_timeout_ms`` for the process to exit, then kill it."""
+        proc = self._proc
+        if proc is None:
+            return
         try:
             proc.wait(self.config.stop_timeout_ms / 1000)
         except subprocess.TimeoutExpired:
@@ -332,7 +503,18 @@ class LocalKafka(Startable):
             proc.kill()
             proc.wait()
         self._proc = None
+        self._paused = False
         logger.info("local Kafka at %s stopped", self.bootstrap_servers)
+
+    def stop(self) -> None:
+        """Stop cleanly (SIGTERM), killing the process if it takes too long."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            self._proc = None
+            self._paused = False
+            return
+        self.begin_stop()
+        self.wait_stopped()
 
     def kill(self) -> None:
         """Kill the broker with SIGKILL (no clean shutdown)."""
@@ -341,8 +523,39 @@ class LocalKafka(Startable):
             proc.kill()
             proc.wait()
         self._proc = None
+        self._paused = False
+
+    def pause(self) -> None:
+        """Freeze the process (SIGSTOP), like a node in a long GC pause: it keeps its sockets
+        and answers nothing until :meth:`resume`. Returns once the kernel shows it stopped."""
+        pid = self.pid
+        if pid is None:
+            raise IllegalStateError(f"cannot pause the broker on {self.data_dir}: not running")
+        os.kill(pid, signal.SIGSTOP)
+        self._paused = True
+        deadline = time.monotonic() + 5.0
+        while _process_state(pid) not in ("T", None) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def resume(self) -> None:
+        """Let a paused process run again (SIGCONT)."""
+        pid = self.pid
+        if pid is None:
+            raise IllegalStateError(f"cannot resume the broker on {self.data_dir}: not running")
+        os.kill(pid, signal.SIGCONT)
+        self._paused = False
 
     def restart(self) -> None:
         """Stop cleanly and start again on the same data and ports."""
         self.stop()
         self.start()
+
+
+def _process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (``T``: stopped), or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ")".
+    return stat.rsplit(")", 1)[1].split()[0]

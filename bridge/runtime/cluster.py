@@ -1,0 +1,498 @@
+"""A real N-node Apache Kafka cluster on loopback, each node a broker and a controller.
+
+Every node is a :class:`~bridge.runtime.local_kafka.LocalKafka` in its own directory
+(``<data_dir>/node-<id>``), all formatted with one cluster id and sharing a static voter set.
+``cluster.json`` in the data directory remembers the cluster id and every node's ports, so a
+node stopped or killed comes back on the same data and ports, and so does the whole cluster.
+
+Cluster-wide defaults make every topic nobody configured otherwise (the bridge asks for
+replication factor -1, the broker default) replicated ``replication_factor`` times with
+``min.insync.replicas`` of ``min_insync_replicas``, and so are the internal topics (consumer
+offsets, transaction state, share-group state). A broker that stops heartbeating is fenced
+after :data:`BROKER_SESSION_TIMEOUT_MS`, which is when a killed leader's partitions move.
+
+``with LocalKafkaCluster(LocalClusterConfig(data_dir)) as cluster: cluster.kill(2)``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from bridge.errors import (
+    BrokerStartError,
+    BrokerUnreachableError,
+    IllegalStateError,
+    InvalidArgumentError,
+)
+from bridge.lifecycle import Startable
+from bridge.runtime.local_kafka import (
+    LocalKafka,
+    LocalKafkaConfig,
+    free_port,
+    new_cluster_id,
+    valid_cluster_id,
+)
+
+logger = logging.getLogger(__name__)
+_probe_logger = logging.getLogger("bridge.kafka.rdkafka.probe")
+
+BROKER_HEARTBEAT_INTERVAL_MS = 500
+"""How often a broker heartbeats to the active controller, ms (Kafka's default: 2000)."""
+BROKER_SESSION_TIMEOUT_MS = 4_000
+"""How long the controller waits for a heartbeat before it fences a broker and moves its
+leaderships, ms (Kafka's default: 9000). Short enough for a test to see a killed leader
+replaced within seconds; long enough that a busy 2-core machine does not fence live brokers."""
+
+_MAX_NODES = 9
+
+
+class ClusterUnhealthyError(BrokerStartError):
+    """The cluster did not become healthy in time: the message names the nodes that are not
+    registered and the partitions that are leaderless or under-replicated."""
+
+    def __init__(
+        self,
+        message: str,
+        missing_nodes: tuple[int, ...] = (),
+        under_replicated: tuple[tuple[str, int], ...] = (),
+        leaderless: tuple[tuple[str, int], ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.missing_nodes = missing_nodes
+        """Node ids the metadata does not show as live brokers."""
+        self.under_replicated = under_replicated
+        """(topic, partition) whose ISR is smaller than its replica set."""
+        self.leaderless = leaderless
+        """(topic, partition) without a leader."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalClusterConfig:
+    """Where and how the local cluster runs."""
+
+    data_dir: Path
+    nodes: int = 3
+    """How many nodes (each a broker and a controller voter), 1..9; ids are 1..nodes."""
+    heap_mb: int = 384
+    """JVM heap per node, MiB."""
+    replication_factor: int = 3
+    """``default.replication.factor`` and the internal topics' replication factor."""
+    min_insync_replicas: int = 2
+    """``min.insync.replicas`` (broker default and the internal topics')."""
+    proxied: bool = False
+    """Give every node a PROXIED listener whose advertised port a fault proxy is to bind
+    (:meth:`LocalKafkaCluster.proxy_routes`)."""
+    properties: Mapping[str, str] = field(default_factory=dict)
+    """Extra ``server.properties`` entries for every node (they win over the defaults)."""
+    base_port: int = 0
+    """Client ports ``base_port``, ``base_port + 1``, ...; 0: free ports (remembered)."""
+    start_timeout_ms: int = 120_000
+    """How long :meth:`LocalKafkaCluster.start` may take, ms."""
+    stop_timeout_ms: int = 30_000
+    """How long a node's clean stop may take before it is killed, ms."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
+        object.__setattr__(self, "properties", MappingProxyType(dict(self.properties)))
+        if not 1 <= self.nodes <= _MAX_NODES:
+            raise InvalidArgumentError(f"nodes must be 1..{_MAX_NODES}, got {self.nodes}")
+        if self.heap_mb < 128:
+            raise InvalidArgumentError(f"heap_mb must be at least 128, got {self.heap_mb}")
+        if not 1 <= self.replication_factor <= self.nodes:
+            raise InvalidArgumentError(
+                f"replication_factor must be 1..nodes ({self.nodes}), got {self.replication_factor}"
+            )
+        if not 1 <= self.min_insync_replicas <= self.replication_factor:
+            raise InvalidArgumentError(
+                f"min_insync_replicas must be 1..replication_factor "
+                f"({self.replication_factor}), got {self.min_insync_replicas}"
+            )
+        if self.base_port and not 1 <= self.base_port <= 65535 - self.nodes:
+            raise InvalidArgumentError(
+                f"base_port must leave room for {self.nodes} ports below 65536, "
+                f"got {self.base_port}"
+            )
+        if self.start_timeout_ms <= 0 or self.stop_timeout_ms <= 0:
+            raise InvalidArgumentError("start_timeout_ms and stop_timeout_ms must be positive")
+
+    def server_properties(self) -> dict[str, str]:
+        """The ``server.properties`` entries every node gets on top of a single node's."""
+        rf, isr = str(self.replication_factor), str(self.min_insync_replicas)
+        props = {
+            "default.replication.factor": rf,
+            "min.insync.replicas": isr,
+            "offsets.topic.replication.factor": rf,
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": isr,
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": isr,
+            # Only an in-sync replica may lead: an acknowledged record is never dropped.
+            "unclean.leader.election.enable": "false",
+            # A dead broker is fenced (its leaderships move) this soon; a clean stop moves
+            # them first anyway (controlled shutdown).
+            "broker.heartbeat.interval.ms": str(BROKER_HEARTBEAT_INTERVAL_MS),
+            "broker.session.timeout.ms": str(BROKER_SESSION_TIMEOUT_MS),
+            # Three JVMs share a small machine: fewer request and background threads.
+            "num.network.threads": "2",
+            "num.io.threads": "4",
+            "background.threads": "4",
+        }
+        props.update(self.properties)
+        return props
+
+
+JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+"""JVM options of every cluster node (see the README of bridge broker --nodes)."""
+
+
+class LocalKafkaCluster(Startable):
+    """Start, stop, kill, pause and restart the nodes of a local KRaft cluster."""
+
+    def __init__(self, config: LocalClusterConfig) -> None:
+        self.config = config
+        self._nodes: dict[int, LocalKafka] = {}
+        self._admin: AdminClient | None = None
+        self._admin_for = ""
+
+    # --- layout and state ---------------------------------------------------------------
+    @property
+    def data_dir(self) -> Path:
+        """The cluster's data directory."""
+        return self.config.data_dir
+
+    @property
+    def _state_file(self) -> Path:
+        return self.data_dir / "cluster.json"
+
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        """Every node id, ascending."""
+        return tuple(range(1, self.config.nodes + 1))
+
+    def _load_state(self) -> dict[str, Any]:
+        config = self.config
+        state: dict[str, Any] = {}
+        if self._state_file.is_file():
+            state = json.loads(self._state_file.read_text())
+            if len(state.get("nodes", {})) != config.nodes:
+                raise InvalidArgumentError(
+                    f"{self.data_dir} holds a cluster of {len(state.get('nodes', {}))} nodes, "
+                    f"not {config.nodes}: the voter set is fixed; use another data directory"
+                )
+            if not valid_cluster_id(str(state.get("cluster_id", ""))):
+                raise InvalidArgumentError(f"{self._state_file} has no valid cluster_id")
+        else:
+            state = {"cluster_id": new_cluster_id(), "nodes": {}}
+        taken: set[int] = {
+            port for node in state["nodes"].values() for port in node.values() if port
+        }
+
+        def pick() -> int:
+            while True:
+                port = free_port()
+                if port not in taken:
+                    taken.add(port)
+                    return port
+
+        changed = not self._state_file.is_file()
+        for node_id in self.node_ids:
+            node = state["nodes"].setdefault(str(node_id), {})
+            wanted = ["port", "controller_port"]
+            if config.proxied:
+                wanted += ["proxied_port", "proxied_advertised_port"]
+            for name in wanted:
+                if not node.get(name):
+                    if name == "port" and config.base_port:
+                        node[name] = config.base_port + node_id - 1
+                    else:
+                        node[name] = pick()
+                    changed = True
+            if config.base_port and node["port"] != config.base_port + node_id - 1:
+                raise InvalidArgumentError(
+                    f"{self._state_file} has node {node_id} on port {node['port']}, not "
+                    f"{config.base_port + node_id - 1} (base_port {config.base_port})"
+                )
+        if changed:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._state_file.write_text(json.dumps(state, indent=2) + "\n")
+        return state
+
+    def _ensure_nodes(self) -> dict[int, LocalKafka]:
+        if not self._nodes:
+            state = self._load_state()
+            config = self.config
+            voters = {int(k): int(v["controller_port"]) for k, v in state["nodes"].items()}
+            properties = config.server_properties()
+            for node_id in self.node_ids:
+                ports = state["nodes"][str(node_id)]
+                self._nodes[node_id] = LocalKafka(
+                    LocalKafkaConfig(
+                        data_dir=self.data_dir / f"node-{node_id}",
+                        port=int(ports["port"]),
+                        heap_mb=config.heap_mb,
+                        start_timeout_ms=config.start_timeout_ms,
+                        stop_timeout_ms=config.stop_timeout_ms,
+                        properties=properties,
+                        node_id=node_id,
+                        voters=voters,
+                        cluster_id=str(state["cluster_id"]),
+                        proxied=config.proxied,
+                        proxied_port=int(ports.get("proxied_port", 0)) if config.proxied else 0,
+                        proxied_advertised_port=(
+                            int(ports.get("proxied_advertised_port", 0)) if config.proxied else 0
+                        ),
+                        jvm_options=JVM_OPTIONS,
+                    )
+                )
+        return self._nodes
+
+    def node(self, node_id: int) -> LocalKafka:
+        """The node with id ``node_id``; :class:`InvalidArgumentError` for an unknown id."""
+        nodes = self._ensure_nodes()
+        if node_id not in nodes:
+            raise InvalidArgumentError(f"no node {node_id}; the nodes are {list(nodes)}")
+        return nodes[node_id]
+
+    def _iter_nodes(self) -> Iterator[LocalKafka]:
+        return iter(self._ensure_nodes().values())
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster id every node's storage is formatted with."""
+        return self.node(1).cluster_id
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Every node's direct client address, comma-separated."""
+        return ",".join(node.bootstrap_servers for node in self._iter_nodes())
+
+    @property
+    def proxied_bootstrap_servers(self) -> str:
+        """Every node's PROXIED address (the proxy's ports), comma-separated. A client that
+        bootstraps here is sent through the proxy for every broker."""
+        self._require_proxied()
+        return ",".join(f"127.0.0.1:{node.proxied_advertised_port}" for node in self._iter_nodes())
+
+    def proxy_routes(self) -> list[tuple[int, int]]:
+        """``(listen_port, target_port)`` per node, for the fault proxy: it listens on each
+        PROXIED advertised port and forwards to the port that listener binds."""
+        self._require_proxied()
+        routes = []
+        for node in self._iter_nodes():
+            listen, target = node.proxied_advertised_port, node.proxied_port
+            assert listen is not None and target is not None
+            routes.append((listen, target))
+        return routes
+
+    def _require_proxied(self) -> None:
+        if not self.config.proxied:
+            raise IllegalStateError(
+                "this cluster has no PROXIED listener: use LocalClusterConfig(proxied=True)"
+            )
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every node that is not running and wait until all are registered (at most
+        ``start_timeout_ms``). Raises :class:`BrokerStartError` (or
+        :class:`ClusterUnhealthyError`) naming the node that failed; then every node this
+        call launched is killed."""
+        started = time.monotonic()
+        launched = []
+        try:
+            for node in self._iter_nodes():
+                if not node.is_running:
+                    node.launch()
+                    launched.append(node)
+            for node in launched:
+                try:
+                    node.wait_ready()
+                except BrokerStartError as exc:
+                    raise BrokerStartError(f"node {node.node_id}: {exc}") from exc
+            remaining = self.config.start_timeout_ms / 1000 - (time.monotonic() - started)
+            self.wait_healthy(max(remaining, 1.0))
+        except BaseException:
+            for node in launched:
+                node.kill()
+            raise
+        logger.info(
+            "local Kafka cluster of %d nodes ready at %s in %.1f s (data in %s)",
+            self.config.nodes, self.bootstrap_servers, time.monotonic() - started, self.data_dir,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        """Stop every node cleanly, all at once (one at a time, the last ones would wait for
+        a controller quorum that is gone). Idempotent."""
+        nodes = list(self._iter_nodes())
+        for node in nodes:
+            node.begin_stop()
+        for node in nodes:
+            node.wait_stopped()
+        self._admin = None
+
+    def kill(self, node_id: int) -> None:
+        """Kill node ``node_id`` with SIGKILL (no clean shutdown)."""
+        self.node(node_id).kill()
+
+    def stop_node(self, node_id: int) -> None:
+        """Stop node ``node_id`` cleanly (its leaderships move first)."""
+        self.node(node_id).stop()
+
+    def start_node(self, node_id: int) -> None:
+        """Start node ``node_id`` again on the same data and ports and wait until it answers
+        (not until it is back in every ISR: :meth:`wait_healthy` waits for that)."""
+        self.node(node_id).start()
+
+    def restart_node(self, node_id: int) -> None:
+        """Stop node ``node_id`` cleanly and start it again."""
+        self.stop_node(node_id)
+        self.start_node(node_id)
+
+    def pause(self, node_id: int) -> None:
+        """Freeze node ``node_id`` (SIGSTOP) until :meth:`resume`."""
+        self.node(node_id).pause()
+
+    def resume(self, node_id: int) -> None:
+        """Let a paused node run again (SIGCONT)."""
+        self.node(node_id).resume()
+
+    def running_node_ids(self) -> tuple[int, ...]:
+        """Ids of the nodes whose process is alive and not paused."""
+        return tuple(n.node_id for n in self._iter_nodes() if n.is_running and not n.is_paused)
+
+    # --- metadata -------------------------------------------------------------------------
+    def _metadata(self, timeout_s: float = 5.0) -> Any:
+        """Cluster metadata from a node that runs and is not paused.
+        :class:`BrokerUnreachableError` if none answers within ``timeout_s``."""
+        usable = [n for n in self._iter_nodes() if n.is_running and not n.is_paused]
+        if not usable:
+            raise BrokerUnreachableError("no node of the local cluster is running")
+        servers = ",".join(n.bootstrap_servers for n in usable)
+        if self._admin is None or self._admin_for != servers:
+            # A new client when the usable nodes change, so requests start at a live one.
+            admin_config: dict[str, Any] = {
+                "bootstrap.servers": servers,
+                "logger": _probe_logger,
+                "socket.connection.setup.timeout.ms": 2000,
+            }
+            self._admin = AdminClient(admin_config)
+            self._admin_for = servers
+        try:
+            return self._admin.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            self._admin = None
+            raise BrokerUnreachableError(
+                f"no node of the local cluster ({servers}) answered within {timeout_s} s: {exc}"
+            ) from exc
+
+    def registered_node_ids(self) -> tuple[int, ...]:
+        """Ids of the brokers the metadata shows (registered and not fenced), ascending."""
+        return tuple(sorted(self._metadata().brokers))
+
+    def leader_of(self, topic: str, partition: int) -> int | None:
+        """The node id leading ``topic``/``partition`` as the metadata shows it now; None if
+        it has no leader or the partition is not known (yet)."""
+        found = self._metadata().topics.get(topic)
+        if found is None or found.error is not None or partition not in found.partitions:
+            return None
+        leader = int(found.partitions[partition].leader)
+        return leader if leader >= 0 else None
+
+    def isr_of(self, topic: str, partition: int) -> tuple[int, ...]:
+        """The in-sync replicas of ``topic``/``partition`` (empty if it is not known)."""
+        found = self._metadata().topics.get(topic)
+        if found is None or found.error is not None or partition not in found.partitions:
+            return ()
+        return tuple(sorted(int(r) for r in found.partitions[partition].isrs))
+
+    def controller_leader(self) -> int | None:
+        """The active controller's node id, read from the nodes' ``quorum-state`` files (the
+        newest election a live node took part in); None while there is none, or while the
+        one they name is not running or paused."""
+        best: tuple[int, int] | None = None
+        for node in self._iter_nodes():
+            if not node.is_running:
+                continue
+            path = node.data_dir / "kraft" / "__cluster_metadata-0" / "quorum-state"
+            try:
+                quorum = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            epoch, leader = int(quorum.get("leaderEpoch", -1)), int(quorum.get("leaderId", -1))
+            if leader >= 0 and (best is None or epoch > best[0]):
+                best = (epoch, leader)
+        if best is None or best[1] not in self.running_node_ids():
+            return None
+        return best[1]
+
+    def health_problems(self) -> ClusterUnhealthyError | None:
+        """What keeps the cluster from being healthy now (as the error
+        :meth:`wait_healthy` would raise), or None if every node is registered and every
+        partition has a leader and a full ISR."""
+        try:
+            metadata = self._metadata(timeout_s=2.0)
+        except BrokerUnreachableError as exc:
+            return ClusterUnhealthyError(str(exc), missing_nodes=self.node_ids)
+        missing = tuple(n for n in self.node_ids if n not in metadata.brokers)
+        under: list[tuple[str, int]] = []
+        leaderless: list[tuple[str, int]] = []
+        details: list[str] = []
+        for name, topic in sorted(metadata.topics.items()):
+            for pid, part in sorted(topic.partitions.items()):
+                if part.leader < 0:
+                    leaderless.append((name, pid))
+                    details.append(f"{name}-{pid} has no leader")
+                elif len(part.isrs) < len(part.replicas):
+                    under.append((name, pid))
+                    details.append(
+                        f"{name}-{pid} isr {sorted(part.isrs)} of {sorted(part.replicas)}"
+                    )
+        if not (missing or under or leaderless):
+            return None
+        parts = []
+        if missing:
+            parts.append(f"nodes not registered: {list(missing)}")
+        if details:
+            shown = "; ".join(details[:10])
+            more = f" and {len(details) - 10} more" if len(details) > 10 else ""
+            parts.append(f"partitions: {shown}{more}")
+        return ClusterUnhealthyError(
+            "; ".join(parts),
+            missing_nodes=missing,
+            under_replicated=tuple(under),
+            leaderless=tuple(leaderless),
+        )
+
+    def wait_healthy(self, timeout_s: float = 60.0) -> None:
+        """Wait until every node is registered and no partition is leaderless or
+        under-replicated; raise :class:`ClusterUnhealthyError` naming what is still missing
+        after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            problem = self.health_problems()
+            if problem is None:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterUnhealthyError(
+                    f"the local cluster was not healthy within {timeout_s:.1f} s: {problem}",
+                    missing_nodes=problem.missing_nodes,
+                    under_replicated=problem.under_replicated,
+                    leaderless=problem.leaderless,
+                )
+            time.sleep(0.1)
+
+    def rolling_restart(self, timeout_s: float = 60.0) -> None:
+        """Stop and start each node in turn, waiting for a healthy cluster before the next
+        (each wait at most ``timeout_s``)."""
+        for node_id in self.node_ids:
+            self.restart_node(node_id)
+            self.wait_healthy(timeout_s)
