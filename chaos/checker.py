@@ -12,18 +12,22 @@ Copies on a topic
     its own. A reader observation on a topic other than the one the message was sent to is
     ``wrong_topic``.
 
-``tx`` (G1, G2, G3)
+``tx`` (G1, G2, G3, G4)
     The final decision is the last ``decide`` whose status is COMMIT or ROLLBACK (an UNKNOWN
     after a decision changes nothing; both COMMIT and ROLLBACK recorded: either may apply, so
     at most one copy and nothing else is asked). Acknowledged and committed: exactly one copy
-    (none: lost or stuck; more: ``duplicated``). Rolled back: no copy at all
+    (none: lost or stuck; more: ``duplicated``). Committed, acknowledged or not: no copy read
+    before the first COMMIT answer (``early``: the workload records an answer in its
+    listener, before the END record that answer leads to). Not acknowledged (failed or
+    indeterminate) and committed: at most one copy, never lost. Rolled back: no copy at all
     (``visible_rollback``). No decision at all: no copy (``visible_undecided``), and an
-    acknowledged one whose listener meant to answer on check-back (``unknown_then_*``) and was
-    never checked while the run had at least ``transaction_timeout_ms + check_interval_ms`` +
-    grace after its send to do so (up to the ``drained`` marker, else the history's end) is
-    ``unchecked`` (G4). Not acknowledged (failed or indeterminate) and committed: at most one
-    copy, never lost. Its time is the first decision with the final status (the send's when
-    there is none); commit-to-visible latency is the first copy's ``t`` minus that time.
+    acknowledged one whose listener meant to answer on check-back (``unknown_then_*``) and
+    was never checked while the run had at least ``transaction_timeout_ms +
+    check_interval_ms + session_timeout_ms + kafka_transaction_timeout_ms`` + grace after its
+    send to do so (up to the ``drained`` marker, else the history's end; defaults 6 s, 30 s,
+    10 s, 10 s) is ``unchecked``. Its time is the first decision with the final status (the
+    send's when there is none); commit-to-visible latency is the first copy's ``t`` minus
+    that time.
 
 ``delay`` / ``timer`` (G2, G3, G5)
     Due at ``send.t + delay_ms`` (a lower bound of the true due time: the send's ``t`` is taken
@@ -713,6 +717,16 @@ class _Settings:
         )
         self.transaction_timeout_ms = float(config.get("transaction_timeout_ms") or 6_000)
         self.check_interval_ms = float(config.get("check_interval_ms") or 30_000)
+        self.check_bound_ms = (
+            self.transaction_timeout_ms
+            + self.check_interval_ms
+            + float(config.get("session_timeout_ms") or 10_000)
+            + float(config.get("kafka_transaction_timeout_ms") or 10_000)
+        )
+        """The first check is due ``transaction_timeout_ms`` after the send, the next one
+        ``check_interval_ms`` later; a crashed coordinator's partitions move after
+        ``session_timeout_ms`` and its open Kafka transaction aborts after
+        ``kafka_transaction_timeout_ms`` (README, G4)."""
         self._max: dict[tuple[str | None, bool], int | None] = {}
 
     def max_reconsume(self, group: str | None, *, orderly: bool) -> int | None:
@@ -845,6 +859,9 @@ class _Judge:
                 self._flag(VISIBLE_UNDECIDED, f"never committed, yet read {copies} time(s)")
             self._unchecked(op)
             return
+        if decided == _COMMIT and reads is not None and reads.first_t < t:
+            ahead = t - reads.first_t
+            self._flag(EARLY, f"read {ahead:.0f} ms before its first COMMIT answer")
         if decided == _COMMIT and op.acknowledged:
             if reads is None:
                 self._missing(t, "committed")
@@ -863,7 +880,7 @@ class _Judge:
             return
         horizon = self.run.drained_t if self.run.drained_t is not None else self.run.end_t
         s = self.settings
-        bound = op.t + s.transaction_timeout_ms + s.check_interval_ms + self.grace_ms
+        bound = op.t + s.check_bound_ms + self.grace_ms
         if horizon > bound:
             waited = (horizon - op.t) / 1000.0
             self._flag(UNCHECKED, f"answered UNKNOWN, no check answer in {waited:.0f} s")

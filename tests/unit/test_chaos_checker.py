@@ -284,7 +284,8 @@ def test_an_undecided_transaction_must_stay_invisible_and_be_checked(history: Hi
     history.send("young", "tx", T0 + 60 * S, intent="unknown_then_commit")
     history.decide("young", T0 + 60 * S, "UNKNOWN")
     history.ack("young", T0 + 60 * S + 5)
-    # 6 s + 30 s + 30 s grace after its send: "never-checked" is overdue, "young" is not.
+    # 6 s + 30 s + 10 s + 10 s + 30 s grace after its send: "never-checked" is overdue at the
+    # drain, "young" is not.
     history.drained(T0 + 100 * S)
     report = history.check()
     assert sorted(kinds(report)) == [
@@ -293,6 +294,20 @@ def test_an_undecided_transaction_must_stay_invisible_and_be_checked(history: Hi
     ]
     assert report.row(NONE_ROW).stuck == 1
     assert report.row(NONE_ROW).other == 1
+
+
+def test_a_commit_visible_before_its_answer_is_early(history: History) -> None:
+    history.fault("coordinator_pause", T0, T0 + 1 * S, target="coordinator-1")
+    history.send("x", "tx", T0 + 1 * S, intent="unknown_then_commit")
+    history.decide("x", T0 + 1 * S, "UNKNOWN")
+    history.ack("x", T0 + 1 * S + 5)
+    history.read("x", T0 + 4 * S)
+    history.decide("x", T0 + 7 * S, "COMMIT", via="check")
+    history.decide("x", T0 + 37 * S, "COMMIT", via="check")  # a second check changes nothing
+    history.drained(T0 + 60 * S)
+    report = history.check()
+    assert kinds(report) == [("early", "x", ("coordinator_pause",))]
+    assert "3000 ms before its first COMMIT answer" in report.violations[0].detail
 
 
 def test_a_copy_on_another_topic_is_caught(history: History) -> None:
