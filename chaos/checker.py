@@ -237,6 +237,8 @@ class Row:
     redelivered: int = 0
     other: int = 0
     max_stall_s: float = 0.0
+    max_stall_id: str | None = None
+    """The operation that waited ``max_stall_s``."""
     lateness_ms: list[float] = field(default_factory=list, repr=False)
     """First copy minus due of each acknowledged delay or timer seen (negative: early)."""
     visible_ms: list[float] = field(default_factory=list, repr=False)
@@ -370,6 +372,14 @@ class Report:
             f"{self.unmatched_ids} unmatched ids; grace {self.grace_s:g} s"
         )
 
+    def _stall_line(self) -> str:
+        stalls = [
+            f"{row.name} {row.max_stall_s:.1f} s ({row.max_stall_id})"
+            for row in self.rows.values()
+            if row.max_stall_id is not None
+        ]
+        return "longest stall: " + ("; ".join(stalls) or "none")
+
     def _violation_lines(self, limit: int) -> list[str]:
         if not self.violations:
             return []
@@ -392,6 +402,7 @@ class Report:
         lines = [fmt(table[0]), "  ".join("-" * w for w in widths)]
         lines += [fmt(r) for r in table[1:]]
         lines.append(self._summary())
+        lines.append(self._stall_line())
         lines += self._violation_lines(max_violations)
         return "\n".join(lines) + "\n"
 
@@ -401,7 +412,7 @@ class Report:
         lines = ["| " + " | ".join(COLUMNS) + " |"]
         lines.append("| --- | " + " | ".join("---:" for _ in COLUMNS[1:]) + " |")
         lines += ["| " + " | ".join(r) + " |" for r in self._table_rows()]
-        lines += ["", self._summary()]
+        lines += ["", self._summary(), "", self._stall_line()]
         if self.violations:
             shown = self.violations[:max_violations]
             lines += ["", f"Violations (first {len(shown)} of {len(self.violations)}):", ""]
@@ -820,7 +831,9 @@ class _Judge:
     def _stall(self, waited_ms: float) -> None:
         seconds = max(waited_ms, 0.0) / 1000.0
         for row in self._rows:
-            row.max_stall_s = max(row.max_stall_s, seconds)
+            if seconds > row.max_stall_s:
+                row.max_stall_s = seconds
+                row.max_stall_id = self._id
 
     def _missing(self, due_t: float, what: str) -> None:
         """An expected observation due at ``due_t`` never came."""

@@ -334,6 +334,8 @@ def test_commit_to_visible_latency_and_max_stall(history: History) -> None:
     assert none.visible_p99_ms == pytest.approx(99.0)
     assert none.max_stall_s == pytest.approx(0.1)
     assert report.row("coordinator_kill").max_stall_s == pytest.approx(23.0)
+    assert report.row("coordinator_kill").max_stall_id == "slow"
+    assert "coordinator_kill 23.0 s (slow)" in report.render()
     assert report.row(ALL_ROW).max_stall_s == pytest.approx(23.0)
     assert report.row(ALL_ROW).visible_p99_ms == pytest.approx(100.0)
 
