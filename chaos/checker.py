@@ -79,6 +79,7 @@ Copies on a topic
     earlier than the event, else the event's ``t``) appears exactly once among its ``ids``
     (``spark_missing``, ``spark_duplicated``); any other committed or delayed id at most once;
     a rolled-back id never (``spark_visible_rollback``). Ids of other kinds are ignored.
+    These findings count in the rows ``spark`` and ``all`` only.
 
 Lost, stuck, pending
     An expected observation that never came is *lost* when the ``drained`` phase event says the
@@ -101,6 +102,16 @@ Nemesis windows
     nemesis one of whose faults satisfies ``start <= its time <= end + grace`` (its time: the
     decision for ``tx``, due for ``delay``/``timer``, the send otherwise), in ``none`` when
     there is no such fault, and in ``all``. Its violations carry the same names.
+
+The table
+    One row per nemesis that struck, then ``none``, ``poison-records``, ``spark`` and ``all``;
+    columns: faults, operations, acknowledged, then violations by column (``lost`` includes
+    ``spark_missing``; ``duplicated`` includes ``spark_duplicated``; ``stuck`` includes
+    ``unchecked``; ``other`` counts the rest: ``visible_rollback``, ``visible_undecided``,
+    ``wrong_topic``, ``dlq_and_success``, ``premature_dlq``, ``reconsume_skipped``,
+    ``not_quarantined``, ``spark_visible_rollback``), ``redelivered`` (operations consumed
+    successfully more than once, not a violation), max stall (s), delay/timer lateness
+    p50/p99/max (ms) and commit-to-visible latency p50/p99 (ms).
 
 Percentiles are nearest-rank: the p-th of n sorted values is the one at rank ``ceil(p n / 100)``.
 """
