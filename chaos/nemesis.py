@@ -81,9 +81,9 @@ class ClusterControl(Protocol):
 class ProxyControl(Protocol):
     """What the network nemeses do (:class:`chaos.proxy.FaultProxy`)."""
 
-    def set_latency(self, ms: int) -> None: ...
+    def set_latency(self, ms: float) -> None: ...
 
-    def drop_connections(self) -> None: ...
+    def drop_connections(self) -> int: ...
 
     def partition(self) -> None: ...
 
@@ -308,10 +308,9 @@ class Targets:
 def available_kinds(targets: Targets) -> list[str]:
     """The nemeses this run can inject."""
     out = ["coordinator_kill", "coordinator_pause", "poison"]
-    if targets.cluster is not None:
-        out += ["leader_kill"]
-        if len(targets.cluster.node_ids) > 1:
-            out += ["rolling_restart"]
+    if targets.cluster is not None and len(targets.cluster.node_ids) > 1:
+        # One node: killing "the leader" would be an outage of the whole cluster.
+        out += ["leader_kill", "rolling_restart"]
         if targets.disk is not None and targets.disk.mounted:
             out += ["disk_full"]
     if targets.proxy is not None:
@@ -466,7 +465,8 @@ class Nemesis(threading.Thread):
     def _net_drop(self, fault: Fault) -> None:
         proxy = self._proxy()
         self._event(fault, "start", "proxy", "every client connection cut")
-        proxy.drop_connections()
+        cut = proxy.drop_connections()
+        logger.info("nemesis net_drop: %d connections reset", cut)
         self._wait(1.0)
         self._event(fault, "end", "proxy", "clients reconnect")
 

@@ -24,13 +24,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final, Protocol
-
-from confluent_kafka.admin import AdminClient
+from typing import Any, Final
 
 from bridge.config import ClientConfig
 from bridge.coordinator.health import coordinator_health
-from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
+from bridge.runtime.cluster import LocalClusterConfig, LocalKafkaCluster
 from chaos.history import HistoryWriter, now_ms, read_history
 from chaos.nemesis import (
     DiskFiller,
@@ -39,6 +37,7 @@ from chaos.nemesis import (
     available_kinds,
     plan,
 )
+from chaos.proxy import FaultProxy
 from chaos.workload import (
     BROADCAST_INSTANCES,
     CONSUME_GROUP,
@@ -56,6 +55,17 @@ logger = logging.getLogger("chaos")
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 COORDINATOR_NAMES: Final = ("coordinator-1", "coordinator-2")
+
+_COORDINATOR_MAIN: Final = (
+    "import faulthandler, signal, sys\n"
+    "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+    "from bridge.cli import main\n"
+    "sys.argv[0] = 'bridge'\n"
+    "main()\n"
+)
+"""``bridge coordinator`` as the CLI runs it, plus a dump of every thread's stack on stderr
+(the coordinator's log) on SIGUSR1: the runner asks for one when the load ends and before
+it stops the coordinators, so a service stuck in a call shows where."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,91 +104,15 @@ class RunConfig:
 
 
 # --- the cluster --------------------------------------------------------------------------
-class Cluster(Protocol):
-    """What a run needs of the brokers (:class:`bridge.runtime.cluster.LocalKafkaCluster`)."""
-
-    @property
-    def bootstrap_servers(self) -> str: ...
-
-    @property
-    def node_ids(self) -> Sequence[int]: ...
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def kill(self, node_id: int) -> None: ...
-
-    def stop_node(self, node_id: int) -> None: ...
-
-    def start_node(self, node_id: int) -> None: ...
-
-    def leader_of(self, topic: str, partition: int) -> int | None: ...
-
-    def wait_healthy(self, timeout_s: float) -> None: ...
-
-
 BROKER_PROPERTIES: Final = {
     # Poison: a delayed message to a topic that does not exist must stay undeliverable.
     "auto.create.topics.enable": "false",
 }
 
 
-class SingleNode:
-    """One local broker behind the :class:`Cluster` interface (no proxy, no replication):
-    for a quick run where the three-broker cluster is not wanted."""
-
-    def __init__(self, data_dir: Path, heap_mb: int) -> None:
-        self.kafka = LocalKafka(
-            LocalKafkaConfig(
-                data_dir=data_dir / "node-1", heap_mb=heap_mb, properties=BROKER_PROPERTIES
-            )
-        )
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return self.kafka.bootstrap_servers
-
-    @property
-    def node_ids(self) -> Sequence[int]:
-        return [1]
-
-    def start(self) -> None:
-        self.kafka.start()
-
-    def stop(self) -> None:
-        self.kafka.stop()
-
-    def kill(self, node_id: int) -> None:
-        self.kafka.kill()
-
-    def stop_node(self, node_id: int) -> None:
-        self.kafka.stop()
-
-    def start_node(self, node_id: int) -> None:
-        self.kafka.start()
-
-    def leader_of(self, topic: str, partition: int) -> int | None:
-        return 1
-
-    def wait_healthy(self, timeout_s: float) -> None:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                if admin.list_topics(timeout=2).brokers:
-                    return
-            time.sleep(0.5)
-        raise TimeoutError(f"the broker did not answer within {timeout_s:.0f} s")
-
-
-def make_cluster(config: RunConfig, data_dir: Path) -> tuple[Cluster, bool]:
-    """The run's brokers, and whether they have a proxied listener for the fault proxy."""
-    if config.nodes <= 1:
-        return SingleNode(data_dir, config.heap_mb), False
-    from bridge.runtime.cluster import LocalClusterConfig, LocalKafkaCluster  # noqa: PLC0415
-
-    cluster = LocalKafkaCluster(
+def make_cluster(config: RunConfig, data_dir: Path) -> LocalKafkaCluster:
+    """The run's brokers, each with a PROXIED listener for the fault proxy."""
+    return LocalKafkaCluster(
         LocalClusterConfig(
             data_dir=data_dir,
             nodes=config.nodes,
@@ -189,7 +123,6 @@ def make_cluster(config: RunConfig, data_dir: Path) -> tuple[Cluster, bool]:
             properties=BROKER_PROPERTIES,
         )
     )
-    return cluster, True
 
 
 # --- coordinators -------------------------------------------------------------------------
@@ -221,7 +154,7 @@ class CoordinatorProcess:
             log.write(f"\n=== start {self.coordinator_id} at {datetime.now(UTC)} ===\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bridge.cli", "-v", "coordinator"],
+                [sys.executable, "-c", _COORDINATOR_MAIN, "-v", "coordinator"],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
                 start_new_session=True,
             )  # fmt: skip
@@ -351,7 +284,18 @@ class Coordinators:
             self._down.discard(name)
         return f"pid {proc.pid}, id {proc.coordinator_id}"
 
+    def dump_stacks(self, why: str) -> None:
+        """Every live coordinator writes its threads' stacks to its log (SIGUSR1)."""
+        with self._lock:
+            for proc in self.procs.values():
+                if proc.alive() and not proc.paused:
+                    with proc.log_path.open("ab") as log:
+                        log.write(f"\n=== thread dump: {why} at {datetime.now(UTC)} ===\n".encode())
+                    proc.signal(signal.SIGUSR1)
+
     def stop_all(self) -> None:
+        self.dump_stacks("stopping")
+        time.sleep(0.5)
         self._stop.set()
         if self._watchdog.is_alive():
             self._watchdog.join(5)
@@ -475,8 +419,7 @@ def _run(config: RunConfig, out: Path, history_path: Path) -> int:
     disk: DiskFiller | None = None
     soak_disk = config.disk_full if config.disk_full is not None else config.soak
     with contextlib.ExitStack() as stack:
-        cluster, proxied = make_cluster(config, data_dir)
-        proxy: Any = None
+        cluster = make_cluster(config, data_dir)
         disk_node: int | None = None
         if soak_disk and config.nodes > 1:
             ok, why = DiskFiller.available()
@@ -495,14 +438,10 @@ def _run(config: RunConfig, out: Path, history_path: Path) -> int:
         stack.callback(_stop_cluster, cluster, config.keep_data, data_dir)
         cluster.start()
         direct = cluster.bootstrap_servers
-        client_bootstrap = direct
-        if proxied:
-            from chaos.proxy import FaultProxy  # noqa: PLC0415
-
-            proxy = FaultProxy(cluster.proxy_routes())  # type: ignore[attr-defined]
-            proxy.start()
-            stack.callback(proxy.stop)
-            client_bootstrap = cluster.proxied_bootstrap_servers  # type: ignore[attr-defined]
+        proxy = FaultProxy(cluster.proxy_routes())
+        proxy.start()
+        stack.callback(proxy.stop)
+        client_bootstrap = cluster.proxied_bootstrap_servers
         cluster.wait_healthy(120)
         _say(f"brokers ready: direct {direct}, clients {client_bootstrap}")
 
@@ -534,7 +473,7 @@ def _run(config: RunConfig, out: Path, history_path: Path) -> int:
 
         catalog = wconfig.client_config().catalog()
         targets = Targets(
-            cluster=cluster if config.nodes > 1 else None,
+            cluster=cluster,
             proxy=proxy,
             coordinators=coordinators,
             poison=workload,
@@ -568,6 +507,7 @@ def _run(config: RunConfig, out: Path, history_path: Path) -> int:
         _progress(workload, config.duration_s)
         workload.stop_load()
         history.write("phase", name="load_end", detail=str(workload.counts()))
+        coordinators.dump_stacks("load end")
         _say(f"load ended: {workload.counts()}")
         _stop_nemesis(nemesis)
         complete, detail = workload.drain(config.drain_timeout_s)
@@ -595,9 +535,8 @@ def _run(config: RunConfig, out: Path, history_path: Path) -> int:
     return 0
 
 
-def _node_log_dir(cluster: Cluster, node_id: int) -> Path:
-    node = cluster.node(node_id)  # type: ignore[attr-defined]
-    return Path(node.data_dir) / "kraft"
+def _node_log_dir(cluster: LocalKafkaCluster, node_id: int) -> Path:
+    return cluster.node(node_id).data_dir / "kraft"
 
 
 def _progress(workload: Workload, duration_s: float) -> None:
@@ -637,7 +576,7 @@ def _notes(nemesis: Nemesis, coordinators: Coordinators, workload: Workload) -> 
     return notes
 
 
-def _stop_cluster(cluster: Cluster, keep_data: bool, data_dir: Path) -> None:
+def _stop_cluster(cluster: LocalKafkaCluster, keep_data: bool, data_dir: Path) -> None:
     try:
         cluster.stop()
     finally:
