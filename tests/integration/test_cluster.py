@@ -38,6 +38,7 @@ from bridge.runtime.cluster import (
     LocalClusterConfig,
     LocalKafkaCluster,
 )
+from bridge.runtime.local_kafka import LocalKafkaConfig
 from chaos.proxy import FaultProxy
 from tests.conftest import REPO_ROOT, wait_until
 from topics.catalog import SystemTopic, TopicSpec
@@ -65,7 +66,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaClus
 
 
 @pytest.fixture(autouse=True)
-def _every_node_up(cluster: LocalKafkaCluster) -> None:
+def _every_node_up(request: pytest.FixtureRequest) -> None:
+    """Before a test of the shared cluster: every node running and the cluster healthy."""
+    if "cluster" not in request.fixturenames:
+        return
+    cluster: LocalKafkaCluster = request.getfixturevalue("cluster")
     for node_id in cluster.node_ids:
         node = cluster.node(node_id)
         if node.is_paused:
@@ -390,3 +395,48 @@ def test_bridge_broker_nodes_3_runs_a_cluster_until_interrupted(tmp_path: Path) 
         proc.send_signal(signal.SIGINT)
         code = proc.wait(90)
     assert code == 0
+
+
+def test_each_node_advertises_the_proxy_and_keeps_replication_direct(
+    cluster: LocalKafkaCluster,
+) -> None:
+    voters = ",".join(f"{n}@127.0.0.1:{cluster.node(n).controller_port}" for n in cluster.node_ids)
+    for node_id in cluster.node_ids:
+        node = cluster.node(node_id)
+        lines = (node.data_dir / "server.properties").read_text().splitlines()
+        props = dict(line.split("=", 1) for line in lines)
+        assert props["node.id"] == str(node_id)
+        assert props["controller.quorum.voters"] == voters
+        assert props["listeners"] == (
+            f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port},"
+            f"PROXIED://127.0.0.1:{node.proxied_port}"
+        )
+        assert props["advertised.listeners"] == (
+            f"PLAINTEXT://127.0.0.1:{node.port},PROXIED://127.0.0.1:{node.proxied_advertised_port}"
+        )
+        assert props["inter.broker.listener.name"] == "PLAINTEXT"
+        assert props["default.replication.factor"] == "3"
+        assert props["min.insync.replicas"] == "2"
+        assert node.cluster_id == cluster.cluster_id
+    assert cluster.proxy_routes() == [
+        (cluster.node(n).proxied_advertised_port, cluster.node(n).proxied_port)
+        for n in cluster.node_ids
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"voters": {2: 9000, 3: 9001}}, r"must include this node's id 1"),
+        ({"voters": {1: 9000}, "controller_port": 9001}, "differs from this node's voter port"),
+        ({"voters": {1: 0}}, "ports 1..65535"),
+        ({"cluster_id": "not-a-uuid"}, "cluster_id must be a Kafka Uuid"),
+        ({"proxied_port": 9000}, "need proxied=True"),
+        ({"node_id": -1}, "node_id must be"),
+    ],
+)
+def test_bad_node_configs_are_typed_errors(
+    tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        LocalKafkaConfig(data_dir=tmp_path, **kwargs)
