@@ -34,8 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     run_p.add_argument("--drain-timeout", type=float, default=60.0, help="seconds")
     run_p.add_argument("--rate-scale", type=float, default=1.0, help="multiplies every rate")
     spark = run_p.add_mutually_exclusive_group()
-    spark.add_argument("--spark", dest="spark", action="store_true", default=None,
-                       help="run the Spark ingest at the end (default: on --soak)")  # fmt: skip
+    spark.add_argument("--spark", dest="spark", action="store_true", default=True,
+                       help="run the Spark ingest at the end (the default)")  # fmt: skip
     spark.add_argument("--no-spark", dest="spark", action="store_false")
     disk = run_p.add_mutually_exclusive_group()
     disk.add_argument("--disk-full", dest="disk_full", action="store_true", default=None,

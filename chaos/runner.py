@@ -83,8 +83,8 @@ class RunConfig:
     drain_timeout_s: float = 60.0
     settle_s: float = 3.0
     """Readers keep reading this long after the drain (a late duplicate still shows)."""
-    spark: bool | None = None
-    """Run the Spark ingest at the end; None: on a soak only."""
+    spark: bool = True
+    """Run the Spark ingest of the tx topic at the end (about 45 s)."""
     disk_full: bool | None = None
     """Mount a tmpfs log dir for one broker and fill it; None: on a soak, where root can."""
     nemeses: tuple[str, ...] | None = None
@@ -515,10 +515,9 @@ def _run(config: RunConfig, out: Path, history_path: Path) -> int:
         _say(f"drained: {detail}")
         time.sleep(config.settle_s)
 
-        spark = config.spark if config.spark is not None else config.soak
         workload.stop()
         notes = _notes(nemesis, coordinators, workload)
-        if spark:
+        if config.spark:
             failed = _spark(history, direct, out)
             notes += [failed] if failed else []
         history.write("phase", name="end", detail="; ".join(notes) or "clean")
