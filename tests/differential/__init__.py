@@ -1,0 +1,1 @@
+"""Differential suite: the same workloads against Apache RocketMQ and against the bridge."""

@@ -1,0 +1,471 @@
+"""The bridge side: the workloads of ``RocketMQDriver.java``, line for line, through the
+bridge's public API (``Producer``, ``TransactionMQProducer``, ``PushConsumer``, ``read_messages``,
+and the operator view of parked transactions), producing the same events.
+
+Events are dicts with ``ev`` (``sent``, ``ready``, ``execute``, ``check``, ``consume``,
+``parked``, ``dlq``, ``done``) and, for a message: ``key``, ``body``, ``topic``, ``tags``,
+``reconsume``, ``msg_id``, ``props``, ``t`` (ms since the workload started), ``since_sent``
+(ms since its send began) and ``store_minus_born`` (ms from its birth to its storage in the
+topic it was read from, on the broker's clock; the topics are created with
+``LogAppendTime``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bridge import (
+    ClientConfig,
+    ConsumeConcurrentlyContext,
+    ConsumeFromWhere,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    ConsumeStatus,
+    Message,
+    MessageExt,
+    MessageListenerConcurrently,
+    MessageListenerOrderly,
+    MessageModel,
+    Producer,
+    PushConsumer,
+    TransactionListener,
+    TransactionMQProducer,
+    TransactionStatus,
+    read_messages,
+)
+from bridge.transaction.admin import read_parked
+
+Event = dict[str, Any]
+TAGS = ("TagA", "TagB", "TagC", "TagD", "TagE")
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+class Recorder:
+    """Collects events with times relative to the workload's start (ms)."""
+
+    def __init__(self, workload: str) -> None:
+        self.started = time.monotonic()
+        self.started_epoch_ms = time.time_ns() // 1_000_000
+        self.events: list[Event] = []
+        self.sent_at: dict[str, int] = {}
+        self.warm: set[str] = set()
+        self._lock = threading.Lock()
+        self.emit("start", workload=workload, epoch_ms=self.started_epoch_ms)
+
+    def now(self) -> int:
+        """Milliseconds since the workload started."""
+        return int((time.monotonic() - self.started) * 1000)
+
+    def emit(self, ev: str, **fields: Any) -> None:
+        """Record one event."""
+        with self._lock:
+            self.events.append({"ev": ev, **fields})
+
+    def message(self, ev: str, msg: MessageExt, **extra: Any) -> None:
+        """Record a received message."""
+        t = self.now()
+        key = msg.keys[0] if msg.keys else None
+        sent = self.sent_at.get(key) if key is not None else None
+        store = msg.store_timestamp_ms
+        self.emit(
+            ev,
+            key=key,
+            body=msg.body.decode(errors="replace"),
+            topic=msg.topic,
+            tags=msg.tags,
+            reconsume=msg.reconsume_times,
+            msg_id=msg.msg_id,
+            props={k: _text(v) for k, v in msg.properties.items()},
+            t=t,
+            since_sent=None if sent is None else t - sent,
+            store_minus_born=None if store is None else store - msg.born_timestamp_ms,
+            **extra,
+        )
+
+    def sending(self, key: str) -> None:
+        """Record that ``key``'s send begins now (what ``since_sent`` counts from)."""
+        self.sent_at[key] = self.now()
+
+    def sent(self, key: str, **fields: Any) -> None:
+        """Record that ``key``'s send returned now."""
+        self.sent_at.setdefault(key, self.now())
+        self.emit("sent", key=key, t=self.now(), **fields)
+
+    def warmup(self, msg: MessageExt, instance: str | None = None) -> bool:
+        """True (and recorded) for the warm-up message, which listeners skip."""
+        if msg.keys != ["warmup"]:
+            return False
+        with self._lock:
+            self.warm.add("warmup" if instance is None else f"warmup@{instance}")
+        return True
+
+    def await_warm(self, *names: str) -> None:
+        """Wait until every listed consumer received the warm-up message."""
+        if not await_(lambda: self.warm.issuperset(names), time.monotonic() + 120):
+            raise RuntimeError(f"consumers not ready within 120 s: {self.warm}")
+        self.emit("ready", t=self.now())
+
+
+def await_(condition: Callable[[], bool], deadline: float) -> bool:
+    """Poll ``condition`` until it holds or the monotonic ``deadline`` passes."""
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeEnv:
+    """Where the bridge side runs: client settings (a namespace of its own, the scaled delay
+    levels) with a coordinator already running on them."""
+
+    client: ClientConfig
+
+    def create_topic(self, topic: str, partitions: int = 4) -> None:
+        """Create ``topic`` like RocketMQ's auto-created ones (4 queues), with the broker's
+        append time as record time so that storage times can be compared."""
+        admin = AdminClient({"bootstrap.servers": self.client.bootstrap_servers})
+        new = NewTopic(topic, partitions, 1, config={"message.timestamp.type": "LogAppendTime"})
+        for future in admin.create_topics([new]).values():
+            future.result(30)
+
+    def message(self, topic: str, name: str) -> Message:
+        """The workloads' message: body and keys ``name``, tag ``T``, property ``p``."""
+        return Message(topic, name, keys=name, tags="T", properties={"p": name})
+
+    def push_consumer(self, group: str, **settings: Any) -> PushConsumer:
+        """A push consumer reading from the first offset, as the driver's."""
+        return PushConsumer(
+            group,
+            config=self.client,
+            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+            **settings,
+        )
+
+
+class _Recording(MessageListenerConcurrently):
+    def __init__(
+        self, rec: Recorder, fails: Callable[[MessageExt], bool], instance: str | None = None
+    ) -> None:
+        self.rec = rec
+        self.fails = fails
+        self.instance = instance
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+    ) -> ConsumeStatus:
+        msg = msgs[0]
+        if self.rec.warmup(msg, self.instance):
+            return ConsumeStatus.CONSUME_SUCCESS
+        fail = self.fails(msg)
+        self.rec.message("consume", msg, fail=fail, instance=self.instance)
+        return ConsumeStatus.RECONSUME_LATER if fail else ConsumeStatus.CONSUME_SUCCESS
+
+
+class _Seed003(TransactionListener):
+    """Seed 003's listener: UNKNOWN at first; on check, by index % 3: UNKNOWN, COMMIT,
+    ROLLBACK."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.index = 0
+        self.local: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def execute_local_transaction(self, msg: Message, arg: Any) -> TransactionStatus:
+        with self.lock:
+            status, self.index = self.index % 3, self.index + 1
+        self.local[msg.keys[0]] = status
+        self.rec.emit("execute", key=msg.keys[0], t=self.rec.now())
+        return TransactionStatus.UNKNOWN
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        status = self.local.get(msg.keys[0])
+        answer = {0: TransactionStatus.UNKNOWN, 2: TransactionStatus.ROLLBACK}.get(
+            status if status is not None else 1, TransactionStatus.COMMIT
+        )
+        self.rec.message("check", msg, answer=_ANSWERS[answer])
+        return answer
+
+
+_ANSWERS = {
+    TransactionStatus.COMMIT: "COMMIT_MESSAGE",
+    TransactionStatus.ROLLBACK: "ROLLBACK_MESSAGE",
+    TransactionStatus.UNKNOWN: "UNKNOW",
+}
+
+
+def transaction(
+    env: BridgeEnv,
+    *,
+    topic: str,
+    producer_group: str,
+    consumer_group: str,
+    count: int,
+    deadline_ms: int,
+    quiet_ms: int,
+) -> list[Event]:
+    """Seed 003's flow (see ``RocketMQDriver.transaction``)."""
+    rec = Recorder("transaction")
+    env.create_topic(topic)
+    consumed = [0]
+
+    def count_it(msg: MessageExt) -> bool:
+        consumed[0] += 1
+        return False
+
+    with TransactionMQProducer(producer_group, _Seed003(rec), config=env.client) as producer:
+        with Producer(f"{producer_group}_warmup", config=env.client) as plain:
+            plain.send_sync(env.message(topic, "warmup"))
+        consumer = env.push_consumer(consumer_group)
+        consumer.subscribe(topic, _Recording(rec, count_it))
+        with consumer:
+            rec.await_warm("warmup")
+            for i in range(count):
+                msg = Message(topic, f"Hello RocketMQ {i}", keys=f"KEY{i}", tags=TAGS[i % 5])
+                rec.sending(f"KEY{i}")
+                result = producer.send_message_in_transaction(msg, None)
+                rec.sent(
+                    f"KEY{i}",
+                    status=result.status.name,
+                    local=_ANSWERS[result.local_transaction_state],
+                    msg_id=result.msg_id,
+                    transaction_id=result.transaction_id,
+                )
+                time.sleep(0.01)
+            unknown, committed = (count + 2) // 3, (count + 1) // 3
+            seen: dict[str, int] = {}
+
+            def all_parked() -> bool:
+                parked = _parked(env, topic)
+                for msg in parked:
+                    seen.setdefault(msg.keys[0], rec.now())
+                return len(parked) >= unknown
+
+            await_(
+                lambda: all_parked() and consumed[0] >= committed,
+                rec.started + deadline_ms / 1000,
+            )
+            time.sleep(quiet_ms / 1000)
+            for msg in _parked(env, topic):
+                key = msg.keys[0]
+                rec.message(
+                    "parked",
+                    msg,
+                    parked_since_sent=seen[key] - rec.sent_at[key] if key in seen else None,
+                )
+    rec.emit("done", t=rec.now())
+    return rec.events
+
+
+def _parked(env: BridgeEnv, topic: str) -> list[MessageExt]:
+    return [
+        m for m in read_parked(env.client, timeout_ms=2000) if m.get_property("REAL_TOPIC") == topic
+    ]
+
+
+def delay(
+    env: BridgeEnv,
+    *,
+    topic: str,
+    producer_group: str,
+    consumer_group: str,
+    messages: str,
+    deadline_ms: int,
+    quiet_ms: int,
+) -> list[Event]:
+    """Delay levels and timers by name (see ``RocketMQDriver.delay``)."""
+    rec = Recorder("delay")
+    env.create_topic(topic)
+    consumed = [0]
+
+    def count_it(msg: MessageExt) -> bool:
+        consumed[0] += 1
+        return False
+
+    names = messages.split(",")
+    with Producer(producer_group, config=env.client) as producer:
+        producer.send_sync(env.message(topic, "warmup"))
+        rec.sent("warmup")
+        consumer = env.push_consumer(consumer_group)
+        consumer.subscribe(topic, _Recording(rec, count_it))
+        with consumer:
+            rec.await_warm("warmup")
+            for name in names:
+                msg = env.message(topic, name)
+                wall = time.time_ns() // 1_000_000
+                if name.startswith("level"):
+                    msg.set_delay_time_level(int(name[5:].split("+")[0]))
+                if "delayms" in name:
+                    msg.set_delay_time_ms(int(name.split("delayms")[1]))
+                elif name.startswith("delaysec"):
+                    msg.set_delay_time_sec(int(name[8:]))
+                elif name.startswith("atm"):
+                    msg.set_deliver_time_ms(wall - int(name[3:]))
+                elif name.startswith("at"):
+                    msg.set_deliver_time_ms(wall + int(name[2:]))
+                rec.sending(name)
+                result = producer.send_sync(msg)
+                rec.sent(name, status=result.status.name, msg_id=result.msg_id)
+            await_(lambda: consumed[0] >= len(names), rec.started + deadline_ms / 1000)
+            time.sleep(quiet_ms / 1000)
+    rec.emit("done", t=rec.now())
+    return rec.events
+
+
+def _read_dlq(env: BridgeEnv, group: str) -> list[MessageExt]:
+    return list(read_messages(env.client, [f"%DLQ%{group}"], timeout_ms=1500))
+
+
+def retry(
+    env: BridgeEnv,
+    *,
+    topic: str,
+    producer_group: str,
+    consumer_group: str,
+    max_reconsume: int,
+    deadline_ms: int,
+    quiet_ms: int,
+) -> list[Event]:
+    """The retry ladder (see ``RocketMQDriver.retry``)."""
+    rec = Recorder("retry")
+    env.create_topic(topic)
+
+    def fails(msg: MessageExt) -> bool:
+        return msg.keys == ["always"] or (msg.keys == ["once"] and msg.reconsume_times == 0)
+
+    with Producer(producer_group, config=env.client) as producer:
+        producer.send_sync(env.message(topic, "warmup"))
+        consumer = env.push_consumer(consumer_group, max_reconsume_times=max_reconsume)
+        consumer.subscribe(topic, _Recording(rec, fails))
+        with consumer:
+            rec.await_warm("warmup")
+            for name in ("ok", "once", "always"):
+                rec.sending(name)
+                result = producer.send_sync(env.message(topic, name))
+                rec.sent(name, status=result.status.name, msg_id=result.msg_id)
+            await_(lambda: bool(_read_dlq(env, consumer_group)), rec.started + deadline_ms / 1000)
+            time.sleep(quiet_ms / 1000)
+            for msg in _read_dlq(env, consumer_group):
+                rec.message("dlq", msg, dlq_topic=f"%DLQ%{consumer_group}")
+    rec.emit("done", t=rec.now())
+    return rec.events
+
+
+class _Orderly(MessageListenerOrderly):
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.attempts: dict[str, int] = {}
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        msg = msgs[0]
+        if self.rec.warmup(msg):
+            return ConsumeOrderlyStatus.SUCCESS
+        key = msg.keys[0]
+        self.attempts[key] = n = self.attempts.get(key, 0) + 1
+        fail = key == "m4" or (key == "m2" and n <= 2)
+        self.rec.message("consume", msg, fail=fail)
+        return (
+            ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+            if fail
+            else ConsumeOrderlyStatus.SUCCESS
+        )
+
+
+def orderly(
+    env: BridgeEnv,
+    *,
+    topic: str,
+    producer_group: str,
+    consumer_group: str,
+    count: int,
+    max_reconsume: int,
+    suspend_ms: int,
+    deadline_ms: int,
+    quiet_ms: int,
+) -> list[Event]:
+    """Orderly consumption of one partition (see ``RocketMQDriver.orderly``)."""
+    rec = Recorder("orderly")
+    env.create_topic(topic)
+    listener = _Orderly(rec)
+    with Producer(producer_group, config=env.client) as producer:
+        producer.send_sync(env.message(topic, "warmup"), partition=0)
+        consumer = env.push_consumer(
+            consumer_group,
+            max_reconsume_times=max_reconsume,
+            suspend_current_queue_time_millis=suspend_ms,
+        )
+        consumer.subscribe(topic, listener)
+        with consumer:
+            rec.await_warm("warmup")
+            for i in range(count):
+                rec.sending(f"m{i}")
+                result = producer.send_sync(env.message(topic, f"m{i}"), partition=0)
+                rec.sent(f"m{i}", queue_id=result.queue_id)
+            last = f"m{count - 1}"
+            await_(
+                lambda: last in listener.attempts and bool(_read_dlq(env, consumer_group)),
+                rec.started + deadline_ms / 1000,
+            )
+            time.sleep(quiet_ms / 1000)
+            for msg in _read_dlq(env, consumer_group):
+                rec.message("dlq", msg, dlq_topic=f"%DLQ%{consumer_group}")
+    rec.emit("done", t=rec.now())
+    return rec.events
+
+
+def broadcasting(
+    env: BridgeEnv,
+    *,
+    topic: str,
+    producer_group: str,
+    consumer_group: str,
+    deadline_ms: int,
+    quiet_ms: int,
+) -> list[Event]:
+    """Two BROADCASTING instances of one group (see ``RocketMQDriver.broadcasting``)."""
+    rec = Recorder("broadcasting")
+    env.create_topic(topic)
+    consumed = [0]
+    lock = threading.Lock()
+
+    def bad(msg: MessageExt) -> bool:
+        with lock:
+            consumed[0] += 1
+        return msg.keys == ["bad"]
+
+    with Producer(producer_group, config=env.client) as producer:
+        producer.send_sync(env.message(topic, "warmup"))
+        consumers = []
+        for instance in ("a", "b"):
+            consumer = env.push_consumer(
+                consumer_group, message_model=MessageModel.BROADCASTING, instance_name=instance
+            )
+            consumer.subscribe(topic, _Recording(rec, bad, instance))
+            consumer.start()
+            consumers.append(consumer)
+        try:
+            rec.await_warm("warmup@a", "warmup@b")
+            for name in ("ok1", "bad", "ok2"):
+                rec.sending(name)
+                result = producer.send_sync(env.message(topic, name))
+                rec.sent(name, status=result.status.name, msg_id=result.msg_id)
+            await_(lambda: consumed[0] >= 6, rec.started + deadline_ms / 1000)
+            time.sleep(quiet_ms / 1000)
+        finally:
+            for consumer in consumers:
+                consumer.shutdown()
+    rec.emit("done", t=rec.now())
+    return rec.events

@@ -1,0 +1,98 @@
+"""Running a workload on both sides, and reading the events back as comparable facts."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from bridge.runtime.rocketmq import LocalRocketMQ
+from tests.differential import bridge_side
+from tests.differential.bridge_side import BridgeEnv, Event
+from tests.differential.rocketmq_side import DriverRun
+
+# Properties only RocketMQ shows, whatever the message (see docs/compatibility.md).
+ROCKETMQ_BROKER = frozenset({"CLUSTER", "MSG_REGION", "TRACE_ON", "WAIT"})
+"""Set by the RocketMQ broker or client on every message: cluster name, region and trace
+switch of the broker, the producer's ``waitStoreMsgOK``. Kafka records have no such fields."""
+ROCKETMQ_PULLED = frozenset({"MIN_OFFSET", "MAX_OFFSET"})
+"""Set by RocketMQ's pull API on each message: the queue's offsets at the time."""
+ROCKETMQ_PUSHED = ROCKETMQ_PULLED | {"CONSUME_START_TIME"}
+"""Set by RocketMQ's push consumer on each message it hands to a listener."""
+BRIDGE_ONLY = frozenset({"BORN_HOST"})
+"""The producer's address: a field of RocketMQ's message, a header of the bridge's record."""
+
+
+def run_both(
+    workload: str,
+    rocketmq: LocalRocketMQ,
+    bridge_env: BridgeEnv,
+    driver_home: Path,
+    timeout_s: float = 240,
+    rocketmq_only: dict[str, Any] | None = None,
+    **args: Any,
+) -> tuple[list[Event], list[Event]]:
+    """Run ``workload`` against RocketMQ (its JVM in the background) and the bridge at the same
+    time, with the same arguments and names; return (RocketMQ's events, the bridge's)."""
+    suffix = uuid.uuid4().hex[:6]
+    names = {
+        "topic": f"diff-{workload}-{suffix}",
+        "producer_group": f"diff_{workload}_p_{suffix}",
+        "consumer_group": f"diff_{workload}_c_{suffix}",
+    }
+    run = DriverRun(
+        workload, rocketmq.namesrv_addr, driver_home, timeout_s,
+        **names, **args, **(rocketmq_only or {}),
+    )  # fmt: skip
+    try:
+        bridge_events = getattr(bridge_side, workload)(bridge_env, **names, **args)
+        return run.events(), bridge_events
+    finally:
+        run.kill()
+
+
+def of(events: list[Event], ev: str) -> list[Event]:
+    """The events of one kind, in order."""
+    return [e for e in events if e["ev"] == ev]
+
+
+def one(events: list[Event], ev: str, key: str) -> Event:
+    """The only event of kind ``ev`` for ``key``."""
+    (found,) = [e for e in events if e["ev"] == ev and e["key"] == key]
+    return found
+
+
+def attempts(events: list[Event], instance: str | None = None) -> dict[str, list[Event]]:
+    """Consume events by key, in order (of one broadcasting instance if given)."""
+    out: dict[str, list[Event]] = defaultdict(list)
+    for e in of(events, "consume"):
+        if instance is None or e.get("instance") == instance:
+            out[e["key"]].append(e)
+    return dict(out)
+
+
+def consumed_counts(events: list[Event]) -> Counter[str]:
+    """How many times each key reached a listener."""
+    return Counter(e["key"] for e in of(events, "consume"))
+
+
+def gaps(times: list[int]) -> list[int]:
+    """Differences between consecutive times."""
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def prop_diff(rocketmq: Event, bridge: Event) -> tuple[set[str], set[str]]:
+    """(property names only RocketMQ's message has, those only the bridge's has)."""
+    r, b = set(rocketmq["props"]), set(bridge["props"])
+    return r - b, b - r
+
+
+def same_values(rocketmq: Event, bridge: Event, *names: str) -> dict[str, tuple[Any, Any]]:
+    """The listed properties whose values differ between the two messages."""
+    return {
+        n: (rocketmq["props"].get(n), bridge["props"].get(n))
+        for n in names
+        if rocketmq["props"].get(n) != bridge["props"].get(n)
+    }

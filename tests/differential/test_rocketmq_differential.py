@@ -1,0 +1,413 @@
+"""The same workloads against Apache RocketMQ 5.3 and against the bridge; the outcomes compared.
+
+Each test runs one workload on both sides at once (RocketMQ's in a JVM of its own) with the
+scaled settings of :mod:`tests.differential.settings`, then asserts, for each side, what must
+hold on both, and asserts every difference listed in ``docs/compatibility.md`` as it is, so a
+difference that appears, disappears or changes fails here. Timings are compared within
+``SLACK_MS``: the suite runs on a shared 2-core machine. Measured figures are printed in the
+session summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bridge.runtime.rocketmq import LocalRocketMQ
+from tests.differential import settings as s
+from tests.differential.bridge_side import BridgeEnv, Event
+from tests.differential.conftest import MEASURED
+from tests.differential.observe import (
+    BRIDGE_ONLY,
+    ROCKETMQ_BROKER,
+    ROCKETMQ_PULLED,
+    ROCKETMQ_PUSHED,
+    attempts,
+    consumed_counts,
+    gaps,
+    of,
+    one,
+    prop_diff,
+    run_both,
+    same_values,
+)
+
+pytestmark = pytest.mark.broker
+
+SLACK_MS = 1500
+"""Scheduling slack on a busy 2-core machine."""
+EARLY_MS = 100
+"""Clock and scheduling jitter allowed below a due time (waits count from the send's start)."""
+SIDES = ("rocketmq", "bridge")
+
+
+def note(workload: str, figure: str, rocketmq: object, bridge: object) -> None:
+    """Record a measured figure for the session summary."""
+    MEASURED.setdefault("rows", []).append((workload, figure, str(rocketmq), str(bridge)))
+
+
+def pct(values: list[int], q: float) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else -1
+
+
+# --- seed 003: 30 transactional messages, three check answers -----------------------------
+
+
+@pytest.fixture(scope="module")
+def seed003(
+    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
+) -> Iterator[dict[str, list[Event]]]:
+    rmq, bridge = run_both(
+        "transaction", rocketmq, bridge_env, driver_home,
+        count=s.TRANSACTIONS, deadline_ms=60_000, quiet_ms=2000,
+    )  # fmt: skip
+    yield {"rocketmq": rmq, "bridge": bridge}
+
+
+UNKNOWN = {f"KEY{i}" for i in range(s.TRANSACTIONS) if i % 3 == 0}
+COMMITTED = {f"KEY{i}" for i in range(s.TRANSACTIONS) if i % 3 == 1}
+ROLLED_BACK = {f"KEY{i}" for i in range(s.TRANSACTIONS) if i % 3 == 2}
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_seed003_outcomes_are_the_same(seed003: dict[str, list[Event]], side: str) -> None:
+    events = seed003[side]
+    sent = of(events, "sent")
+    assert len(sent) == s.TRANSACTIONS
+    assert {(e["status"], e["local"]) for e in sent} == {("SEND_OK", "UNKNOW")}
+    assert all(e["msg_id"] == e["transaction_id"] for e in sent)
+    # Which messages a consumer sees: the ones committed on check, each once.
+    assert consumed_counts(events) == dict.fromkeys(COMMITTED, 1)
+    # How many checks each undecided message got, and what it carried.
+    checks: dict[str, list[Event]] = {}
+    for e in of(events, "check"):
+        checks.setdefault(e["key"], []).append(e)
+    for key in COMMITTED | ROLLED_BACK:
+        assert [c["props"]["TRANSACTION_CHECK_TIMES"] for c in checks[key]] == ["1"], key
+    for key in UNKNOWN:
+        assert [c["props"]["TRANSACTION_CHECK_TIMES"] for c in checks[key]] == [
+            str(n) for n in range(1, s.TRANSACTION_CHECK_MAX + 1)
+        ], key
+    # Where the unresolved ones end: parked after the last check, with its count.
+    parked = of(events, "parked")
+    assert {p["key"] for p in parked} == UNKNOWN
+    assert {p["props"]["TRANSACTION_CHECK_TIMES"] for p in parked} == {str(s.TRANSACTION_CHECK_MAX)}
+    assert {p["props"]["REAL_TOPIC"] for p in parked} == {one(events, "consume", "KEY1")["topic"]}
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_seed003_check_times_follow_timeout_and_interval(
+    seed003: dict[str, list[Event]], side: str
+) -> None:
+    events = seed003[side]
+    checks: dict[str, list[int]] = {}
+    for e in of(events, "check"):
+        checks.setdefault(e["key"], []).append(e["since_sent"])
+    first = [times[0] for times in checks.values()]
+    assert min(first) >= s.TRANSACTION_TIMEOUT_MS - EARLY_MS
+    # A check pass runs every interval: the first check comes within one interval of the
+    # timeout (RocketMQ) or at the timeout (the bridge).
+    assert max(first) <= s.TRANSACTION_TIMEOUT_MS + s.CHECK_INTERVAL_MS + SLACK_MS
+    later = [g for key in UNKNOWN for g in gaps(checks[key])]
+    assert min(later) >= s.CHECK_INTERVAL_MS // 2
+    assert max(later) <= 2 * s.CHECK_INTERVAL_MS + SLACK_MS
+    parked_after = [p["parked_since_sent"] - checks[p["key"]][-1] for p in of(events, "parked")]
+    # Seen by polling the parked messages (the bridge's poll takes up to 2 s).
+    assert max(parked_after) <= s.CHECK_INTERVAL_MS + SLACK_MS + 2500
+    MEASURED.setdefault("tx", {})[side] = (
+        f"first check p50 {pct(first, 0.5)} max {max(first)} ms; later gaps "
+        f"p50 {pct(later, 0.5)} max {max(later)} ms; parked seen "
+        f"p50 {pct(parked_after, 0.5)} ms after the last check"
+    )
+
+
+def test_seed003_properties_differ_only_as_documented(
+    seed003: dict[str, list[Event]],
+) -> None:
+    rmq, bridge = seed003["rocketmq"], seed003["bridge"]
+    # A committed message as a consumer sees it: RocketMQ leaves the half message's
+    # properties on it; the bridge removes them, as RocketMQ's end-transaction code means to.
+    only_rmq, only_bridge = prop_diff(one(rmq, "consume", "KEY1"), one(bridge, "consume", "KEY1"))
+    assert only_rmq == ROCKETMQ_BROKER | ROCKETMQ_PUSHED | {
+        "REAL_TOPIC", "REAL_QID", "TRAN_MSG", "TRANSACTION_CHECK_TIMES",
+    }  # fmt: skip
+    assert only_bridge == BRIDGE_ONLY
+    assert not same_values(
+        one(rmq, "consume", "KEY1"), one(bridge, "consume", "KEY1"), "KEYS", "TAGS", "PGROUP"
+    )
+    # The message a check hands to the listener.
+    rmq_check = of(rmq, "check")[0]
+    bridge_check = next(c for c in of(bridge, "check") if c["key"] == rmq_check["key"])
+    only_rmq, only_bridge = prop_diff(rmq_check, bridge_check)
+    assert only_rmq == ROCKETMQ_BROKER
+    assert only_bridge == set()
+    assert not same_values(
+        rmq_check, bridge_check, "KEYS", "TAGS", "PGROUP", "REAL_TOPIC", "TRAN_MSG",
+        "TRANSACTION_CHECK_TIMES",
+    )  # fmt: skip
+    # RocketMQ picks the queue when the half message is sent, the bridge when it commits.
+    assert rmq_check["props"]["REAL_QID"] in {"0", "1", "2", "3"}
+    assert bridge_check["props"]["REAL_QID"] == "-1"
+    # A parked message.
+    only_rmq, only_bridge = prop_diff(one(rmq, "parked", "KEY0"), one(bridge, "parked", "KEY0"))
+    assert only_rmq == ROCKETMQ_BROKER | ROCKETMQ_PULLED
+    assert only_bridge == set()
+
+
+def test_rocketmq_checks_decided_transactions_again_when_op_records_lag(
+    rocketmq: LocalRocketMQ,
+    driver_home: Path,
+    seed003: dict[str, list[Event]],
+    bridge_env: BridgeEnv,
+) -> None:
+    """RocketMQ writes the OP records that end transactions in batches; with its default batch
+    interval (3 s) and checks more often than that, a decided transaction is checked again and
+    every COMMIT answer writes the message again (the duplicates of RocketMQ issues #5574 and
+    #8158). The bridge decides by transaction id in the same Kafka transaction as the commit:
+    each committed message once (its run above, with the same check settings)."""
+    from tests.differential.rocketmq_side import DriverRun
+
+    run = DriverRun(
+        "transaction", rocketmq.namesrv_addr, driver_home, 240,
+        topic="diff-transaction-lagging-op", producer_group="diff_lag_p",
+        consumer_group="diff_lag_c", count=s.TRANSACTIONS, deadline_ms=30_000, quiet_ms=2000,
+        broker_addr=rocketmq.broker_addr, broker_config="transactionOpBatchInterval:3000",
+        restore_broker_config=f"transactionOpBatchInterval:{s.OP_BATCH_INTERVAL_MS}",
+    )  # fmt: skip
+    events = run.events()
+    counts = consumed_counts(events)
+    assert set(counts) == COMMITTED
+    duplicated = {k: n for k, n in counts.items() if n > 1}
+    assert duplicated, "RocketMQ delivered each commit once with lagging OP records"
+    assert consumed_counts(seed003["bridge"]) == dict.fromkeys(COMMITTED, 1)
+    note(
+        "transaction", "commits delivered more than once (op batch 3 s, check every 1 s)",
+        f"{len(duplicated)}/{len(COMMITTED)} (up to {max(duplicated.values())} copies)", "0",
+    )  # fmt: skip
+
+
+# --- delay levels and timers ---------------------------------------------------------------
+
+DELAYS = {
+    "plain": 0,
+    "level1": 1000,
+    "level2": 2000,
+    "level3": 3000,
+    "level99": 5000,  # clamped to the last level
+    "delayms1500": 1500,
+    "delaysec2": 2000,
+    "at2700": 2700,
+    "atm60000": 0,  # a timer in the past
+    "level1+delayms4000": 1000,  # the level wins
+}
+TIMERS = {"delayms1500", "delaysec2", "at2700"}
+
+
+@pytest.fixture(scope="module")
+def delays(
+    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
+) -> dict[str, list[Event]]:
+    rmq, bridge = run_both(
+        "delay", rocketmq, bridge_env, driver_home,
+        messages=",".join(DELAYS), deadline_ms=30_000, quiet_ms=1500,
+    )  # fmt: skip
+    return {"rocketmq": rmq, "bridge": bridge}
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_delays_are_never_early_and_arrive_in_due_order(
+    delays: dict[str, list[Event]], side: str
+) -> None:
+    events = delays[side]
+    assert consumed_counts(events) == dict.fromkeys(DELAYS, 1)
+    waited = {e["key"]: e["since_sent"] for e in of(events, "consume")}
+    for key, due in DELAYS.items():
+        assert waited[key] >= due - EARLY_MS, f"{key} early: {waited[key]} < {due}"
+        late_by = (s.TIMER_PRECISION_MS if key in TIMERS else 0) + SLACK_MS
+        assert waited[key] <= due + late_by, f"{key} late: {waited[key]} > {due} + {late_by}"
+    arrival = [e["key"] for e in of(events, "consume")]
+    for a, due_a in DELAYS.items():
+        for b, due_b in DELAYS.items():
+            if due_a + s.TIMER_PRECISION_MS <= due_b:
+                assert arrival.index(a) < arrival.index(b), f"{b} before {a}: {arrival}"
+    timer_late = [waited[k] - DELAYS[k] for k in sorted(TIMERS)]
+    MEASURED.setdefault("timer_late", {})[side] = timer_late
+    MEASURED.setdefault("level_late", {})[side] = [
+        waited[k] - DELAYS[k] for k in ("level1", "level2", "level3", "level99")
+    ]
+
+
+def test_delivered_delayed_messages_differ_only_as_documented(
+    delays: dict[str, list[Event]],
+) -> None:
+    rmq, bridge = delays["rocketmq"], delays["bridge"]
+    base = ROCKETMQ_BROKER | ROCKETMQ_PUSHED
+    leftovers = {
+        "plain": set(),
+        # RocketMQ removes DELAY (and the timer properties) from the delivered copy's property
+        # map after serialising it, so they stay, with REAL_TOPIC/REAL_QID.
+        "level1": {"DELAY", "REAL_TOPIC", "REAL_QID"},
+        "level99": {"DELAY", "REAL_TOPIC", "REAL_QID"},
+        "level1+delayms4000": {"DELAY", "REAL_TOPIC", "REAL_QID"},
+        "delayms1500": {"REAL_TOPIC", "REAL_QID", "TIMER_DELAY_MS", "TIMER_OUT_MS",
+                        "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS"},
+        "delaysec2": {"REAL_TOPIC", "REAL_QID", "TIMER_DELAY_SEC", "TIMER_OUT_MS",
+                      "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS"},
+        "at2700": {"REAL_TOPIC", "REAL_QID", "TIMER_DELIVER_MS", "TIMER_OUT_MS",
+                   "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS"},
+        "atm60000": {"TIMER_DELIVER_MS"},
+    }  # fmt: skip
+    for key, extra in leftovers.items():
+        only_rmq, only_bridge = prop_diff(one(rmq, "consume", key), one(bridge, "consume", key))
+        assert only_rmq == base | extra, key
+        assert only_bridge == BRIDGE_ONLY, key
+        assert not same_values(
+            one(rmq, "consume", key), one(bridge, "consume", key), "KEYS", "TAGS", "p"
+        ), key
+    assert one(rmq, "consume", "level99")["props"]["DELAY"] == "5"  # clamped
+
+
+# --- the retry ladder --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def retries(
+    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
+) -> dict[str, list[Event]]:
+    rmq, bridge = run_both(
+        "retry", rocketmq, bridge_env, driver_home,
+        max_reconsume=s.MAX_RECONSUME_TIMES, deadline_ms=60_000, quiet_ms=2000,
+    )  # fmt: skip
+    return {"rocketmq": rmq, "bridge": bridge}
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_retry_ladder_is_the_same(retries: dict[str, list[Event]], side: str) -> None:
+    events = retries[side]
+    tries = attempts(events)
+    topic = tries["ok"][0]["topic"]
+    assert {k: [e["reconsume"] for e in v] for k, v in tries.items()} == {
+        "ok": [0],
+        "once": [0, 1],
+        "always": list(range(s.MAX_RECONSUME_TIMES + 1)),
+    }
+    # The listener sees the original topic on every attempt.
+    assert {e["topic"] for v in tries.values() for e in v} == {topic}
+    # Attempt n + 1 waits at delay level 3 + n.
+    ladder = gaps([e["t"] for e in tries["always"]])
+    for n, gap in enumerate(ladder):
+        due = s.LEVEL_DELAYS_MS[2 + n]
+        assert due - EARLY_MS <= gap <= due + SLACK_MS, (n, gap)
+    retried = tries["always"][1:]
+    assert {e["props"]["RETRY_TOPIC"] for e in retried} == {topic}
+    assert len({e["props"]["ORIGIN_MESSAGE_ID"] for e in retried}) == 1
+    # The dead-letter queue: %DLQ%<group>, after max reconsume times, counted once more.
+    (dead,) = of(events, "dlq")
+    assert dead["key"] == "always"
+    assert dead["topic"] == dead["dlq_topic"]
+    assert dead["topic"].startswith("%DLQ%diff_retry_c_")
+    assert dead["reconsume"] == s.MAX_RECONSUME_TIMES + 1
+    assert dead["props"]["RETRY_TOPIC"] == topic
+    assert dead["props"]["ORIGIN_MESSAGE_ID"] == retried[0]["props"]["ORIGIN_MESSAGE_ID"]
+    MEASURED.setdefault("retry_gaps", {})[side] = ladder
+
+
+def test_retried_messages_differ_only_as_documented(retries: dict[str, list[Event]]) -> None:
+    rmq, bridge = retries["rocketmq"], retries["bridge"]
+    r_try, b_try = attempts(rmq)["always"][1], attempts(bridge)["always"][1]
+    only_rmq, only_bridge = prop_diff(r_try, b_try)
+    # RocketMQ's retry copy went through SCHEDULE_TOPIC_XXXX and keeps DELAY and REAL_*; its
+    # reconsume count is a message field, the bridge's a property (Kafka records have none).
+    assert only_rmq == ROCKETMQ_BROKER | ROCKETMQ_PUSHED | {"DELAY", "REAL_TOPIC", "REAL_QID"}
+    assert only_bridge == BRIDGE_ONLY | {"RECONSUME_TIME", "MAX_RECONSUME_TIMES"}
+    assert r_try["props"]["REAL_TOPIC"].startswith("%RETRY%")
+    # ORIGIN_MESSAGE_ID: RocketMQ's broker writes the original's offset message id; the
+    # bridge the original's message id (UNIQ_KEY), as RocketMQ's client-side send-back does.
+    assert r_try["props"]["ORIGIN_MESSAGE_ID"] != r_try["props"]["UNIQ_KEY"]
+    assert b_try["props"]["ORIGIN_MESSAGE_ID"] == b_try["props"]["UNIQ_KEY"]
+    r_dead, b_dead = of(rmq, "dlq")[0], of(bridge, "dlq")[0]
+    only_rmq, only_bridge = prop_diff(r_dead, b_dead)
+    assert only_rmq == ROCKETMQ_BROKER | ROCKETMQ_PULLED | {"DELAY", "REAL_TOPIC", "REAL_QID"}
+    assert only_bridge == BRIDGE_ONLY | {"RECONSUME_TIME", "MAX_RECONSUME_TIMES"}
+
+
+# --- orderly consumption with a failing message -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def orderly(
+    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
+) -> dict[str, list[Event]]:
+    rmq, bridge = run_both(
+        "orderly", rocketmq, bridge_env, driver_home,
+        count=6, max_reconsume=s.MAX_RECONSUME_TIMES, suspend_ms=s.SUSPEND_MS,
+        deadline_ms=60_000, quiet_ms=2000,
+    )  # fmt: skip
+    return {"rocketmq": rmq, "bridge": bridge}
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_orderly_retries_in_place_and_dead_letters_after_max(
+    orderly: dict[str, list[Event]], side: str
+) -> None:
+    events = orderly[side]
+    sequence = [(e["key"], e["reconsume"]) for e in of(events, "consume")]
+    assert sequence == [
+        ("m0", 0), ("m1", 0), ("m2", 0), ("m2", 1), ("m2", 2), ("m3", 0),
+        ("m4", 0), ("m4", 1), ("m4", 2), ("m5", 0),
+    ]  # fmt: skip
+    for key in ("m2", "m4"):
+        for gap in gaps([e["t"] for e in attempts(events)[key]]):
+            assert s.SUSPEND_MS - EARLY_MS <= gap <= s.SUSPEND_MS + SLACK_MS, (key, gap)
+    (dead,) = of(events, "dlq")
+    assert dead["key"] == "m4"
+    assert dead["reconsume"] == s.MAX_RECONSUME_TIMES + 1
+    assert dead["props"]["RECONSUME_TIME"] == str(s.MAX_RECONSUME_TIMES + 1)
+    assert dead["props"]["MAX_RECONSUME_TIMES"] == str(s.MAX_RECONSUME_TIMES)
+    assert dead["props"]["RETRY_TOPIC"] == attempts(events)["m0"][0]["topic"]
+    MEASURED.setdefault("suspend_gaps", {})[side] = gaps([e["t"] for e in attempts(events)["m2"]])
+
+
+def test_orderly_messages_differ_only_as_documented(orderly: dict[str, list[Event]]) -> None:
+    rmq, bridge = orderly["rocketmq"], orderly["bridge"]
+    r_again, b_again = attempts(rmq)["m2"][1], attempts(bridge)["m2"][1]
+    only_rmq, only_bridge = prop_diff(r_again, b_again)
+    # An orderly retry happens in place: RocketMQ counts it in the message's field only (its
+    # orderly consumer sets no CONSUME_START_TIME).
+    assert only_rmq == ROCKETMQ_BROKER | ROCKETMQ_PULLED
+    assert only_bridge == BRIDGE_ONLY | {"RECONSUME_TIME"}
+    only_rmq, only_bridge = prop_diff(of(rmq, "dlq")[0], of(bridge, "dlq")[0])
+    assert only_rmq == ROCKETMQ_BROKER | ROCKETMQ_PULLED | {"DELAY"}
+    assert only_bridge == BRIDGE_ONLY
+
+
+# --- broadcasting with a failure ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def broadcasting(
+    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
+) -> dict[str, list[Event]]:
+    rmq, bridge = run_both(
+        "broadcasting", rocketmq, bridge_env, driver_home,
+        deadline_ms=60_000, quiet_ms=s.LEVEL_DELAYS_MS[2] + 1500,
+    )  # fmt: skip
+    return {"rocketmq": rmq, "bridge": bridge}
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_broadcasting_delivers_to_each_instance_and_drops_failures(
+    broadcasting: dict[str, list[Event]], side: str
+) -> None:
+    events = broadcasting[side]
+    for instance in ("a", "b"):
+        tries = attempts(events, instance)
+        # Each instance gets every message once; the failed one is dropped, not retried
+        # (a retry would come back after delay level 3, within the quiet period).
+        assert {k: [e["reconsume"] for e in v] for k, v in tries.items()} == {
+            "ok1": [0], "bad": [0], "ok2": [0],
+        }  # fmt: skip
+        assert tries["bad"][0]["fail"] is True
