@@ -4,6 +4,7 @@ and the rules they share about delivery errors and fencing."""
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -103,6 +104,107 @@ def is_permanent_delivery_error(err: KafkaError | None) -> bool:
     return code >= 0  # other broker errors that are not retriable; local ones are ours
 
 
+WATCHDOG_GRACE_S: Final = 5.0
+"""How long past its own timeout a transactional call may run before its producer is given up."""
+
+
+class BoundedTransactions:
+    """A transactional producer whose transaction calls return by their timeout, plus
+    :data:`WATCHDOG_GRACE_S`.
+
+    librdkafka's ``send_offsets_to_transaction`` can block past its timeout, for ever, once the
+    coordinator it waits for is lost (a dropped connection, a broker gone from the metadata:
+    confluentinc/librdkafka#5456 and #5511), and with it the service thread and every message
+    the service moves. Each of these calls therefore runs on a thread of its own; one that
+    has not returned in time raises a *fatal* ``_TIMED_OUT`` :class:`KafkaException`, and the
+    producer counts as wedged: every later transactional call fails the same way at once.
+    The service then replaces it (:meth:`TransactionalService.transaction_failed`): the new
+    producer's ``init_transactions`` fences the wedged one and has the broker abort what it
+    left open, and a commit whose outcome that leaves unknown is handled as any commit that
+    timed out. The stuck call's thread ends whenever librdkafka lets go; until then it keeps the
+    old producer alive, so it is never destroyed under a running call.
+
+    Everything else (``produce``, ``poll``, ``flush``, ``list_topics``...) goes straight to
+    the producer.
+    """
+
+    def __init__(self, producer: Any, name: str) -> None:
+        self._producer = producer
+        self._name = name
+        self._wedged: str | None = None
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._producer, attr)
+
+    def __len__(self) -> int:
+        return len(self._producer)
+
+    @property
+    def wedged(self) -> str | None:
+        """The call that never returned, once one did not; else None."""
+        return self._wedged
+
+    def init_transactions(self, timeout: float) -> None:
+        """``Producer.init_transactions``, bounded; ``timeout`` in seconds."""
+        self._bounded("init_transactions", timeout, timeout)
+
+    def begin_transaction(self) -> None:
+        """``Producer.begin_transaction`` (local: it never waits for the broker)."""
+        if self._wedged is not None:
+            raise self._wedged_error(self._wedged)
+        self._producer.begin_transaction()
+
+    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+        """``Producer.send_offsets_to_transaction``, bounded; ``timeout`` in seconds."""
+        self._bounded("send_offsets_to_transaction", timeout, offsets, metadata, timeout)
+
+    def commit_transaction(self, timeout: float) -> None:
+        """``Producer.commit_transaction``, bounded; ``timeout`` in seconds."""
+        self._bounded("commit_transaction", timeout, timeout)
+
+    def abort_transaction(self, timeout: float) -> None:
+        """``Producer.abort_transaction``, bounded; ``timeout`` in seconds."""
+        self._bounded("abort_transaction", timeout, timeout)
+
+    def _bounded(self, call: str, timeout_s: float, *args: Any) -> None:
+        if self._wedged is not None:
+            raise self._wedged_error(self._wedged)
+        done = threading.Event()
+        outcome: list[BaseException] = []
+        producer = self._producer
+
+        def run() -> None:
+            try:
+                getattr(producer, call)(*args)
+            except BaseException as exc:
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"{self._name}-{call}", daemon=True).start()
+        limit_s = timeout_s + WATCHDOG_GRACE_S
+        if not done.wait(limit_s):
+            self._wedged = call
+            logger.error(
+                "%s: %s did not return within %.0f s although its timeout is %.0f s; "
+                "giving this producer up",
+                self._name, call, limit_s, timeout_s,
+            )  # fmt: skip
+            raise self._wedged_error(call)
+        if outcome:
+            raise outcome[0]
+
+    def _wedged_error(self, call: str) -> KafkaException:
+        return KafkaException(
+            KafkaError(
+                KafkaError._TIMED_OUT,
+                f"{call} did not return within its timeout plus {WATCHDOG_GRACE_S:.0f} s "
+                "(the producer lost its transaction coordinator); the producer is replaced",
+                fatal=True,
+            )
+        )
+
+
 class DuplicateCoordinatorError(FatalServiceError):
     """Another running coordinator uses this coordinator's id: Kafka fenced this one."""
 
@@ -169,8 +271,9 @@ class TransactionalService(ServiceThread):
             ),
             linger_ms=1,
         )
-        producer.init_transactions(self.timeout_s)
-        self._producer = producer
+        bounded = BoundedTransactions(producer, self.name)
+        bounded.init_transactions(self.timeout_s)
+        self._producer = bounded
 
     def on_stop(self) -> None:
         """Close the consumer and flush the producer (idempotent)."""
