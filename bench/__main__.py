@@ -1,12 +1,13 @@
 """Run the benchmarks: ``python -m bench [producer] [transactions] [delays] [consumer] [spark]``
-(all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker)."""
+(all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker); ``python -m bench rocketmq``
+runs the same benchmarks against Apache RocketMQ and the bridge side by side."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
-from bench import consumer, delays, producer, spark_ingest, transactions
+from bench import consumer, delays, producer, rocketmq, spark_ingest, transactions
 from bench.harness import broker
 
 
@@ -27,6 +28,8 @@ def main() -> None:
             consumer.run(bootstrap)
         if not only or "spark" in only:
             spark_ingest.run(bootstrap)
+        if "rocketmq" in only:  # only when asked: it starts Apache RocketMQ beside Kafka
+            rocketmq.run(bootstrap)
 
 
 if __name__ == "__main__":

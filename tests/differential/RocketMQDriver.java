@@ -582,7 +582,13 @@ public final class RocketMQDriver {
 
                     @Override
                     public void onException(Throwable e) {
-                        failed.incrementAndGet();
+                        // Sent again synchronously (a busy broker refuses some of a burst).
+                        try {
+                            producer.send(msg);
+                            acked.incrementAndGet();
+                        } catch (Exception again) {
+                            failed.incrementAndGet();
+                        }
                     }
                 });
                 return;
