@@ -35,7 +35,7 @@ from bridge.errors import (
     WireFormatError,
 )
 from bridge.kafka.clients import new_consumer, new_producer, read_record_at, translate_error
-from bridge.kafka.transactional import REMOVED_ON_DELIVERY
+from bridge.kafka.transactional import REMOVED_ON_DELIVERY, BoundedTransactions
 from topics.catalog import SystemTopic, TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -345,11 +345,14 @@ def replay_quarantined(
     )  # fmt: skip
     try:
         real = _replayable(reader, catalog, topic, offset, timeout_s)
-        producer = new_producer(
-            config,
+        producer = BoundedTransactions(
+            new_producer(
+                config,
+                "bridge-quarantine-replay",
+                transactional_id=f"{config.namespace}.quarantine.replay.{offset}",
+                message_timeout_ms=min(config.send_msg_timeout_ms, timeout_ms),
+            ),
             "bridge-quarantine-replay",
-            transactional_id=f"{config.namespace}.quarantine.replay.{offset}",
-            message_timeout_ms=min(config.send_msg_timeout_ms, timeout_ms),
         )
         try:
             # Fences a replay of this offset still running and waits for its transaction.

@@ -14,6 +14,7 @@ from bridge.codec import RealRecord, envelope_to_message
 from bridge.config import ClientConfig
 from bridge.errors import InvalidArgumentError, SendError, WireFormatError
 from bridge.kafka.clients import new_producer
+from bridge.kafka.transactional import BoundedTransactions
 from bridge.message import MessageConst, MessageExt, parse_count
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
@@ -166,10 +167,13 @@ def resolve_parked(config: ClientConfig, msg_id: str, action: OpAction) -> Messa
             "half message while HALF still holds it"
         )
     real = committed_record(msg, config.namespace) if action is OpAction.COMMIT else None
-    producer = new_producer(
-        config,
+    producer = BoundedTransactions(
+        new_producer(
+            config,
+            "bridge-operator",
+            transactional_id=operator_transactional_id(config.namespace, msg_id),
+        ),
         "bridge-operator",
-        transactional_id=operator_transactional_id(config.namespace, msg_id),
     )
     timeout_s = config.request_timeout_ms / 1000
     try:
