@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -100,7 +100,6 @@ class RunConfig:
     max_reconsume_times: int = 2
     rate_scale: float = 1.0
     """Multiplies every operation rate of the workload."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # --- the cluster --------------------------------------------------------------------------
