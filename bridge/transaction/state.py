@@ -87,7 +87,8 @@ class PendingHalf:
     next_check_ms: int
     latest_offset: int = -1
     """Offset of the newest copy written, read back or not (what a decision record names, so
-    a restart that reads that copy knows the transaction is decided)."""
+    a restart that reads that copy knows the transaction is decided); for a decision read
+    while catching up after a restart, at least the end of the partition as it was then."""
     held: bool = False
     """A commit is being applied on its own (its real record could not be written with the
     others): no check, and no other decision, until it is committed or parked."""
@@ -153,6 +154,11 @@ class HalfPartition:
         current = self.pending.get(tid)
         if current is not None and current.offset >= offset:
             return  # an older copy, or the same one read again
+        if current is not None and current.held:
+            # Its commit is being done on its own, decided by an end request read after the
+            # copy it stays at: until it is done, a restart must read that request again.
+            current.latest_offset = max(current.latest_offset, offset)
+            return
         # Anything but plain ASCII digits (e.g. "²", which isdigit() accepts) counts as none.
         check_times = parse_count(msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)) or 0
         born_ms = msg.born_timestamp_ms
@@ -173,7 +179,10 @@ class HalfPartition:
             pending.check_failures = current.check_failures
             pending.check_error = current.check_error
         self.pending[tid] = pending
-        heapq.heappush(self._schedule, (due, tid, check_times))
+        if current is None or (due, check_times) != (current.next_check_ms, current.check_times):
+            # Not when that check is scheduled already (a put-back copy; a check copy stamped
+            # no later than its check): a second entry would hand it out, and check it, twice.
+            heapq.heappush(self._schedule, (due, tid, check_times))
         interval = self.policy.check_interval_ms
         if due - max(append_ms, 0) > interval:
             # Its check is far away: put it back at the end an interval from now, so that its
@@ -186,7 +195,14 @@ class HalfPartition:
         unknown here)."""
         self.position = max(self.position, offset + 1)
         pending = self.pending.get(transaction_id)
-        return None if pending is None or pending.held else pending
+        if pending is None or pending.held:
+            return None
+        if not self.caught_up:
+            # Copies written before the restart may lie ahead, not read yet: the decision
+            # names the end of the partition as it was, so that a restart that reads any of
+            # them knows the transaction is decided.
+            pending.latest_offset = max(pending.latest_offset, self.catch_up_offset - 1)
+        return pending
 
     def on_other(self, offset: int) -> None:
         """A record that changes nothing (quarantined, or an UNKNOWN answer)."""
