@@ -43,6 +43,9 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
 public final class RocketMQDriver {
     private static final long START = System.currentTimeMillis();
     private static final Object OUT = new Object();
+    /** Send timeout, ms: RocketMQ's 3 s default is too short for a new topic's first send on a
+     * loaded 2-core machine. */
+    private static final int SEND_TIMEOUT_MS = 15_000;
 
     private RocketMQDriver() {
     }
@@ -237,6 +240,7 @@ public final class RocketMQDriver {
     static DefaultMQProducer producer(String group, String namesrv) throws Exception {
         DefaultMQProducer p = new DefaultMQProducer(group);
         p.setNamesrvAddr(namesrv);
+        p.setSendMsgTimeout(SEND_TIMEOUT_MS);
         p.setInstanceName(group + "-" + ProcessHandle.current().pid());
         p.start();
         return p;
@@ -274,6 +278,7 @@ public final class RocketMQDriver {
 
         TransactionMQProducer producer = new TransactionMQProducer(arg("producer_group"));
         producer.setNamesrvAddr(namesrv);
+        producer.setSendMsgTimeout(SEND_TIMEOUT_MS);
         producer.setInstanceName("tx-" + ProcessHandle.current().pid());
         producer.setTransactionListener(new TransactionListener() {
             @Override
@@ -707,6 +712,7 @@ public final class RocketMQDriver {
         int count = intArg("count");
         TransactionMQProducer producer = new TransactionMQProducer(arg("producer_group"));
         producer.setNamesrvAddr(namesrv);
+        producer.setSendMsgTimeout(SEND_TIMEOUT_MS);
         producer.setInstanceName("bench-tx-" + ProcessHandle.current().pid());
         producer.setTransactionListener(new TransactionListener() {
             @Override
@@ -859,6 +865,17 @@ public final class RocketMQDriver {
             String[] kv = argv[i].split("=", 2);
             args.put(kv[0], kv.length > 1 ? kv[1] : "");
         }
+        try {
+            run(argv);
+        } catch (Throwable e) {
+            // The clients' threads would keep the JVM alive: end it, with the cause on stderr.
+            e.printStackTrace();
+            System.exit(1);
+        }
+        System.exit(0);
+    }
+
+    static void run(String[] argv) throws Exception {
         String namesrv = argv[1];
         emit("start", "workload", argv[0], "epoch_ms", START);
         brokerConfig(namesrv, args.get("broker_config"));
@@ -879,6 +896,5 @@ public final class RocketMQDriver {
         }
         brokerConfig(namesrv, args.get("restore_broker_config"));
         emit("done", "t", now());
-        System.exit(0);
     }
 }
