@@ -365,7 +365,14 @@ class Message:
     @body.setter
     def body(self, value: bytes | bytearray | memoryview | str) -> None:
         if isinstance(value, str):
-            value = value.encode("utf-8")
+            try:
+                encoded = value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidMessageError(
+                    f"the body is not valid Unicode text ({_lone_surrogate(value)}); "
+                    "pass bytes for a binary body"
+                ) from None
+            value = encoded
         elif isinstance(value, bytearray | memoryview):
             value = bytes(value)
         elif not isinstance(value, bytes):
