@@ -62,15 +62,18 @@ namespaces = st.lists(
     st.text(alphabet="abz09-", min_size=1, max_size=6), min_size=1, max_size=3
 ).map(".".join)
 """Valid namespaces: dot-separated words of ``[a-zA-Z0-9-]``."""
-awkward_text = st.text(
-    alphabet=st.one_of(
-        st.sampled_from("aZ09._-%| \n\t/:"), st.characters(codec="utf-8"), st.just("\x00")
+awkward_text = st.lists(
+    st.one_of(
+        st.sampled_from("aZ09._-%| \n\t/:\x00"),
+        st.characters(),
+        st.characters(categories=["Cs"]),
     ),
     max_size=30,
-)
-"""Anything a caller might pass: legal characters, separators, control and non-ASCII ones."""
+).map("".join)
+"""Anything a caller might pass: legal characters, separators, control and non-ASCII ones, lone
+surrogates."""
 awkward_char = st.one_of(
-    st.sampled_from("%| \n\r\t\x00/:+"), st.characters(codec="utf-8", exclude_categories=["Cs"])
+    st.sampled_from("%| \n\r\t\x00/:+"), st.characters(), st.characters(categories=["Cs"])
 )
 near_legal = st.builds(
     lambda head, char, tail: head + char + tail,
