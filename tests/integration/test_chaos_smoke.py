@@ -1,5 +1,5 @@
 """A short fault-injection run, as ``make chaos`` runs it but smaller: one broker behind the
-fault proxy, two coordinators, 50 s of load and one of each cheap nemesis. The checker must
+fault proxy, two coordinators, 60 s of load and one of each cheap nemesis. The checker must
 find nothing, and the history must hold every event type the run produces."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def test_a_short_run_with_cheap_faults_breaks_no_guarantee(tmp_path: Path) -> No
     out = tmp_path / "run"
     proc = subprocess.run(
         [
-            sys.executable, "-m", "chaos", "run", "--seed", "3", "--duration", "50",
+            sys.executable, "-m", "chaos", "run", "--seed", "3", "--duration", "60",
             "--nodes", "1", "--nemeses", ",".join(NEMESES), "--drain-timeout", "40", "--no-spark",
             "--out", str(out),
         ],
