@@ -575,6 +575,24 @@ public final class RocketMQDriver {
         return c;
     }
 
+    /** Messages whose asynchronous send failed, sent again synchronously by resendFailed(). */
+    static final java.util.Queue<Message> FAILED_SENDS = new java.util.concurrent.ConcurrentLinkedQueue<>();
+
+    /** Send again what failed (a busy broker refuses some of a burst); returns how many of
+     * them failed again. */
+    static int resendFailed(DefaultMQProducer producer, AtomicInteger acked) {
+        int lost = 0;
+        for (Message msg = FAILED_SENDS.poll(); msg != null; msg = FAILED_SENDS.poll()) {
+            try {
+                producer.send(msg);
+                acked.incrementAndGet();
+            } catch (Exception e) {
+                lost++;
+            }
+        }
+        return lost;
+    }
+
     static void sendAsync(DefaultMQProducer producer, Message msg, AtomicInteger acked, AtomicInteger failed)
         throws Exception {
         while (true) {
@@ -587,13 +605,8 @@ public final class RocketMQDriver {
 
                     @Override
                     public void onException(Throwable e) {
-                        // Sent again synchronously (a busy broker refuses some of a burst).
-                        try {
-                            producer.send(msg);
-                            acked.incrementAndGet();
-                        } catch (Exception again) {
-                            failed.incrementAndGet();
-                        }
+                        FAILED_SENDS.add(msg);
+                        failed.incrementAndGet();
                     }
                 });
                 return;
@@ -624,11 +637,12 @@ public final class RocketMQDriver {
             sendAsync(producer, msg, acked, failed);
         }
         await(() -> acked.get() + failed.get() >= count, now() + 600_000);
+        int lost = resendFailed(producer, acked);
         long sentBy = System.currentTimeMillis();
         await(() -> delivered.get() >= acked.get(), now() + intArg("deadline_ms"));
         long[] late = sortedCopy(lateness);
         long within = java.util.Arrays.stream(late).filter(v -> v <= 1000).count();
-        emit("result", "sent", acked.get(), "send_failed", failed.get(), "delivered", late.length,
+        emit("result", "sent", acked.get(), "send_failed", failed.get(), "lost", lost, "delivered", late.length,
             "send_s", (sentBy - started) / 1000.0, "sent_before_due_ms", due - sentBy,
             "p50_ms", pct(late, 0.5), "p99_ms", pct(late, 0.99),
             "all_in_ms", late.length == 0 ? -1 : late[late.length - 1],
@@ -801,6 +815,7 @@ public final class RocketMQDriver {
             sendAsync(producer, new Message(topic, "TagA", "k" + i, body), acked, failed);
         }
         await(() -> acked.get() + failed.get() >= count, now() + 600_000);
+        int lost = resendFailed(producer, acked);
         int stored = acked.get();
         AtomicInteger done = new AtomicInteger();
         AtomicInteger sentBack = new AtomicInteger();
