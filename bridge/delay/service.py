@@ -262,7 +262,7 @@ class _FifoDelayService(TransactionalService):
     # --- main loop ------------------------------------------------------------------------
     def run_once(self) -> None:
         consumer = self._consumer
-        if consumer is None:
+        if consumer is None or not self.producer_ready():
             return
         self._reposition(consumer)
         now = now_ms()

@@ -106,6 +106,12 @@ def is_permanent_delivery_error(err: KafkaError | None) -> bool:
 
 WATCHDOG_GRACE_S: Final = 5.0
 """How long past its own timeout a transactional call may run before its producer is given up."""
+MAX_STUCK_CALLS: Final = 8
+"""Given-up calls still running in this process past which the process stops instead: each
+holds a thread and a librdkafka instance, and a restart is safe by design."""
+_REPLACE_BACKOFF_S: Final = 1.0
+_stuck_lock = threading.Lock()
+_stuck_calls = 0
 
 
 class BoundedTransactions:
@@ -138,6 +144,9 @@ class BoundedTransactions:
 
     def __len__(self) -> int:
         return len(self._producer)
+
+    def __bool__(self) -> bool:  # not len(): an empty queue is still a producer
+        return True
 
     @property
     def wedged(self) -> str | None:
@@ -173,26 +182,45 @@ class BoundedTransactions:
         outcome: list[BaseException] = []
         producer = self._producer
 
+        given_up = threading.Event()
+
         def run() -> None:
+            global _stuck_calls  # noqa: PLW0603 - one count per process
             try:
                 getattr(producer, call)(*args)
             except BaseException as exc:
                 outcome.append(exc)
             finally:
-                done.set()
+                with _stuck_lock:
+                    done.set()
+                    if given_up.is_set():
+                        _stuck_calls -= 1
 
         threading.Thread(target=run, name=f"{self._name}-{call}", daemon=True).start()
         limit_s = timeout_s + WATCHDOG_GRACE_S
         if not done.wait(limit_s):
-            self._wedged = call
-            logger.error(
-                "%s: %s did not return within %.0f s although its timeout is %.0f s; "
-                "giving this producer up",
-                self._name, call, limit_s, timeout_s,
-            )  # fmt: skip
-            raise self._wedged_error(call)
+            global _stuck_calls  # noqa: PLW0603 - one count per process
+            with _stuck_lock:
+                if not done.is_set():
+                    given_up.set()
+                    _stuck_calls += 1
+                stuck = _stuck_calls
+            if given_up.is_set():
+                self._wedged = call
+                logger.error(
+                    "%s: %s did not return within %.0f s although its timeout is %.0f s; "
+                    "giving this producer up (%d given-up calls still running)",
+                    self._name, call, limit_s, timeout_s, stuck,
+                )  # fmt: skip
+                if stuck > MAX_STUCK_CALLS:
+                    raise FatalServiceError(
+                        f"{stuck} Kafka transaction calls did not return within their "
+                        "timeout; stopping so that a restart frees their threads"
+                    )
+                raise self._wedged_error(call)
         if outcome:
-            raise outcome[0]
+            error = outcome.pop()  # no cycle through this frame keeps the producer alive
+            raise error
 
     def _wedged_error(self, call: str) -> KafkaException:
         return KafkaException(
@@ -251,6 +279,7 @@ class TransactionalService(ServiceThread):
         self._kafka_transaction_timeout_ms = config.kafka_transaction_timeout_ms
         self._consumer: Consumer | None = None
         self._producer: Any = None
+        self._producer_broken = False
         self._fencing_admin: AdminClient | None = None
 
     @property
@@ -302,7 +331,36 @@ class TransactionalService(ServiceThread):
             except KafkaException:
                 fatal = True
         if fatal:
+            self._replace_producer()
+
+    def _replace_producer(self) -> None:
+        """Start a new producer in place of a fenced, broken or wedged one. When that fails
+        too (the coordinator it needs is still unreachable), the producer stays marked broken
+        and :meth:`producer_ready` keeps trying; this never raises, so whoever called
+        :meth:`transaction_failed` still does its own bookkeeping (rewind, rebuild)."""
+        try:
             self.start_producer()
+        except (KafkaException, RuntimeError) as exc:
+            logger.warning("%s: could not start a new producer yet: %s", self.name, exc)
+            self._producer_broken = True
+        else:
+            self._producer_broken = False
+
+    def producer_ready(self) -> bool:
+        """Call first in every iteration: True when the producer can be used. A producer that
+        was given up (:class:`BoundedTransactions`) or could not be replaced is replaced here,
+        and until that worked nothing else may run: a rebuild of state from the logs is only
+        right once the new producer's ``init_transactions`` has completed or aborted what the
+        old one left open. False (after a short wait) while it cannot be replaced."""
+        producer = self._producer
+        wedged = isinstance(producer, BoundedTransactions) and producer.wedged is not None
+        if not (self._producer_broken or wedged):
+            return True
+        self._replace_producer()
+        if self._producer_broken:
+            self._stopped.wait(_REPLACE_BACKOFF_S)
+            return False
+        return True
 
     def check_fencing(self, error: KafkaError) -> None:
         """Raise :class:`DuplicateCoordinatorError` if ``error`` (from the producer or the

@@ -380,7 +380,7 @@ class TransactionService(TransactionalService):
     # --- main loop ------------------------------------------------------------------------
     def run_once(self) -> None:
         consumer = self._consumer
-        if consumer is None:
+        if consumer is None or not self.producer_ready():
             return
         if self._to_recover:
             self._recover(sorted(self._to_recover))

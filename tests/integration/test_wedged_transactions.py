@@ -4,8 +4,8 @@ librdkafka's ``send_offsets_to_transaction`` can block past its timeout once its
 is lost (confluentinc/librdkafka#5456, #5511); the fault suite's dropped-connection nemesis
 left all three services of a coordinator stuck there, and every delayed and committed message
 with them. Here the first such call of each service's producer blocks until the test ends (one
-method of the real client wrapped, as the bug behaves); everything must still arrive, once,
-through the real broker.
+method of the real client wrapped, as the bug behaves), and the first replacements cannot
+start either; everything must still arrive, once, through the real broker.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class _Hangs:
         self.made: list[Any] = []
         self.armed: set[int] = set()
         self.hung: list[int] = []
+        self.failed_inits = 0
+        self.inits_to_fail = 0
         self.release = threading.Event()
         self.lock = threading.Lock()
 
@@ -49,6 +51,7 @@ class _Hangs:
         """Every producer made so far hangs in its next call (once)."""
         with self.lock:
             self.armed = {id(p) for p in self.made}
+            self.inits_to_fail = 3  # the first replacements cannot start either
 
 
 @pytest.fixture()
@@ -60,6 +63,18 @@ def hangs(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Hangs]:
             super().__init__(conf)
             with state.lock:
                 state.made.append(self)
+
+        def init_transactions(self, *args: Any) -> Any:
+            with state.lock:
+                fail = state.inits_to_fail > 0
+                if fail:
+                    state.inits_to_fail -= 1
+                    state.failed_inits += 1
+            if fail:  # the coordinator is still unreachable
+                raise confluent_kafka.KafkaException(
+                    confluent_kafka.KafkaError(confluent_kafka.KafkaError._TIMED_OUT, "timed out")
+                )
+            return super().init_transactions(*args)
 
         def send_offsets_to_transaction(self, *args: Any) -> Any:
             with state.lock:
@@ -117,5 +132,7 @@ def test_a_transaction_call_that_never_returns_stalls_no_service(
             assert sorted(got) == sorted(expected), f"delivered: {sorted(got)}"
             # Nothing more comes later: each was delivered once.
             assert len(list(read_messages(config, [topic], timeout_ms=3000))) == len(expected)
-    # The schedule, timer and transaction services each hung once and got over it.
+    # The schedule, timer and transaction services each hung once and got over it, through
+    # replacements that failed at first.
     assert len(hangs.hung) >= 3, hangs.hung
+    assert hangs.failed_inits == 3
