@@ -96,6 +96,18 @@ Max stall
     retry from the failed call plus its back-off (delay level ``3 + reconsume_times``, or the
     orderly suspension), and the DLQ copy from the last failed call.
 
+Stall budget
+    An observation that came, but later than the README's bound, is ``stalled`` (counted in
+    ``stuck``). A fault may delay a message by its own length (summed over the faults that
+    struck while the message waited, from its due time, grace included), plus
+    ``session_timeout_ms`` (a dead coordinator's partitions move), plus
+    ``kafka_transaction_timeout_ms`` and the broker's ``transaction_abort_interval_ms``
+    (Kafka's ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s by
+    default: what a dead coordinator left open is aborted by then), plus
+    :data:`STALL_MARGIN_MS` for rebalances and retries; ``stall_budget_ms`` in the start
+    config replaces the sum of the last four. With the defaults (10 s each) that is 40 s plus
+    the faults' length. One never observed is lost or stuck instead.
+
 Nemesis windows
     A fault is the time from a ``nemesis`` ``start`` to the next ``end`` with the same name
     and target (the history's end when there is none). An operation counts in the row of every
@@ -167,6 +179,7 @@ NOT_QUARANTINED: Final = "not_quarantined"
 SPARK_MISSING: Final = "spark_missing"
 SPARK_DUPLICATED: Final = "spark_duplicated"
 SPARK_VISIBLE_ROLLBACK: Final = "spark_visible_rollback"
+STALLED: Final = "stalled"
 
 COLUMN_OF_KIND: Final[Mapping[str, str]] = {
     LOST: "lost",
@@ -177,6 +190,7 @@ COLUMN_OF_KIND: Final[Mapping[str, str]] = {
     REORDERED: "reordered",
     STUCK: "stuck",
     UNCHECKED: "stuck",
+    STALLED: "stuck",
     VISIBLE_ROLLBACK: "other",
     VISIBLE_UNDECIDED: "other",
     WRONG_TOPIC: "other",
@@ -676,6 +690,7 @@ class _Windows:
     """Which nemesis names cover a time: per name, the union of ``[start, end + grace]``."""
 
     def __init__(self, windows: Sequence[Window], grace_ms: float) -> None:
+        self._faults = sorted((w.start_ms, w.end_ms, w.end_ms + grace_ms) for w in windows)
         spans: dict[str, list[tuple[float, float]]] = {}
         for w in windows:
             spans.setdefault(w.name, []).append((w.start_ms, w.end_ms + grace_ms))
@@ -692,6 +707,18 @@ class _Windows:
                     merged.append((start, end))
             self._starts[name] = [s for s, _ in merged]
             self._ends[name] = [e for _, e in merged]
+
+    def fault_ms_between(self, since: float, until: float) -> float:
+        """The summed length (ms) of the faults that struck while something waited from
+        ``since`` to ``until``: those starting by ``until`` whose window (end + grace) reaches
+        ``since``."""
+        total = 0.0
+        for start, end, window_end in self._faults:
+            if start > until:
+                break
+            if window_end >= since:
+                total += end - start
+        return total
 
     def at(self, t: float) -> tuple[str, ...]:
         """The names whose faults cover ``t``, or ``("none",)``."""
@@ -724,6 +751,10 @@ def _config_int(
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+STALL_MARGIN_MS: Final = 10_000.0
+"""Room in the stall budget for rebalances, metadata refreshes and client retries, ms."""
+
+
 class _Settings:
     """What the start config says, with the bridge's defaults."""
 
@@ -749,6 +780,17 @@ class _Settings:
         ``check_interval_ms`` later; a crashed coordinator's partitions move after
         ``session_timeout_ms`` and its open Kafka transaction aborts after
         ``kafka_transaction_timeout_ms`` (README, G4)."""
+        budget = config.get("stall_budget_ms")
+        self.stall_budget_ms = (
+            float(budget)
+            if isinstance(budget, int | float) and not isinstance(budget, bool)
+            else float(config.get("session_timeout_ms") or 10_000)
+            + float(config.get("kafka_transaction_timeout_ms") or 10_000)
+            + float(config.get("transaction_abort_interval_ms") or 10_000)
+            + STALL_MARGIN_MS
+        )
+        """How long past due an observation may come before it is ``stalled``, ms, on top
+        of the length of the fault it fell in."""
         self._max: dict[tuple[str | None, bool], int | None] = {}
 
     def max_reconsume(self, group: str | None, *, orderly: bool) -> int | None:
@@ -810,6 +852,7 @@ class _Judge:
         self._rows: list[Row] = []
         self._t = 0.0
         self._id = ""
+        self._stalled = ""
 
     # -- per-operation bookkeeping --
 
@@ -839,19 +882,30 @@ class _Judge:
         for row in self._rows:
             setattr(row, column, getattr(row, column) + 1)
 
-    def _stall(self, waited_ms: float) -> None:
+    def _stall(self, waited_ms: float, due_t: float, *, came: bool = True) -> None:
         seconds = max(waited_ms, 0.0) / 1000.0
         for row in self._rows:
             if seconds > row.max_stall_s:
                 row.max_stall_s = seconds
                 row.max_stall_id = self._id
+        if not came or self._stalled == self._id:
+            return  # one never observed is lost or stuck; one violation per operation
+        faults_ms = self.windows.fault_ms_between(due_t, due_t + waited_ms)
+        allowed_ms = self.settings.stall_budget_ms + faults_ms
+        if waited_ms > allowed_ms:
+            self._stalled = self._id
+            self._flag(
+                STALLED,
+                f"observed {waited_ms / 1000:.1f} s after it was due; the bound here is "
+                f"{allowed_ms / 1000:.1f} s",
+            )
 
     def _missing(self, due_t: float, what: str) -> None:
         """An expected observation due at ``due_t`` never came."""
         if due_t > self.run.end_t:
             self.pending += 1
             return
-        self._stall(self.run.end_t - due_t)
+        self._stall(self.run.end_t - due_t, due_t, came=False)
         if self.run.drained_complete:
             self._flag(LOST, f"{what}: never observed (the run drained)")
         else:
@@ -890,7 +944,7 @@ class _Judge:
             if reads is None:
                 self._missing(t, "committed")
                 return
-            self._stall(reads.first_t - t)
+            self._stall(reads.first_t - t, t)
             for row in self._rows:
                 row.visible_ms.append(reads.first_t - t)
             if copies > 1:
@@ -923,7 +977,7 @@ class _Judge:
             self._missing(due, f"{op.kind} due at +{(due - op.t) / 1000:.1f} s")
             return
         lateness = reads.first_t - due
-        self._stall(lateness)
+        self._stall(lateness, due)
         for row in self._rows:
             row.lateness_ms.append(lateness)
         if lateness < 0:
@@ -943,12 +997,14 @@ class _Judge:
             return 0.0
         return self.settings.retry_delay_ms(reconsume_times)
 
-    def _ladder_stall(self, op: _Op, calls: Sequence[_Call], *, orderly: bool) -> float:
-        """The longest wait past due of the calls made (sorted by time), ms: the first from
-        the ack, each next ``reconsume_times`` from the first failed call before it plus its
-        back-off."""
+    def _ladder_stall(
+        self, op: _Op, calls: Sequence[_Call], *, orderly: bool
+    ) -> tuple[float, float]:
+        """The longest wait past due of the calls made (sorted by time) and when that call
+        was due, ms: the first from the ack, each next ``reconsume_times`` from the first
+        failed call before it plus its back-off."""
         start = op.ack_t if op.ack_t is not None else op.t
-        worst = calls[0][0] - start
+        worst, worst_due = calls[0][0] - start, start
         first_of: dict[int, float] = {}
         failed_at: dict[int, float] = {}
         for t, _, r, result in calls:
@@ -960,8 +1016,10 @@ class _Judge:
         for r, t in failed_at.items():
             nxt = first_of.get(r + 1)
             if nxt is not None:
-                worst = max(worst, nxt - (t + self._back_off_ms(op, r, orderly=orderly)))
-        return worst
+                due = t + self._back_off_ms(op, r, orderly=orderly)
+                if nxt - due > worst:
+                    worst, worst_due = nxt - due, due
+        return worst, worst_due
 
     def _consumed(self, op: _Op, orderly: bool) -> None:
         self._begin(op, op.t)
@@ -976,10 +1034,10 @@ class _Judge:
             for row in self._rows:
                 row.redelivered += 1
         if calls:
-            stall = self._ladder_stall(op, calls, orderly=orderly)
-            if dlq_t is not None:
-                stall = max(stall, dlq_t - calls[-1][0])
-            self._stall(stall)
+            stall, due = self._ladder_stall(op, calls, orderly=orderly)
+            if dlq_t is not None and dlq_t - calls[-1][0] > stall:
+                stall, due = dlq_t - calls[-1][0], calls[-1][0]
+            self._stall(stall, due)
         if not successes and dlq_t is None and not quarantined:
             due = op.ack_t if op.ack_t is not None else op.t
             if calls:
@@ -1058,7 +1116,7 @@ class _Judge:
                 row.redelivered += 1
         start = op.ack_t if op.ack_t is not None else op.t
         for calls in per.values():
-            self._stall(calls[0][0] - start)
+            self._stall(calls[0][0] - start, start)
         if missing:
             self._missing(start, f"broadcast missing at {', '.join(missing)}")
 

@@ -374,6 +374,8 @@ def _config_event(config: RunConfig, workload: WorkloadConfig) -> dict[str, Any]
         "check_interval_ms": config.check_interval_ms,
         "session_timeout_ms": config.session_timeout_ms,
         "kafka_transaction_timeout_ms": config.kafka_transaction_timeout_ms,
+        # The cluster keeps Kafka's transaction.abort.timed.out.transaction.cleanup.interval.ms.
+        "transaction_abort_interval_ms": 10_000,
         "broadcast_observers": [f"broadcast-{i}" for i in BROADCAST_INSTANCES],
         "groups": {
             CONSUME_GROUP: {"max_reconsume_times": config.max_reconsume_times},

@@ -30,6 +30,8 @@ T0 = 1_700_000_000_000.0
 """Epoch ms of every history's start (the writer fills in 't' only when it is falsy)."""
 
 S = 1000.0
+UNBOUNDED = 10.0**12
+"""A stall budget no test history reaches."""
 
 
 class History:
@@ -39,7 +41,9 @@ class History:
         self.path = path
         self.writer = HistoryWriter(path)
         self.offsets: dict[str, int] = {}
-        self.write("phase", T0, name="start", config=config or {"max_reconsume_times": 2})
+        # Stalls are judged only where a test names a budget (the stall tests below).
+        config = config or {"max_reconsume_times": 2, "stall_budget_ms": UNBOUNDED}
+        self.write("phase", T0, name="start", config=config)
 
     def write(self, type_: str, t: float, **fields: Any) -> None:
         self.writer.write(type_, t=t, **fields)
@@ -338,6 +342,40 @@ def test_commit_to_visible_latency_and_max_stall(history: History) -> None:
     assert "coordinator_kill 23.0 s (slow)" in report.render()
     assert report.row(ALL_ROW).max_stall_s == pytest.approx(23.0)
     assert report.row(ALL_ROW).visible_p99_ms == pytest.approx(100.0)
+
+
+def test_a_stall_past_the_budget_is_caught_and_a_fault_extends_the_budget(tmp_path: Path) -> None:
+    # Defaults: session 10 s + Kafka transaction 10 s + broker abort interval 10 s + 10 s.
+    h = History(tmp_path / "h.jsonl", {"max_reconsume_times": 2})
+    h.committed("quiet-ok", T0 + 1 * S, visible_after=39 * S)
+    h.committed("quiet-late", T0 + 2 * S, visible_after=41 * S)
+    # A 20 s partition while it waited: 40 s + 20 s allowed.
+    h.fault("net_partition", T0 + 100 * S, T0 + 120 * S, target="proxy")
+    h.committed("fault-ok", T0 + 99 * S, visible_after=59 * S)
+    h.committed("fault-late", T0 + 99 * S + 5, visible_after=61 * S)
+    h.drained(T0 + 300 * S)
+    report = h.check()
+    assert sorted((v.kind, v.id) for v in report.violations) == [
+        ("stalled", "fault-late"),
+        ("stalled", "quiet-late"),
+    ], report.render()
+    assert report.row(ALL_ROW).stuck == 2
+    assert "the bound here is 60.0 s" in next(
+        v.detail for v in report.violations if v.id == "fault-late"
+    )
+
+
+def test_the_stall_budget_follows_the_configured_timeouts(tmp_path: Path) -> None:
+    config = {
+        "session_timeout_ms": 3000,
+        "kafka_transaction_timeout_ms": 4000,
+        "transaction_abort_interval_ms": 1000,
+    }
+    h = History(tmp_path / "h.jsonl", config)
+    h.committed("in-time", T0 + 1 * S, visible_after=17.9 * S)  # 3 + 4 + 1 + 10 s
+    h.committed("late", T0 + 2 * S, visible_after=18.1 * S)
+    h.drained(T0 + 100 * S)
+    assert kinds(h.check()) == [("stalled", "late", ("none",))]
 
 
 # --- delays and timers --------------------------------------------------------------------
@@ -823,7 +861,11 @@ def correct_runs(draw: st.DrawFn) -> list[dict[str, Any]]:
     """The events of a run that keeps every promise: random operations, outcomes and faults;
     each event a dict with 't' and 'type' in time order."""
     events: list[dict[str, Any]] = []
-    config = {"max_reconsume_times": 2, "broadcast_observers": ["bc-1", "bc-2"]}
+    config = {
+        "max_reconsume_times": 2,
+        "broadcast_observers": ["bc-1", "bc-2"],
+        "stall_budget_ms": UNBOUNDED,
+    }
     events.append({"t": T0, "type": "phase", "name": "start", "config": config})
     for _ in range(draw(st.integers(0, 3))):
         start = T0 + draw(st.integers(0, 100)) * S
