@@ -98,15 +98,15 @@ Max stall
 
 Stall budget
     An observation that came, but later than the README's bound, is ``stalled`` (counted in
-    ``stuck``). A fault may delay a message by its own length (summed over the faults that
-    struck while the message waited, from its due time, grace included), plus
+    ``stuck``). A fault may delay a message by its own length (the longest fault that struck
+    while the message waited, from its due time, grace included), plus
     ``session_timeout_ms`` (a dead coordinator's partitions move), plus
     ``kafka_transaction_timeout_ms`` and the broker's ``transaction_abort_interval_ms``
     (Kafka's ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s by
     default: what a dead coordinator left open is aborted by then), plus
     :data:`STALL_MARGIN_MS` for rebalances and retries; ``stall_budget_ms`` in the start
     config replaces the sum of the last four. With the defaults (10 s each) that is 40 s plus
-    the faults' length. One never observed is lost or stuck instead.
+    that fault's length. One never observed is lost or stuck instead.
 
 Nemesis windows
     A fault is the time from a ``nemesis`` ``start`` to the next ``end`` with the same name
@@ -708,17 +708,17 @@ class _Windows:
             self._starts[name] = [s for s, _ in merged]
             self._ends[name] = [e for _, e in merged]
 
-    def fault_ms_between(self, since: float, until: float) -> float:
-        """The summed length (ms) of the faults that struck while something waited from
-        ``since`` to ``until``: those starting by ``until`` whose window (end + grace) reaches
-        ``since``."""
-        total = 0.0
+    def longest_fault_between(self, since: float, until: float) -> float:
+        """The length (ms) of the longest fault that struck while something waited from
+        ``since`` to ``until`` (one starting by ``until`` whose window, end + grace, reaches
+        ``since``); 0 when none did."""
+        longest = 0.0
         for start, end, window_end in self._faults:
             if start > until:
                 break
             if window_end >= since:
-                total += end - start
-        return total
+                longest = max(longest, end - start)
+        return longest
 
     def at(self, t: float) -> tuple[str, ...]:
         """The names whose faults cover ``t``, or ``("none",)``."""
@@ -890,7 +890,7 @@ class _Judge:
                 row.max_stall_id = self._id
         if not came or self._stalled == self._id:
             return  # one never observed is lost or stuck; one violation per operation
-        faults_ms = self.windows.fault_ms_between(due_t, due_t + waited_ms)
+        faults_ms = self.windows.longest_fault_between(due_t, due_t + waited_ms)
         allowed_ms = self.settings.stall_budget_ms + faults_ms
         if waited_ms > allowed_ms:
             self._stalled = self._id
