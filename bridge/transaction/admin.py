@@ -63,6 +63,15 @@ def _operator_resolutions(config: ClientConfig, timeout_ms: int) -> dict[int, Op
     return out
 
 
+def _resolved_meanwhile(config: ClientConfig, msg: MessageExt) -> bool:
+    """True if an operator resolved this parked copy, or another copy of its transaction."""
+    tid = msg.transaction_id or msg.msg_id
+    return any(
+        offset == msg.queue_offset or entry.transaction_id == tid
+        for offset, entry in _operator_resolutions(config, config.request_timeout_ms).items()
+    )
+
+
 def read_parked(
     config: ClientConfig, timeout_ms: int = 10_000, include_resolved: bool = False
 ) -> list[MessageExt]:
@@ -71,7 +80,10 @@ def read_parked(
     ``queue_offset`` is the offset in the check-max topic."""
     topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.CHECK_MAX)
     resolved = {} if include_resolved else _operator_resolutions(config, timeout_ms)
-    out = []
+    # A transaction parked twice (a coordinator that lost its producer while parking it) is
+    # one parked message: resolving either copy resolves it, and it is listed once (newest).
+    resolved_ids = {entry.transaction_id for entry in resolved.values()}
+    out: dict[str, MessageExt] = {}
     for record in read_to_end(config, topic, timeout_ms):
         if record.offset() in resolved:
             continue
@@ -80,8 +92,13 @@ def read_parked(
         except WireFormatError:
             continue
         msg.queue_offset = record.offset()
-        out.append(msg)
-    return out
+        tid = msg.transaction_id or msg.msg_id
+        if include_resolved:
+            out[f"{tid}@{record.offset()}"] = msg
+        elif tid not in resolved_ids:
+            out.pop(tid, None)
+            out[tid] = msg
+    return list(out.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +199,7 @@ def resolve_parked(config: ClientConfig, msg_id: str, action: OpAction) -> Messa
         raise ParkedReplayError(f"{verb} parked message {msg_id}: {_text(exc)}") from exc
     # After init_transactions, a concurrent resolution of this message is either committed
     # (and visible now) or aborted: never both this one and that one.
-    if msg.queue_offset in _operator_resolutions(config, config.request_timeout_ms):
+    if _resolved_meanwhile(config, msg):
         raise InvalidArgumentError(
             f"no parked, unresolved message with id {msg_id!r} (resolved meanwhile)"
         )
@@ -195,7 +212,7 @@ def resolve_parked(config: ClientConfig, msg_id: str, action: OpAction) -> Messa
         _write_resolution(producer, config, msg, action=action, real=real, timeout_s=timeout_s)
     except KafkaException as exc:
         _abort(producer, timeout_s)
-        if msg.queue_offset in _operator_resolutions(config, config.request_timeout_ms):
+        if _resolved_meanwhile(config, msg):
             raise InvalidArgumentError(
                 f"no parked, unresolved message with id {msg_id!r} (resolved meanwhile)"
             ) from exc

@@ -815,3 +815,37 @@ def test_a_malformed_half_record_too_large_to_quarantine_whole_holds_nothing_bac
     (q,) = kept
     assert q.value in (None, b"") and q.omitted_bytes >= 8192, q
     assert q.source_topic == catalog.topic(SystemTopic.HALF)
+
+
+def test_a_transaction_parked_twice_is_replayed_once(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    """Two parked copies of one transaction (a coordinator that parked it, then parked it again
+    after losing its producer mid-way) are one parked message: the first replay resolves both,
+    so a second replay cannot deliver it again."""
+    real = unique("real")
+    create_topic(client_config, real)
+    tid = uuid.uuid4().hex.upper()
+    props = {
+        MessageConst.PRODUCER_GROUP: GROUP,
+        MessageConst.REAL_TOPIC: real,
+        MessageConst.REAL_QUEUE_ID: "-1",
+        MessageConst.TRANSACTION_ID: tid,
+        MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: tid,
+        DELIVERY_ERROR: "topic was missing",
+    }
+    catalog = TopicCatalog(namespace=client_config.namespace)
+    TopicAdmin(client_config).ensure_system_topics(catalog)
+    check_max = catalog.topic(SystemTopic.CHECK_MAX)
+    raw = RawProducer({"bootstrap.servers": client_config.bootstrap_servers})
+    for _ in range(2):
+        raw.produce(check_max, encode_envelope(tid, b"once", props, now_ms(), "127.0.0.1"))
+    assert raw.flush(10) == 0
+    parked = read_parked(client_config)
+    assert [m.msg_id for m in parked] == [tid], "one message, listed once"
+    resolve_parked(client_config, tid, OpAction.COMMIT)
+    assert read_parked(client_config) == []
+    with pytest.raises(BridgeError, match="no parked, unresolved message"):
+        resolve_parked(client_config, tid, OpAction.COMMIT)
+    bodies_seen = [m.body for m in read_messages(client_config, [real], timeout_ms=2000)]
+    assert bodies_seen == [b"once"]
