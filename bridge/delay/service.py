@@ -26,9 +26,10 @@ Guarantees kept here (see ``docs/guarantees.md``): G2, G3, G5, G9.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -121,6 +122,8 @@ class Held:
     header_error: str | None
     """Why the headers could not be read (then ``headers`` is empty)."""
     due_ms: int = 0
+    fingerprint: bytes | None = None
+    """Identifies its send (see :func:`_fingerprint`), once it is due."""
 
 
 @dataclass(slots=True)
@@ -130,6 +133,8 @@ class _Unit:
     suspect: bool = False
     """Its delivery failed in a transaction with other failures: it goes alone next time."""
     aside: bool = False
+    duplicate: bool = False
+    """A second copy of a record delivered already: consumed, nothing written."""
 
 
 def _attempts(raw: str | bytes | None) -> int:
@@ -137,6 +142,27 @@ def _attempts(raw: str | bytes | None) -> int:
         return max(int(raw), 0) if raw else 0
     except ValueError:
         return 0
+
+
+DUPLICATE_WINDOW_MS: Final = 600_000
+"""How long a delivered record is remembered to recognise a second copy of it, ms."""
+_DUPLICATE_MEMORY: Final = 100_000
+"""At most this many delivered records are remembered per service."""
+
+
+def _fingerprint(held: Held) -> bytes:
+    """Identifies one send: its partition, value and headers, byte for byte (the broker's
+    append time, which differs between two copies of one send, is left out)."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(held.partition.to_bytes(4, "big", signed=True))
+    value = held.record.value() or b""
+    digest.update(len(value).to_bytes(8, "big"))
+    digest.update(value)
+    for name, raw in held.headers:
+        for part in (name.encode("utf-8", "surrogatepass"), raw or b""):
+            digest.update(len(part).to_bytes(8, "big"))
+            digest.update(part)
+    return digest.digest()
 
 
 class _FifoDelayService(TransactionalService):
@@ -178,6 +204,11 @@ class _FifoDelayService(TransactionalService):
         """Messages sent back to wait after a failed delivery, or quarantined."""
         self.dropped = 0
         """Fetched records thrown away to be read again (stale after a rebalance or rewind)."""
+        self.duplicates = 0
+        """Second copies of one send, consumed without a delivery."""
+        self._delivered_recently: OrderedDict[bytes, int] = OrderedDict()
+        """Fingerprints of the records delivered (or moved on) in the last
+        :data:`DUPLICATE_WINDOW_MS`, with when, epoch ms."""
 
     def partition_delay_ms(self, partition: int) -> int:
         """How long records wait in ``partition``, ms."""
@@ -408,7 +439,20 @@ class _FifoDelayService(TransactionalService):
         fails alone is known to be the culprit; partitions of a failed transaction are not
         committed further in this pass (FIFO), the others are."""
         segments: list[list[_Unit]] = [[]]
+        in_this_pass: set[bytes] = set()
         for held in due:
+            held.fingerprint = _fingerprint(held)
+            if held.fingerprint in self._delivered_recently or held.fingerprint in in_this_pass:
+                # librdkafka's idempotent producer can store one send twice when a send times
+                # out during a leader change (its epoch bump; confluentinc/librdkafka#4953):
+                # the second copy is consumed and not delivered again.
+                logger.warning(
+                    "%s: %s[%d]@%d is a second copy of a message delivered already; skipped",
+                    self.name, self.topic, held.partition, held.offset,
+                )  # fmt: skip
+                segments[-1].append(_Unit(held, [], duplicate=True))
+                continue
+            in_this_pass.add(held.fingerprint)
             unit = self._unit(held, now)
             if unit.suspect:
                 segments += [[unit], []]
@@ -573,7 +617,23 @@ class _FifoDelayService(TransactionalService):
             self._suspects.discard(key)
             self.delivered += sum(1 for out in unit.outputs if out.real)
             self.moved_aside += unit.aside
+            self.duplicates += unit.duplicate
+            self._remember(unit.held, now)
         return True
+
+    def _remember(self, held: Held, now: int) -> None:
+        """Remember a committed record's fingerprint for :data:`DUPLICATE_WINDOW_MS`."""
+        fingerprint = held.fingerprint
+        if fingerprint is None:
+            return
+        recent = self._delivered_recently
+        recent[fingerprint] = now
+        recent.move_to_end(fingerprint)
+        while recent and (
+            len(recent) > _DUPLICATE_MEMORY
+            or next(iter(recent.values())) < now - DUPLICATE_WINDOW_MS
+        ):
+            recent.popitem(last=False)
 
     def _unacknowledged(
         self, units: list[_Unit], reports: Reports, expected: set[tuple[int, int]]

@@ -725,3 +725,26 @@ def test_a_near_limit_record_whose_copies_do_not_fit_is_quarantined_without_its_
     assert kept.omitted_bytes >= len(near[2])
     assert "too large" in kept.reason.lower() and str(kept.omitted_bytes) in kept.reason
     assert kept.key == msg_id.encode()
+
+
+def test_one_send_stored_twice_is_delivered_once(level_config: ClientConfig, topic: str) -> None:
+    """librdkafka's idempotent producer can store one send twice when a send times out during
+    a leader change (its epoch bump, confluentinc/librdkafka#4953; the fault suite's rolling
+    restart showed it): two records identical but for their append time. They deliver one
+    message, whether the second comes in the same pass or after the first was delivered."""
+    config = level_config
+    with Coordinator(coordinator_config(config, "twice")):
+        warm_up(config, f"{topic}-warm")
+        now = time.time_ns() // 1_000_000
+        level = system_record(config, topic, b"level", level=1)
+        timer = system_record(config, topic, b"timer", deliver_ms=now + 1500)
+        write(config, level)
+        write(config, timer)
+        write(config, timer)  # the same pass: due together
+        write(config, system_record(config, topic, b"between", level=1))
+        first = sorted(m.body for m in read_messages(config, [topic], max_messages=3))
+        write(config, level)  # after the first copy was delivered
+        write(config, system_record(config, topic, b"after", level=1))
+        later = [m.body for m in read_messages(config, [topic], timeout_ms=4000)]
+    assert first == [b"between", b"level", b"timer"]
+    assert sorted(later) == [b"after", b"between", b"level", b"timer"], later
