@@ -1,15 +1,19 @@
 # Quick start: `make up` (bring the stack up and show a message round trip), `make test`.
 .PHONY: up test bench lint bootstrap clean chaos soak differential
+SEED ?= 1
 
 up:
 	@BRIDGE_EXTRAS=test,dev ./scripts/bootstrap.sh
 	.venv/bin/bridge -v up
 
+# The whole suite: unit and integration tests against a real broker, the side-by-side run
+# against Apache RocketMQ, and the fault suite.
 test: bootstrap
 	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest tests/differential
+	.venv/bin/python -m chaos run --seed $(SEED) --duration 150
 
 # Fault injection on a three-broker cluster (fixed seed, a few minutes; fails on a violation).
-SEED ?= 1
 chaos: bootstrap
 	.venv/bin/python -m chaos run --seed $(SEED) --duration 150
 
