@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from bridge.codec import PreparedRecord, encode_envelope
 from bridge.config import ClientConfig
 from bridge.delay.model import InvalidDelayError
@@ -11,6 +13,15 @@ from topics.naming import system_topic
 
 TIMER_ROUTING_HEADER = MessageConst.TIMER_DELIVER_MS
 """Timer records carry their delivery time in this header too, so a hop needs no decoding."""
+SEND_ID_HEADER = "BRIDGE_SEND_ID"
+"""A Kafka header (never a message property) with a fresh id for each record a producer builds
+for SCHEDULE or the timer topic. Two records with one send id are one send stored twice by the
+client library, which the delay services deliver once; the coordinator's own copies (hops,
+back-offs) are written in Kafka transactions and carry none."""
+
+
+def _send_id() -> tuple[str, bytes]:
+    return (SEND_ID_HEADER, uuid.uuid4().hex.encode("ascii"))
 
 
 def delayed_record(
@@ -48,7 +59,9 @@ def delayed_record(
         props[MessageConst.DELAY_TIME_LEVEL] = str(level)
         value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
         topic = system_topic(SystemTopic.SCHEDULE.value, config.namespace)
-        return PreparedRecord(topic, msg_id.encode(), value, [], msg_id, born_ms, level - 1)
+        return PreparedRecord(
+            topic, msg_id.encode(), value, [_send_id()], msg_id, born_ms, level - 1
+        )
     deliver_ms = policy.deliver_time_ms(
         born_ms=born_ms,
         deliver_ms=_text(props.get(MessageConst.TIMER_DELIVER_MS)),
@@ -63,7 +76,7 @@ def delayed_record(
     props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
     value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
     topic = system_topic(SystemTopic.TIMER.value, config.namespace)
-    headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode())]
+    headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode()), _send_id()]
     return PreparedRecord(topic, msg_id.encode(), value, headers, msg_id, born_ms, tier)
 
 

@@ -26,7 +26,6 @@ Guarantees kept here (see ``docs/guarantees.md``): G2, G3, G5, G9.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import OrderedDict, deque
@@ -38,7 +37,7 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 
 from bridge.codec import decode_envelope, decode_headers, encode_envelope, real_record
 from bridge.delay.model import DelayPolicy
-from bridge.delay.routing import TIMER_ROUTING_HEADER
+from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER
 from bridge.errors import WireFormatError
 from bridge.kafka.clients import new_admin, new_consumer
 from bridge.kafka.quarantine import QUARANTINE_OMITTED_BYTES, quarantine_copy, read_headers
@@ -122,8 +121,8 @@ class Held:
     header_error: str | None
     """Why the headers could not be read (then ``headers`` is empty)."""
     due_ms: int = 0
-    fingerprint: bytes | None = None
-    """Identifies its send (see :func:`_fingerprint`), once it is due."""
+    send_key: tuple[int, bytes] | None = None
+    """Identifies its send (see :func:`_send_key`), once it is due."""
 
 
 @dataclass(slots=True)
@@ -145,24 +144,19 @@ def _attempts(raw: str | bytes | None) -> int:
 
 
 DUPLICATE_WINDOW_MS: Final = 600_000
-"""How long a delivered record is remembered to recognise a second copy of it, ms."""
+"""How long a delivered send is remembered to recognise a second copy of it, ms."""
 _DUPLICATE_MEMORY: Final = 100_000
-"""At most this many delivered records are remembered per service."""
+"""At most this many delivered sends are remembered per service."""
 
 
-def _fingerprint(held: Held) -> bytes:
-    """Identifies one send: its partition, value and headers, byte for byte (the broker's
-    append time, which differs between two copies of one send, is left out)."""
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(held.partition.to_bytes(4, "big", signed=True))
-    value = held.record.value() or b""
-    digest.update(len(value).to_bytes(8, "big"))
-    digest.update(value)
+def _send_key(held: Held) -> tuple[int, bytes] | None:
+    """(partition, send id) of a record a producer wrote (see
+    :data:`bridge.delay.routing.SEND_ID_HEADER`); None for the coordinator's own copies,
+    records of other clients and records whose headers could not be read."""
     for name, raw in held.headers:
-        for part in (name.encode("utf-8", "surrogatepass"), raw or b""):
-            digest.update(len(part).to_bytes(8, "big"))
-            digest.update(part)
-    return digest.digest()
+        if name == SEND_ID_HEADER and raw:
+            return (held.partition, raw)
+    return None
 
 
 class _FifoDelayService(TransactionalService):
@@ -206,9 +200,9 @@ class _FifoDelayService(TransactionalService):
         """Fetched records thrown away to be read again (stale after a rebalance or rewind)."""
         self.duplicates = 0
         """Second copies of one send, consumed without a delivery."""
-        self._delivered_recently: OrderedDict[bytes, int] = OrderedDict()
-        """Fingerprints of the records delivered (or moved on) in the last
-        :data:`DUPLICATE_WINDOW_MS`, with when, epoch ms."""
+        self._delivered_recently: OrderedDict[tuple[int, bytes], int] = OrderedDict()
+        """Sends delivered (or moved on) in the last :data:`DUPLICATE_WINDOW_MS`, with
+        when, epoch ms."""
 
     def partition_delay_ms(self, partition: int) -> int:
         """How long records wait in ``partition``, ms."""
@@ -278,7 +272,7 @@ class _FifoDelayService(TransactionalService):
             time.monotonic() - started,
         )  # fmt: skip
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: Consumer | None, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
         for partition in revoked:
             self._next_offset.pop(partition, None)
@@ -289,6 +283,12 @@ class _FifoDelayService(TransactionalService):
         self._slow = {k: v for k, v in self._slow.items() if k[0] not in revoked}
         self._timeouts = {k: v for k, v in self._timeouts.items() if k[0] not in revoked}
         self._shrink = {k: v for k, v in self._shrink.items() if k[0] not in revoked}
+
+    def on_restart(self) -> None:
+        """Forget every partition the old consumer held (a new one is assigned afresh)."""
+        self._on_revoke(None, [TopicPartition(self.topic, p) for p in list(self._next_offset)])
+        self._held.clear()
+        self._paused.clear()
 
     # --- main loop ------------------------------------------------------------------------
     def run_once(self) -> None:
@@ -439,10 +439,10 @@ class _FifoDelayService(TransactionalService):
         fails alone is known to be the culprit; partitions of a failed transaction are not
         committed further in this pass (FIFO), the others are."""
         segments: list[list[_Unit]] = [[]]
-        in_this_pass: set[bytes] = set()
+        in_this_pass: set[tuple[int, bytes]] = set()
         for held in due:
-            held.fingerprint = _fingerprint(held)
-            if held.fingerprint in self._delivered_recently or held.fingerprint in in_this_pass:
+            held.send_key = key = _send_key(held)
+            if key is not None and (key in in_this_pass or self._seen_since(key, now)):
                 # librdkafka's idempotent producer can store one send twice when a send times
                 # out during a leader change (its epoch bump; confluentinc/librdkafka#4953):
                 # the second copy is consumed and not delivered again.
@@ -452,7 +452,8 @@ class _FifoDelayService(TransactionalService):
                 )  # fmt: skip
                 segments[-1].append(_Unit(held, [], duplicate=True))
                 continue
-            in_this_pass.add(held.fingerprint)
+            if key is not None:
+                in_this_pass.add(key)
             unit = self._unit(held, now)
             if unit.suspect:
                 segments += [[unit], []]
@@ -617,18 +618,25 @@ class _FifoDelayService(TransactionalService):
             self._suspects.discard(key)
             self.delivered += sum(1 for out in unit.outputs if out.real)
             self.moved_aside += unit.aside
-            self.duplicates += unit.duplicate
-            self._remember(unit.held, now)
+            if unit.duplicate:
+                self.duplicates += 1
+            else:
+                self._remember(unit.held, now)
         return True
 
+    def _seen_since(self, key: tuple[int, bytes], now: int) -> bool:
+        """True if the send ``key`` was delivered within :data:`DUPLICATE_WINDOW_MS`."""
+        seen = self._delivered_recently.get(key)
+        return seen is not None and seen >= now - DUPLICATE_WINDOW_MS
+
     def _remember(self, held: Held, now: int) -> None:
-        """Remember a committed record's fingerprint for :data:`DUPLICATE_WINDOW_MS`."""
-        fingerprint = held.fingerprint
-        if fingerprint is None:
+        """Remember a committed producer record's send for :data:`DUPLICATE_WINDOW_MS`."""
+        key = held.send_key
+        if key is None:
             return
         recent = self._delivered_recently
-        recent[fingerprint] = now
-        recent.move_to_end(fingerprint)
+        recent[key] = now
+        recent.move_to_end(key)
         while recent and (
             len(recent) > _DUPLICATE_MEMORY
             or next(iter(recent.values())) < now - DUPLICATE_WINDOW_MS
@@ -918,6 +926,10 @@ class TimerService(_FifoDelayService):
         tier = self.policy.route(deliver_ms, now, self.policy.tier_count)
         if tier is None:
             return [self.deliver(held)]
-        headers: Headers = [(k, v) for k, v in held.headers if k != TIMER_ROUTING_HEADER]
+        # A hop is the coordinator's own copy, written once in a Kafka transaction: without
+        # the producer's send id, it can never pass for a second copy of that send.
+        headers: Headers = [
+            (k, v) for k, v in held.headers if k not in (TIMER_ROUTING_HEADER, SEND_ID_HEADER)
+        ]
         headers.append((TIMER_ROUTING_HEADER, str(deliver_ms).encode()))
         return [Output(self.topic, tier, held.record.key(), held.record.value(), headers, 0, False)]

@@ -35,6 +35,7 @@ from bridge import ClientConfig, Message, Producer, read_messages
 from bridge.codec import decode_envelope, encode_envelope
 from bridge.coordinator import Coordinator
 from bridge.delay.admin import delay_status
+from bridge.delay.routing import SEND_ID_HEADER
 from bridge.delay.service import ScheduleDeliveryService, TimerService
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
@@ -730,21 +731,53 @@ def test_a_near_limit_record_whose_copies_do_not_fit_is_quarantined_without_its_
 def test_one_send_stored_twice_is_delivered_once(level_config: ClientConfig, topic: str) -> None:
     """librdkafka's idempotent producer can store one send twice when a send times out during
     a leader change (its epoch bump, confluentinc/librdkafka#4953; the fault suite's rolling
-    restart showed it): two records identical but for their append time. They deliver one
-    message, whether the second comes in the same pass or after the first was delivered."""
+    restart showed it): two records identical but for their append time, one send id. They
+    deliver one message, whether the second comes in the same pass or after the first was
+    delivered."""
     config = level_config
     with Coordinator(coordinator_config(config, "twice")):
         warm_up(config, f"{topic}-warm")
         now = time.time_ns() // 1_000_000
-        level = system_record(config, topic, b"level", level=1)
-        timer = system_record(config, topic, b"timer", deliver_ms=now + 1500)
+        level = sent_once(system_record(config, topic, b"level", level=1))
+        timer = sent_once(system_record(config, topic, b"timer", deliver_ms=now + 1500))
         write(config, level)
         write(config, timer)
         write(config, timer)  # the same pass: due together
-        write(config, system_record(config, topic, b"between", level=1))
+        write(config, sent_once(system_record(config, topic, b"between", level=1)))
         first = sorted(m.body for m in read_messages(config, [topic], max_messages=3))
         write(config, level)  # after the first copy was delivered
-        write(config, system_record(config, topic, b"after", level=1))
+        write(config, sent_once(system_record(config, topic, b"after", level=1)))
         later = [m.body for m in read_messages(config, [topic], timeout_ms=4000)]
     assert first == [b"between", b"level", b"timer"]
     assert sorted(later) == [b"after", b"between", b"level", b"timer"], later
+
+
+def sent_once(
+    record: tuple[str, int, bytes, list[tuple[str, bytes]], str],
+) -> tuple[str, int, bytes, list[tuple[str, bytes]], str]:
+    """``record`` with the send id a producer stamps on each record it builds."""
+    topic, partition, value, headers, msg_id = record
+    return topic, partition, value, [*headers, (SEND_ID_HEADER, uuid.uuid4().hex.encode())], msg_id
+
+
+def test_identical_records_of_two_sends_and_hops_into_their_own_tier_are_all_delivered(
+    level_config: ClientConfig, topic: str
+) -> None:
+    """Only one send id makes a second copy: two sends whose records are otherwise byte for
+    byte the same (a dead letter replayed and failing again builds its first retry record
+    again) are two messages, and a timer hop back into its own tier (a producer clock ahead of
+    the broker's: a 440 ms timer routed to tier 0 has 520 ms left by the broker's) is the
+    coordinator's own copy, not a second send."""
+    config = level_config
+    with Coordinator(coordinator_config(config, "hops")):
+        warm_up(config, f"{topic}-warm")
+        now = time.time_ns() // 1_000_000
+        t, _, value, headers, msg_id = system_record(config, topic, b"skewed", deliver_ms=now + 520)
+        write(config, sent_once((t, 0, value, headers, msg_id)))
+        again = system_record(config, topic, b"again", level=1)
+        write(config, sent_once(again))
+        first = [m.body for m in read_messages(config, [topic], max_messages=2)]
+        write(config, sent_once(again))
+        got = [m.body for m in read_messages(config, [topic], timeout_ms=4000)]
+    assert sorted(first) == [b"again", b"skewed"]
+    assert sorted(got) == [b"again", b"again", b"skewed"], got
