@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -13,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.config import ClientConfig
 from bridge.kafka.clients import new_admin, new_producer
-from bridge.lifecycle import FatalServiceError, ServiceThread
+from bridge.lifecycle import FatalServiceError, RestartServiceError, ServiceThread
 from bridge.message import DELAY_PROPERTIES, MessageConst
 from topics.catalog import TopicCatalog
 from topics.naming import (
@@ -110,6 +111,9 @@ MAX_STUCK_CALLS: Final = 8
 """Given-up calls still running in this process past which the process stops instead: each
 holds a thread and a librdkafka instance, and a restart is safe by design."""
 _REPLACE_BACKOFF_S: Final = 1.0
+_REFENCED_WITHIN_S: Final = 120.0
+"""A service whose static membership is fenced again this soon after it started again because
+of that stops: another coordinator has its id."""
 _stuck_lock = threading.Lock()
 _stuck_calls = 0
 
@@ -280,6 +284,8 @@ class TransactionalService(ServiceThread):
         self._consumer: Consumer | None = None
         self._producer: Any = None
         self._producer_broken = False
+        self._replace_after = 0.0
+        self._restarted_for_fencing = -_REFENCED_WITHIN_S
         self._fencing_admin: AdminClient | None = None
 
     @property
@@ -336,13 +342,22 @@ class TransactionalService(ServiceThread):
     def _replace_producer(self) -> None:
         """Start a new producer in place of a fenced, broken or wedged one. When that fails
         too (the coordinator it needs is still unreachable), the producer stays marked broken
-        and :meth:`producer_ready` keeps trying; this never raises, so whoever called
-        :meth:`transaction_failed` still does its own bookkeeping (rewind, rebuild)."""
+        and :meth:`producer_ready` keeps trying; this raises nothing but a
+        :class:`FatalServiceError`, so whoever called
+        :meth:`transaction_failed` still does its own bookkeeping (rewind, rebuild). After a
+        failed try, the next one waits :data:`_REPLACE_BACKOFF_S`, so the rest of a pass
+        fails fast rather than trying once per transaction."""
+        now = time.monotonic()
+        if self._producer_broken and now < self._replace_after:
+            return  # tried a moment ago: the rest of this pass fails fast instead
         try:
             self.start_producer()
-        except (KafkaException, RuntimeError) as exc:
+        except FatalServiceError:
+            raise
+        except Exception as exc:
             logger.warning("%s: could not start a new producer yet: %s", self.name, exc)
             self._producer_broken = True
+            self._replace_after = now + _REPLACE_BACKOFF_S
         else:
             self._producer_broken = False
 
@@ -366,7 +381,10 @@ class TransactionalService(ServiceThread):
         """Raise :class:`DuplicateCoordinatorError` if ``error`` (from the producer or the
         consumer) means another live coordinator has this one's id.
 
-        Static membership fenced (``FENCED_INSTANCE_ID``) is proof. A fenced producer is not:
+        Static membership fenced (``FENCED_INSTANCE_ID``) twice within
+        :data:`_REFENCED_WITHIN_S` is proof; the first time, the service starts again
+        (:class:`RestartServiceError`), since a consumer that rejoins after its own session
+        timed out is fenced the same way. A fenced producer is not proof either:
         a transaction that outlived ``transaction.timeout.ms`` is fenced the same way, so the
         group is asked whether another member holds this service's instance id.
         """
@@ -374,7 +392,18 @@ class TransactionalService(ServiceThread):
         # librdkafka reports a fenced static member as a fatal consumer error (_FATAL).
         static_fenced = code == KafkaError._FATAL and "group.instance.id" in error.str()
         if code == KafkaError.FENCED_INSTANCE_ID or static_fenced:
-            raise self._duplicate(error.str())
+            # Not proof by itself: a consumer whose session timed out (its group coordinator
+            # was away, say a broker killed) and that rejoined is fenced by its own new
+            # membership. It starts again; fenced again soon after, another one has the id.
+            now = time.monotonic()
+            if now - self._restarted_for_fencing < _REFENCED_WITHIN_S:
+                raise self._duplicate(error.str())
+            self._restarted_for_fencing = now
+            raise RestartServiceError(
+                f"Kafka fenced the consumer's static membership ({error.str()}); if another "
+                f"coordinator uses the id {self.config.coordinator_id!r}, this one stops when "
+                f"fenced again within {_REFENCED_WITHIN_S:.0f} s"
+            )
         if code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED) and self._membership_taken():
             raise self._duplicate(error.str())
 
