@@ -77,12 +77,6 @@ class FatalServiceError(BridgeError):
     listeners (a coordinator then stops as a whole)."""
 
 
-class RestartServiceError(BridgeError):
-    """Raised by ``run_once`` when the service's Kafka clients cannot go on but nothing else is
-    wrong (a consumer whose static membership Kafka fenced after its own session timed out):
-    the service is started again in place (``on_stop``, ``on_restart``, ``on_start``)."""
-
-
 class Startable(abc.ABC):
     """Something with a ``start()``/``stop()`` lifecycle, usable as a context manager."""
 
@@ -204,15 +198,6 @@ class ServiceThread(Startable):
                     self.run_once()
                 except FatalServiceError:
                     raise
-                except RestartServiceError as exc:
-                    logger.warning("service %s: starting again: %s", self.name, exc)
-                    try:
-                        self.on_stop()
-                    except Exception:
-                        logger.exception("service %s: stopping before a restart", self.name)
-                    self.on_restart()
-                    if not self._start_until_stopped():
-                        return
                 except Exception:
                     logger.exception("service %s: iteration failed; continuing", self.name)
                 self._wakeup.wait(self.interval_ms / 1000)
@@ -237,10 +222,6 @@ class ServiceThread(Startable):
 
     def on_stop(self) -> None:
         """Called on the service thread after the last iteration."""
-
-    def on_restart(self) -> None:
-        """Called between ``on_stop`` and ``on_start`` when the service starts again in place
-        (:class:`RestartServiceError`): forget what the old clients held."""
 
     @abc.abstractmethod
     def run_once(self) -> None:

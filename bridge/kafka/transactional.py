@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.config import ClientConfig
 from bridge.kafka.clients import new_admin, new_producer
-from bridge.lifecycle import FatalServiceError, RestartServiceError, ServiceThread
+from bridge.lifecycle import FatalServiceError, ServiceThread
 from bridge.message import DELAY_PROPERTIES, MessageConst
 from topics.catalog import TopicCatalog
 from topics.naming import (
@@ -111,9 +111,6 @@ MAX_STUCK_CALLS: Final = 8
 """Given-up calls still running in this process past which the process stops instead: each
 holds a thread and a librdkafka instance, and a restart is safe by design."""
 _REPLACE_BACKOFF_S: Final = 1.0
-_REFENCED_WITHIN_S: Final = 120.0
-"""A service whose static membership is fenced again this soon after it started again because
-of that stops: another coordinator has its id."""
 _stuck_lock = threading.Lock()
 _stuck_calls = 0
 
@@ -285,7 +282,6 @@ class TransactionalService(ServiceThread):
         self._producer: Any = None
         self._producer_broken = False
         self._replace_after = 0.0
-        self._restarted_for_fencing = -_REFENCED_WITHIN_S
         self._fencing_admin: AdminClient | None = None
 
     @property
@@ -309,6 +305,7 @@ class TransactionalService(ServiceThread):
         bounded = BoundedTransactions(producer, self.name)
         bounded.init_transactions(self.timeout_s)
         self._producer = bounded
+        self._producer_broken = False
 
     def on_stop(self) -> None:
         """Close the consumer and flush the producer (idempotent)."""
@@ -342,14 +339,13 @@ class TransactionalService(ServiceThread):
     def _replace_producer(self) -> None:
         """Start a new producer in place of a fenced, broken or wedged one. When that fails
         too (the coordinator it needs is still unreachable), the producer stays marked broken
-        and :meth:`producer_ready` keeps trying; this raises nothing but a
-        :class:`FatalServiceError`, so whoever called
-        :meth:`transaction_failed` still does its own bookkeeping (rewind, rebuild). After a
-        failed try, the next one waits :data:`_REPLACE_BACKOFF_S`, so the rest of a pass
-        fails fast rather than trying once per transaction."""
-        now = time.monotonic()
-        if self._producer_broken and now < self._replace_after:
-            return  # tried a moment ago: the rest of this pass fails fast instead
+        and :meth:`producer_ready` keeps trying; this raises nothing else, so whoever called
+        :meth:`transaction_failed` still does its own bookkeeping (rewind, rebuild); only a
+        :class:`FatalServiceError` passes. After a failed try the next one waits
+        :data:`_REPLACE_BACKOFF_S` (counted from the failure), so the rest of a pass fails
+        fast rather than trying once per transaction."""
+        if self._producer_broken and time.monotonic() < self._replace_after:
+            return  # tried a moment ago
         try:
             self.start_producer()
         except FatalServiceError:
@@ -357,9 +353,7 @@ class TransactionalService(ServiceThread):
         except Exception as exc:
             logger.warning("%s: could not start a new producer yet: %s", self.name, exc)
             self._producer_broken = True
-            self._replace_after = now + _REPLACE_BACKOFF_S
-        else:
-            self._producer_broken = False
+            self._replace_after = time.monotonic() + _REPLACE_BACKOFF_S
 
     def producer_ready(self) -> bool:
         """Call first in every iteration: True when the producer can be used. A producer that
@@ -381,10 +375,7 @@ class TransactionalService(ServiceThread):
         """Raise :class:`DuplicateCoordinatorError` if ``error`` (from the producer or the
         consumer) means another live coordinator has this one's id.
 
-        Static membership fenced (``FENCED_INSTANCE_ID``) twice within
-        :data:`_REFENCED_WITHIN_S` is proof; the first time, the service starts again
-        (:class:`RestartServiceError`), since a consumer that rejoins after its own session
-        timed out is fenced the same way. A fenced producer is not proof either:
+        Static membership fenced (``FENCED_INSTANCE_ID``) is proof. A fenced producer is not:
         a transaction that outlived ``transaction.timeout.ms`` is fenced the same way, so the
         group is asked whether another member holds this service's instance id.
         """
@@ -392,18 +383,7 @@ class TransactionalService(ServiceThread):
         # librdkafka reports a fenced static member as a fatal consumer error (_FATAL).
         static_fenced = code == KafkaError._FATAL and "group.instance.id" in error.str()
         if code == KafkaError.FENCED_INSTANCE_ID or static_fenced:
-            # Not proof by itself: a consumer whose session timed out (its group coordinator
-            # was away, say a broker killed) and that rejoined is fenced by its own new
-            # membership. It starts again; fenced again soon after, another one has the id.
-            now = time.monotonic()
-            if now - self._restarted_for_fencing < _REFENCED_WITHIN_S:
-                raise self._duplicate(error.str())
-            self._restarted_for_fencing = now
-            raise RestartServiceError(
-                f"Kafka fenced the consumer's static membership ({error.str()}); if another "
-                f"coordinator uses the id {self.config.coordinator_id!r}, this one stops when "
-                f"fenced again within {_REFENCED_WITHIN_S:.0f} s"
-            )
+            raise self._duplicate(error.str())
         if code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED) and self._membership_taken():
             raise self._duplicate(error.str())
 

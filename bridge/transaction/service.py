@@ -363,7 +363,7 @@ class TransactionService(TransactionalService):
             "%s: assigned HALF partitions %s", self.name, [tp.partition for tp in partitions]
         )
 
-    def _on_revoke(self, consumer: Consumer | None, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
         for p in revoked:
             self._partitions.pop(p, None)
@@ -376,15 +376,6 @@ class TransactionService(TransactionalService):
     def on_stop(self) -> None:
         super().on_stop()
         self._metadata = None
-
-    def on_restart(self) -> None:
-        """Forget every partition the old consumer held (a new one is assigned afresh)."""
-        owned = set(self._partitions) | self._to_recover
-        self._on_revoke(None, [TopicPartition(self._half, p) for p in sorted(owned)])
-        self._partitions.clear()
-        self._to_recover.clear()
-        self._poison.clear()
-        self._offsets_dirty = False
 
     # --- main loop ------------------------------------------------------------------------
     def run_once(self) -> None:

@@ -16,13 +16,7 @@ from bridge.kafka.clients import (
     new_producer,
     producer_config,
 )
-from bridge.lifecycle import (
-    TRANSITIONS,
-    Lifecycle,
-    RestartServiceError,
-    ServiceState,
-    ServiceThread,
-)
+from bridge.lifecycle import TRANSITIONS, Lifecycle, ServiceState, ServiceThread
 from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
 
 
@@ -152,70 +146,6 @@ def test_service_thread_survives_exceptions_and_is_named() -> None:
     assert service.thread_names == {"test-flaky"}
     with pytest.raises(IllegalStateError):
         service.start()
-
-
-class _Restarts(ServiceThread):
-    """Asks to be started again once, on its second iteration."""
-
-    def __init__(self) -> None:
-        super().__init__("test-restarts", interval_ms=1)
-        self.events: list[str] = []
-        self.going_again = threading.Event()
-
-    def on_start(self) -> None:
-        self.events.append("start")
-
-    def on_stop(self) -> None:
-        self.events.append("stop")
-
-    def on_restart(self) -> None:
-        self.events.append("restart")
-
-    def run_once(self) -> None:
-        self.events.append("run")
-        if self.events.count("run") == 2:
-            raise RestartServiceError("clients lost")
-        if self.events.count("start") == 2:
-            self.going_again.set()
-
-
-def test_a_service_asking_to_start_again_is_stopped_reset_and_started_in_place() -> None:
-    with _Restarts() as service:
-        assert service.going_again.wait(10), service.events
-        assert service.state is ServiceState.RUNNING
-    start_again = service.events.index("run", service.events.index("restart"))
-    assert service.events[:6] == ["start", "run", "run", "stop", "restart", "start"]
-    assert start_again == 6
-    assert service.events[-1] == "stop"
-
-
-def test_static_membership_fenced_once_starts_again_and_twice_is_a_duplicate() -> None:
-    """A consumer whose session timed out while its group coordinator was away (a broker
-    killed) and that rejoined is fenced by its own new membership: the fault suite saw a
-    coordinator stop there as if another had its id. Once, the service starts again; fenced
-    again soon after, another coordinator has the id."""
-    from confluent_kafka import KafkaError
-
-    from bridge.kafka.transactional import (
-        DuplicateCoordinatorError,
-        ServiceConfig,
-        TransactionalService,
-    )
-
-    class Service(TransactionalService):
-        def run_once(self) -> None: ...
-
-    service = Service("schedule", ServiceConfig(ClientConfig(), TopicCatalog(), "c1"))
-    fenced = KafkaError(
-        KafkaError._FATAL,
-        "Fatal consumer error: Broker: Static consumer fenced by other consumer with same "
-        "group.instance.id",
-        fatal=True,
-    )
-    with pytest.raises(RestartServiceError):
-        service.check_fencing(fenced)
-    with pytest.raises(DuplicateCoordinatorError, match="'c1'"):
-        service.check_fencing(KafkaError(KafkaError.FENCED_INSTANCE_ID))
 
 
 def test_service_interval_must_be_positive() -> None:
