@@ -272,7 +272,7 @@ class _FifoDelayService(TransactionalService):
             time.monotonic() - started,
         )  # fmt: skip
 
-    def _on_revoke(self, consumer: Consumer | None, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
         for partition in revoked:
             self._next_offset.pop(partition, None)
@@ -283,12 +283,6 @@ class _FifoDelayService(TransactionalService):
         self._slow = {k: v for k, v in self._slow.items() if k[0] not in revoked}
         self._timeouts = {k: v for k, v in self._timeouts.items() if k[0] not in revoked}
         self._shrink = {k: v for k, v in self._shrink.items() if k[0] not in revoked}
-
-    def on_restart(self) -> None:
-        """Forget every partition the old consumer held (a new one is assigned afresh)."""
-        self._on_revoke(None, [TopicPartition(self.topic, p) for p in list(self._next_offset)])
-        self._held.clear()
-        self._paused.clear()
 
     # --- main loop ------------------------------------------------------------------------
     def run_once(self) -> None:
