@@ -236,7 +236,10 @@ def test_pause_fences_a_node_and_resume_brings_it_back(
     assert _process_state(pid) == "T"
     assert leader not in cluster.running_node_ids()
     moved_s = _polled(lambda: cluster.leader_of(kafka_topic, 0) not in (None, leader))
-    with Producer("pg", config=config) as producer:
+    # A new idempotent producer needs a producer id from a transaction coordinator; one whose
+    # state partition had the paused node in its ISR answers "load in progress" until the
+    # leader drops it from the ISR (replica.lag.time.max.ms, Kafka's 30 s): allow for that.
+    with Producer("pg", config=_config(cluster.bootstrap_servers, namespace, 60_000)) as producer:
         producer.send_sync(Message(topic, "while paused"))
     cluster.resume(leader)
     assert not node.is_paused
