@@ -147,7 +147,9 @@ def test_first_check_follows_the_timeout_and_checks_follow_the_interval(
         wait_until(lambda: len(listener.checks.get("slow", [])) >= 2, timeout_s=30)
     first, second = listener.checks["slow"][:2]
     assert 1.5 <= first - sent < 1.5 + 1.0  # within a second of the 1.5 s timeout
-    assert 1.0 <= second - first < 2.0
+    # The interval runs from when the coordinator made the first check; the listener sees each
+    # check a little later, by a delay that varies (0.93 s was seen on a busy machine).
+    assert 1.0 - 0.2 <= second - first < 2.0
 
 
 def test_duplicate_late_and_racing_decisions_commit_once(
