@@ -38,6 +38,12 @@ pytestmark = pytest.mark.broker
 
 SLACK_MS = 1500
 """Scheduling slack on a busy 2-core machine."""
+LATE_SLACK_MS = 4000
+"""How late a delayed message may arrive on a busy machine. Both sides once ran more than
+``SLACK_MS`` late in the same CI run (the same stall hit both); a stuck schedule still fails."""
+ORDER_SLACK_MS = 1000
+"""Arrival order is asserted only for due times further apart than the timer precision plus
+this (jitter between two messages' lateness can swap closer ones under load)."""
 EARLY_MS = 100
 """Clock and scheduling jitter allowed below a due time (waits count from the send's start)."""
 SIDES = ("rocketmq", "bridge")
@@ -230,14 +236,14 @@ def test_delays_are_never_early_and_arrive_in_due_order(
     assert consumed_counts(events) == dict.fromkeys(DELAYS, 1)
     waited = {e["key"]: e["since_sent"] for e in of(events, "consume")}
     for key, due in DELAYS.items():
-        assert waited[key] >= due - EARLY_MS, f"{key} early: {waited[key]} < {due}"
-        late_by = (s.TIMER_PRECISION_MS if key in TIMERS else 0) + SLACK_MS
-        assert waited[key] <= due + late_by, f"{key} late: {waited[key]} > {due} + {late_by}"
+        assert waited[key] >= due - EARLY_MS, f"{key} early: {waited}"
+        late_by = (s.TIMER_PRECISION_MS if key in TIMERS else 0) + LATE_SLACK_MS
+        assert waited[key] <= due + late_by, f"{key} late by more than {late_by} ms: {waited}"
     arrival = [e["key"] for e in of(events, "consume")]
     for a, due_a in DELAYS.items():
         for b, due_b in DELAYS.items():
-            if due_a + s.TIMER_PRECISION_MS <= due_b:
-                assert arrival.index(a) < arrival.index(b), f"{b} before {a}: {arrival}"
+            if due_a + s.TIMER_PRECISION_MS + ORDER_SLACK_MS <= due_b:
+                assert arrival.index(a) < arrival.index(b), f"{b} before {a}: {waited}"
     timer_late = [waited[k] - DELAYS[k] for k in sorted(TIMERS)]
     MEASURED.setdefault("timer_late", {})[side] = timer_late
     MEASURED.setdefault("level_late", {})[side] = [
