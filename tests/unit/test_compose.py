@@ -89,3 +89,15 @@ def test_ingest_command_and_env_parse_with_the_jobs_own_options(
 def test_the_web_ui_points_at_the_broker() -> None:
     env = compose()["services"]["kafka-ui"]["environment"]
     assert env["KAFKA_CLUSTERS_0_BOOTSTRAPSERVERS"] == "kafka:9092"
+
+
+def test_published_ports_bind_localhost_and_the_ui_cannot_write() -> None:
+    services = compose()["services"]
+    published = [
+        (name, port) for name, service in services.items() for port in service.get("ports", [])
+    ]
+    assert published
+    for name, port in published:
+        # "127.0.0.1:HOST:CONTAINER": without the address Docker publishes on every interface.
+        assert str(port).startswith("127.0.0.1:"), (name, port)
+    assert services["kafka-ui"]["environment"]["KAFKA_CLUSTERS_0_READONLY"] == "true"
