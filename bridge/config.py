@@ -20,8 +20,9 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Self
 
-from bridge.delay.model import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy
+from bridge.delay_policy import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy
 from bridge.errors import InvalidArgumentError
+from bridge.settings import env_values, require_int
 from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
 from topics.naming import DEFAULT_NAMESPACE, validate_namespace
 
@@ -175,19 +176,13 @@ def _refuse_protected(kafka: Mapping[str, str]) -> None:
             )
 
 
-def _positive(name: str, value: int, *, allow_zero: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise InvalidArgumentError(
-            f"{name} must be {'non-negative' if allow_zero else 'positive'}, got {value}"
-        )
-
-
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
-    """Settings shared by producers, consumers and services."""
+    """Settings shared by producers, consumers and services: how to reach Kafka, then the
+    delay settings, whose rules are the :attr:`delay_policy` (a
+    :class:`~bridge.delay_policy.DelayPolicy`)."""
 
+    # --- connection -----------------------------------------------------------------------
     bootstrap_servers: str = DEFAULT_BOOTSTRAP_SERVERS
     """Kafka's ``bootstrap.servers``: comma-separated ``host:port`` pairs."""
     namespace: str = DEFAULT_NAMESPACE
@@ -200,12 +195,14 @@ class ClientConfig:
     """How long the client waits to fill a batch, in ms (Kafka's ``linger.ms``)."""
     request_timeout_ms: int = 10_000
     """Bound on admin and metadata calls, in ms."""
+    # --- delay policy (kept flat, before ``kafka``: the constructor's order is public) -------
     message_delay_level: str = DEFAULT_MESSAGE_DELAY_LEVEL
     """RocketMQ's ``messageDelayLevel``: the delay of each level, e.g. ``"1s 5s 10s 30s 1m"``."""
     timer_precision_ms: int = 1000
     """RocketMQ 5's ``timerPrecisionMs`` (100, 200, 500 or 1000): timers are late by less."""
     timer_max_delay_ms: int = 3 * 86_400_000
     """RocketMQ 5's ``timerMaxDelaySec`` in ms (3 days; up to 400 days): longer is an error."""
+    # --- connection, continued ------------------------------------------------------------
     kafka: Mapping[str, str] = field(default_factory=dict)
     """Extra librdkafka properties (security, tuning); they win over the defaults, except the
     :data:`PROTECTED_KAFKA_PROPERTIES`, which are refused."""
@@ -219,10 +216,10 @@ class ClientConfig:
                 f"got {self.bootstrap_servers!r}"
             )
         validate_namespace(self.namespace)
-        _positive("send_msg_timeout_ms", self.send_msg_timeout_ms)
-        _positive("max_message_bytes", self.max_message_bytes)
-        _positive("linger_ms", self.linger_ms, allow_zero=True)
-        _positive("request_timeout_ms", self.request_timeout_ms)
+        require_int("send_msg_timeout_ms", self.send_msg_timeout_ms)
+        require_int("max_message_bytes", self.max_message_bytes)
+        require_int("linger_ms", self.linger_ms, minimum=0)
+        require_int("request_timeout_ms", self.request_timeout_ms)
         _refuse_protected(self.kafka)
         object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
         self.delay_policy  # noqa: B018 - validates the delay settings
@@ -255,38 +252,22 @@ class ClientConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
         """Build from environment variables (see the module docstring), defaults elsewhere."""
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        kafka: dict[str, str] = {}
-        for f in dataclasses.fields(cls):
-            if f.name == "kafka":
-                continue
-            key = (
-                ENV_BOOTSTRAP_SERVERS
-                if f.name == "bootstrap_servers"
-                else (ENV_PREFIX + f.name.upper())
-            )
-            raw = env.get(key)
-            if raw is None or raw == "":
-                continue
-            if f.type in ("int", int):
-                try:
-                    values[f.name] = int(raw)
-                except ValueError:
-                    raise InvalidArgumentError(f"{key} must be an integer, got {raw!r}") from None
-            else:
-                values[f.name] = raw
-        for key, raw in env.items():
-            if key.startswith(ENV_KAFKA_PREFIX) and key not in _COORDINATOR_KAFKA_ENV:
-                kafka[key[len(ENV_KAFKA_PREFIX) :].lower().replace("_", ".")] = raw
-        return cls(**values, kafka=kafka)
+        values = env_values(
+            cls,
+            env,
+            lambda name: (
+                ENV_BOOTSTRAP_SERVERS if name == "bootstrap_servers" else ENV_PREFIX + name.upper()
+            ),
+            skip=("kafka",),
+        )
+        kafka = {
+            key[len(ENV_KAFKA_PREFIX) :].lower().replace("_", "."): raw
+            for key, raw in env.items()
+            if key.startswith(ENV_KAFKA_PREFIX) and key not in _COORDINATOR_KAFKA_ENV
+        }
+        return cls(**values, kafka=kafka)  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=16)
 def _delay_policy(levels: str, precision_ms: int, max_delay_ms: int) -> DelayPolicy:
     return DelayPolicy(levels, precision_ms, max_delay_ms)
-
-
-def bootstrap_from_env(environ: Mapping[str, str] | None = None) -> str | None:
-    """The explicitly configured bootstrap servers, or None when none are configured."""
-    env = os.environ if environ is None else environ
-    return env.get(ENV_BOOTSTRAP_SERVERS) or None

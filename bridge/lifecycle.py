@@ -25,15 +25,11 @@ class ServiceState(Enum):
     CREATE_JUST = "CREATE_JUST"
     RUNNING = "RUNNING"
     SHUTDOWN_ALREADY = "SHUTDOWN_ALREADY"
-    START_FAILED = "START_FAILED"
 
 
 TRANSITIONS: dict[ServiceState, frozenset[ServiceState]] = {
-    ServiceState.CREATE_JUST: frozenset(
-        {ServiceState.RUNNING, ServiceState.START_FAILED, ServiceState.SHUTDOWN_ALREADY}
-    ),
+    ServiceState.CREATE_JUST: frozenset({ServiceState.RUNNING, ServiceState.SHUTDOWN_ALREADY}),
     ServiceState.RUNNING: frozenset({ServiceState.SHUTDOWN_ALREADY}),
-    ServiceState.START_FAILED: frozenset({ServiceState.SHUTDOWN_ALREADY}),
     ServiceState.SHUTDOWN_ALREADY: frozenset(),
 }
 

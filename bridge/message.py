@@ -1,5 +1,9 @@
 """The message model: :class:`Message` (what a producer sends), :class:`MessageExt` (what a
-consumer receives), RocketMQ's property names, and message ids.
+consumer receives).
+
+RocketMQ's property names live in :mod:`topics.properties`, property values and their checks in
+:mod:`bridge.property_values`, message ids in :mod:`bridge.message_id`; this module re-exports
+them, so ``from bridge.message import MessageConst`` keeps working.
 
 On a real topic a message is a plain Kafka record that any Kafka client reads:
 
@@ -19,228 +23,47 @@ transactions, replay). System properties are always text (:meth:`Message.get_pro
 
 from __future__ import annotations
 
-import itertools
-import os
-import secrets
-import socket
-import time
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
-from typing import Final, Literal, overload
+from typing import overload
 
-from bridge.delay.model import InvalidDelayError
-from bridge.errors import InvalidMessageError, InvalidPropertyError
-
-PropertyValue = str | bytes
-"""A property's value: text (UTF-8 on the wire) or bytes (written as they are)."""
-
-
-class MessageConst:
-    """RocketMQ's property names (``org.apache.rocketmq.common.message.MessageConst``)."""
-
-    KEYS: Final = "KEYS"
-    TAGS: Final = "TAGS"
-    WAIT_STORE_MSG_OK: Final = "WAIT"
-    DELAY_TIME_LEVEL: Final = "DELAY"
-    RETRY_TOPIC: Final = "RETRY_TOPIC"
-    REAL_TOPIC: Final = "REAL_TOPIC"
-    REAL_QUEUE_ID: Final = "REAL_QID"
-    TRANSACTION_PREPARED: Final = "TRAN_MSG"
-    PRODUCER_GROUP: Final = "PGROUP"
-    ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
-    RECONSUME_TIME: Final = "RECONSUME_TIME"
-    UNIQ_CLIENT_MESSAGE_ID_KEYIDX: Final = "UNIQ_KEY"
-    MAX_RECONSUME_TIMES: Final = "MAX_RECONSUME_TIMES"
-    CONSUME_START_TIMESTAMP: Final = "CONSUME_START_TIME"
-    TRANSACTION_PREPARED_QUEUE_OFFSET: Final = "TRAN_PREPARED_QUEUE_OFFSET"
-    TRANSACTION_CHECK_TIMES: Final = "TRANSACTION_CHECK_TIMES"
-    CHECK_IMMUNITY_TIME_IN_SECONDS: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
-    TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
-    TIMER_DELAY_SEC: Final = "TIMER_DELAY_SEC"
-    TIMER_DELAY_MS: Final = "TIMER_DELAY_MS"
-    TRANSACTION_ID: Final = "__transactionId__"
-    SHARDING_KEY: Final = "__SHARDINGKEY"
-    BORN_HOST: Final = "BORN_HOST"
-    """Not a RocketMQ property (RocketMQ keeps it in the message header): the sender's host."""
-    DELIVERY_ATTEMPTS: Final = "DELIVERY_ATTEMPTS"
-    """Not a RocketMQ property: how many times delivering a delayed or committed message to
-    its real topic failed so far; removed when it gets there."""
-    DELIVERY_ERROR: Final = "DELIVERY_ERROR"
-    """Not a RocketMQ property: why the last delivery attempt failed (at most 500 characters);
-    removed when the message reaches its real topic."""
-    BODY_OMITTED_BYTES: Final = "BODY_OMITTED_BYTES"
-    """Not a RocketMQ property: a parked copy kept without its body, too large to be kept whole
-    (the body's size in bytes); such a copy is never replayed."""
-
-    KEY_SEPARATOR: Final = " "
-
-
-DELAY_PROPERTIES: Final = (
-    MessageConst.DELAY_TIME_LEVEL,
-    MessageConst.TIMER_DELIVER_MS,
-    MessageConst.TIMER_DELAY_MS,
-    MessageConst.TIMER_DELAY_SEC,
+from bridge.errors import InvalidDelayError, InvalidMessageError
+from bridge.message_id import MessageIdGenerator, local_ipv4, now_ms
+from bridge.property_values import (
+    PropertyValue,
+    check_property_name,
+    check_property_value,
+    check_user_property,
+    is_unicode,
+    lone_surrogate,
+    parse_count,
+    property_text,
 )
-"""Properties that make a message wait before delivery; removed when it is delivered."""
-
-USER_SETTABLE_PROPERTIES: Final = frozenset({MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS})
-"""System names RocketMQ users set through ``putUserProperty`` all the same."""
-
-RESERVED_PROPERTIES: Final = frozenset(
-    v
-    for k, v in vars(MessageConst).items()
-    if k.isupper() and k != "KEY_SEPARATOR" and v not in USER_SETTABLE_PROPERTIES
+from topics.properties import (
+    DELAY_PROPERTIES,
+    RESERVED_PROPERTIES,
+    SYSTEM_PROPERTIES,
+    USER_SETTABLE_PROPERTIES,
+    MessageConst,
+    SystemPropertyName,
 )
-"""Names a user property may not take (RocketMQ's ``putUserProperty`` refuses them too)."""
 
-SYSTEM_PROPERTIES: Final = RESERVED_PROPERTIES | USER_SETTABLE_PROPERTIES
-"""Every :class:`MessageConst` name: their values are text."""
-
-SystemPropertyName = Literal[
-    "KEYS",
-    "TAGS",
-    "WAIT",
-    "DELAY",
-    "RETRY_TOPIC",
-    "REAL_TOPIC",
-    "REAL_QID",
-    "TRAN_MSG",
-    "PGROUP",
-    "ORIGIN_MESSAGE_ID",
-    "RECONSUME_TIME",
-    "UNIQ_KEY",
-    "MAX_RECONSUME_TIMES",
-    "CONSUME_START_TIME",
-    "TRAN_PREPARED_QUEUE_OFFSET",
-    "TRANSACTION_CHECK_TIMES",
-    "CHECK_IMMUNITY_TIME_IN_SECONDS",
-    "TIMER_DELIVER_MS",
-    "TIMER_DELAY_SEC",
-    "TIMER_DELAY_MS",
-    "__transactionId__",
-    "__SHARDINGKEY",
-    "BORN_HOST",
-    "DELIVERY_ATTEMPTS",
-    "DELIVERY_ERROR",
-    "BODY_OMITTED_BYTES",
+__all__ = [
+    "DELAY_PROPERTIES",
+    "RESERVED_PROPERTIES",
+    "SYSTEM_PROPERTIES",
+    "USER_SETTABLE_PROPERTIES",
+    "Message",
+    "MessageConst",
+    "MessageExt",
+    "MessageIdGenerator",
+    "PropertyValue",
+    "SystemPropertyName",
+    "is_unicode",
+    "local_ipv4",
+    "now_ms",
+    "parse_count",
+    "property_text",
 ]
-"""The values of :data:`SYSTEM_PROPERTIES` as a type: ``get_property(MessageConst.X)`` is
-``str | None``."""
-
-_MAX_COUNT_DIGITS: Final = 18
-"""Longer counts are refused: 18 digits always fit a signed 64-bit integer."""
-
-
-def parse_count(raw: PropertyValue | None) -> int | None:
-    """A count property (``RECONSUME_TIME``, ``TRANSACTION_CHECK_TIMES``, ...) as an int, or
-    None unless ``raw`` is 1 to 18 ASCII digits: missing, empty, signed, spaced, or non-ASCII
-    digits such as ``"²"`` (which ``str.isdigit()`` accepts and ``int()`` refuses) give None.
-    Pure and cheap."""
-    if not raw or len(raw) > _MAX_COUNT_DIGITS or not raw.isascii() or not raw.isdigit():
-        return None
-    return int(raw)
-
-
-def property_text(value: PropertyValue) -> str:
-    """A property value as text: bytes decode as UTF-8, U+FFFD replacing what is not."""
-    return value if isinstance(value, str) else value.decode("utf-8", "replace")
-
-
-def is_unicode(text: str) -> bool:
-    """True if ``text`` can be written as UTF-8, i.e. holds no lone surrogate (such as
-    ``"\\ud800"``, which Python strings allow and UTF-8 does not)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _lone_surrogate(text: str) -> str:
-    """Where the first lone surrogate of ``text`` is, for error messages."""
-    for index, char in enumerate(text):
-        if 0xD800 <= ord(char) <= 0xDFFF:
-            return f"a lone surrogate U+{ord(char):04X} at index {index}"
-    return "no lone surrogate"  # pragma: no cover - called for text that has one
-
-
-def now_ms() -> int:
-    """Wall-clock time, epoch milliseconds."""
-    return time.time_ns() // 1_000_000
-
-
-class MessageIdGenerator:
-    """RocketMQ-style unique message ids (``UNIQ_KEY``): 32 upper-case hex characters.
-
-    Layout (16 bytes): IPv4 address (4), process id (2), a random per-generator value (4),
-    milliseconds since the start of the current month (4), a counter (2). Ids are unique
-    within a process (the counter only repeats after 65,536 ids in one millisecond) and across
-    processes (address, pid and the random value).
-    """
-
-    def __init__(self) -> None:
-        ip = local_ipv4()
-        self._prefix = (
-            bytes(int(part) for part in ip.split(".")).hex().upper()
-            + f"{os.getpid() & 0xFFFF:04X}"
-            + secrets.token_hex(4).upper()
-        )
-        self._counter = itertools.count(secrets.randbelow(0x10000))
-        self._month_start_ms = 0
-        self._next_month_ms = 0
-        self._head: tuple[int, str] = (-1, "")
-        """(millisecond, the id's first 28 hex characters for it): ids of one millisecond
-        differ only in the counter. One tuple, so a thread never sees half an update."""
-
-    def _roll_month(self, now_ms: int) -> None:
-        now = datetime.fromtimestamp(now_ms / 1000, tz=UTC)
-        start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        nxt = (
-            start.replace(year=start.year + 1, month=1)
-            if start.month == 12
-            else start.replace(month=start.month + 1)
-        )
-        self._month_start_ms = int(start.timestamp() * 1000)
-        self._next_month_ms = int(nxt.timestamp() * 1000)
-
-    def _head_for(self, now_ms: int) -> str:
-        if not self._month_start_ms <= now_ms < self._next_month_ms:
-            self._roll_month(now_ms)
-        head = "%s%08X" % (self._prefix, (now_ms - self._month_start_ms) & 0xFFFFFFFF)  # noqa: UP031
-        self._head = (now_ms, head)
-        return head
-
-    def next_id(self, now_ms: int | None = None) -> str:
-        """A new unique id; ``now_ms`` (epoch milliseconds) defaults to the clock."""
-        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        ms, head = self._head
-        if ms != now:
-            head = self._head_for(now)
-        return "%s%04X" % (head, next(self._counter) & 0xFFFF)  # noqa: UP031 - the fastest
-
-
-def local_ipv4() -> str:
-    try:
-        addr = socket.gethostbyname(socket.gethostname())
-    except OSError:
-        addr = "127.0.0.1"
-    parts = addr.split(".")
-    if len(parts) != 4 or not all(p.isdigit() and int(p) < 256 for p in parts):
-        return "127.0.0.1"
-    return addr
-
-
-_default_id_generator: MessageIdGenerator | None = None
-
-
-def new_message_id() -> str:
-    """A new unique message id from the process-wide generator."""
-    global _default_id_generator  # noqa: PLW0603 - lazily created process-wide generator
-    if _default_id_generator is None:
-        _default_id_generator = MessageIdGenerator()
-    return _default_id_generator.next_id()
 
 
 def _normalise_keys(keys: str | Iterable[str] | None) -> list[str]:
@@ -258,47 +81,6 @@ def _normalise_keys(keys: str | Iterable[str] | None) -> list[str]:
             raise InvalidMessageError(f"a key must be a non-empty string without spaces, got {k!r}")
         out.append(k)
     return out
-
-
-def _check_property_name(name: object) -> str:
-    if not isinstance(name, str) or not name:
-        raise InvalidPropertyError(f"a property name must be a non-empty string, got {name!r}")
-    if not is_unicode(name):
-        raise InvalidPropertyError(
-            f"the property name {name!r} is not valid Unicode text ({_lone_surrogate(name)})"
-        )
-    return name
-
-
-def _property_value(name: str, value: object) -> PropertyValue:
-    """``value`` as a property value: text that is valid Unicode, or bytes."""
-    if isinstance(value, str):
-        if not is_unicode(value):
-            raise InvalidPropertyError(
-                f"property {name!r} is not valid Unicode text ({_lone_surrogate(value)}); "
-                "pass bytes for a binary value"
-            )
-        return value
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    raise InvalidPropertyError(
-        f"property {name!r} must have a string value or bytes, got {type(value).__name__}"
-    )
-
-
-def _check_user_property(name: object, value: object) -> PropertyValue:
-    checked = _check_property_name(name)
-    if checked in RESERVED_PROPERTIES:
-        raise InvalidPropertyError(
-            f"the property {checked!r} is used by the system; choose another name"
-        )
-    if checked in USER_SETTABLE_PROPERTIES and not isinstance(value, str):
-        raise InvalidPropertyError(
-            f"property {checked!r} must have a string value, got {type(value).__name__}"
-        )
-    return _property_value(checked, value)
 
 
 def _delay_number(setter: str, value: float | str) -> int:
@@ -369,7 +151,7 @@ class Message:
                 encoded = value.encode("utf-8")
             except UnicodeEncodeError:
                 raise InvalidMessageError(
-                    f"the body is not valid Unicode text ({_lone_surrogate(value)}); "
+                    f"the body is not valid Unicode text ({lone_surrogate(value)}); "
                     "pass bytes for a binary body"
                 ) from None
             value = encoded
@@ -429,7 +211,7 @@ class Message:
         ):
             self._properties[name] = value  # the common case, valid as it is
         else:
-            self._properties[name] = _check_user_property(name, value)
+            self._properties[name] = check_user_property(name, value)
 
     set_property = put_user_property
     """The name RocketMQ's Python client uses."""
@@ -534,12 +316,12 @@ class Message:
                 raise InvalidMessageError(f"tags must be a string, got {type(tags).__name__}")
             if not is_unicode(tags):
                 raise InvalidMessageError(
-                    f"tags {tags!r} are not valid Unicode text ({_lone_surrogate(tags)})"
+                    f"tags {tags!r} are not valid Unicode text ({lone_surrogate(tags)})"
                 )
         for key in self._keys:
             if not is_unicode(key):
                 raise InvalidMessageError(
-                    f"keys {self._keys!r} are not valid Unicode text ({_lone_surrogate(key)})"
+                    f"keys {self._keys!r} are not valid Unicode text ({lone_surrogate(key)})"
                 )
         for name, value in self._properties.items():
             if name == MessageConst.SHARDING_KEY:
@@ -550,10 +332,10 @@ class Message:
                 if isinstance(value, str) and not is_unicode(value):
                     raise InvalidMessageError(
                         f"the sharding key {value!r} is not valid Unicode text "
-                        f"({_lone_surrogate(value)})"
+                        f"({lone_surrogate(value)})"
                     )
                 continue
-            _property_value(_check_property_name(name), value)
+            check_property_value(check_property_name(name), value)
 
     def wire_properties(self) -> dict[str, PropertyValue]:
         """Every property as it travels, with ``KEYS`` and ``TAGS`` folded in."""
