@@ -20,6 +20,9 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from topics.naming import DEFAULT_NAMESPACE
+from topics.properties import MessageConst
+
 SPARK_VERSION = "4.0.0"
 """The pinned pyspark version; the Kafka source jars must match it."""
 KAFKA_PACKAGES = (
@@ -37,10 +40,10 @@ _KAFKA_JAR_PREFIXES = (
 )
 """What Spark needs beside its own jars (Hadoop and Scala come with pyspark)."""
 
-HEADER_MSG_ID = "UNIQ_KEY"
-HEADER_TAGS = "TAGS"
-HEADER_KEYS = "KEYS"
-HEADER_BORN_HOST = "BORN_HOST"
+HEADER_MSG_ID = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+HEADER_TAGS = MessageConst.TAGS
+HEADER_KEYS = MessageConst.KEYS
+HEADER_BORN_HOST = MessageConst.BORN_HOST
 _OWN_HEADERS = (HEADER_MSG_ID, HEADER_TAGS, HEADER_KEYS, HEADER_BORN_HOST)
 
 
@@ -173,7 +176,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--namespace",
-        default=os.environ.get("BRIDGE_NAMESPACE", "rmq"),
+        default=os.environ.get("BRIDGE_NAMESPACE", DEFAULT_NAMESPACE),
         help="system topic namespace (env BRIDGE_NAMESPACE)",
     )
     parser.add_argument(
@@ -220,8 +223,10 @@ def write_bar_chart(
     widest = max((sum(parts.values()) for _, parts in bars), default=0) or 1
     row_h, label_w, bar_w = 28, 360, 560
     height = row_h * (len(bars) + 2)
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 80}" '
-           f'height="{height}" font-family="sans-serif" font-size="13">']  # fmt: skip
+    svg = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 80}" '
+        f'height="{height}" font-family="sans-serif" font-size="13">'
+    ]
     for i, (label, parts) in enumerate(bars):
         y = row_h * i + 6
         svg.append(f'<text x="0" y="{y + 15}">{html.escape(label)}</text>')
@@ -240,8 +245,9 @@ def write_bar_chart(
     legend_y = row_h * len(bars) + 20
     for i, segment in enumerate(segments):
         x = label_w + i * 140
-        svg.append(f'<rect x="{x}" y="{legend_y - 11}" width="12" height="12" '
-                   f'fill="{colour[segment]}"/>')  # fmt: skip
+        svg.append(
+            f'<rect x="{x}" y="{legend_y - 11}" width="12" height="12" fill="{colour[segment]}"/>'
+        )
         svg.append(f'<text x="{x + 16}" y="{legend_y}">{html.escape(segment)}</text>')
     svg.append("</svg>")
     path.parent.mkdir(parents=True, exist_ok=True)

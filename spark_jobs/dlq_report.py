@@ -32,6 +32,7 @@ from spark_jobs.common import (
 )
 from spark_jobs.system_topics import read_pattern
 from topics.naming import parse_kafka_topic
+from topics.properties import MessageConst
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +58,13 @@ def dlq_report(spark: SparkSession, bootstrap_servers: str, namespace: str) -> l
     group_of = F.create_map(*[F.lit(x) for t, p in groups.items() for x in (t, p.group or "")])
     kind_of = F.create_map(*[F.lit(x) for t, p in groups.items() for x in (t, p.kind.value)])
     messages = decode_messages(records)
+    props = F.col("properties")
     rows = (
         messages.select(
             group_of[F.col("topic")].alias("group"),
             kind_of[F.col("topic")].alias("kind"),
-            F.coalesce(F.col("properties")["RETRY_TOPIC"], F.lit("?")).alias("origin_topic"),
-            F.coalesce(F.col("properties")["RECONSUME_TIME"].cast("int"), F.lit(0)).alias(
+            F.coalesce(props[MessageConst.RETRY_TOPIC], F.lit("?")).alias("origin_topic"),
+            F.coalesce(props[MessageConst.RECONSUME_TIME].cast("int"), F.lit(0)).alias(
                 "reconsume_times"
             ),
         )

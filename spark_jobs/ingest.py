@@ -37,6 +37,7 @@ from spark_jobs.common import (
     real_topics_pattern,
     spark_session,
 )
+from topics.naming import DEFAULT_NAMESPACE
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class IngestConfig:
     """The query's checkpoint path: keep it with the table; a new one starts over."""
     topics: tuple[str, ...] = ()
     """Kafka topics to read; empty: every real topic (see ``namespace``)."""
-    namespace: str = "rmq"
+    namespace: str = DEFAULT_NAMESPACE
     """With no ``topics``: every topic outside this namespace (and Kafka's own)."""
     table_format: str = "parquet"
     trigger: str = "available-now"

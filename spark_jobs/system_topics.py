@@ -9,19 +9,13 @@ after a schema evolves.
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 
 from spark_jobs.common import kafka_options
-from topics.avro import schema_fingerprint
-
-SCHEMA_DIR = Path(__file__).resolve().parents[1] / "topics" / "schemas"
-_HEADER_BYTES = 10
-_VERSION_FILE = re.compile(r"^(?P<name>[A-Za-z_]\w*)\.v(?P<version>\d+)\.avsc$")
+from topics.avro import HEADER_LENGTH, SINGLE_OBJECT_MARKER, default_registry
 
 
 def read_topic(spark: SparkSession, bootstrap_servers: str, kafka_topic: str) -> DataFrame:
@@ -40,25 +34,22 @@ def read_pattern(spark: SparkSession, bootstrap_servers: str, pattern: str) -> D
 
 def schema_versions(name: str) -> list[tuple[str, str]]:
     """(fingerprint hex, schema JSON) of every version of the record schema ``name``."""
-    out = []
-    for path in sorted(SCHEMA_DIR.glob(f"{name}.v*.avsc")):
-        if _VERSION_FILE.match(path.name):
-            schema = json.loads(path.read_text())
-            out.append((schema_fingerprint(schema).hex().upper(), json.dumps(schema)))
-    if not out:
-        raise ValueError(f"no schema named {name} in {SCHEMA_DIR}")
-    return out
+    return [
+        (v.fingerprint.hex().upper(), json.dumps(v.source))
+        for v in default_registry().versions(name)
+    ]
 
 
 def decode_avro(records: DataFrame, name: str, *keep: str) -> DataFrame:
     """The ``name`` records among Kafka source ``records``, decoded: the schema's fields as
     columns, plus the source columns in ``keep``. Rows of other schemas are left out."""
-    header = F.hex(F.substring(F.col("value"), 1, _HEADER_BYTES))
-    body = F.expr(f"substring(value, {_HEADER_BYTES + 1})")
+    header = F.hex(F.substring(F.col("value"), 1, HEADER_LENGTH))
+    body = F.expr(f"substring(value, {HEADER_LENGTH + 1})")
+    marker = SINGLE_OBJECT_MARKER.hex().upper()
     parts = []
     for fingerprint, schema in schema_versions(name):
         parts.append(
-            records.where(header == F.lit("C301" + fingerprint)).select(
+            records.where(header == F.lit(marker + fingerprint)).select(
                 *keep, from_avro(body, schema).alias("r")
             )
         )

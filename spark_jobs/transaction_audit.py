@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 if __package__ in (None, ""):  # spark-submit runs the file as a script
@@ -25,10 +25,9 @@ if __package__ in (None, ""):  # spark-submit runs the file as a script
 
 from spark_jobs.common import add_common_arguments, print_table, spark_session, write_bar_chart
 from spark_jobs.system_topics import decode_avro, read_topic
-
-HALF = "RMQ_SYS_TRANS_HALF_TOPIC"
-OP = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
-CHECK_MAX = "TRANS_CHECK_MAX_TIME_TOPIC"
+from topics.catalog import SystemTopic
+from topics.naming import system_topic
+from topics.properties import MessageConst
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,16 +51,21 @@ def transaction_audit(
     spark: SparkSession, bootstrap_servers: str, namespace: str
 ) -> list[AuditRow]:
     """Compute the audit (see the module docstring)."""
-    tid = F.coalesce(F.col("properties")["__transactionId__"], F.col("msg_id"))
+
+    def read(topic: SystemTopic, schema: str) -> DataFrame:
+        kafka_topic = system_topic(topic.value, namespace)
+        return decode_avro(read_topic(spark, bootstrap_servers, kafka_topic), schema)
+
+    props = F.col("properties")
+    tid = F.coalesce(props[MessageConst.TRANSACTION_ID], F.col("msg_id"))
+    checks = F.coalesce(props[MessageConst.TRANSACTION_CHECK_TIMES].cast("int"), F.lit(0))
     halves = (
-        decode_avro(read_topic(spark, bootstrap_servers, f"{namespace}.{HALF}"), "MessageEnvelope")
+        read(SystemTopic.HALF, "MessageEnvelope")
         .select(
             tid.alias("tid"),
-            F.col("properties")["PGROUP"].alias("producer_group"),
-            F.col("properties")["REAL_TOPIC"].alias("topic"),
-            F.coalesce(F.col("properties")["TRANSACTION_CHECK_TIMES"].cast("int"), F.lit(0)).alias(
-                "checks"
-            ),
+            props[MessageConst.PRODUCER_GROUP].alias("producer_group"),
+            props[MessageConst.REAL_TOPIC].alias("topic"),
+            checks.alias("checks"),
             F.col("born_timestamp_ms"),
         )
         .groupBy("tid")
@@ -73,7 +77,7 @@ def transaction_audit(
         )
     )
     ops = (
-        decode_avro(read_topic(spark, bootstrap_servers, f"{namespace}.{OP}"), "OpRecord")
+        read(SystemTopic.OP, "OpRecord")
         .groupBy(F.col("transaction_id").alias("tid"))
         .agg(
             F.max_by("action", "decided_at_ms").alias("final"),
@@ -82,9 +86,7 @@ def transaction_audit(
         )
     )
     parked = (
-        decode_avro(
-            read_topic(spark, bootstrap_servers, f"{namespace}.{CHECK_MAX}"), "MessageEnvelope"
-        )
+        read(SystemTopic.CHECK_MAX, "MessageEnvelope")
         .select(tid.alias("tid"))
         .distinct()
         .withColumn("in_check_max", F.lit(1))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -34,33 +33,13 @@ HEADER_LENGTH = len(SINGLE_OBJECT_MARKER) + 8
 SCHEMA_DIR = Path(__file__).with_name("schemas")
 
 _FILE_NAME = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)\.v(?P<version>[0-9]+)\.avsc$")
-_CRC64_EMPTY = 0xC15D213AA4D7A795
-
-
-@cache
-def _crc64_table() -> tuple[int, ...]:
-    table = []
-    for i in range(256):
-        fp = i
-        for _ in range(8):
-            fp = (fp >> 1) ^ (_CRC64_EMPTY & -(fp & 1))
-        table.append(fp)
-    return tuple(table)
-
-
-def crc64_avro(data: bytes) -> int:
-    """The Avro specification's 64-bit Rabin fingerprint (CRC-64-AVRO) of ``data``."""
-    table = _crc64_table()
-    fp = _CRC64_EMPTY
-    for byte in data:
-        fp = (fp >> 8) ^ table[(fp ^ byte) & 0xFF]
-    return fp
 
 
 def schema_fingerprint(schema: Mapping[str, Any]) -> bytes:
-    """The 8 fingerprint bytes (little-endian) of a schema's parsing canonical form."""
+    """The 8 fingerprint bytes of a schema's parsing canonical form: the Avro specification's
+    CRC-64-AVRO, little-endian (fastavro gives them as hex)."""
     canonical = fastavro.schema.to_parsing_canonical_form(fastavro.parse_schema(dict(schema)))
-    return struct.pack("<Q", crc64_avro(canonical.encode("utf-8")))
+    return bytes.fromhex(fastavro.schema.fingerprint(canonical, "CRC-64-AVRO"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +50,9 @@ class SchemaVersion:
     version: int
     parsed: Any
     fingerprint: bytes
+    source: Mapping[str, Any]
+    """The schema as written in its ``.avsc`` file (what other Avro readers, e.g. Spark's
+    ``from_avro``, take as JSON)."""
 
 
 class SchemaRegistry:
@@ -91,6 +73,7 @@ class SchemaRegistry:
                 version=version,
                 parsed=fastavro.parse_schema(dict(schema)),
                 fingerprint=schema_fingerprint(schema),
+                source=schema,
             )
             self._by_fingerprint[entry.fingerprint] = entry
             self._by_version[(name, version)] = entry
@@ -110,6 +93,13 @@ class SchemaRegistry:
     def names(self) -> frozenset[str]:
         """The names of every known record schema."""
         return frozenset(self._latest)
+
+    def versions(self, name: str) -> list[SchemaVersion]:
+        """Every known version of the schema ``name``, oldest first."""
+        found = [v for (n, _), v in sorted(self._by_version.items()) if n == name]
+        if not found:
+            raise UnknownSchemaError(f"no schema named {name!r} is known")
+        return found
 
     def latest(self, name: str) -> SchemaVersion:
         """The newest version of the schema ``name``."""
