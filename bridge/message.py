@@ -3,7 +3,10 @@ consumer receives).
 
 RocketMQ's property names live in :mod:`topics.properties`, property values and their checks in
 :mod:`bridge.property_values`, message ids in :mod:`bridge.message_id`; this module re-exports
-them, so ``from bridge.message import MessageConst`` keeps working.
+them, so ``from bridge.message import MessageConst`` keeps working. The module stays above
+400 lines on purpose: :class:`Message` is RocketMQ's whole ``Message`` API (body, keys, tags,
+properties, delay levels and timers, the record it becomes) in one class, and
+:class:`MessageExt` extends it; split, a reader would have to hop between files for one type.
 
 On a real topic a message is a plain Kafka record that any Kafka client reads:
 

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.codec import message_from_record
 from bridge.config import ClientConfig
@@ -79,15 +79,18 @@ def read_messages(
         consumer.close()
 
 
+def _scanner(config: ClientConfig) -> Consumer:
+    """A consumer of a throw-away group that commits nothing and reports partition ends."""
+    group = reader_group("reader", uuid.uuid4().hex[:12])
+    return new_consumer(config, group, "bridge-reader", enable_partition_eof=True)
+
+
 def read_to_end(config: ClientConfig, kafka_topic: str, timeout_ms: int = 10_000) -> Iterator[Any]:
     """Every committed record of ``kafka_topic`` (a Kafka name), partition by partition, up to
     the end each partition has now; nothing if the topic does not exist. Raises
     :class:`KafkaClientError` if the end is not reached within ``timeout_ms`` of the last
     record."""
-    consumer = new_consumer(
-        config, reader_group("reader", uuid.uuid4().hex[:12]), "bridge-reader",
-        enable_partition_eof=True,
-    )  # fmt: skip
+    consumer = _scanner(config)
     try:
         meta = consumer.list_topics(kafka_topic, timeout=config.request_timeout_ms / 1000)
         info = meta.topics.get(kafka_topic)
@@ -125,10 +128,7 @@ def read_message_at(
     Raises :class:`KafkaClientError` if it cannot be read within ``timeout_ms``.
     """
     kafka_topic = to_kafka_topic(topic, config.namespace)
-    consumer = new_consumer(
-        config, reader_group("reader", uuid.uuid4().hex[:12]), "bridge-reader",
-        enable_partition_eof=True,
-    )  # fmt: skip
+    consumer = _scanner(config)
     try:
         tp = TopicPartition(kafka_topic, partition, offset)
         record = read_record_at(consumer, tp, timeout_ms / 1000)

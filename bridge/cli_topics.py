@@ -1,0 +1,186 @@
+"""``bridge topics``, ``bridge send`` and ``bridge consume``: topics and the messages on them."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from bridge.cli_common import bootstrap_option, client_config, console
+from bridge.client.producer import Producer
+from bridge.client.reader import read_messages
+from bridge.config import ClientConfig
+from bridge.errors import BridgeError
+from bridge.kafka.admin import TopicAdmin
+from bridge.message import Message
+from topics.catalog import TopicCatalog, TopicSpec
+from topics.naming import to_kafka_topic
+
+
+@click.group()
+def topics() -> None:
+    """List, create and map topics."""
+
+
+@topics.command("list")
+@bootstrap_option("Kafka to inspect.")
+@click.option("--all", "show_all", is_flag=True, help="Include Kafka's internal topics.")
+@click.pass_context
+def topics_list(ctx: click.Context, bootstrap_servers: str | None, show_all: bool) -> None:
+    """List topics with their kind and RocketMQ name."""
+    config = client_config(ctx, bootstrap_servers)
+    catalog = TopicCatalog(namespace=config.namespace)
+    found = TopicAdmin(config).list_topics(include_internal=show_all)
+    rows = []
+    for name in sorted(found):
+        try:
+            parsed = catalog.parse(name)
+            kind, rmq = parsed.kind.value, parsed.rocketmq_name
+        except BridgeError:
+            kind, rmq = "unknown", ""
+        rows.append((name, str(found[name]), kind, rmq))
+    if console.is_terminal:
+        table = Table("Kafka topic", "partitions", "kind", "RocketMQ name")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    else:  # scripts get one tab-separated line per topic
+        for row in rows:
+            click.echo("\t".join(row))
+
+
+@topics.command("create")
+@bootstrap_option("Kafka to provision.")
+@click.option("--system", is_flag=True, help="Create every system topic of the catalog.")
+@click.option(
+    "--group", "groups", multiple=True, help="Create this consumer group's retry and DLQ topics."
+)
+@click.option("--topic", "names", multiple=True, help="Create this real topic (RocketMQ name).")
+@click.option("--partitions", type=int, default=4, show_default=True, help="For --topic.")
+@click.pass_context
+def topics_create(  # noqa: PLR0917 - click passes every option as a parameter
+    ctx: click.Context,
+    bootstrap_servers: str | None,
+    system: bool,
+    groups: tuple[str, ...],
+    names: tuple[str, ...],
+    partitions: int,
+) -> None:
+    """Create topics idempotently (existing ones are left as they are)."""
+    config = client_config(ctx, bootstrap_servers)
+    catalog = TopicCatalog(namespace=config.namespace)
+    specs: list[TopicSpec] = list(catalog.system_specs()) if system else []
+    for group in groups:
+        specs.extend(catalog.group_specs(group))
+    specs.extend(TopicSpec(to_kafka_topic(n, config.namespace), partitions) for n in names)
+    if not specs:
+        raise click.UsageError("nothing to create: give --system, --group or --topic")
+    created = TopicAdmin(config).ensure_topics(specs)
+    for spec in specs:
+        console.print(f"{'created' if spec.kafka_name in created else 'exists '} {spec.kafka_name}")
+
+
+@topics.command("map")
+@click.argument("names", nargs=-1, required=True)
+@click.pass_context
+def topics_map(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """Show the Kafka topic name of RocketMQ topic names, and back (a name in the namespace,
+    e.g. rmq.DLQ.my__group, is read back). A name with no mapping is an error on stderr with
+    its reason; the exit status is then 1, after the other names."""
+    namespace = ctx.obj.get("namespace") or ClientConfig.from_env().namespace
+    catalog = TopicCatalog(namespace=namespace)
+    failed = False
+    for name in names:
+        try:
+            if name.startswith(namespace + "."):
+                console.print(f"{name} <- {catalog.parse(name).rocketmq_name}")
+            else:
+                console.print(f"{name} -> {to_kafka_topic(name, namespace)}")
+        except BridgeError as exc:
+            failed = True
+            click.echo(f"Error: {type(exc).__name__}: {exc}", err=True)
+    if failed:
+        raise click.exceptions.Exit(1)
+
+
+def _parse_properties(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected NAME=VALUE, got {pair!r}", param_hint="--property")
+        out[name] = value
+    return out
+
+
+@click.command()
+@bootstrap_option("Kafka to send to.")
+@click.argument("topic")
+@click.argument("body")
+@click.option("--keys", default=None, help="Space-separated business keys.")
+@click.option("--tags", default=None, help="The message tag.")
+@click.option("-p", "--property", "properties", multiple=True, help="NAME=VALUE user property.")
+@click.option("--group", default="bridge-cli", show_default=True, help="Producer group.")
+@click.option("--count", type=int, default=1, show_default=True, help="Send the message N times.")
+@click.pass_context
+def send(  # noqa: PLR0917 - click passes every option as a parameter
+    ctx: click.Context,
+    bootstrap_servers: str | None,
+    topic: str,
+    body: str,
+    keys: str | None,
+    tags: str | None,
+    properties: tuple[str, ...],
+    group: str,
+    count: int,
+) -> None:
+    """Send BODY to TOPIC and print where it was stored."""
+    config = client_config(ctx, bootstrap_servers)
+    with Producer(group, config=config) as producer:
+        for _ in range(count):
+            msg = Message(
+                topic, body, keys=keys, tags=tags, properties=_parse_properties(properties)
+            )
+            result = producer.send_sync(msg)
+            console.print(
+                f"{result.status.value} {result.msg_id} "
+                f"{result.topic}[{result.queue_id}]@{result.offset}"
+            )
+
+
+@click.command()
+@bootstrap_option("Kafka to read from.")
+@click.argument("topics_", metavar="TOPIC...", nargs=-1, required=True)
+@click.option(
+    "--group", default=None, help="Consumer group (default: a throw-away one, from the start)."
+)
+@click.option("--count", type=int, default=None, help="Stop after N messages.")
+@click.option(
+    "--timeout-ms",
+    type=int,
+    default=5000,
+    show_default=True,
+    help="Stop after this long without a message.",
+)
+@click.pass_context
+def consume(  # noqa: PLR0917 - click passes every option as a parameter
+    ctx: click.Context,
+    bootstrap_servers: str | None,
+    topics_: tuple[str, ...],
+    group: str | None,
+    count: int | None,
+    timeout_ms: int,
+) -> None:
+    """Print committed messages of TOPIC... (RocketMQ names, e.g. %DLQ%my_group)."""
+    config = client_config(ctx, bootstrap_servers)
+    for msg in read_messages(
+        config,
+        list(topics_),
+        group=group,
+        max_messages=count,
+        timeout_ms=timeout_ms,
+        commit=group is not None,
+    ):
+        console.print(
+            f"{msg.topic}[{msg.queue_id}]@{msg.queue_offset} {msg.msg_id} tags={msg.tags} "
+            f"keys={msg.keys} props={msg.user_properties} body={msg.body!r}"
+        )

@@ -1,0 +1,178 @@
+"""Layers import only downward: each module of ``topics/``, ``bridge/`` and ``spark_jobs/`` is
+parsed with :mod:`ast` and every import (module level or inside a function) is checked against
+the layer table below.
+
+From the bottom: names and wire format (``topics``), the core model and settings, the pure
+rules and record codec, the Kafka and runtime adapters, the public clients, the services, the
+coordinator, and the entry points. A module may import its own layer or lower ones; services
+do not import other services' packages (only what lies below them). The Spark jobs import only
+``topics`` and each other, so a Spark driver needs neither confluent-kafka nor the bridge.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("names and wire format", ("topics",)),
+    (
+        "core model and settings",
+        (
+            "bridge.errors",
+            "bridge.settings",
+            "bridge.delay_policy",
+            "bridge.config",
+            "bridge.property_values",
+            "bridge.message_id",
+            "bridge.message",
+            "bridge.lifecycle",
+        ),
+    ),
+    (
+        "pure rules and record codec",
+        (
+            "bridge.codec",
+            "bridge.delay.model",
+            "bridge.delay.routing",
+            "bridge.consumer.model",
+            "bridge.consumer.process_queue",
+            "bridge.transaction.model",
+            "bridge.transaction.state",
+        ),
+    ),
+    ("adapters", ("bridge.kafka", "bridge.runtime")),
+    ("clients", ("bridge.client",)),
+    ("services", ("bridge.consumer", "bridge.delay", "bridge.transaction")),
+    ("coordinator", ("bridge.coordinator",)),
+    (
+        "entry points",
+        ("bridge.cli", "bridge.cli_common", "bridge.cli_topics", "bridge.cli_operators", "bridge"),
+    ),
+]
+"""Bottom first. A module belongs to the layer of its longest matching prefix."""
+
+SERVICES = LAYERS.index(next(layer for layer in LAYERS if layer[0] == "services"))
+
+SPARK_ALLOWED = ("topics", "spark_jobs")
+SPARK_LAZY_ALLOWED = {("spark_jobs.common", "bridge.runtime.jars")}
+"""Imported inside a function only: the local jar cache, not needed under spark-submit."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(module: str) -> tuple[int, str]:
+    """(layer index, matching prefix) of a project module."""
+    best: tuple[int, str] | None = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            matches = module == prefix or module.startswith(prefix + ".")
+            if matches and (best is None or len(prefix) > len(best[1])):
+                best = (index, prefix)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS"
+    return best
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, at module level) for every absolute import of the project's own
+    packages in ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    top_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in ("bridge", "topics", "spark_jobs"):
+                found.append((name, id(node) in top_level))
+    return found
+
+
+def _sources(*packages: str) -> list[Path]:
+    return sorted(p for package in packages for p in (ROOT / package).rglob("*.py"))
+
+
+def test_no_relative_imports() -> None:
+    relative = [
+        str(path.relative_to(ROOT))
+        for path in _sources("bridge", "topics", "spark_jobs")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+    assert relative == [], "relative imports escape the layer check"
+
+
+def test_bridge_and_topics_import_only_downward() -> None:
+    wrong = []
+    for path in _sources("bridge", "topics"):
+        module = _module_name(path)
+        layer, _ = _layer(module)
+        for target, _ in _imports(path):
+            target_layer, _ = _layer(target)
+            if target_layer > layer:
+                wrong.append(
+                    f"{module} ({LAYERS[layer][0]}) imports {target} ({LAYERS[target_layer][0]})"
+                )
+            elif target_layer == layer == SERVICES and target.split(".")[1] != module.split(".")[1]:
+                wrong.append(f"service {module} imports another service's {target}")
+    assert wrong == []
+
+
+def test_topics_import_nothing_from_bridge() -> None:
+    wrong = [
+        f"{_module_name(path)} imports {target}"
+        for path in _sources("topics")
+        for target, _ in _imports(path)
+        if not target.startswith("topics")
+    ]
+    assert wrong == []
+
+
+def test_spark_jobs_import_only_topics() -> None:
+    wrong = []
+    for path in _sources("spark_jobs"):
+        module = _module_name(path)
+        for target, top_level in _imports(path):
+            if target.split(".")[0] in SPARK_ALLOWED:
+                continue
+            if not top_level and (module, target) in SPARK_LAZY_ALLOWED:
+                continue
+            wrong.append(f"{module} imports {target}")
+    assert wrong == []
+
+
+def test_layer_table_detects_an_upward_import() -> None:
+    # The check itself: the configuration importing the delay service package is refused.
+    assert _layer("bridge.delay.service")[0] > _layer("bridge.config")[0]
+    assert _layer("bridge.delay.model")[0] > _layer("bridge.config")[0]
+    assert _layer("bridge.cli_topics")[0] == len(LAYERS) - 1
+
+
+@pytest.mark.parametrize("heavy", ["confluent_kafka", "bridge"])
+def test_importing_the_spark_jobs_loads_no_kafka_client(heavy: str) -> None:
+    code = (
+        "import sys\n"
+        "import spark_jobs.ingest, spark_jobs.transaction_audit, spark_jobs.dlq_report\n"
+        "import spark_jobs.jars\n"
+        f"loaded = sorted(m for m in sys.modules if m.split('.')[0] == {heavy!r})\n"
+        "print(','.join(loaded))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "", f"importing the Spark jobs loaded {done.stdout.strip()}"
