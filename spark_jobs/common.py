@@ -20,6 +20,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from topics.errors import InvalidArgumentError
 from topics.naming import DEFAULT_NAMESPACE
 from topics.properties import MessageConst
 
@@ -86,7 +87,7 @@ def spark_session(
         packages = KAFKA_PACKAGES + (DELTA_PACKAGES if delta else ())
         builder = builder.config("spark.jars.packages", ",".join(packages))
     elif jars != "none":
-        raise ValueError(f"jars must be cache, packages or none, got {jars!r}")
+        raise InvalidArgumentError(f"jars must be cache, packages or none, got {jars!r}")
     if delta:
         builder = builder.config(
             "spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension"
@@ -107,7 +108,7 @@ def kafka_options(
 ) -> dict[str, str]:
     """Kafka source options: committed data only, headers included, from the earliest."""
     if bool(topics) == bool(pattern):
-        raise ValueError("give either topics or a pattern")
+        raise InvalidArgumentError("give either topics or a pattern")
     options = {
         "kafka.bootstrap.servers": bootstrap_servers,
         # Spark and the Java client default to read_uncommitted: they would see aborted and

@@ -37,6 +37,7 @@ from spark_jobs.common import (
     real_topics_pattern,
     spark_session,
 )
+from topics.errors import InvalidArgumentError
 from topics.naming import DEFAULT_NAMESPACE
 
 logger = logging.getLogger(__name__)
@@ -71,11 +72,13 @@ class IngestConfig:
 
     def __post_init__(self) -> None:
         if self.table_format not in FORMATS:
-            raise ValueError(f"table_format must be one of {FORMATS}, got {self.table_format!r}")
+            raise InvalidArgumentError(
+                f"table_format must be one of {FORMATS}, got {self.table_format!r}"
+            )
         if self.trigger not in TRIGGERS:
-            raise ValueError(f"trigger must be one of {TRIGGERS}, got {self.trigger!r}")
+            raise InvalidArgumentError(f"trigger must be one of {TRIGGERS}, got {self.trigger!r}")
         if not self.output or not self.checkpoint:
-            raise ValueError("output and checkpoint paths are required")
+            raise InvalidArgumentError("output and checkpoint paths are required")
 
 
 def start_ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
