@@ -35,7 +35,8 @@ from bridge.consumer import (
     PushConsumer,
     send_back,
 )
-from bridge.consumer import push_consumer as push_consumer_module
+from bridge.consumer import retry_policy as retry_policy_module
+from bridge.consumer.fetcher import Fetcher
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine
@@ -73,6 +74,12 @@ def consumers() -> Iterator[list[PushConsumer]]:
     yield made
     for consumer in made:
         consumer.shutdown()
+
+
+def fetcher_of(consumer: PushConsumer) -> Fetcher:
+    """The started consumer's fetcher: its partitions' queues and pauses."""
+    assert consumer._fetcher is not None, "started"
+    return consumer._fetcher
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +234,7 @@ def test_a_copy_that_cannot_be_built_is_quarantined_and_one_that_cannot_be_sent_
             raise ValueError("this copy cannot be encoded")
         return build(msg, *args, **kwargs)
 
-    monkeypatch.setattr(push_consumer_module, "send_back_record", unbuildable)
+    monkeypatch.setattr(retry_policy_module, "send_back_record", unbuildable)
     send_record = producer_module.Producer.send_record_async
     raised: list[str] = []
 
@@ -280,7 +287,7 @@ def test_an_orderly_message_whose_dlq_copy_cannot_be_built_is_quarantined_and_or
             raise ValueError("this copy cannot be encoded")
         return build(msg, *args, **kwargs)
 
-    monkeypatch.setattr(push_consumer_module, "send_back_record", unbuildable)
+    monkeypatch.setattr(retry_policy_module, "send_back_record", unbuildable)
     listener = OrderlyFails(b"poison")
     consumer = start_consumer(consumers, config, group, topic, listener, max_reconsume_times=0,
                               suspend_current_queue_time_millis=100)  # fmt: skip
@@ -411,8 +418,8 @@ def test_held_bytes_pause_a_partition_long_before_the_message_count_does(
                               consume_thread_count=1, pull_threshold_size_for_queue=1)  # fmt: skip
     key = (topic, 0)
     try:
-        wait_until(lambda: key in consumer._paused, timeout_s=15)
-        pq = consumer._queues[key]
+        wait_until(lambda: key in fetcher_of(consumer).paused, timeout_s=15)
+        pq = fetcher_of(consumer).queues[key]
         assert pq.held < consumer.settings.pull_threshold_for_queue
         # Over by one record at most: the rest of the poll is fetched again later.
         assert (1 << 20) <= pq.held_bytes < (1 << 20) + len(bodies[0]) + 1024, pq.held_bytes
@@ -435,8 +442,8 @@ def test_a_partition_holds_exactly_pull_threshold_for_queue_and_fetches_the_rest
                               consume_thread_count=1, pull_threshold_for_queue=7)  # fmt: skip
     key = (topic, 0)
     try:
-        wait_until(lambda: key in consumer._paused, timeout_s=15)
-        assert consumer._queues[key].held == 7
+        wait_until(lambda: key in fetcher_of(consumer).paused, timeout_s=15)
+        assert fetcher_of(consumer).queues[key].held == 7
     finally:
         listener.gate.set()
     wait_until(lambda: len(listener.bodies()) == len(bodies), timeout_s=30)
@@ -475,7 +482,7 @@ def test_shutdown_is_bounded_by_a_hung_listener_and_never_commits_past_it(
     config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    caplog.set_level(logging.WARNING, logger=push_consumer_module.__name__)
+    caplog.set_level(logging.WARNING, logger="bridge.consumer")
     topic = make_topic(config, unique("t"))
     group = unique("g")
     send(config, topic, ["hung", "ok1", "ok2"])
@@ -545,7 +552,9 @@ def test_an_orderly_partition_never_runs_two_listeners_when_it_moves_to_another_
         wait_until(lambda: len(calls) == 2)  # A's first call on each partition, blocked
         start_consumer(consumers, config, group, topic, OrderlyLog("B", calls, lock, gate),
                        drain_timeout_ms=500, consume_thread_count=4)  # fmt: skip
-        wait_until(lambda: all(pq.dropped for pq in list(a._queues.values())), timeout_s=15)
+        wait_until(
+            lambda: all(pq.dropped for pq in list(fetcher_of(a).queues.values())), timeout_s=15
+        )
         since = time.monotonic()
         # Either the next owner starts while A's listeners still run (the defect), or several
         # drain timeouts pass with nobody running the moved partitions.
@@ -658,7 +667,7 @@ def test_a_float_ack_index_fails_its_batch_and_neither_strands_the_rest_nor_pins
     config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    caplog.set_level(logging.WARNING, logger=push_consumer_module.__name__)
+    caplog.set_level(logging.WARNING, logger="bridge.consumer")
     topic = make_topic(config, unique("t"))
     group = unique("g")
     bodies = [f"m{i}" for i in range(8)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -10,6 +11,7 @@ from confluent_kafka import KafkaError, KafkaException
 from bridge import ClientConfig, MessageConst, MessageExt
 from bridge.codec import decode_envelope, decode_headers
 from bridge.consumer import PushConsumer, PushConsumerConfig, TagFilter
+from bridge.consumer.concurrent import ConcurrentConsumption
 from bridge.consumer.model import (
     ACK_INDEX_ALL,
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -26,8 +28,9 @@ from bridge.consumer.model import (
     retry_route,
 )
 from bridge.consumer.process_queue import ProcessQueue
-from bridge.consumer.push_consumer import _refused_for_good
+from bridge.consumer.quarantine import refused_for_good as _refused_for_good
 from bridge.consumer.send_back import ReplayTarget, replay_record, send_back_record
+from bridge.consumer.tuning import fetch_tuning, group_tuning
 from bridge.errors import (
     IllegalStateError,
     InvalidArgumentError,
@@ -221,23 +224,31 @@ def test_subscribe_refuses_bad_input() -> None:
 
 
 def test_fetch_wait_is_shortened_unless_the_user_set_it() -> None:
-    assert PushConsumer("g")._fetch_tuning() == {"fetch_wait_max_ms": 100}
+    assert fetch_tuning(PushConsumer("g").config) == {"fetch_wait_max_ms": 100}
     mine = ClientConfig(kafka={"fetch.wait.max.ms": "500"})
-    assert PushConsumer("g", config=mine)._fetch_tuning() == {}
+    assert fetch_tuning(PushConsumer("g", config=mine).config) == {}
+
+
+def _group_tuning(consumer: PushConsumer) -> tuple[dict[str, Any], float]:
+    """The consumer's Kafka options for its group and its revoke wait (s)."""
+    tuning = group_tuning(
+        consumer.group, consumer.config, consumer.settings, orderly=consumer.orderly
+    )
+    return tuning.options, tuning.revoke_wait_s
 
 
 def test_orderly_consumers_stay_in_the_group_while_a_revoke_waits_consume_timeout() -> None:
     orderly = PushConsumer("g", orderly=True)
-    assert orderly._orderly_tuning() == {"max_poll_interval_ms": 15 * 60_000 + 30_000}
-    assert orderly._orderly_wait_s == 15 * 60
+    assert _group_tuning(orderly)[0] == {"max_poll_interval_ms": 15 * 60_000 + 30_000}
+    assert _group_tuning(orderly)[1] == 15 * 60
     short = PushConsumer("g", orderly=True, consume_timeout=0.05)
-    assert short._orderly_tuning() == {"max_poll_interval_ms": 300_000}, "never below 5 min"
-    assert short._orderly_wait_s == pytest.approx(3.0)
+    assert _group_tuning(short)[0] == {"max_poll_interval_ms": 300_000}, "never below 5 min"
+    assert _group_tuning(short)[1] == pytest.approx(3.0)
     mine = ClientConfig(kafka={"max.poll.interval.ms": "60000"})
     given = PushConsumer("g", orderly=True, config=mine)
-    assert given._orderly_tuning() == {}, "the user's setting stands"
-    assert given._orderly_wait_s == 30.0, "the wait ends 30 s before the group expels us"
-    assert PushConsumer("g")._orderly_tuning() == {}, "concurrent consumers do not wait"
+    assert _group_tuning(given)[0] == {}, "the user's setting stands"
+    assert _group_tuning(given)[1] == 30.0, "the wait ends 30 s before the group expels us"
+    assert _group_tuning(PushConsumer("g"))[0] == {}, "concurrent consumers do not wait"
 
 
 def test_shutdown_timeout_must_be_a_non_negative_number_of_ms() -> None:
@@ -299,14 +310,16 @@ def _batch(n: int) -> list[MessageExt]:
 def test_what_the_listener_acknowledges_is_checked_before_it_is_trusted(
     ack: object, expected: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    consumer = PushConsumer("g")
+    consumption = PushConsumer("g")._new_consumption()
+    assert isinstance(consumption, ConcurrentConsumption)
     msgs = _batch(4)
     context = ConsumeConcurrentlyContext(MessageQueue("t", 0))
-    assert consumer._call_concurrently(_HalfAck(ack), msgs, context) == expected
+    # The listener call answers how many leading messages are done: the ack index plus one.
+    assert consumption._call_listener(_HalfAck(ack), msgs, context) - 1 == expected
     if expected == -1:
         assert f"ack_index={ack!r}" in caplog.text
     context.delay_level_when_next_consume = 2.5  # type: ignore[assignment]
-    assert consumer._delay_level(context, msgs) == 0
+    assert consumption._delay_level(context, msgs) == 0
     assert "delay_level_when_next_consume=2.5" in caplog.text
 
 
@@ -329,12 +342,14 @@ def test_an_unexpected_failure_in_one_request_hands_it_back_and_runs_the_others(
         return settle(call, batch)
 
     monkeypatch.setattr(pq, "settle", breaks_once)
-    consumer._consume_requests(pq, [msgs[0:2], msgs[2:4], msgs[4:6]])
+    consumption = consumer._new_consumption()
+    assert isinstance(consumption, ConcurrentConsumption)
+    consumption._consume_requests(pq, [msgs[0:2], msgs[2:4], msgs[4:6]])
     assert listener.seen == [m.body for m in msgs], "the task's other requests ran"
     assert pq.held == 2 and pq.commit_offset() == 0
     assert pq.overdue(1e12, 0.0) == [], "nothing is left in a listener call"
     assert consumer.stats().retried_locally == 2
-    assert len(consumer._later) == 1, "the broken request is consumed again later"
+    assert len(consumer._context.scheduler) == 1, "the broken request is consumed again later"
     assert pq.running == 0
 
 

@@ -1,0 +1,231 @@
+"""Concurrent consumption (RocketMQ's ``ConsumeMessageConcurrentlyService``).
+
+A partition's messages are cut into consume requests and run on the pool, many at once;
+each message is done once its listener consumed it or its retry copy is acknowledged, so the
+committed offset follows however the threads finish. A message in its listener for longer
+than ``consume_timeout`` is sent back (RocketMQ's ``cleanExpireMsg``) and its listener's late
+result ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import ClassVar, Final, cast
+
+from bridge.consumer.consumption import BatchListener, Consumption
+from bridge.consumer.counters import Count
+from bridge.consumer.model import (
+    ConsumeConcurrentlyContext,
+    ConsumeStatus,
+    MessageListenerConcurrently,
+    MessageQueue,
+    checked_ack_index,
+    checked_delay_level,
+)
+from bridge.consumer.process_queue import ProcessQueue
+from bridge.message import MessageExt
+
+logger = logging.getLogger(__name__)
+
+_MAX_REQUESTS_PER_TASK: Final = 64
+"""Most consume requests one pool task runs in a row."""
+_EXPIRY_CHECK_S: Final = 1.0
+"""How often, at most, messages in listeners are checked against ``consume_timeout``, s."""
+_CONSUME_TIMEOUT_DELAY_LEVEL: Final = 3
+"""The delay level of a message sent back for running past ``consume_timeout`` (RocketMQ's
+``cleanExpireMsg``)."""
+
+
+class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
+    """Runs a concurrent listener (or a callable) on many threads at once."""
+
+    orderly: ClassVar[bool] = False
+    _LISTENER_RAISED: ClassVar[str] = "listener raised on %s: RECONSUME_LATER"
+
+    _next_expiry_check = 0.0
+    """When :meth:`expire_overdue` looks next (monotonic seconds)."""
+
+    def submit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Cut ``msgs`` into consume requests (up to ``consume_message_batch_max_size``
+        messages of one topic each) and hand them to the pool in chunks: the pool's cost is
+        paid per chunk, and chunks stay small enough to keep every thread busy."""
+        settings = self._context.settings
+        size = settings.consume_message_batch_max_size
+        requests: list[list[MessageExt]] = []
+        batch: list[MessageExt] = []
+        for msg in msgs:
+            if batch and (len(batch) >= size or batch[0].topic != msg.topic):
+                requests.append(batch)
+                batch = []
+            batch.append(msg)
+        if batch:
+            requests.append(batch)
+        per_task = min(_MAX_REQUESTS_PER_TASK, -(-len(requests) // settings.consume_thread_count))
+        pool = self._context.pool
+        for i in range(0, len(requests), per_task):
+            pool.submit(self._consume_requests, pq, requests[i : i + per_task])
+
+    def _redeliver(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        self.submit(pq, msgs)
+
+    def expire_overdue(self, queues: Iterable[ProcessQueue]) -> None:
+        """RocketMQ's ``cleanExpireMsg``: a message in its listener for longer than
+        ``consume_timeout`` is sent back for retry at delay level 3 (dropped, BROADCASTING),
+        so its offset can be committed past; its listener's late result will not count."""
+        now = time.monotonic()
+        if now < self._next_expiry_check:
+            return
+        settings = self._context.settings
+        timeout_s = settings.consume_timeout * 60
+        self._next_expiry_check = now + min(_EXPIRY_CHECK_S, timeout_s)
+        for pq in queues:
+            if pq.dropped:
+                continue
+            late = pq.overdue(now, timeout_s)
+            if not late:
+                continue
+            logger.warning(
+                "push consumer %s: %d messages of %s[%d] in their listener for more than "
+                "consume_timeout (%s min), sending them back; the listener's results for them "
+                "will be ignored: %s",
+                self._context.group,
+                len(late),
+                pq.topic,
+                pq.partition,
+                settings.consume_timeout,
+                [m.msg_id for m in late],
+            )
+            self.policy.fail(pq, late, [_CONSUME_TIMEOUT_DELAY_LEVEL] * len(late))
+
+    def _consume_requests(self, pq: ProcessQueue, requests: list[list[MessageExt]]) -> None:
+        """Run the listener on each request, marking what it consumed done at once (so the
+        commit follows a slow listener), then send every failed message back together. A
+        request whose handling fails unexpectedly is consumed again later and never costs the
+        task's other requests."""
+        if not pq.begin():
+            return  # revoked or stopping: the messages stay uncommitted for the next owner
+        try:
+            failed: list[MessageExt] = []
+            levels: list[int] = []
+            for msgs in requests:
+                if pq.dropped:
+                    break  # what is left stays held: redelivered to the next owner
+                self._consume_request(pq, msgs, failed, levels)
+            try:
+                self.policy.fail(pq, failed, levels)
+            except Exception:
+                logger.exception(
+                    "push consumer %s: handling %d failed messages; consuming them again later",
+                    self._context.group,
+                    len(failed),
+                )
+                self.policy.retry_locally(pq, [m for m in failed if pq.holds(m.queue_offset)])
+        except Exception:
+            logger.exception("push consumer %s: consume request failed", self._context.group)
+        finally:
+            pq.end()
+
+    def _consume_request(
+        self, pq: ProcessQueue, msgs: list[MessageExt], failed: list[MessageExt], levels: list[int]
+    ) -> None:
+        """Run the listener on ``msgs``: mark what it consumed done and add the rest, with
+        their delay levels, to ``failed`` and ``levels``. If this goes wrong, the messages not
+        yet accounted for are handed back (consumed again after ``send_back_retry_delay_ms``)
+        instead of staying held, and in their listener call, for ever."""
+        group = self._context.group
+        call = object()
+        pq.start(call, msgs, time.monotonic())
+        settled: set[int] | None = None
+        added = 0
+        try:
+            context = ConsumeConcurrentlyContext(MessageQueue(msgs[0].topic, pq.partition))
+            sub = self._context.subscriptions.get(msgs[0].topic)
+            if sub is None:
+                # A retry of a topic no longer subscribed to: keep it, in the DLQ.
+                logger.warning(
+                    "push consumer %s: no subscription for %s; %d messages go to the DLQ",
+                    group,
+                    msgs[0].topic,
+                    len(msgs),
+                )
+                context.delay_level_when_next_consume = -1
+                done = 0
+            else:
+                done = self._call_listener(sub.listener, msgs, context)
+            head, tail = msgs[:done], msgs[done:]
+            level = self._delay_level(context, msgs) if tail else 0
+            settled = pq.settle(call, msgs)
+            if len(settled) < len(msgs):
+                # Sent back past consume_timeout, or the partition was given up.
+                logger.warning(
+                    "push consumer %s: ignoring the late listener result for %s",
+                    group,
+                    [m.msg_id for m in msgs if m.queue_offset not in settled],
+                )
+                head = [m for m in head if m.queue_offset in settled]
+                tail = [m for m in tail if m.queue_offset in settled]
+            if head:
+                self._count(Count.CONSUMED, len(head))
+                pq.remove(m.queue_offset for m in head)
+            failed += tail
+            added = len(tail)
+            levels += [level] * len(tail)
+        except Exception:
+            if settled is None:
+                back = pq.withdraw(call, msgs)
+            else:
+                accounted = {id(m) for m in failed[len(failed) - added :]}
+                back = [
+                    m
+                    for m in msgs
+                    if m.queue_offset in settled
+                    and id(m) not in accounted
+                    and pq.holds(m.queue_offset)
+                ]
+            logger.exception(
+                "push consumer %s: handling the listener result for %s failed; consuming %d "
+                "of them again later",
+                group,
+                [m.msg_id for m in msgs],
+                len(back),
+            )
+            if back:
+                self.policy.retry_locally(pq, back)
+
+    def _delay_level(self, context: ConsumeConcurrentlyContext, msgs: list[MessageExt]) -> int:
+        """The listener's ``delay_level_when_next_consume``; the default (0) if not an int."""
+        level = checked_delay_level(context.delay_level_when_next_consume)
+        if level is None:
+            logger.warning(
+                "push consumer %s: the listener set delay_level_when_next_consume=%r (not an "
+                "int) for %s; using the default level",
+                self._context.group,
+                context.delay_level_when_next_consume,
+                [m.msg_id for m in msgs],
+            )
+            return 0
+        return level
+
+    def _consume_batch(
+        self, listener: BatchListener, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+    ) -> int:
+        """CONSUME_SUCCESS: up to the listener's ``ack_index`` (one that is not an int fails
+        the whole batch); anything else: none."""
+        status = cast(MessageListenerConcurrently, listener).consume_message(msgs, context)
+        if status is ConsumeStatus.CONSUME_SUCCESS:
+            index = checked_ack_index(context.ack_index, len(msgs))
+            if index is None:
+                logger.warning(
+                    "push consumer %s: the listener set ack_index=%r (not an int) for %s: "
+                    "RECONSUME_LATER",
+                    self._context.group,
+                    context.ack_index,
+                    [m.msg_id for m in msgs],
+                )
+                return 0
+            return index + 1
+        if status is None:
+            logger.warning("listener returned None for %s: RECONSUME_LATER", msgs[0].msg_id)
+        return 0

@@ -1,0 +1,101 @@
+"""What the parts of a push consumer share: its group and settings, its subscriptions, its
+counters and scheduler and, once it is started, the producer of copies and the listener
+threads."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from bridge.client.producer import Producer
+from bridge.config import ClientConfig
+from bridge.consumer.config import PushConsumerConfig
+from bridge.consumer.counters import Counters
+from bridge.consumer.model import (
+    ConsumeOrderlyStatus,
+    ConsumeStatus,
+    MessageListenerConcurrently,
+    MessageListenerOrderly,
+    MessageModel,
+    TagFilter,
+)
+from bridge.consumer.scheduler import Scheduler
+from bridge.errors import IllegalStateError
+from bridge.message import MessageExt
+from topics.catalog import TopicCatalog
+
+MessageCallback = Callable[[MessageExt], ConsumeStatus | ConsumeOrderlyStatus | None]
+"""A per-message listener, as in RocketMQ's Python client."""
+Listener = MessageListenerConcurrently | MessageListenerOrderly | MessageCallback
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A subscribed topic (RocketMQ and Kafka names), its tag filter and its listener."""
+
+    topic: str
+    kafka_topic: str
+    filter: TagFilter
+    listener: Listener
+
+
+class ConsumerContext:
+    """The state every part of one push consumer reads."""
+
+    __slots__ = (
+        "catalog",
+        "config",
+        "counters",
+        "deadline",
+        "executor",
+        "group",
+        "producer",
+        "scheduler",
+        "settings",
+        "subscriptions",
+    )
+
+    def __init__(self, group: str, config: ClientConfig, settings: PushConsumerConfig) -> None:
+        self.group = group
+        self.config = config
+        self.settings = settings
+        self.catalog: TopicCatalog = config.catalog()
+        self.subscriptions: dict[str, Subscription] = {}
+        """By RocketMQ topic name."""
+        self.counters = Counters()
+        self.scheduler = Scheduler(group)
+        self.producer: Producer | None = None
+        """The producer of copies (send-backs, quarantine), once started."""
+        self.executor: ThreadPoolExecutor | None = None
+        """The listener threads, once started."""
+        self.deadline = math.inf
+        """When shutdown must be done (monotonic seconds); no wait goes past it."""
+
+    @property
+    def broadcasting(self) -> bool:
+        """True in BROADCASTING mode (failures are dropped, offsets are the instance's)."""
+        return self.settings.message_model is MessageModel.BROADCASTING
+
+    @property
+    def sender(self) -> Producer:
+        """The producer of copies, once started."""
+        if self.producer is None:
+            raise IllegalStateError(f"push consumer {self.group} is not started")
+        return self.producer
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The listener threads, once started."""
+        if self.executor is None:
+            raise IllegalStateError(f"push consumer {self.group} is not started")
+        return self.executor
+
+    def bounded_ms(self, timeout_ms: int) -> int:
+        """``timeout_ms``, cut to what is left before the shutdown deadline, if any (ms)."""
+        remaining_s = self.deadline - time.monotonic()
+        if remaining_s == math.inf:
+            return timeout_ms
+        return min(timeout_ms, max(0, math.ceil(remaining_s * 1000)))

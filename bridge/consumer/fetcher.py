@@ -1,0 +1,359 @@
+"""A push consumer's fetcher: the one thread that talks to the Kafka consumer.
+
+It polls, holds what each poll brings in the partitions' :class:`ProcessQueue` (see
+:mod:`bridge.consumer.intake`) and hands it to the consumption strategy; pauses a partition
+that holds too much and resumes it once drained; takes and gives up partitions on a rebalance
+(or, BROADCASTING, takes every partition of the subscribed topics, looking for new ones every
+:data:`_BROADCAST_REFRESH_S`); commits each partition's smallest offset not done; and runs the
+consumer's deferred work. Rebalance callbacks run inside ``consume()``, on this thread too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any, Final
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
+
+from bridge.consumer.consumption import Consumption
+from bridge.consumer.context import ConsumerContext
+from bridge.consumer.intake import Intake, Key
+from bridge.consumer.model import ConsumeFromWhere
+from bridge.consumer.process_queue import ProcessQueue
+from bridge.consumer.quarantine import Quarantine
+from bridge.consumer.tuning import fetch_tuning, group_tuning
+from bridge.kafka.clients import new_consumer
+from topics.naming import broadcast_group
+
+logger = logging.getLogger(__name__)
+
+_POLL_TIMEOUT_S: Final = 0.1
+_PAUSED_POLL_TIMEOUT_S: Final = 0.005
+"""The poll timeout while a partition is paused, seconds: its listeners may drain it at any
+moment, and a paused partition fetches nothing, so waiting the full timeout would idle it."""
+_MAX_RECORDS_PER_POLL: Final = 1000
+_MIN_RECORDS_PER_POLL: Final = 100
+_BROADCAST_REFRESH_S: Final = 30.0
+"""How often a BROADCASTING consumer looks for new partitions, seconds."""
+_WAIT_SLICE_S: Final = 0.1
+"""Waits for running listeners look at the shutdown deadline this often, seconds."""
+
+
+class Fetcher:
+    """Polls Kafka for one consumer and keeps its partitions' queues and offsets.
+
+    ``topic_names``: the RocketMQ name of each Kafka topic to read; ``retry_kafka_topic``: the
+    group's retry topic among them ("" if not read)."""
+
+    def __init__(
+        self,
+        context: ConsumerContext,
+        consumption: Consumption[Any],
+        quarantine: Quarantine,
+        topic_names: dict[str, str],
+        retry_kafka_topic: str,
+    ) -> None:
+        self._context = context
+        self._consumption = consumption
+        self._quarantine = quarantine
+        self._topic_names = topic_names
+        self._retry_kafka_topic = retry_kafka_topic
+        self.queues: dict[Key, ProcessQueue] = {}
+        """The partitions held now."""
+        self.paused: set[Key] = set()
+        """Partitions paused for holding too much."""
+        self._kafka: Any = None
+        self._intake: Intake | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._revoke_wait_s = 0.0
+        """How long a revoke waits for running listeners, seconds (CLUSTERING)."""
+        self._last_commit = 0.0
+        self._last_refresh = 0.0
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Create the Kafka consumer, join the group (CLUSTERING) or take every partition
+        (BROADCASTING), and start the poll thread."""
+        context = self._context
+        group, config, settings = context.group, context.config, context.settings
+        reset = (
+            "earliest"
+            if settings.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+            else "latest"
+        )
+        if context.broadcasting:
+            instance = settings.instance_name or f"{socket.gethostname()}@{os.getpid()}"
+            self._kafka = new_consumer(
+                config,
+                broadcast_group(group, instance),
+                f"{group}-broadcast",
+                auto_offset_reset=reset,
+                **fetch_tuning(config),
+            )
+        else:
+            tuning = group_tuning(group, config, settings, orderly=self._consumption.orderly)
+            self._revoke_wait_s = tuning.revoke_wait_s
+            self._kafka = new_consumer(
+                config,
+                group,
+                f"{group}-consumer",
+                auto_offset_reset=reset,
+                **fetch_tuning(config),
+                **tuning.options,
+            )
+        self._intake = Intake(
+            context, self.queues, self._kafka, self._topic_names, self._retry_kafka_topic
+        )
+        if context.broadcasting:
+            self._assign_new_partitions()
+        else:
+            self._kafka.subscribe(
+                list(self._topic_names),
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_lost,
+            )
+        self._thread = threading.Thread(
+            target=self._run, name=f"bridge-consumer-{group}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, join_timeout_s: float) -> None:
+        """Stop polling; wait up to ``join_timeout_s`` for the poll thread to give its
+        partitions up (see :meth:`_release`, bounded by the shutdown deadline) and close the
+        Kafka consumer."""
+        self._stopping.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(join_timeout_s)
+            if thread.is_alive():
+                logger.warning(
+                    "push consumer %s: the Kafka consumer is still closing; not waiting",
+                    self._context.group,
+                )
+
+    # --- the poll thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        kafka = self._kafka
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._poll_once()
+                except Exception:
+                    logger.exception("push consumer %s: poll loop error", self._context.group)
+                    self._stopping.wait(1.0)
+        finally:
+            self._release(list(self.queues), math.inf)
+            try:
+                kafka.close()
+            except Exception:
+                logger.exception(
+                    "push consumer %s: closing the Kafka consumer", self._context.group
+                )
+
+    def _poll_once(self) -> None:
+        context = self._context
+        settings = context.settings
+        if context.broadcasting and time.monotonic() - self._last_refresh > _BROADCAST_REFRESH_S:
+            self._assign_new_partitions()
+        context.scheduler.run_due()
+        self._consumption.expire_overdue(self.queues.values())
+        self._resume_drained()
+        limit = min(
+            _MAX_RECORDS_PER_POLL,
+            max(_MIN_RECORDS_PER_POLL, settings.pull_batch_size * len(self.queues)),
+        )
+        timeout = _PAUSED_POLL_TIMEOUT_S if self.paused else _POLL_TIMEOUT_S
+        records = self._kafka.consume(num_messages=limit, timeout=timeout)
+        if records:
+            self._receive(records)
+        if time.monotonic() - self._last_commit >= (
+            settings.persist_consumer_offset_interval_ms / 1000
+        ):
+            self._commit(list(self.queues), asynchronous=True)
+
+    def _receive(self, records: list[Any]) -> None:
+        """Hold and dispatch ``records``, each on its own: one that cannot be handled goes to
+        quarantine with the reason, and the rest of the batch proceeds."""
+        assert self._intake is not None  # set by start()
+        settings = self._context.settings
+        max_count = settings.pull_threshold_for_queue
+        max_bytes = settings.pull_threshold_size_for_queue << 20
+        for key, incoming in self._intake.sort(records).items():
+            pq = self.queues[key]
+            pq.put(incoming.msgs, sizes=incoming.sizes, records=incoming.records)
+            for record, reason in incoming.poison:
+                self._quarantine.send(record, pq, reason)
+            if incoming.work:
+                self._consumption.submit(pq, incoming.work)
+            if key not in self.paused and pq.over(max_count, max_bytes):
+                self._kafka.pause([TopicPartition(*key)])
+                self.paused.add(key)
+
+    def _resume_drained(self) -> None:
+        if not self.paused:
+            return
+        count = self._context.settings.pull_threshold_for_queue
+        size = self._context.settings.pull_threshold_size_for_queue << 20
+        ready = [
+            key
+            for key in self.paused
+            if key not in self.queues or not self.queues[key].over(count, size)
+        ]
+        for key in ready:
+            self.paused.discard(key)
+            if key in self.queues:
+                self._kafka.resume([TopicPartition(*key)])
+
+    # --- rebalance -----------------------------------------------------------------------
+    def _start_positions(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Committed offsets where the group has them; else the retry topic from its start
+        and other topics by ``consume_from_where``."""
+        group, config, settings = self._context.group, self._context.config, self._context.settings
+        try:
+            committed = self._kafka.committed(partitions, timeout=config.request_timeout_ms / 1000)
+        except Exception as exc:
+            logger.warning("push consumer %s: committed offsets unknown (%s)", group, exc)
+            return partitions
+        where = settings.consume_from_where
+        stamp: list[TopicPartition] = []
+        out: list[TopicPartition] = []
+        for tp in committed:
+            if tp.offset >= 0:
+                out.append(tp)
+            elif tp.topic == self._retry_kafka_topic:
+                out.append(TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING))
+            elif where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
+                when = settings.consume_timestamp_ms or int((time.time() - 1800) * 1000)
+                stamp.append(TopicPartition(tp.topic, tp.partition, when))
+            else:
+                first = where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+                start = OFFSET_BEGINNING if first else OFFSET_END
+                out.append(TopicPartition(tp.topic, tp.partition, start))
+        if stamp:
+            found = self._kafka.offsets_for_times(stamp, timeout=config.request_timeout_ms / 1000)
+            out += [
+                TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
+                for tp in found
+            ]
+        return out
+
+    def _take(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        positions = self._start_positions(partitions)
+        for tp in positions:
+            self.queues[(tp.topic, tp.partition)] = ProcessQueue(tp.topic, tp.partition)
+        logger.info(
+            "push consumer %s: assigned %s",
+            self._context.group,
+            [f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in positions],
+        )
+        return positions
+
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        consumer.assign(self._take(partitions))
+
+    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        # Orderly: never let the next owner run a partition while its listener runs here.
+        self._release([(tp.topic, tp.partition) for tp in partitions], self._revoke_wait_s)
+
+    def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        # The partitions already belong to someone else: stop, commit nothing.
+        for tp in partitions:
+            pq = self.queues.pop((tp.topic, tp.partition), None)
+            if pq is not None:
+                pq.release()
+            self.paused.discard((tp.topic, tp.partition))
+        logger.warning("push consumer %s: lost %d partitions", self._context.group, len(partitions))
+
+    def _release(self, keys: list[Key], wait_s: float) -> None:
+        """Stop new work on ``keys``, give running listeners up to ``wait_s`` seconds (never
+        past the shutdown deadline), commit what is done, forget the partitions. Messages
+        still in a listener then are abandoned: logged, never committed past (the next owner
+        consumes them again), their listeners' late results ignored."""
+        context = self._context
+        queues = [(key, self.queues[key]) for key in keys if key in self.queues]
+        for _, pq in queues:
+            pq.drop()
+        began = time.monotonic()
+        deadline = began + wait_s
+        while True:
+            busy = [(key, pq) for key, pq in queues if pq.running]
+            remaining = min(deadline, context.deadline) - time.monotonic()
+            if not busy or remaining <= 0:
+                break
+            busy[0][1].wait_idle(min(remaining, _WAIT_SLICE_S))
+        for _, pq in queues:
+            pq.release()
+        if busy:
+            logger.warning(
+                "push consumer %s: abandoned %s (partition: messages held) with listeners "
+                "still running after %.1f s; they will be redelivered, their offsets are not "
+                "committed past",
+                context.group,
+                ", ".join(f"{key[0]}[{key[1]}]: {pq.held}" for key, pq in busy),
+                time.monotonic() - began,
+            )
+        if context.producer is not None and not context.broadcasting:
+            # Copies still in flight: let them be acknowledged so their offsets can pass.
+            try:
+                context.producer.flush(context.bounded_ms(context.config.send_msg_timeout_ms))
+            except Exception as exc:  # the producer stopped (a shutdown that gave up waiting)
+                logger.warning("push consumer %s: copies not flushed: %s", context.group, exc)
+        self._commit(keys, asynchronous=False)
+        for key in keys:
+            self.queues.pop(key, None)
+            self.paused.discard(key)
+
+    def _assign_new_partitions(self) -> None:
+        """BROADCASTING: take every partition of the subscribed topics not yet taken."""
+        self._last_refresh = time.monotonic()
+        timeout_s = self._context.config.request_timeout_ms / 1000
+        new: list[TopicPartition] = []
+        for kafka_topic in self._topic_names:
+            try:
+                meta = self._kafka.list_topics(kafka_topic, timeout=timeout_s)
+            except Exception as exc:
+                logger.warning(
+                    "push consumer %s: metadata of %s: %s", self._context.group, kafka_topic, exc
+                )
+                continue
+            info = meta.topics.get(kafka_topic)
+            if info is None or info.error is not None:
+                continue
+            new += [
+                TopicPartition(kafka_topic, p)
+                for p in info.partitions
+                if (kafka_topic, p) not in self.queues
+            ]
+        if new:
+            self._kafka.incremental_assign(self._take(new))
+
+    # --- offsets -------------------------------------------------------------------------
+    def _commit(self, keys: Iterable[Key], *, asynchronous: bool) -> None:
+        self._last_commit = time.monotonic()
+        offsets = []
+        for key in keys:
+            pq = self.queues.get(key)
+            if pq is None:
+                continue
+            offset = pq.commit_offset()
+            if offset is not None and offset != pq.last_committed:
+                offsets.append(TopicPartition(key[0], key[1], offset))
+                pq.last_committed = offset
+        if not offsets:
+            return
+        try:
+            self._kafka.commit(offsets=offsets, asynchronous=asynchronous)
+        except Exception as exc:
+            logger.warning("push consumer %s: offset commit failed: %s", self._context.group, exc)
+            for tp in offsets:
+                pq = self.queues.get((tp.topic, tp.partition))
+                if pq is not None:
+                    pq.last_committed = -1

@@ -1,0 +1,245 @@
+"""What a push consumer makes of the records one poll brings: messages to hold, by partition.
+
+Each record is handled on its own: a record Kafka reports an error for is logged, one that
+cannot be decoded (a header name that is not UTF-8, a malformed retry record) is held under a
+placeholder to be quarantined, one whose tag the subscription does not take is skipped, and a
+partition that holds all it may (``pull_threshold_for_queue``, ``pull_threshold_size_for_queue``)
+takes no more of the poll: it is sought back, and Kafka brings the rest again once it resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from bridge.codec import message_from_record, read_headers
+from bridge.consumer.context import ConsumerContext
+from bridge.consumer.counters import Count
+from bridge.consumer.process_queue import ProcessQueue
+from bridge.consumer.quarantine import Headerless
+from bridge.message import MessageConst, MessageExt, parse_count
+from topics.errors import MalformedRecordError
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+"""A partition: (Kafka topic, partition)."""
+
+_RECORD_ERRORS_IGNORED: Final = frozenset({KafkaError._PARTITION_EOF})
+
+
+class Incoming:
+    """One partition's share of a poll, in offset order: messages to hold (with their sizes in
+    bytes and records), those of them to consume, and records to quarantine (held under a
+    placeholder until Kafka acknowledges their copy). ``room_count`` and ``room_bytes``: what
+    the partition may still hold; once that is taken, the rest of the poll is left to Kafka
+    (``cut``: the partition was sought back to the first record not taken)."""
+
+    __slots__ = (
+        "bytes",
+        "can_cut",
+        "cut",
+        "msgs",
+        "poison",
+        "records",
+        "room_bytes",
+        "room_count",
+        "sizes",
+        "work",
+    )
+
+    def __init__(self, room_count: int, room_bytes: int) -> None:
+        self.msgs: list[MessageExt] = []
+        self.sizes: list[int] = []
+        self.records: list[Any] = []
+        self.work: list[MessageExt] = []
+        self.poison: list[tuple[Any, Exception]] = []
+        self.room_count = room_count
+        self.room_bytes = room_bytes
+        self.bytes = 0
+        self.cut = False
+        self.can_cut = True
+
+    @property
+    def full(self) -> bool:
+        return len(self.msgs) >= self.room_count or self.bytes >= self.room_bytes
+
+    def hold(self, msg: MessageExt, size: int, record: Any) -> None:
+        self.msgs.append(msg)
+        self.sizes.append(size)
+        self.records.append(record)
+        self.work.append(msg)
+        self.bytes += size
+
+    def hold_poison(self, record: Any, reason: Exception) -> None:
+        offset = record.offset()
+        self.msgs.append(
+            MessageExt(
+                "", msg_id=f"{record.topic()}-{record.partition()}-{offset}", queue_offset=offset
+            )
+        )
+        self.sizes.append(0)
+        self.records.append(record)
+        self.poison.append((record, reason))
+
+
+class Intake:
+    """Sorts polled records into :class:`Incoming` shares of the partitions in ``queues``.
+
+    ``kafka``: the consumer, to seek a full partition back; ``topic_names``: the RocketMQ name
+    of each Kafka topic consumed; ``retry_kafka_topic``: the group's retry topic, if read."""
+
+    def __init__(
+        self,
+        context: ConsumerContext,
+        queues: dict[Key, ProcessQueue],
+        kafka: Any,
+        topic_names: dict[str, str],
+        retry_kafka_topic: str,
+    ) -> None:
+        self._context = context
+        self._queues = queues
+        self._kafka = kafka
+        self._topic_names = topic_names
+        self._retry_kafka_topic = retry_kafka_topic
+        self._missing_topics: set[str] = set()
+
+    def sort(self, records: list[Any]) -> dict[Key, Incoming]:
+        """Each partition's share of ``records``, each record handled on its own: one that
+        cannot be handled is to be quarantined with the reason, and the rest proceed."""
+        batches: dict[Key, Incoming] = {}
+        for record in records:
+            try:
+                self._sort_one(record, batches)
+            except Exception as exc:
+                self._isolate(record, exc, batches)
+        return batches
+
+    def _incoming(self, key: Key, batches: dict[Key, Incoming]) -> Incoming:
+        """``key``'s share of the poll being received."""
+        incoming = batches.get(key)
+        if incoming is None:
+            pq = self._queues[key]
+            settings = self._context.settings
+            incoming = batches[key] = Incoming(
+                settings.pull_threshold_for_queue - pq.held,
+                (settings.pull_threshold_size_for_queue << 20) - pq.held_bytes,
+            )
+        return incoming
+
+    def _cut(self, record: Any, incoming: Incoming) -> bool:
+        """The partition of ``record`` holds all it may: leave ``record`` and the rest of the
+        poll to Kafka (seek back to it; it is fetched again once the partition resumes), so
+        a partition goes over its thresholds by one record at most. False (the record is
+        held after all) if the seek fails."""
+        if not incoming.can_cut:
+            return False
+        try:
+            self._kafka.seek(TopicPartition(record.topic(), record.partition(), record.offset()))
+        except Exception as exc:
+            logger.warning(
+                "push consumer %s: cannot seek %s[%d] back to %d, holding beyond its "
+                "thresholds: %s",
+                self._context.group,
+                record.topic(),
+                record.partition(),
+                record.offset(),
+                exc,
+            )
+            incoming.can_cut = False
+            return False
+        incoming.cut = True
+        return True
+
+    def _sort_one(self, record: Any, batches: dict[Key, Incoming]) -> None:
+        error = record.error()
+        if error is not None:
+            self._record_error(record, error)
+            return
+        key = (record.topic(), record.partition())
+        pq = self._queues.get(key)
+        if pq is None or pq.dropped:
+            return  # revoked meanwhile: the next owner reads it
+        incoming = self._incoming(key, batches)
+        if incoming.cut or (incoming.full and self._cut(record, incoming)):
+            return  # fetched again once the partition resumes
+        try:
+            headers = read_headers(record)
+        except MalformedRecordError as exc:
+            # A header name that is not UTF-8. The list confluent-kafka keeps afterwards holds
+            # a NULL that crashes the process when read: never read them again.
+            reason = MalformedRecordError(f"{exc}; quarantined without them")
+            incoming.hold_poison(Headerless(record), reason)
+            return
+        msg = self._decode(record, headers)
+        if isinstance(msg, Exception):
+            incoming.hold_poison(record, msg)
+            return
+        sub = self._context.subscriptions.get(msg.topic)
+        if (
+            sub is not None
+            and record.topic() == sub.kafka_topic
+            and not sub.filter.matches(msg.tags)
+        ):
+            pq.skip(msg.queue_offset)
+            self._context.counters.add(Count.FILTERED)
+            return
+        size = len(msg.body)
+        if headers:
+            for name, value in headers:
+                size += len(name) + (len(value) if value is not None else 0)
+        incoming.hold(msg, size, record)
+
+    def _isolate(self, record: Any, exc: Exception, batches: dict[Key, Incoming]) -> None:
+        """``record`` raised while being received: quarantine it with the reason."""
+        logger.warning(
+            "push consumer %s: cannot handle %s[%s]@%s, quarantining it",
+            self._context.group,
+            record.topic(),
+            record.partition(),
+            record.offset(),
+            exc_info=True,
+        )
+        key = (record.topic(), record.partition())
+        pq = self._queues.get(key)
+        if pq is None or pq.dropped:
+            return
+        # Its headers were read (a record whose headers raise is handled before): reading
+        # them again for the copy is safe.
+        self._incoming(key, batches).hold_poison(record, exc)
+
+    def _record_error(self, record: Any, error: KafkaError) -> None:
+        if error.code() in _RECORD_ERRORS_IGNORED:
+            return
+        group = self._context.group
+        if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            topic = record.topic() or error.str()
+            if topic not in self._missing_topics:
+                self._missing_topics.add(topic)
+                logger.warning("push consumer %s: topic %s does not exist (yet)", group, topic)
+            return
+        logger.warning("push consumer %s: %s", group, error.str())
+
+    def _decode(
+        self, record: Any, headers: list[tuple[str, bytes | None]] | None
+    ) -> MessageExt | MalformedRecordError:
+        """The message of ``record`` (whose ``headers`` were read), or why it must be
+        quarantined (a malformed retry record)."""
+        msg = message_from_record(record, headers=headers)
+        msg.topic = self._topic_names.get(msg.kafka_topic, msg.kafka_topic)
+        if msg.kafka_topic != self._retry_kafka_topic:
+            return msg
+        origin = msg.get_property(MessageConst.RETRY_TOPIC)
+        times = msg.get_property(MessageConst.RECONSUME_TIME)
+        if not origin:
+            return MalformedRecordError("a retry record without RETRY_TOPIC")
+        if not isinstance(origin, str):
+            return MalformedRecordError(f"a retry record with RETRY_TOPIC={origin!r}, not text")
+        if parse_count(times) is None:
+            return MalformedRecordError(
+                f"a retry record with RECONSUME_TIME={times!r}, not a count"
+            )
+        msg.topic = origin
+        return msg
