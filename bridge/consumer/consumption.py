@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Iterable
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar, Final, Generic, TypeVar
 
 from bridge.consumer.context import ConsumerContext, Listener, MessageCallback
 from bridge.consumer.counters import Count
@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 ContextT = TypeVar("ContextT", ConsumeConcurrentlyContext, ConsumeOrderlyContext)
 BatchListener = MessageListenerConcurrently | MessageListenerOrderly
+_BATCH_LISTENERS: Final = (MessageListenerConcurrently, MessageListenerOrderly)
 
 
 def leading_successes(callback: MessageCallback, msgs: list[MessageExt]) -> int:
@@ -98,7 +99,7 @@ class Consumption(abc.ABC, Generic[ContextT]):
         """Run ``listener`` on ``msgs``: how many leading messages it consumed. A listener
         object takes the batch and ``context``; a callable is called per message until one
         fails. An exception counts as a failure of the whole batch (logged)."""
-        if isinstance(listener, MessageListenerConcurrently | MessageListenerOrderly):
+        if isinstance(listener, _BATCH_LISTENERS):
             try:
                 return self._consume_batch(listener, msgs, context)
             except Exception:
