@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from bridge.errors import InvalidPropertyError
 from bridge.message import (
@@ -43,16 +42,33 @@ new_tuple = tuple.__new__
 
 
 class PreparedRecord(NamedTuple):
-    """A message ready for ``confluent_kafka.Producer.produce``."""
+    """A record ready for ``confluent_kafka.Producer.produce``: the one form of an outgoing
+    record, whichever path writes it (a send, a send-back, a system record, a coordinator's
+    delivery, a quarantine copy, an operator's replay)."""
 
     kafka_topic: str
     key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]]
+    value: bytes | None
+    """None only for a record that carries no value (a quarantine copy kept without it, a
+    replay marker)."""
+    headers: Sequence[tuple[str, bytes | None]]
     msg_id: str
+    """Names the record in errors and logs: the message id, or ``<topic>-<partition>-<offset>``
+    of the record it copies."""
     born_timestamp_ms: int
+    """The record's timestamp, epoch ms; 0 lets the producer's clock decide."""
     partition: int = -1
     """The partition to write to; -1 lets the key decide."""
+
+    @property
+    def topic(self) -> str:
+        """:attr:`kafka_topic` (the name the former quarantine copy used)."""
+        return self.kafka_topic
+
+    @property
+    def timestamp_ms(self) -> int:
+        """:attr:`born_timestamp_ms` (the name the former quarantine copy used)."""
+        return self.born_timestamp_ms
 
 
 def plain_record(  # noqa: PLR0917 - the fields of the record, in PreparedRecord's order
@@ -79,7 +95,8 @@ def plain_record(  # noqa: PLR0917 - the fields of the record, in PreparedRecord
 
 # confluent-kafka's TIMESTAMP_LOG_APPEND_TIME (kept literal to keep this module import-light).
 _TIMESTAMP_LOG_APPEND_TIME = 2
-ENVELOPE_SCHEMA = "MessageEnvelope"
+ENVELOPE_SCHEMA: Final = "MessageEnvelope"
+"""The Avro schema of a whole message on a system topic."""
 
 
 def header_bytes(value: PropertyValue) -> bytes:
@@ -102,11 +119,6 @@ def header_value(raw: bytes | str | None) -> PropertyValue:
         return raw.decode()
     except UnicodeDecodeError:
         return bytes(raw)
-
-
-def encode_headers(properties: Mapping[str, PropertyValue]) -> Headers:
-    """Properties as Kafka headers (see :func:`header_bytes`)."""
-    return [(name, header_bytes(value)) for name, value in properties.items()]
 
 
 RawHeaders = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None]
@@ -283,20 +295,7 @@ def _text_or_none(value: PropertyValue | None) -> str | None:
     return None if value is None else property_text(value)
 
 
-@dataclass(frozen=True, slots=True)
-class RealRecord:
-    """A message as the Kafka record written to its real topic."""
-
-    topic: str
-    partition: int
-    """-1: the key (murmur2) or the partitioner decides."""
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]]
-    timestamp_ms: int
-
-
-def real_record(msg: MessageExt, namespace: str, removed: frozenset[str]) -> RealRecord:
+def real_record(msg: MessageExt, namespace: str, removed: frozenset[str]) -> PreparedRecord:
     """The real-topic record of a message leaving a system topic (a committed half message, a
     delayed message whose time came): its ``REAL_TOPIC`` and ``REAL_QID``, key, body and born
     time, and every property but those in ``removed``."""
@@ -313,11 +312,12 @@ def real_record(msg: MessageExt, namespace: str, removed: frozenset[str]) -> Rea
         for name, value in msg.properties.items()
         if name not in removed and name not in own
     ]
-    return RealRecord(
+    return PreparedRecord(
         real_topic,
-        -1 if partition is None else partition,
         msg.kafka_key(),
         msg.body,
         headers,
+        msg.msg_id,
         msg.born_timestamp_ms,
+        -1 if partition is None else partition,
     )

@@ -20,7 +20,7 @@ from bridge.config import ClientConfig
 from bridge.delay.service import ScheduleDeliveryService, TimerService
 from bridge.errors import InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.transactional import ServiceConfig
+from bridge.kafka.service import ServiceConfig
 from bridge.lifecycle import FatalServiceError, Lifecycle, ServiceState, ServiceThread, Startable
 from bridge.transaction.service import TransactionService
 from bridge.transaction.state import CheckPolicy

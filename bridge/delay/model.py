@@ -1,23 +1,17 @@
-"""Delayed delivery: RocketMQ 4's delay levels and RocketMQ 5's timer messages. Pure logic.
-
-Every delay is served by FIFO queues of fixed delay, one Kafka partition each, so only the head
-of each partition matters and memory stays bounded however many messages wait:
-
-* delay level ``L`` waits in partition ``L - 1`` of ``SCHEDULE_TOPIC_XXXX`` for the level's
-  delay, counted from when the broker stored it (as RocketMQ's ``ScheduleMessageService``);
-* a timer message hops through the tiers of ``rmq_sys_wheel_timer``: tier ``k`` waits
-  ``precision * 2**k``. At each hop the message goes to the largest tier that does not pass
-  its delivery time, so it is never early, reaches its time in about log2(delay / precision)
-  hops, and is late by less than the precision.
-"""
+"""Delayed delivery's rules, as the delay services and the producer's routing use them: the
+delay policy (:mod:`bridge.delay_policy`, which the connection settings build), and the error
+a malformed delay raises. Pure logic, defined once in :mod:`bridge.delay_policy`."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from typing import Final
-
-from bridge.errors import InvalidArgumentError, InvalidDelayError
+from bridge.delay_policy import (
+    DEFAULT_MESSAGE_DELAY_LEVEL,
+    LANDING_MARGIN_MS,
+    TIMER_PRECISIONS_MS,
+    DelayPolicy,
+    parse_delay_levels,
+)
+from bridge.errors import InvalidDelayError
 
 __all__ = [
     "DEFAULT_MESSAGE_DELAY_LEVEL",
@@ -27,143 +21,3 @@ __all__ = [
     "InvalidDelayError",
     "parse_delay_levels",
 ]
-
-DEFAULT_MESSAGE_DELAY_LEVEL: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-"""RocketMQ's ``messageDelayLevel``."""
-
-TIMER_PRECISIONS_MS: Final = (100, 200, 500, 1000)
-"""RocketMQ 5's allowed ``timerPrecisionMs`` values."""
-LANDING_MARGIN_MS: Final = 250
-"""A timer hops to land this long before its time, then waits for the exact time in memory, so
-the last hop's commit and fetch latency does not make it late."""
-
-_UNIT_MS: Final = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_LEVEL = re.compile(r"^(\d+)([smhd])$")
-
-
-def parse_delay_levels(spec: str) -> tuple[int, ...]:
-    """``"1s 5s 10s 30s 1m ..."`` -> delays in milliseconds (RocketMQ's format)."""
-    levels = []
-    for word in spec.split():
-        m = _LEVEL.match(word)
-        try:
-            delay = int(m.group(1)) if m is not None else 0
-        except ValueError:  # more digits than int() converts (4300)
-            delay = 0
-        if m is None or delay <= 0:
-            raise InvalidArgumentError(
-                f"delay level {word!r} in {spec!r} is not a positive number "
-                "followed by s, m, h or d"
-            )
-        levels.append(delay * _UNIT_MS[m.group(2)])
-    if not levels:
-        raise InvalidArgumentError("the delay level table is empty")
-    return tuple(levels)
-
-
-@dataclass(frozen=True, slots=True)
-class DelayPolicy:
-    """The delay level table and the timer settings, shared by producers and coordinators."""
-
-    message_delay_level: str = DEFAULT_MESSAGE_DELAY_LEVEL
-    timer_precision_ms: int = 1000
-    """RocketMQ 5's ``timerPrecisionMs``: 100, 200, 500 or 1000."""
-    timer_max_delay_ms: int = 3 * 86_400_000
-    """RocketMQ 5's ``timerMaxDelaySec`` (3 days); up to 400 days is accepted."""
-    level_delays_ms: tuple[int, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "level_delays_ms", parse_delay_levels(self.message_delay_level))
-        if self.timer_precision_ms not in TIMER_PRECISIONS_MS:
-            raise InvalidArgumentError(
-                f"timer_precision_ms must be one of {TIMER_PRECISIONS_MS}, "
-                f"got {self.timer_precision_ms}"
-            )
-        if not self.timer_precision_ms <= self.timer_max_delay_ms <= 400 * 86_400_000:
-            raise InvalidArgumentError(
-                f"timer_max_delay_ms must be between the precision and 400 days, "
-                f"got {self.timer_max_delay_ms}"
-            )
-
-    @property
-    def level_count(self) -> int:
-        """How many delay levels (= SCHEDULE partitions)."""
-        return len(self.level_delays_ms)
-
-    def clamp_level(self, level: int) -> int:
-        """RocketMQ's rule: a level above the maximum is the maximum; 0 or below is none (0)."""
-        return 0 if level <= 0 else min(level, self.level_count)
-
-    @property
-    def tier_count(self) -> int:
-        """How many timer tiers (= timer topic partitions) the maximum delay needs."""
-        count = 1
-        while self.timer_precision_ms * 2 ** (count - 1) * 2 <= self.timer_max_delay_ms:
-            count += 1
-        return count
-
-    def tier_delay_ms(self, tier: int) -> int:
-        """How long a message waits in timer tier ``tier``."""
-        return int(self.timer_precision_ms * 2**tier)
-
-    def route(self, deliver_ms: int, now_ms: int, tiers: int | None = None) -> int | None:
-        """The timer tier for a message due at ``deliver_ms``, or None if it is due now.
-
-        The largest tier whose wait ends at least :data:`LANDING_MARGIN_MS` before
-        ``deliver_ms``; tier 0 when less is left. Out of a tier, a message with less than
-        :meth:`hold_window_ms` to go waits for its exact time (see :meth:`exit_time_ms`).
-        """
-        remaining = deliver_ms - now_ms
-        if remaining <= 0:
-            return None
-        count = tiers if tiers is not None else self.tier_count
-        ratio = (remaining - LANDING_MARGIN_MS) // self.timer_precision_ms
-        tier = ratio.bit_length() - 1 if ratio >= 1 else 0
-        return min(tier, count - 1)
-
-    @property
-    def hold_window_ms(self) -> int:
-        """A message leaving its tier this close to its time waits for the exact time."""
-        return self.timer_precision_ms + LANDING_MARGIN_MS
-
-    def exit_time_ms(self, tier_due_ms: int, deliver_ms: int) -> int:
-        """When a message whose tier wait ends at ``tier_due_ms`` is taken out: its exact
-        time if that is within the hold window, else the end of the tier wait."""
-        if 0 < deliver_ms - tier_due_ms < self.hold_window_ms:
-            return deliver_ms
-        return tier_due_ms
-
-    def deliver_time_ms(
-        self,
-        *,
-        born_ms: int,
-        deliver_ms: str | None,
-        delay_ms: str | None,
-        delay_sec: str | None,
-    ) -> int:
-        """A timer message's absolute delivery time from its ``TIMER_*`` properties (the first
-        set of ``TIMER_DELIVER_MS``, ``TIMER_DELAY_MS``, ``TIMER_DELAY_SEC``).
-
-        Raises :class:`InvalidDelayError` for a malformed value or one beyond the maximum.
-        """
-        if deliver_ms is not None:
-            due = _as_int("TIMER_DELIVER_MS", deliver_ms)
-        elif delay_ms is not None:
-            due = born_ms + _as_int("TIMER_DELAY_MS", delay_ms)
-        elif delay_sec is not None:
-            due = born_ms + _as_int("TIMER_DELAY_SEC", delay_sec) * 1000
-        else:
-            raise InvalidDelayError("no TIMER_DELIVER_MS, TIMER_DELAY_MS or TIMER_DELAY_SEC")
-        if due - born_ms > self.timer_max_delay_ms:
-            raise InvalidDelayError(
-                f"timer delay of {due - born_ms} ms is beyond timer_max_delay_ms="
-                f"{self.timer_max_delay_ms} ({self.timer_max_delay_ms // 86_400_000} days)"
-            )
-        return due
-
-
-def _as_int(name: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidDelayError(f"{name} must be an integer, got {raw!r}") from None

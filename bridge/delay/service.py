@@ -30,24 +30,30 @@ import logging
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from bridge.codec import decode_envelope, decode_headers, encode_envelope, real_record
-from bridge.delay.model import DelayPolicy
+from bridge.codec import (
+    PreparedRecord,
+    decode_envelope,
+    decode_headers,
+    encode_envelope,
+    real_record,
+)
 from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER
+from bridge.delay_policy import DelayPolicy
 from bridge.errors import WireFormatError
+from bridge.kafka.batch_writer import TransactionBatch
 from bridge.kafka.clients import new_admin, new_consumer
 from bridge.kafka.quarantine import QUARANTINE_OMITTED_BYTES, quarantine_copy, read_headers
+from bridge.kafka.service import ServiceConfig, TransactionalService
 from bridge.kafka.transactional import (
     DELIVERY_ATTEMPTS,
     DELIVERY_ERROR,
     MAX_DELIVERY_ERROR_CHARS,
     REMOVED_ON_DELIVERY,
-    ServiceConfig,
-    TransactionalService,
     is_permanent_delivery_error,
 )
 from bridge.lifecycle import FatalServiceError
@@ -80,14 +86,15 @@ than one) are still unacknowledged, the broker is busy rather than one target st
 commit waits for them."""
 _MAX_BACKOFF_MS = 60_000
 """The longest back-off between two deliveries of a message that keeps timing out, ms."""
+_FAILURES: Final = (KafkaException, BufferError)
+"""What a failed Kafka transaction of these services raises (see
+:func:`~bridge.kafka.batch_writer.as_kafka_exception`)."""
 RECORD_ERRORS: Final = (WireFormatError, ValueError, TypeError, SystemError, ArithmeticError)
 """What decoding one malformed record can raise (its own fault: it is quarantined)."""
 
 Headers = list[tuple[str, bytes | None]]
 Key = tuple[int, int]
 """(partition, offset) of a fetched record."""
-Reports = dict[tuple[int, int], tuple[KafkaError | None, int]]
-"""(unit index, output index) -> (its delivery report's error or None, its partition)."""
 _MISSING: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
 _NOT_RECORD_ERRORS: Final = frozenset(
     {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, KafkaError._FENCED}
@@ -95,19 +102,6 @@ _NOT_RECORD_ERRORS: Final = frozenset(
 """Report errors that say what happened to the transaction, not to the record."""
 _UNKNOWN_TARGET: Final = (1 << 31, None)
 """What :meth:`_FifoDelayService._target` says when it cannot tell: try to deliver."""
-
-
-class Output(NamedTuple):
-    """A record a due message becomes (arguments of ``Producer.produce``)."""
-
-    topic: str
-    partition: int
-    key: bytes | None
-    value: bytes | None
-    headers: Headers | None
-    timestamp: int
-    real: bool
-    """True for a delivery to the message's real topic (which may refuse it)."""
 
 
 @dataclass(slots=True)
@@ -127,8 +121,13 @@ class Held:
 
 @dataclass(slots=True)
 class _Unit:
+    """A due record and what it becomes in the Kafka transaction."""
+
     held: Held
-    outputs: list[Output]
+    record: PreparedRecord | None
+    """What it is written as (None for a duplicate)."""
+    real: bool = False
+    """``record`` is the delivery to the message's real topic (which may refuse it)."""
     suspect: bool = False
     """Its delivery failed in a transaction with other failures: it goes alone next time."""
     aside: bool = False
@@ -208,8 +207,9 @@ class _FifoDelayService(TransactionalService):
         """How long records wait in ``partition``, ms."""
         raise NotImplementedError
 
-    def process(self, held: Held, now: int) -> list[Output]:
-        """What the due record becomes. Raises one of :data:`RECORD_ERRORS` if malformed."""
+    def process(self, held: Held, now: int) -> tuple[PreparedRecord, bool]:
+        """What the due record becomes, and whether that is its delivery to its real topic.
+        Raises one of :data:`RECORD_ERRORS` if malformed."""
         raise NotImplementedError
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -444,7 +444,7 @@ class _FifoDelayService(TransactionalService):
                     "%s: %s[%d]@%d is a second copy of a message delivered already; skipped",
                     self.name, self.topic, held.partition, held.offset,
                 )  # fmt: skip
-                segments[-1].append(_Unit(held, [], duplicate=True))
+                segments[-1].append(_Unit(held, None, duplicate=True))
                 continue
             if key is not None:
                 in_this_pass.add(key)
@@ -467,7 +467,7 @@ class _FifoDelayService(TransactionalService):
         shrink = self._shrink.get(key)
         if shrink is not None:
             stage, why = shrink
-            return _Unit(held, [self._quarantined(held, why, keep_value=stage < 2)], aside=True)
+            return _Unit(held, self._quarantined(held, why, keep_value=stage < 2), aside=True)
         problem = self._culprits.get(key)
         if problem is not None:
             return _Unit(held, self._aside(held, problem, now), aside=True)
@@ -475,27 +475,29 @@ class _FifoDelayService(TransactionalService):
         if problem is not None:
             return _Unit(held, self._aside(held, problem, now, transient=True), aside=True)
         try:
-            outputs = self.process(held, now)
+            record, real = self.process(held, now)
         except RECORD_ERRORS as exc:
-            return _Unit(held, [self._quarantined(held, str(exc) or type(exc).__name__)])
-        for out in outputs:
-            problem = self._target_problem(out) if out.real else None
-            if problem is not None:
-                return _Unit(held, self._aside(held, problem, now), aside=True)
-        return _Unit(held, outputs, suspect=key in self._suspects)
+            return _Unit(held, self._quarantined(held, str(exc) or type(exc).__name__))
+        problem = self._target_problem(record) if real else None
+        if problem is not None:
+            return _Unit(held, self._aside(held, problem, now), aside=True)
+        return _Unit(held, record, real, suspect=key in self._suspects)
 
-    def _quarantined(self, held: Held, reason: str, *, keep_value: bool = True) -> Output:
+    def _quarantined(self, held: Held, reason: str, *, keep_value: bool = True) -> PreparedRecord:
         if held.header_error is not None:
             reason += f"; copied without its headers, which could not be read ({held.header_error})"
-        copy = quarantine_copy(
-            self.config.catalog, held.record, reason, self.name, headers=held.headers,
+        return quarantine_copy(
+            self.config.catalog,
+            held.record,
+            reason,
+            self.name,
+            headers=held.headers,
             keep_value=keep_value,
-        )  # fmt: skip
-        return Output(copy.topic, -1, copy.key, copy.value, copy.headers, copy.timestamp_ms, False)
+        )
 
     def _aside(
         self, held: Held, problem: str, now: int, *, transient: bool = False
-    ) -> list[Output]:
+    ) -> PreparedRecord:
         """Where a message whose delivery failed for ``problem`` goes: back to wait in the
         timer topic for a back-off, or QUARANTINE once it failed ``delivery_attempts`` times
         for a permanent reason. A ``transient`` failure (a timeout) counts in
@@ -506,7 +508,7 @@ class _FifoDelayService(TransactionalService):
             attempts = _attempts(msg.get_property(DELIVERY_ATTEMPTS)) + 1
             if not transient and attempts >= self.config.delivery_attempts:
                 logger.warning("%s: delivery failed %d times: %s", self.name, attempts, problem)
-                return [self._quarantined(held, f"delivery failed {attempts} times: {problem}")]
+                return self._quarantined(held, f"delivery failed {attempts} times: {problem}")
             backoff_ms = min(
                 self.config.delivery_backoff_ms * 2 ** min(attempts - 1, 30), _MAX_BACKOFF_MS
             )
@@ -519,7 +521,7 @@ class _FifoDelayService(TransactionalService):
                 msg.msg_id, msg.body, props, msg.born_timestamp_ms, msg.born_host
             )
         except RECORD_ERRORS as exc:
-            return [self._quarantined(held, f"{problem}; then {exc}")]
+            return self._quarantined(held, f"{problem}; then {exc}")
         logger.warning(
             "%s: delivery of %s failed (%s); attempt %d%s in %d ms",
             self.name, msg.msg_id, problem, attempts + 1,
@@ -527,11 +529,13 @@ class _FifoDelayService(TransactionalService):
         )  # fmt: skip
         tier = self.policy.route(deliver_ms, now, self.policy.tier_count) or 0
         headers: Headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode())]
-        return [Output(self.timer_topic, tier, held.record.key(), value, headers, 0, False)]
+        return PreparedRecord(
+            self.timer_topic, held.record.key(), value, headers, msg.msg_id, 0, tier
+        )
 
-    def _target_problem(self, out: Output) -> str | None:
+    def _target_problem(self, out: PreparedRecord) -> str | None:
         """Why ``out`` cannot be delivered, from (cached) metadata, or None if it may be."""
-        topic, partition = out.topic, out.partition
+        topic, partition = out.kafka_topic, out.partition
         if is_kafka_internal(topic):
             return f"{topic} is an internal topic of Kafka"
         count, problem = self._target(topic, partition)
@@ -571,46 +575,53 @@ class _FifoDelayService(TransactionalService):
         return count, problem
 
     def _commit(self, units: list[_Unit], now: int) -> bool:
-        """One Kafka transaction: the outputs of ``units`` and their offsets."""
+        """One Kafka transaction: the records ``units`` become and their offsets."""
         producer = self._producer
-        consumer = self._consumer
-        if consumer is None:
+        if self._consumer is None:
             return False
-        reports: Reports = {}
-        expected: set[tuple[int, int]] = set()
-        offsets: dict[int, int] = {}
-        try:
-            producer.begin_transaction()
-            for index, unit in enumerate(units):
-                self._produce(producer, unit, index, reports, expected=expected, now=now)
-                offsets[unit.held.partition] = unit.held.offset + 1
-            producer.send_offsets_to_transaction(
-                [TopicPartition(self.topic, p, o) for p, o in offsets.items()],
-                consumer.consumer_group_metadata(),
-                self.timeout_s,
-            )
-            slow = self._unacknowledged(units, reports, expected)
+        batch = TransactionBatch()
+        owners: list[int] = []
+        """Record index -> index in ``units`` of the unit it belongs to."""
+        for index, unit in enumerate(units):
+            if unit.record is not None:
+                batch.add(unit.record)
+                owners.append(index)
+
+        def refused(at: int, record: PreparedRecord, exc: KafkaException) -> PreparedRecord | None:
+            return self._replace_refused(units[owners[at]], record, exc, now)
+
+        def positions() -> list[TopicPartition]:
+            offsets = {unit.held.partition: unit.held.offset + 1 for unit in units}
+            return [TopicPartition(self.topic, p, o) for p, o in offsets.items()]
+
+        def patience(_: TransactionBatch) -> None:
+            slow = self._unacknowledged(units, batch, owners)
             if slow:
                 raise KafkaException(
                     KafkaError(KafkaError._TIMED_OUT, f"set aside: {'; '.join(slow.values())}")
                 )
-            producer.commit_transaction(self.timeout_s)
-        except (KafkaException, BufferError) as exc:
-            failure = (
-                exc
-                if isinstance(exc, KafkaException)
-                else KafkaException(KafkaError(KafkaError._QUEUE_FULL, str(exc)))
-            )
+
+        def failed(failure: KafkaException) -> None:
             self.transaction_failed(failure)
             producer.poll(0)  # the reports of what the abort purged
-            self._blame(units, reports, failure)
+
+        if not self.write(
+            batch,
+            on_failure=failed,
+            offsets=positions,
+            before_commit=patience,
+            on_refused=refused,
+            failures=_FAILURES,
+        ):
+            assert batch.failure is not None
+            self._blame(units, batch, owners, batch.failure)
             return False
         for unit in units:
             key = (unit.held.partition, unit.held.offset)
             for pending in (self._culprits, self._slow, self._shrink, self._timeouts):
                 pending.pop(key, None)
             self._suspects.discard(key)
-            self.delivered += sum(1 for out in unit.outputs if out.real)
+            self.delivered += unit.real
             self.moved_aside += unit.aside
             if unit.duplicate:
                 self.duplicates += 1
@@ -638,18 +649,21 @@ class _FifoDelayService(TransactionalService):
             recent.popitem(last=False)
 
     def _unacknowledged(
-        self, units: list[_Unit], reports: Reports, expected: set[tuple[int, int]]
+        self, units: list[_Unit], batch: TransactionBatch, owners: list[int]
     ) -> dict[Key, str]:
-        """Wait (serving delivery reports) until every output is acknowledged or failed, and
-        return the records whose real delivery the broker has not acknowledged within their
-        patience (:data:`_SLOW_ACK_S`) of answering the transaction's offset commit: they
-        are marked to be set aside, and the transaction is to be aborted. Empty when all
-        were acknowledged or failed (the commit says which), or when all are slow alike (a
-        slow broker: the commit waits for them)."""
+        """Wait (serving delivery reports) until every record of ``batch`` is acknowledged or
+        failed, and return the records whose real delivery the broker has not acknowledged
+        within their patience (:data:`_SLOW_ACK_S`) of answering the transaction's offset
+        commit: they are marked to be set aside, and the transaction is to be aborted. Empty
+        when all were acknowledged or failed (the commit says which), or when all are slow
+        alike (a slow broker: the commit waits for them). ``owners`` maps a record's index to
+        its unit's."""
         answered = time.monotonic()
         limit_s = self.client.send_msg_timeout_ms / 1000
         tries: dict[int, int] = {}
-        units_sent = {index for index, _ in expected}
+        expected = set(range(len(batch)))
+        reports = batch.reports
+        units_sent = set(owners)
         while True:
             pending = expected - reports.keys()
             if not pending:
@@ -659,18 +673,20 @@ class _FifoDelayService(TransactionalService):
                 return {}
             if waited >= _SLOW_ACK_S:
                 slow: dict[Key, str] = {}
-                for index, pos in sorted(pending):
-                    out = units[index].outputs[pos]
-                    if not out.real:
+                for at in sorted(pending):
+                    index = owners[at]
+                    unit = units[index]
+                    if not unit.real:
                         continue
+                    out = batch.records[at]
                     if index not in tries:
-                        tries[index] = self._tries(units[index].held)
+                        tries[index] = self._tries(unit.held)
                     if waited >= min(
                         _SLOW_ACK_S * float(1 << min(max(tries[index] - 3, 0), 10)), limit_s
                     ):
-                        held = units[index].held
+                        held = unit.held
                         slow[(held.partition, held.offset)] = (
-                            f"{_where(out.topic, out.partition)}: not acknowledged within "
+                            f"{_where(out.kafka_topic, out.partition)}: not acknowledged within "
                             f"{waited * 1000:.0f} ms while the broker answered the rest of its "
                             "Kafka transaction (timed out)"
                         )
@@ -705,71 +721,43 @@ class _FifoDelayService(TransactionalService):
         except RECORD_ERRORS:
             return 0
 
-    def _produce(
-        self,
-        producer: Any,
-        unit: _Unit,
-        index: int,
-        reports: Reports,
-        *,
-        expected: set[tuple[int, int]],
-        now: int,
-    ) -> None:
-        """Produce ``unit``'s outputs, each with a delivery report. An output the producer
-        refuses for good before sending it is replaced in the transaction, which stays
-        intact: a real delivery by its back-off copy, a bridge-made copy by a smaller form."""
-        for _ in range(4):  # the outputs, then their back-off copy, quarantine, smallest form
-            try:
-                for pos, out in enumerate(unit.outputs):
-                    producer.produce(
-                        out.topic, out.value, out.key, partition=out.partition,
-                        headers=out.headers, timestamp=out.timestamp,
-                        on_delivery=self._reporter(reports, (index, pos)),
-                    )  # fmt: skip
-                    expected.add((index, pos))
-                return
-            except KafkaException as exc:
-                # Refused before it was sent (e.g. a partition the client knows is out of
-                # range, or a record above the producer's message.max.bytes).
-                err = exc.args[0] if exc.args else None
-                failed = unit.outputs[pos]
-                if pos > 0 or not isinstance(err, KafkaError):
-                    raise
-                if not is_permanent_delivery_error(err):
-                    raise
-                problem = f"{_where(failed.topic, failed.partition)}: {err.str()} ({err.name()})"
-                if failed.real:
-                    unit.outputs = self._aside(unit.held, problem, now)
-                else:
-                    stage, why = self._escalate(unit, failed, problem)
-                    if stage > 2:
-                        raise
-                    unit.outputs = [self._quarantined(unit.held, why, keep_value=stage < 2)]
-                unit.aside = True
-        raise KafkaException(KafkaError(KafkaError._STATE, "no form of the record was accepted"))
+    def _replace_refused(
+        self, unit: _Unit, failed: PreparedRecord, exc: KafkaException, now: int
+    ) -> PreparedRecord | None:
+        """Another form of ``unit``'s record, which the producer refused for good before
+        sending it (e.g. a partition the client knows is out of range, or a record above the
+        producer's ``message.max.bytes``), so that the transaction stays intact: a real
+        delivery becomes its back-off copy, a bridge-made copy a smaller form. None when
+        there is none (the transaction then fails)."""
+        err = exc.args[0] if exc.args else None
+        if not isinstance(err, KafkaError) or not is_permanent_delivery_error(err):
+            return None
+        problem = f"{_where(failed.kafka_topic, failed.partition)}: {err.str()} ({err.name()})"
+        if unit.real:
+            unit.record = self._aside(unit.held, problem, now)
+            unit.real = False
+        else:
+            stage, why = self._escalate(unit, failed, problem)
+            if stage > 2:
+                return None
+            unit.record = self._quarantined(unit.held, why, keep_value=stage < 2)
+        unit.aside = True
+        return unit.record
 
-    @staticmethod
-    def _reporter(reports: Reports, at: tuple[int, int]) -> Any:
-        def report(err: KafkaError | None, kmsg: Any) -> None:
-            partition = kmsg.partition()
-            reports[at] = (err, -1 if partition is None else partition)
-
-        return report
-
-    def _escalate(self, unit: _Unit, failed: Output, problem: str) -> tuple[int, str]:
+    def _escalate(self, unit: _Unit, failed: PreparedRecord, problem: str) -> tuple[int, str]:
         """Record that ``unit``'s bridge-made output ``failed`` for good (``problem``) and
         return what replaces it: (1: quarantine, 2: quarantine without value and headers,
         3: nothing smaller exists; why)."""
         key = (unit.held.partition, unit.held.offset)
         quarantine_topic = self.config.catalog.topic(SystemTopic.QUARANTINE)
-        if failed.topic != quarantine_topic:
+        if failed.kafka_topic != quarantine_topic:
             stage = 1
         else:
-            smallest = any(k == QUARANTINE_OMITTED_BYTES for k, _ in failed.headers or [])
+            smallest = any(k == QUARANTINE_OMITTED_BYTES for k, _ in failed.headers)
             stage = 3 if smallest else 2
         before = self._shrink.get(key, (0, ""))[1] or self._culprits.get(key) or self._slow.get(key)
         why = f"{before}; then " if before else ""
-        why += f"its copy to {failed.topic} failed: {problem}"
+        why += f"its copy to {failed.kafka_topic} failed: {problem}"
         if stage > 2:
             logger.error(
                 "%s: even the smallest quarantine copy of %s[%d]@%d is refused (%s): "
@@ -782,10 +770,7 @@ class _FifoDelayService(TransactionalService):
         return stage, why
 
     def _blame(
-        self,
-        units: list[_Unit],
-        reports: Reports,
-        exc: KafkaException,
+        self, units: list[_Unit], batch: TransactionBatch, owners: list[int], exc: KafkaException
     ) -> None:
         """Find the deliveries that failed a transaction for a permanent reason. Alone on
         its target in the transaction, a record is the culprit; several on one target (a
@@ -796,15 +781,17 @@ class _FifoDelayService(TransactionalService):
         transaction were acknowledged, or alone, goes back for a back-off (transient); one
         that timed out with all the others twice in a row is tried alone."""
         blamed: dict[int, str] = {}
+        reports = batch.reports
         acknowledged = any(err is None for err, _ in reports.values())
         timed_out: set[int] = set()
-        for (index, pos), (err, partition) in reports.items():
-            out = units[index].outputs[pos]
+        for at, (err, partition) in reports.items():
+            index = owners[at]
+            out = batch.records[at]
             if err is None:
                 continue
-            where = _where(out.topic, partition if partition >= 0 else out.partition)
+            where = _where(out.kafka_topic, partition if partition >= 0 else out.partition)
             problem = f"{where}: {err.str()} ({err.name()})"
-            if not out.real:
+            if not units[index].real:
                 if is_permanent_delivery_error(err):
                     self._escalate(units[index], out, problem)
                 continue
@@ -813,9 +800,9 @@ class _FifoDelayService(TransactionalService):
             elif (
                 err.code() in (KafkaError._MSG_TIMED_OUT, KafkaError._UNKNOWN_TOPIC)
                 and not self._auto_create
-                and self._target(out.topic, out.partition, fresh=True) == (None, None)
+                and self._target(out.kafka_topic, out.partition, fresh=True) == (None, None)
             ):
-                blamed[index] = f"topic {out.topic} does not exist"
+                blamed[index] = f"topic {out.kafka_topic} does not exist"
             elif err.code() not in _NOT_RECORD_ERRORS:
                 timed_out.add(index)
                 key = (units[index].held.partition, units[index].held.offset)
@@ -836,12 +823,12 @@ class _FifoDelayService(TransactionalService):
             # The transaction failed for a record's reason (a partition it could not add,
             # e.g. not authorized) but the reports only say "purged", for the innocent
             # records added in the same request too: each unacknowledged one is a suspect.
-            unacknowledged = {i for (i, _), (err, _) in reports.items() if err is not None}
+            unacknowledged = {owners[at] for at in batch.unacknowledged()}
             for index, unit in enumerate(units):
-                real = next((o for o in unit.outputs if o.real), None)
+                real = unit.record if unit.real else None
                 if real is not None and index in unacknowledged:
                     key = (unit.held.partition, unit.held.offset)
-                    where = _where(real.topic, real.partition)
+                    where = _where(real.kafka_topic, real.partition)
                     if len(units) == 1:
                         self._culprits[key] = f"{where}: {error.str()} ({error.name()})"
                     else:
@@ -859,14 +846,10 @@ class _FifoDelayService(TransactionalService):
         if blamed:
             logger.warning("%s: failed deliveries: %s", self.name, sorted(set(blamed.values())))
 
-    def deliver(self, held: Held) -> Output:
+    def deliver(self, held: Held) -> tuple[PreparedRecord, bool]:
         """The real-topic record of a delayed message that is due."""
         msg = decode_envelope(held.record.value())
-        real = real_record(msg, self.config.catalog.namespace, REMOVED_ON_DELIVERY)
-        headers: Headers = list(real.headers)
-        return Output(
-            real.topic, real.partition, real.key, real.value, headers, real.timestamp_ms, True
-        )
+        return real_record(msg, self.config.catalog.namespace, REMOVED_ON_DELIVERY), True
 
 
 def _where(topic: str, partition: int) -> str:
@@ -884,8 +867,8 @@ class ScheduleDeliveryService(_FifoDelayService):
         delays = self.policy.level_delays_ms
         return delays[min(partition, len(delays) - 1)]
 
-    def process(self, held: Held, now: int) -> list[Output]:
-        return [self.deliver(held)]
+    def process(self, held: Held, now: int) -> tuple[PreparedRecord, bool]:
+        return self.deliver(held)
 
 
 class TimerService(_FifoDelayService):
@@ -915,15 +898,24 @@ class TimerService(_FifoDelayService):
             raw = decode_envelope(held.record.value()).get_property(TIMER_ROUTING_HEADER) or "0"
         return int(raw)
 
-    def process(self, held: Held, now: int) -> list[Output]:
+    def process(self, held: Held, now: int) -> tuple[PreparedRecord, bool]:
         deliver_ms = self._deliver_ms(held)
         tier = self.policy.route(deliver_ms, now, self.policy.tier_count)
         if tier is None:
-            return [self.deliver(held)]
+            return self.deliver(held)
         # A hop is the coordinator's own copy, written once in a Kafka transaction: without
         # the producer's send id, it can never pass for a second copy of that send.
         headers: Headers = [
             (k, v) for k, v in held.headers if k not in (TIMER_ROUTING_HEADER, SEND_ID_HEADER)
         ]
         headers.append((TIMER_ROUTING_HEADER, str(deliver_ms).encode()))
-        return [Output(self.topic, tier, held.record.key(), held.record.value(), headers, 0, False)]
+        hop = PreparedRecord(
+            self.topic,
+            held.record.key(),
+            held.record.value(),
+            headers,
+            f"{self.topic}-{held.partition}-{held.offset}",
+            0,
+            tier,
+        )
+        return hop, False

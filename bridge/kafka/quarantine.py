@@ -2,11 +2,11 @@
 reason; and how an operator re-drives a quarantined delayed message.
 
 A service that meets a malformed record in a system or retry topic, or a delayed message whose
-delivery keeps failing for a permanent reason, calls :func:`quarantine` (or adds
-:func:`quarantine_copy` to its transaction) and moves on: the record is neither dropped nor
-retried forever. The copy keeps value, key, timestamp and headers, and adds headers naming the
-reason and the origin. :func:`replay_quarantined` delivers a quarantined delayed message to its
-real topic once the cause is fixed, exactly once.
+delivery keeps failing for a permanent reason, writes :func:`quarantine_copy` (in the Kafka
+transaction of the batch the record belonged to, where it has one) and moves on: the record
+is neither dropped nor retried forever. The copy keeps value, key, timestamp and headers, and
+adds headers naming the reason and the origin. :func:`replay_quarantined` delivers a
+quarantined delayed message to its real topic once the cause is fixed, exactly once.
 
 Guarantees kept here (see ``docs/guarantees.md``): G8, G9.
 """
@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from bridge.codec import decode_envelope, decode_headers, real_record
+from bridge.codec import PreparedRecord, decode_envelope, decode_headers, real_record
 from bridge.codec import read_headers as read_record_headers
 from bridge.config import ClientConfig
 from bridge.errors import (
@@ -34,8 +34,9 @@ from bridge.errors import (
     SendError,
     WireFormatError,
 )
-from bridge.kafka.clients import new_consumer, new_producer, read_record_at, translate_error
-from bridge.kafka.transactional import REMOVED_ON_DELIVERY, BoundedTransactions
+from bridge.kafka.batch_writer import TransactionBatch, abort_quietly, kafka_error, write_batch
+from bridge.kafka.clients import new_consumer, read_record_at, translate_error
+from bridge.kafka.transactional import REMOVED_ON_DELIVERY, transactional_producer
 from topics.catalog import SystemTopic, TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ _MAX_REASON_CHARS = 2000
 _UNREACHABLE: Final = frozenset(
     {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
 )
+_FENCED: Final = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})
 
 RecordHeaders = Sequence[tuple[str, bytes | None]]
 
@@ -96,18 +98,6 @@ class ReplayConflictError(QuarantineReplayError):
     """Another replay of the same QUARANTINE offset ran at the same time and won."""
 
 
-@dataclass(frozen=True, slots=True)
-class QuarantineCopy:
-    """The QUARANTINE record that keeps a consumed record with the reason and its origin."""
-
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-    timestamp_ms: int
-    """The original record's timestamp, or 0 (the producer's clock)."""
-
-
 def read_headers(record: Any) -> tuple[list[tuple[str, bytes | None]], str | None]:
     """The headers of a consumed record and None, or ``[]`` and why they cannot be read (see
     :func:`bridge.codec.read_headers`: call it once per record, before anything else reads
@@ -130,9 +120,11 @@ def quarantine_copy(
     *,
     headers: RecordHeaders | None = None,
     keep_value: bool = True,
-) -> QuarantineCopy:
+) -> PreparedRecord:
     """The quarantine copy of the consumed ``record`` (logged): services add it to the Kafka
-    transaction of the batch the record belonged to.
+    transaction of the batch the record belonged to. Its ``msg_id`` is
+    ``<topic>-<partition>-<offset>`` of ``record``; its timestamp is the record's, or 0 (the
+    producer's clock).
 
     ``headers``: the record's headers when the caller has read them already (see
     :func:`read_headers`); otherwise they are read here. Headers that cannot be read are left
@@ -169,34 +161,16 @@ def quarantine_copy(
     ]
     _, timestamp = record.timestamp()
     logger.warning(
-        "quarantined %s[%d]@%d: %s",
-        record.topic(),
-        record.partition(),
-        record.offset(),
-        reason,
+        "quarantined %s[%d]@%d: %s", record.topic(), record.partition(), record.offset(), reason
     )
-    return QuarantineCopy(
+    return PreparedRecord(
         catalog.topic(SystemTopic.QUARANTINE),
         record.key(),
         value,
         kept,
+        f"{record.topic()}-{record.partition()}-{record.offset()}",
         timestamp if timestamp and timestamp > 0 else 0,
     )
-
-
-def quarantine(
-    producer: Any, catalog: TopicCatalog, record: Any, reason: str, quarantined_by: str
-) -> None:
-    """Produce the quarantine copy of the consumed ``record`` with ``producer`` (a
-    confluent-kafka producer; in a transaction the copy commits with it). Raises
-    :class:`~bridge.errors.KafkaClientError` if the producer refuses it."""
-    copy = quarantine_copy(catalog, record, reason, quarantined_by)
-    try:
-        producer.produce(
-            copy.topic, copy.value, copy.key, headers=copy.headers, timestamp=copy.timestamp_ms
-        )
-    except (KafkaException, BufferError) as exc:
-        raise translate_error(exc, f"quarantining {record.topic()}[{record.partition()}]") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,23 +314,22 @@ def replay_quarantined(
     topic = catalog.topic(SystemTopic.QUARANTINE)
     timeout_s = timeout_ms / 1000
     reader = new_consumer(
-        config, f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}", "bridge-replay",
+        config,
+        f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}",
+        "bridge-replay",
         enable_partition_eof=True,
-    )  # fmt: skip
+    )
     try:
         real = _replayable(reader, catalog, topic, offset, timeout_s)
-        producer = BoundedTransactions(
-            new_producer(
-                config,
-                "bridge-quarantine-replay",
-                transactional_id=f"{config.namespace}.quarantine.replay.{offset}",
-                message_timeout_ms=min(config.send_msg_timeout_ms, timeout_ms),
-            ),
-            "bridge-quarantine-replay",
-        )
         try:
             # Fences a replay of this offset still running and waits for its transaction.
-            producer.init_transactions(timeout_s)
+            producer = transactional_producer(
+                config,
+                "bridge-quarantine-replay",
+                f"{config.namespace}.quarantine.replay.{offset}",
+                timeout_s,
+                message_timeout_ms=min(config.send_msg_timeout_ms, timeout_ms),
+            )
         except KafkaException as exc:
             raise translate_error(exc, f"replaying QUARANTINE offset {offset}") from exc
         if _resolved(config, topic, offset, timeout_s):
@@ -368,8 +341,8 @@ def replay_quarantined(
 
 def _replayable(
     reader: Consumer, catalog: TopicCatalog, topic: str, offset: int, timeout_s: float
-) -> tuple[str, Any]:
-    """(message id, real record) of the quarantined delayed message at ``offset``."""
+) -> PreparedRecord:
+    """The real record of the quarantined delayed message at ``offset``."""
     record = read_record_at(reader, TopicPartition(topic, 0, offset), timeout_s)
     if record is None or record.offset() != offset:
         raise NotReplayableError(f"QUARANTINE offset {offset} holds no record")
@@ -387,8 +360,7 @@ def _replayable(
             f"not from {' or '.join(delayed)}: only delayed messages can be replayed"
         )
     try:
-        msg = decode_envelope(record.value())
-        return msg.msg_id, real_record(msg, catalog.namespace, REMOVED_ON_DELIVERY)
+        return real_record(decode_envelope(record.value()), catalog.namespace, REMOVED_ON_DELIVERY)
     except (WireFormatError, ValueError) as exc:
         raise NotReplayableError(
             f"QUARANTINE offset {offset} holds no deliverable message: {exc}"
@@ -400,9 +372,11 @@ def _resolved(config: ClientConfig, topic: str, offset: int, timeout_s: float) -
     watermark, waiting for transactions still open below it to end (a marker committed after
     an unrelated transaction began is not visible before that one ends)."""
     probe = new_consumer(
-        config, f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}", "bridge-replay",
+        config,
+        f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}",
+        "bridge-replay",
         isolation_level="read_uncommitted",
-    )  # fmt: skip
+    )
     try:
         _, high = probe.get_watermark_offsets(
             TopicPartition(topic, 0), timeout=timeout_s, cached=False
@@ -416,9 +390,11 @@ def _resolved(config: ClientConfig, topic: str, offset: int, timeout_s: float) -
     if high <= offset + 1:
         return False
     scanner = new_consumer(
-        config, f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}", "bridge-replay",
+        config,
+        f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}",
+        "bridge-replay",
         enable_partition_eof=True,
-    )  # fmt: skip
+    )
     try:
         scanner.assign([TopicPartition(topic, 0, offset + 1)])
         deadline = time.monotonic() + timeout_s
@@ -448,45 +424,45 @@ def _resolved(config: ClientConfig, topic: str, offset: int, timeout_s: float) -
 
 
 def _deliver(
-    producer: Any, msg: tuple[str, Any], topic: str, offset: int, timeout_s: float
+    producer: Any, real: PreparedRecord, topic: str, offset: int, timeout_s: float
 ) -> ReplayedMessage:
-    msg_id, real = msg
     reports: dict[str, tuple[int, int]] = {}
 
     def delivered(err: KafkaError | None, kmsg: Any) -> None:
-        if err is None and kmsg.topic() == real.topic:
+        if err is None and kmsg.topic() == real.kafka_topic:
             reports["real"] = (kmsg.partition(), kmsg.offset())
 
     marker = [
         (QUARANTINE_RESOLVED_OFFSET, str(offset).encode()),
-        (QUARANTINE_REASON, f"replayed to {real.topic}".encode()),
+        (QUARANTINE_REASON, f"replayed to {real.kafka_topic}".encode()),
         (QUARANTINED_BY, b"replay"),
         (QUARANTINED_AT_MS, str(time.time_ns() // 1_000_000).encode()),
     ]
-    context = f"replaying QUARANTINE offset {offset} to {real.topic}"
-    try:
-        producer.begin_transaction()
-        producer.produce(
-            real.topic, real.value, real.key, partition=real.partition, headers=real.headers,
-            timestamp=real.timestamp_ms, on_delivery=delivered,
-        )  # fmt: skip
-        producer.produce(topic, None, None, partition=0, headers=marker)
-        producer.commit_transaction(timeout_s)
-    except KafkaException as exc:
-        error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and error.code() in (
-            KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-        ):  # fmt: skip
+    context = f"replaying QUARANTINE offset {offset} to {real.kafka_topic}"
+    batch = TransactionBatch()
+    batch.add(real, delivered)
+    batch.add(PreparedRecord(topic, None, None, marker, f"{topic}-0-{offset}", 0, 0))
+
+    def failed(exc: KafkaException) -> None:
+        error = kafka_error(exc)
+        if error is None or error.code() not in _FENCED:  # a fenced producer cannot abort
+            abort_quietly(producer, timeout_s, lambda text: logger.info("%s: %s", context, text))
+
+    if not write_batch(
+        producer, batch, timeout_s=timeout_s, on_failure=failed, failures=(KafkaException,)
+    ):
+        assert batch.failure is not None
+        if batch.error is not None and batch.error.code() in _FENCED:
             raise ReplayConflictError(
                 f"another replay of QUARANTINE offset {offset} ran at the same time"
-            ) from exc
-        try:
-            producer.abort_transaction(timeout_s)
-        except KafkaException:
-            logger.info("%s: abort failed (the transaction times out instead)", context)
-        raise translate_error(exc, context, SendError) from exc
+            ) from batch.failure
+        raise translate_error(batch.failure, context, SendError) from batch.failure
     partition, real_offset = reports.get("real", (-1, -1))
     logger.info(
-        "replayed QUARANTINE offset %d to %s[%d]@%d", offset, real.topic, partition, real_offset
+        "replayed QUARANTINE offset %d to %s[%d]@%d",
+        offset,
+        real.kafka_topic,
+        partition,
+        real_offset,
     )
-    return ReplayedMessage(msg_id, real.topic, partition, real_offset)
+    return ReplayedMessage(real.msg_id, real.kafka_topic, partition, real_offset)

@@ -1,27 +1,19 @@
-"""Base of the coordinator services that consume, transform and produce in Kafka transactions,
-and the rules they share about delivery errors and fencing."""
+"""Kafka transactions that cannot hang (:class:`BoundedTransactions`, made by
+:func:`transactional_producer`), and the rules about delivery errors shared by every writer
+of transactions (:func:`is_permanent_delivery_error`)."""
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from dataclasses import dataclass
 from typing import Any, Final
 
-from confluent_kafka import Consumer, KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException
 
 from bridge.config import ClientConfig
-from bridge.kafka.clients import new_admin, new_producer
-from bridge.lifecycle import FatalServiceError, ServiceThread
+from bridge.kafka.clients import new_producer
+from bridge.lifecycle import FatalServiceError
 from bridge.message import DELAY_PROPERTIES, MessageConst
-from topics.catalog import TopicCatalog
-from topics.naming import (
-    coordinator_group,
-    coordinator_group_instance_id,
-    coordinator_transactional_id,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +102,6 @@ WATCHDOG_GRACE_S: Final = 5.0
 MAX_STUCK_CALLS: Final = 8
 """Given-up calls still running in this process past which the process stops instead: each
 holds a thread and a librdkafka instance, and a restart is safe by design."""
-_REPLACE_BACKOFF_S: Final = 1.0
 _stuck_lock = threading.Lock()
 _stuck_calls = 0
 
@@ -211,8 +202,12 @@ class BoundedTransactions:
                 logger.error(
                     "%s: %s did not return within %.0f s although its timeout is %.0f s; "
                     "giving this producer up (%d given-up calls still running)",
-                    self._name, call, limit_s, timeout_s, stuck,
-                )  # fmt: skip
+                    self._name,
+                    call,
+                    limit_s,
+                    timeout_s,
+                    stuck,
+                )
                 if stuck > MAX_STUCK_CALLS:
                     raise FatalServiceError(
                         f"{stuck} Kafka transaction calls did not return within their "
@@ -234,183 +229,20 @@ class BoundedTransactions:
         )
 
 
-class DuplicateCoordinatorError(FatalServiceError):
-    """Another running coordinator uses this coordinator's id: Kafka fenced this one."""
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceConfig:
-    """What every coordinator service needs (see ``CoordinatorConfig``)."""
-
-    client: ClientConfig
-    catalog: TopicCatalog
-    coordinator_id: str
-    kafka_transaction_timeout_ms: int = 10_000
-    """How long an unfinished Kafka transaction of a crashed coordinator blocks readers, ms."""
-    session_timeout_ms: int = 10_000
-    """How long a crashed coordinator keeps its partitions, ms."""
-    delivery_attempts: int = 3
-    """Deliveries of one message that fail for a permanent reason before it is moved aside."""
-    delivery_backoff_ms: int = 1000
-    """Wait before the second delivery attempt, ms; doubles for each further one."""
-
-
-class TransactionalService(ServiceThread):
-    """A service whose every batch is one Kafka transaction: its outputs and the offsets of the
-    inputs they came from commit together, so a crash applies a batch completely or not at all.
-
-    ``transactional_id`` should be stable per coordinator and service: a restarted process
-    with the same id fences its predecessor and aborts what it left open. Two live processes
-    with the same id would fence each other for ever; the one that finds the other holding
-    its static group membership stops with :class:`DuplicateCoordinatorError` instead.
-    """
-
-    def __init__(self, kind: str, config: ServiceConfig) -> None:
-        super().__init__(f"bridge-{kind}-{config.coordinator_id}", interval_ms=1)
-        self.config = config
-        self.client = config.client
-        namespace = config.client.namespace
-        self._transactional_id = coordinator_transactional_id(
-            namespace, kind, config.coordinator_id
-        )
-        self.group_id = coordinator_group(namespace, kind)
-        """The consumer group of this kind of service."""
-        self.group_instance_id = coordinator_group_instance_id(config.coordinator_id, kind)
-        """This service's static membership in :attr:`group_id`."""
-        self._kafka_transaction_timeout_ms = config.kafka_transaction_timeout_ms
-        self._consumer: Consumer | None = None
-        self._producer: Any = None
-        self._producer_broken = False
-        self._replace_after = 0.0
-        self._fencing_admin: AdminClient | None = None
-
-    @property
-    def timeout_s(self) -> float:
-        """Bound on each Kafka call, seconds."""
-        return self.client.request_timeout_ms / 1000
-
-    def start_producer(self) -> None:
-        """Create the transactional producer and register its id with the broker."""
-        producer = new_producer(
-            self.client,
-            self.name,
-            transactional_id=self._transactional_id,
-            transaction_timeout_ms=self._kafka_transaction_timeout_ms,
-            # librdkafka requires a message to time out within its transaction.
-            message_timeout_ms=min(
-                self.client.send_msg_timeout_ms, self._kafka_transaction_timeout_ms
-            ),
-            linger_ms=1,
-        )
-        bounded = BoundedTransactions(producer, self.name)
-        bounded.init_transactions(self.timeout_s)
-        self._producer = bounded
-        self._producer_broken = False
-
-    def on_stop(self) -> None:
-        """Close the consumer and flush the producer (idempotent)."""
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            consumer.close()
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            producer.flush(5)
-
-    def transaction_failed(self, exc: KafkaException) -> None:
-        """Abort the failed transaction, or replace a fenced or broken producer. The caller
-        then re-reads its inputs from the committed offsets.
-
-        Raises :class:`DuplicateCoordinatorError` when the fencing came from another
-        coordinator running with this one's id (recreating the producer would fence it back).
-        """
-        error = exc.args[0] if exc.args else None
-        logger.warning("%s: Kafka transaction failed (%s); re-reading", self.name, exc)
-        if isinstance(error, KafkaError):
-            self.check_fencing(error)
-        fatal = isinstance(error, KafkaError) and error.fatal()
-        if not fatal:
-            try:
-                self._producer.abort_transaction(self.timeout_s)
-            except KafkaException:
-                fatal = True
-        if fatal:
-            self._replace_producer()
-
-    def _replace_producer(self) -> None:
-        """Start a new producer in place of a fenced, broken or wedged one. When that fails
-        too (the coordinator it needs is still unreachable), the producer stays marked broken
-        and :meth:`producer_ready` keeps trying; this raises nothing else, so whoever called
-        :meth:`transaction_failed` still does its own bookkeeping (rewind, rebuild); only a
-        :class:`FatalServiceError` passes. After a failed try the next one waits
-        :data:`_REPLACE_BACKOFF_S` (counted from the failure), so the rest of a pass fails
-        fast rather than trying once per transaction."""
-        if self._producer_broken and time.monotonic() < self._replace_after:
-            return  # tried a moment ago
-        try:
-            self.start_producer()
-        except FatalServiceError:
-            raise
-        except Exception as exc:
-            logger.warning("%s: could not start a new producer yet: %s", self.name, exc)
-            self._producer_broken = True
-            self._replace_after = time.monotonic() + _REPLACE_BACKOFF_S
-
-    def producer_ready(self) -> bool:
-        """Call first in every iteration: True when the producer can be used. A producer that
-        was given up (:class:`BoundedTransactions`) or could not be replaced is replaced here,
-        and until that worked nothing else may run: a rebuild of state from the logs is only
-        right once the new producer's ``init_transactions`` has completed or aborted what the
-        old one left open. False (after a short wait) while it cannot be replaced."""
-        producer = self._producer
-        wedged = isinstance(producer, BoundedTransactions) and producer.wedged is not None
-        if not (self._producer_broken or wedged):
-            return True
-        self._replace_producer()
-        if self._producer_broken:
-            self._stopped.wait(_REPLACE_BACKOFF_S)
-            return False
-        return True
-
-    def check_fencing(self, error: KafkaError) -> None:
-        """Raise :class:`DuplicateCoordinatorError` if ``error`` (from the producer or the
-        consumer) means another live coordinator has this one's id.
-
-        Static membership fenced (``FENCED_INSTANCE_ID``) is proof. A fenced producer is not:
-        a transaction that outlived ``transaction.timeout.ms`` is fenced the same way, so the
-        group is asked whether another member holds this service's instance id.
-        """
-        code = error.code()
-        # librdkafka reports a fenced static member as a fatal consumer error (_FATAL).
-        static_fenced = code == KafkaError._FATAL and "group.instance.id" in error.str()
-        if code == KafkaError.FENCED_INSTANCE_ID or static_fenced:
-            raise self._duplicate(error.str())
-        if code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED) and self._membership_taken():
-            raise self._duplicate(error.str())
-
-    def _duplicate(self, detail: str) -> DuplicateCoordinatorError:
-        return DuplicateCoordinatorError(
-            f"another coordinator with coordinator_id {self.config.coordinator_id!r} is running "
-            f"in namespace {self.client.namespace!r} and fenced {self.name} ({detail}); "
-            "stopping this one: give every coordinator its own BRIDGE_COORDINATOR_ID"
-        )
-
-    def _membership_taken(self) -> bool:
-        """True if another member of :attr:`group_id` holds :attr:`group_instance_id`."""
-        consumer = self._consumer
-        if consumer is None:
-            return False
-        try:
-            mine = consumer.memberid()
-            if self._fencing_admin is None:
-                self._fencing_admin = new_admin(self.client, f"{self.name}-fencing")
-            futures = self._fencing_admin.describe_consumer_groups(
-                [self.group_id], request_timeout=self.timeout_s
-            )
-            group = futures[self.group_id].result(timeout=self.timeout_s)
-        except Exception as exc:  # unknown: assume not (a duplicate is found next time)
-            logger.info("%s: could not describe group %s: %s", self.name, self.group_id, exc)
-            return False
-        return any(
-            m.group_instance_id == self.group_instance_id and m.member_id != mine
-            for m in group.members
-        )
+def transactional_producer(
+    config: ClientConfig,
+    name: str,
+    transactional_id: str,
+    timeout_s: float,
+    **overrides: Any,
+) -> BoundedTransactions:
+    """A new transactional producer (client id ``name``) whose transaction calls are bounded,
+    its id registered at the broker: ``init_transactions`` fences an older producer of the
+    same id and completes or aborts what that one left open. ``timeout_s`` bounds the
+    registration, seconds; ``overrides`` are producer settings. Raises ``KafkaException``
+    when the registration fails."""
+    producer = BoundedTransactions(
+        new_producer(config, name, transactional_id=transactional_id, **overrides), name
+    )
+    producer.init_transactions(timeout_s)
+    return producer

@@ -10,20 +10,20 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from bridge.client.reader import read_to_end
-from bridge.codec import RealRecord, envelope_to_message
+from bridge.codec import ENVELOPE_SCHEMA, PreparedRecord, envelope_to_message
 from bridge.config import ClientConfig
 from bridge.errors import InvalidArgumentError, SendError, WireFormatError
+from bridge.kafka.batch_writer import TransactionBatch, abort_quietly, kafka_error, write_batch
 from bridge.kafka.clients import new_producer
-from bridge.kafka.transactional import BoundedTransactions
+from bridge.kafka.transactional import transactional_producer
 from bridge.message import MessageConst, MessageExt, parse_count
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
-    ENVELOPE_SCHEMA,
     OpAction,
     OpEntry,
     committed_record,
 )
-from bridge.transaction.service import (
+from bridge.transaction.targets import (
     auto_create_allowed,
     delivery_problem,
     partition_problem,
@@ -184,17 +184,14 @@ def resolve_parked(config: ClientConfig, msg_id: str, action: OpAction) -> Messa
             "half message while HALF still holds it"
         )
     real = committed_record(msg, config.namespace) if action is OpAction.COMMIT else None
-    producer = BoundedTransactions(
-        new_producer(
-            config,
-            "bridge-operator",
-            transactional_id=operator_transactional_id(config.namespace, msg_id),
-        ),
-        "bridge-operator",
-    )
     timeout_s = config.request_timeout_ms / 1000
     try:
-        producer.init_transactions(timeout_s)
+        producer = transactional_producer(
+            config,
+            "bridge-operator",
+            operator_transactional_id(config.namespace, msg_id),
+            timeout_s,
+        )
     except KafkaException as exc:
         raise ParkedReplayError(f"{verb} parked message {msg_id}: {_text(exc)}") from exc
     # After init_transactions, a concurrent resolution of this message is either committed
@@ -208,46 +205,43 @@ def resolve_parked(config: ClientConfig, msg_id: str, action: OpAction) -> Messa
         problem = _target_problem(metadata, real, timeout_s, auto_create_allowed(config))
         if problem is not None:
             raise ParkedReplayError(f"{verb} parked message {msg_id}: {problem}; it stays parked")
-    try:
-        _write_resolution(producer, config, msg, action=action, real=real, timeout_s=timeout_s)
-    except KafkaException as exc:
-        _abort(producer, timeout_s)
+    batch = _resolution(config, msg, action=action, real=real)
+    if not write_batch(
+        producer,
+        batch,
+        timeout_s=timeout_s,
+        on_failure=lambda _: abort_quietly(producer, timeout_s, _log_abort),
+        failures=(KafkaException,),
+    ):
+        failure = batch.failure
+        assert failure is not None
         if _resolved_meanwhile(config, msg):
             raise InvalidArgumentError(
                 f"no parked, unresolved message with id {msg_id!r} (resolved meanwhile)"
-            ) from exc
-        error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and error.code() in _FENCED:
+            ) from failure
+        error = kafka_error(failure)
+        if error is not None and error.code() in _FENCED:
             raise ParkedReplayError(
                 f"{verb} parked message {msg_id}: another resolution of the same message "
-                f"started meanwhile and fenced this one ({_text(exc)}); that one resolves it "
+                f"started meanwhile and fenced this one ({_text(failure)}); that one resolves it "
                 "(see 'bridge transactions parked')",
                 error,
-            ) from exc
-        cause = _cause(metadata, real, exc, timeout_s, auto_create_allowed(config))
+            ) from failure
+        cause = _cause(metadata, real, failure, timeout_s, auto_create_allowed(config))
         raise ParkedReplayError(
             f"{verb} parked message {msg_id}: {cause}; it stays parked", error
-        ) from exc
+        ) from failure
     return msg
 
 
-def _write_resolution(
-    producer: Any,
-    config: ClientConfig,
-    msg: MessageExt,
-    *,
-    action: OpAction,
-    real: RealRecord | None,
-    timeout_s: float,
-) -> None:
-    """The real record (on replay) and the operator's OP record, in one Kafka transaction.
-    A failed delivery makes ``commit_transaction`` raise."""
-    producer.begin_transaction()
+def _resolution(
+    config: ClientConfig, msg: MessageExt, *, action: OpAction, real: PreparedRecord | None
+) -> TransactionBatch:
+    """The real record (on replay) and the operator's OP record, for one Kafka transaction.
+    A failed delivery makes its commit fail."""
+    batch = TransactionBatch()
     if real is not None:
-        producer.produce(
-            real.topic, real.value, real.key, partition=real.partition, headers=real.headers,
-            timestamp=real.timestamp_ms,
-        )  # fmt: skip
+        batch.add(real)
     entry = OpEntry(
         half_partition=OPERATOR_PARTITION,
         half_offset=msg.queue_offset,
@@ -258,15 +252,12 @@ def _write_resolution(
         decided_at_ms=time.time_ns() // 1_000_000,
     )
     op_topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.OP)
-    producer.produce(op_topic, entry.encode(), msg.msg_id.encode(), partition=0)
-    producer.commit_transaction(timeout_s)
+    batch.add(PreparedRecord(op_topic, msg.msg_id.encode(), entry.encode(), [], msg.msg_id, 0, 0))
+    return batch
 
 
-def _abort(producer: Any, timeout_s: float) -> None:
-    try:
-        producer.abort_transaction(timeout_s)
-    except KafkaException as exc:
-        logger.debug("aborting the operator's transaction: %s", exc)  # fenced, or fatal
+def _log_abort(text: str) -> None:
+    logger.debug("the operator's transaction: %s", text)  # fenced, or fatal
 
 
 def _text(exc: KafkaException) -> str:
@@ -275,20 +266,20 @@ def _text(exc: KafkaException) -> str:
 
 
 def _target_problem(
-    metadata: Any, real: RealRecord, timeout_s: float, auto_create: bool
+    metadata: Any, real: PreparedRecord, timeout_s: float, auto_create: bool
 ) -> str | None:
     try:
         problem, count = topic_problem(
-            metadata, real.topic, timeout_s, confirm_s=1.0 if auto_create else 0.0
+            metadata, real.kafka_topic, timeout_s, confirm_s=1.0 if auto_create else 0.0
         )
     except KafkaException:
         return None  # the write finds out
-    return problem or partition_problem(real.topic, real.partition, count)
+    return problem or partition_problem(real.kafka_topic, real.partition, count)
 
 
 def _cause(
     metadata: Any,
-    real: RealRecord | None,
+    real: PreparedRecord | None,
     exc: KafkaException,
     timeout_s: float,
     auto_create: bool,
@@ -301,5 +292,5 @@ def _cause(
         if problem is not None:
             return problem
         if isinstance(error, KafkaError):
-            return delivery_problem(real.topic, error)
+            return delivery_problem(real.kafka_topic, error)
     return _text(exc)

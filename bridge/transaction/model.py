@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
-from bridge.codec import RealRecord, real_record
+from bridge.codec import PreparedRecord, real_record
 from bridge.message import MessageConst, MessageExt
 from topics.avro import default_registry
 
@@ -66,7 +66,7 @@ REMOVED_ON_COMMIT: Final = frozenset(
 bookkeeping included). Every other property, text or bytes, is written byte for byte."""
 
 
-def committed_record(msg: MessageExt, namespace: str) -> RealRecord:
+def committed_record(msg: MessageExt, namespace: str) -> PreparedRecord:
     """The real-topic record of a half message being committed (see :func:`real_record`)."""
     return real_record(msg, namespace, REMOVED_ON_COMMIT)
 
@@ -74,7 +74,6 @@ def committed_record(msg: MessageExt, namespace: str) -> RealRecord:
 END_TRANSACTION_SCHEMA: Final = "EndTransactionRequest"
 CHECK_REQUEST_SCHEMA: Final = "CheckRequest"
 OP_SCHEMA: Final = "OpRecord"
-ENVELOPE_SCHEMA: Final = "MessageEnvelope"
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,28 +41,24 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from bridge.codec import RealRecord, encode_envelope, envelope_to_message
+from bridge.codec import ENVELOPE_SCHEMA, PreparedRecord, encode_envelope, envelope_to_message
 from bridge.config import ClientConfig
 from bridge.errors import BridgeError, KafkaClientError, WireFormatError
 from bridge.kafka.admin import TopicAdmin
+from bridge.kafka.batch_writer import Delivered, TransactionBatch, is_purge, kafka_error
 from bridge.kafka.clients import new_consumer, new_producer, read_record_at
 from bridge.kafka.quarantine import quarantine_copy
-from bridge.kafka.transactional import (
-    ServiceConfig,
-    TransactionalService,
-    is_permanent_delivery_error,
-)
+from bridge.kafka.service import ServiceConfig, TransactionalService
+from bridge.kafka.transactional import is_permanent_delivery_error
 from bridge.lifecycle import FatalServiceError
 from bridge.message import MessageConst, PropertyValue, now_ms
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
-    ENVELOPE_SCHEMA,
     CheckRequest,
     EndTransaction,
     OpAction,
@@ -107,6 +103,9 @@ _FRESH_MS = 1_000
 _CONFIRM_MISSING_S = 0.75
 """How long an unknown topic is asked about again before it counts as missing, s."""
 _TARGET_CACHE_SIZE = 10_000
+_FAILURES: Final = (KafkaException, SystemError)
+"""What a failed Kafka transaction of this service raises (see
+:func:`~bridge.kafka.batch_writer.as_kafka_exception`)."""
 
 
 def auto_create_allowed(config: ClientConfig) -> bool:
@@ -170,65 +169,54 @@ def delivery_problem(topic: str, err: KafkaError) -> str:
     return f"writing to {topic} failed: {err.str()} ({err.name()})"
 
 
-@dataclass(slots=True)
-class _Write:
-    """One record of a Kafka transaction; ``owner`` is the transaction whose commit it is."""
+class _Batch(TransactionBatch):
+    """What one Kafka transaction writes, and what the transaction service notes about it: the
+    commits in it (their real records' reports) and the bridge-made outputs of each
+    transaction (check copies, check requests, parked copies)."""
 
-    topic: str
-    value: bytes | None
-    partition: int = -1
-    key: bytes | None = None
-    headers: Sequence[tuple[str, bytes | None]] = ()
-    timestamp: int = 0
-    on_delivery: Any = None
-    owner: str | None = None
-    about: str | None = None
-    """The transaction a bridge-made output (check copy, check request, parked copy) is for."""
+    def __init__(self, *, dirty: bool = False, current: str | None = None) -> None:
+        super().__init__()
+        self.dirty = dirty
+        self.real: dict[str, tuple[int, PreparedRecord]] = {}
+        """Transaction id -> (HALF partition, real record) of each commit in the batch."""
+        self.outcome: dict[str, KafkaError | None] = {}
+        """Transaction id -> what became of its real record (None: stored)."""
+        self.current = current
+        """While set, what :meth:`add` writes is a bridge-made output for this transaction."""
+        self.about: dict[str, int] = {}
+        """Transaction id -> HALF partition of each transaction with bridge-made outputs."""
+        self.side: dict[str, KafkaError | None] = {}
+        """Transaction id -> what became of its bridge-made outputs (the first failure, or
+        None once one was stored and none failed)."""
+        self._owner: dict[int, str] = {}
+        """Record index -> the transaction whose real record it is."""
+        self._about: dict[int, str] = {}
+        """Record index -> the transaction a bridge-made output is for."""
 
-
-@dataclass
-class _Batch:
-    """What one Kafka transaction writes: records, and callbacks for their delivery reports."""
-
-    records: list[_Write] = field(default_factory=list)
-    dirty: bool = False
-    real: dict[str, tuple[int, RealRecord]] = field(default_factory=dict)
-    """Transaction id -> (HALF partition, real record) of each commit in the batch."""
-    outcome: dict[str, KafkaError | None] = field(default_factory=dict)
-    """Transaction id -> what became of its real record (None: stored)."""
-    error: KafkaError | None = None
-    """Why the Kafka transaction failed, as the producer said (None: it did not)."""
-    in_doubt: bool = False
-    """The transaction failed at or after its commit in a way that does not say whether it
-    committed (a timeout, a fatal error): only Kafka knows."""
-    current: str | None = None
-    """While set, what :meth:`add` writes is a bridge-made output for this transaction."""
-    about: dict[str, int] = field(default_factory=dict)
-    """Transaction id -> HALF partition of each transaction with bridge-made outputs."""
-    side: dict[str, KafkaError | None] = field(default_factory=dict)
-    """Transaction id -> what became of its bridge-made outputs (the first failure, or None
-    once one was stored and none failed)."""
-
-    def add(
-        self,
-        topic: str,
-        value: bytes | None,
-        *,
-        partition: int = -1,
-        key: bytes | None = None,
-        headers: Sequence[tuple[str, bytes | None]] | None = None,
-        timestamp: int = 0,
-        on_delivery: Any = None,
-    ) -> None:
+    def add_record(self, record: PreparedRecord, on_delivery: Delivered | None = None) -> None:
+        """Add ``record``; while :attr:`current` is set, as an output for that transaction."""
         about = self.current
         if about is not None:
             on_delivery = self._noting(about, on_delivery)
-        self.records.append(
-            _Write(topic, value, partition, key, headers or (), timestamp, on_delivery, None, about)
-        )
+            self._about[len(self.records)] = about
+        self.add(record, on_delivery)
         self.dirty = True
 
-    def _noting(self, about: str, then: Any) -> Any:
+    def put(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        partition: int = -1,
+        key: bytes | None = None,
+        on_delivery: Delivered | None = None,
+    ) -> None:
+        """Add a record of ``topic`` without headers (see :meth:`add_record`)."""
+        self.add_record(
+            PreparedRecord(topic, key, value, [], self.current or "", 0, partition), on_delivery
+        )
+
+    def _noting(self, about: str, then: Delivered | None) -> Delivered:
         """A delivery callback that notes the outcome of an output for ``about``."""
 
         def report(err: KafkaError | None, kmsg: Any) -> None:
@@ -242,18 +230,28 @@ class _Batch:
 
         return report
 
-    def add_real(self, transaction_id: str, half_partition: int, real: RealRecord) -> None:
+    def add_real(self, transaction_id: str, half_partition: int, real: PreparedRecord) -> None:
         """The real record of a commit, its delivery report noted in :attr:`outcome`."""
 
         def delivered(err: KafkaError | None, kmsg: Any) -> None:
             self.outcome[transaction_id] = err
 
         self.real[transaction_id] = (half_partition, real)
-        write = _Write(real.topic, real.value, real.partition, real.key, real.headers)
-        write.timestamp, write.on_delivery = real.timestamp_ms, delivered
-        write.owner = transaction_id
-        self.records.append(write)
+        self._owner[len(self.records)] = transaction_id
+        self.add(real, delivered)
         self.dirty = True
+
+    def refused(self, index: int, record: PreparedRecord, exc: KafkaException) -> None:
+        """A record ``produce`` refused at once is noted as its commit's (or its output's)
+        outcome; the transaction then fails with it."""
+        err = kafka_error(exc)
+        if err is not None:
+            owner = self._owner.get(index)
+            if owner is not None:
+                self.outcome[owner] = err
+            about = self._about.get(index)
+            if about is not None:
+                self.side[about] = err
 
 
 @dataclass(slots=True)
@@ -523,7 +521,7 @@ class TransactionService(TransactionalService):
             pending.transaction_id, pending.producer_group,
             self.catalog.topic(SystemTopic.CHECK_MAX), reason,
         )  # fmt: skip
-        batch.add(
+        batch.put(
             self.catalog.topic(SystemTopic.CHECK_MAX), parked, key=pending.transaction_id.encode()
         )
         self._write_op(state, pending, OpAction.DISCARD, batch)
@@ -586,10 +584,7 @@ class TransactionService(TransactionalService):
                 elif err is None:
                     self._shrink_quarantine.discard(where)
 
-            batch.add(
-                copy.topic, copy.value, key=copy.key, headers=copy.headers,
-                timestamp=copy.timestamp_ms, on_delivery=refused,
-            )  # fmt: skip
+            batch.add_record(copy, refused)
             state.on_other(offset)
 
     def _on_end(
@@ -621,7 +616,7 @@ class TransactionService(TransactionalService):
         real record is known not to fit (so the rest of the batch does not fail with it)."""
         tid = pending.transaction_id
         poison = self._poison.get(tid)
-        real: RealRecord | None = None
+        real: PreparedRecord | None = None
         if poison is None:
             try:
                 real = committed_record(pending.message, self.catalog.namespace)
@@ -634,7 +629,7 @@ class TransactionService(TransactionalService):
                     self.config.delivery_attempts,
                 )
             else:
-                problem = self._target_problem(real.topic, real.partition, fresh=False)
+                problem = self._target_problem(real.kafka_topic, real.partition, fresh=False)
                 if problem is not None:
                     poison = self._set_aside(state, tid, problem, 1)
         if poison is not None or real is None:
@@ -700,7 +695,7 @@ class TransactionService(TransactionalService):
             action=action,
             decided_at_ms=now_ms(),
         )
-        batch.add(
+        batch.put(
             self._op, entry.encode(), partition=state.partition, key=pending.transaction_id.encode()
         )
 
@@ -749,7 +744,7 @@ class TransactionService(TransactionalService):
             if err is None:
                 state.copy_written(tid, kmsg.offset())
 
-        batch.add(
+        batch.put(
             self._half, copy, partition=state.partition, key=tid.encode(),
             on_delivery=copy_delivered,
         )  # fmt: skip
@@ -784,7 +779,7 @@ class TransactionService(TransactionalService):
             # Its last check could not be made: the operator sees why.
             changes[DELIVERY_ATTEMPTS] = str(pending.check_failures)
             changes[DELIVERY_ERROR] = pending.check_error[:_MAX_DELIVERY_ERROR_CHARS]
-        batch.add(
+        batch.put(
             self.catalog.topic(SystemTopic.CHECK_MAX),
             self._envelope(pending, **changes),
             key=pending.transaction_id.encode(),
@@ -816,7 +811,7 @@ class TransactionService(TransactionalService):
             check_times=pending.check_times,
             message=copy,
         )
-        batch.add(topic, request.encode(), key=tid.encode())
+        batch.put(topic, request.encode(), key=tid.encode())
         logger.info(
             "transaction %s (group %s): check %d of %d",
             tid, group, pending.check_times, self.policy.transaction_check_max,
@@ -878,7 +873,7 @@ class TransactionService(TransactionalService):
             poison.reason = f"its real record cannot be built: {exc}"
             self._park(state, pending, poison)
             return
-        problem = self._target_problem(real.topic, real.partition, fresh=True)
+        problem = self._target_problem(real.kafka_topic, real.partition, fresh=True)
         if problem is None:
             batch = _Batch()
             batch.add_real(tid, state.partition, real)
@@ -906,8 +901,8 @@ class TransactionService(TransactionalService):
                     _TRANSIENT_BACKOFF_MAX_MS,
                 )
                 return
-            problem = delivery_problem(real.topic, err)
-            self._remember_refusal(real.topic, err, problem)
+            problem = delivery_problem(real.kafka_topic, err)
+            self._remember_refusal(real.kafka_topic, err, problem)
         poison.attempts += 1
         poison.reason = problem
         logger.warning(
@@ -965,7 +960,7 @@ class TransactionService(TransactionalService):
             )[:_MAX_DELIVERY_ERROR_CHARS]
         parked = self._envelope(pending, body, **changes)
         batch = _Batch()
-        batch.add(self.catalog.topic(SystemTopic.CHECK_MAX), parked, key=tid.encode())
+        batch.put(self.catalog.topic(SystemTopic.CHECK_MAX), parked, key=tid.encode())
         self._write_op(state, pending, OpAction.DISCARD, batch)
         if not self._commit_alone(batch):
             if batch.in_doubt:
@@ -993,25 +988,6 @@ class TransactionService(TransactionalService):
         )  # fmt: skip
 
     # --- Kafka transaction ----------------------------------------------------------------
-    def _produce_all(self, batch: _Batch) -> None:
-        """Begin a Kafka transaction and produce ``batch`` in it. A record ``produce`` refuses
-        at once is noted as its commit's outcome before the error goes up."""
-        producer = self._producer
-        producer.begin_transaction()
-        for w in batch.records:
-            try:
-                producer.produce(
-                    w.topic, w.value, w.key, partition=w.partition, headers=list(w.headers),
-                    timestamp=w.timestamp, on_delivery=w.on_delivery,
-                )  # fmt: skip
-            except KafkaException as exc:
-                if exc.args and isinstance(exc.args[0], KafkaError):
-                    if w.owner is not None:
-                        batch.outcome[w.owner] = exc.args[0]
-                    if w.about is not None:
-                        batch.side[w.about] = exc.args[0]
-                raise
-
     def _commit(self, batch: _Batch) -> bool:
         """Write ``batch`` and every owned partition's checkpoint in one Kafka transaction.
         False when it failed: the state is rebuilt and the commits that made it fail are set
@@ -1021,32 +997,39 @@ class TransactionService(TransactionalService):
         self._offsets_dirty = False
         producer = self._producer
         timeout_s = self.timeout_s
-        try:
-            self._produce_all(batch)
+        failed: KafkaError | None = None
+
+        def settle(_: TransactionBatch) -> None:
+            nonlocal failed
             producer.flush(timeout_s)
             failed = next((e for e in batch.outcome.values() if e is not None), None)
-            if failed is not None and not _is_purge(failed):
+            if failed is not None and not is_purge(failed):
                 # Doomed: fail before the offsets join it, so that the group's offsets are
                 # not left pending on the abort (the rebuild would wait for them to settle).
                 raise KafkaException(failed)
-            offsets = [
+
+        def checkpoints() -> list[TopicPartition]:
+            # After a purge (the transaction failed as a whole, e.g. a partition it could not
+            # add) sending them raises the transaction's own error, which names the cause.
+            return [
                 TopicPartition(self._half, p, state.checkpoint())
                 for p, state in self._partitions.items()
                 if p not in self._to_recover
             ]
-            if offsets:
-                # After a purge (the transaction failed as a whole, e.g. a partition it could
-                # not add) this raises the transaction's own error, which names the cause.
-                producer.send_offsets_to_transaction(
-                    offsets, self._consumer.consumer_group_metadata(), timeout_s
-                )
+
+        def unless_lost(_: TransactionBatch) -> None:
             if failed is not None:
                 raise KafkaException(failed)  # never commit what lost a record
-            producer.commit_transaction(timeout_s)
-        except (KafkaException, SystemError) as exc:
-            failure = _as_kafka_exception(exc)
-            batch.error = _kafka_error(failure)
-            self._transaction_failed(failure)
+
+        if not self.write(
+            batch,
+            on_failure=self._transaction_failed,
+            offsets=checkpoints,
+            after_produce=settle,
+            before_commit=unless_lost,
+            on_refused=batch.refused,
+            failures=_FAILURES,
+        ):
             self._set_aside_culprits(batch)
             return False
         self.committed_transactions += 1
@@ -1055,24 +1038,15 @@ class TransactionService(TransactionalService):
 
     def _commit_alone(self, batch: _Batch) -> bool:
         """Write ``batch`` in a Kafka transaction of its own (no offsets). False when it
-        failed; nothing else is rebuilt (nothing else was in it)."""
+        failed (:attr:`_Batch.in_doubt` says whether it may have committed all the same);
+        nothing else is rebuilt (nothing else was in it)."""
         producer = self._producer
-        committing = False
-        try:
-            self._produce_all(batch)
-            producer.flush(self.timeout_s)
-            committing = True
-            producer.commit_transaction(self.timeout_s)
-        except (KafkaException, SystemError) as exc:
-            failure = _as_kafka_exception(exc)
-            batch.error = _kafka_error(failure)
-            # An error that requires an abort says the commit did not happen; a timeout or a
-            # fatal error does not (EndTxn may have been prepared, and a new producer's
-            # init_transactions then completes it).
-            batch.in_doubt = committing and (
-                batch.error is None or not batch.error.txn_requires_abort()
-            )
-            self.transaction_failed(failure)
+        if not self.write(
+            batch,
+            after_produce=lambda _: producer.flush(self.timeout_s),
+            on_refused=batch.refused,
+            failures=_FAILURES,
+        ):
             return False
         self.committed_transactions += 1
         return True
@@ -1094,11 +1068,11 @@ class TransactionService(TransactionalService):
                 continue  # stored (and aborted with the rest): not the cause
             if is_permanent_delivery_error(err):
                 assert err is not None
-                reason: str | None = delivery_problem(real.topic, err)
+                reason: str | None = delivery_problem(real.kafka_topic, err)
             else:
                 # Timed out, purged, or the whole transaction refused (a partition could
                 # not be added to it): ask the metadata about its target.
-                reason = self._target_problem(real.topic, real.partition, fresh=True)
+                reason = self._target_problem(real.kafka_topic, real.partition, fresh=True)
             if reason is not None and tid not in self._poison:
                 now = now_ms()
                 self._poison[tid] = _Poison(
@@ -1165,7 +1139,7 @@ class TransactionService(TransactionalService):
         for tid, err in failed.items():
             half_partition, real = batch.real[tid]
             if tid not in self._poison:
-                reason = delivery_problem(real.topic, err)
+                reason = delivery_problem(real.kafka_topic, err)
                 self._poison[tid] = _Poison(half_partition, 0, reason, now)
                 logger.warning("transaction %s: %s; committing it on its own", tid, reason)
 
@@ -1273,25 +1247,6 @@ class TransactionService(TransactionalService):
             "as decided",
             self.name, record.offset(), state.partition, exc, tid,
         )  # fmt: skip
-
-
-def _as_kafka_exception(exc: Exception) -> KafkaException:
-    """``exc`` as a ``KafkaException``. confluent-kafka reports a fatal producer error met
-    while it runs a delivery callback as ``SystemError``: it counts as fatal (the producer is
-    replaced and the state rebuilt, as for any failed transaction)."""
-    if isinstance(exc, KafkaException):
-        return exc
-    return KafkaException(KafkaError(KafkaError._FATAL, f"client failed: {exc}", fatal=True))
-
-
-def _kafka_error(exc: KafkaException) -> KafkaError | None:
-    error = exc.args[0] if exc.args else None
-    return error if isinstance(error, KafkaError) else None
-
-
-def _is_purge(err: KafkaError) -> bool:
-    """A record purged because its transaction failed or was aborted (not its own fault)."""
-    return err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
 
 def assert_admin(admin: TopicAdmin | None) -> TopicAdmin:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer as RawProducer
@@ -25,7 +26,7 @@ from bridge.kafka.quarantine import (
     QuarantineReplayError,
     ReplayConflictError,
     ReplayedMessage,
-    quarantine,
+    quarantine_copy,
     read_quarantine,
     replay_quarantined,
 )
@@ -35,6 +36,20 @@ from tests.integration.test_cli import run_cli, run_cli_failing
 from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
 
 pytestmark = pytest.mark.broker
+
+
+def quarantine(
+    producer: Any, catalog: TopicCatalog, record: Any, reason: str, quarantined_by: str
+) -> None:
+    """Produce the quarantine copy of ``record``, as a service adds it to its transaction."""
+    copy = quarantine_copy(catalog, record, reason, quarantined_by)
+    producer.produce(
+        copy.kafka_topic,
+        copy.value,
+        copy.key,
+        headers=copy.headers,
+        timestamp=copy.born_timestamp_ms,
+    )
 
 
 def test_malformed_half_record_is_quarantined_with_reason_and_origin(
