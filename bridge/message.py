@@ -446,7 +446,11 @@ class MessageExt(Message):
     ) -> MessageExt:
         """A consumed message from its decoded parts, without re-validating them: keys and
         tags come from the ``KEYS``/``TAGS`` properties, the born host from ``BORN_HOST``
-        (as text, see :meth:`get_property`); ``properties`` is taken over, not copied."""
+        (as text, see :meth:`get_property`); ``properties`` is taken over, not copied.
+
+        It fills the slots itself instead of calling ``__init__``: this runs once per consumed
+        record, and ``python -m bench consumer`` measured the push consumer 10-30% slower with
+        the same fields set through ``__init__`` (four alternating runs each)."""
         msg = cls.__new__(cls)
         msg.topic = topic
         msg._body = body

@@ -65,7 +65,7 @@ class MessageIdGenerator:
     def _head_for(self, now_ms: int) -> str:
         if not self._month_start_ms <= now_ms < self._next_month_ms:
             self._roll_month(now_ms)
-        head = "%s%08X" % (self._prefix, (now_ms - self._month_start_ms) & 0xFFFFFFFF)  # noqa: UP031
+        head = f"{self._prefix}{(now_ms - self._month_start_ms) & 0xFFFFFFFF:08X}"
         self._head = (now_ms, head)
         return head
 
@@ -75,4 +75,4 @@ class MessageIdGenerator:
         ms, head = self._head
         if ms != now:
             head = self._head_for(now)
-        return "%s%04X" % (head, next(self._counter) & 0xFFFF)  # noqa: UP031 - the fastest
+        return f"{head}{next(self._counter) & 0xFFFF:04X}"
