@@ -80,7 +80,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         settings = self._context.settings
         timeout_s = settings.consume_timeout * 60
         self._next_expiry_check = now + min(_EXPIRY_CHECK_S, timeout_s)
-        for pq in queues:
+        for pq in list(queues):
             if pq.dropped:
                 continue
             late = pq.overdue(now, timeout_s)
