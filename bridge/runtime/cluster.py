@@ -42,6 +42,7 @@ from bridge.runtime.local_kafka import (
     free_port,
     new_cluster_id,
     valid_cluster_id,
+    wait_for_coordinators,
 )
 
 logger = logging.getLogger(__name__)
@@ -314,10 +315,11 @@ class LocalKafkaCluster(Startable):
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
-        """Start every node that is not running and wait until all are registered (at most
-        ``start_timeout_ms``). Raises :class:`BrokerStartError` (or
-        :class:`ClusterUnhealthyError`) naming the node that failed; then every node this
-        call launched is killed."""
+        """Start every node that is not running and wait until all are registered, the group
+        and transaction coordinators serve every partition of their internal topics and no
+        partition is under-replicated (at most ``start_timeout_ms``). Raises
+        :class:`BrokerStartError` (or :class:`ClusterUnhealthyError`) naming the node that
+        failed; then every node this call launched is killed."""
         started = time.monotonic()
         launched = []
         try:
@@ -330,8 +332,16 @@ class LocalKafkaCluster(Startable):
                     node.wait_ready()
                 except BrokerStartError as exc:
                     raise BrokerStartError(f"node {node.node_id}: {exc}") from exc
-            remaining = self.config.start_timeout_ms / 1000 - (time.monotonic() - started)
-            self.wait_healthy(max(remaining, 1.0))
+            deadline = started + self.config.start_timeout_ms / 1000
+            self.wait_healthy(max(deadline - time.monotonic(), 1.0))
+            # Groups and transactions are served (their internal topics created and loaded)
+            # before this returns, and those topics are fully replicated too.
+            offsets, transactions = self.node(1)._internal_partitions()
+            wait_for_coordinators(
+                self.bootstrap_servers, offsets, transactions, deadline,
+                settings=self.node(1)._probe_settings(),
+            )  # fmt: skip
+            self.wait_healthy(max(deadline - time.monotonic(), 1.0))
         except BaseException:
             for node in launched:
                 node.kill()
@@ -362,7 +372,17 @@ class LocalKafkaCluster(Startable):
     def start_node(self, node_id: int) -> None:
         """Start node ``node_id`` again on the same data and ports and wait until it answers
         (not until it is back in every ISR: :meth:`wait_healthy` waits for that)."""
-        self.node(node_id).start()
+        node = self.node(node_id)
+        if node.is_running:
+            return
+        node.launch()
+        try:
+            # Not for the coordinators: with other nodes down, some partitions of the internal
+            # topics may rightly have no leader.
+            node.wait_ready()
+        except BaseException:
+            node.kill()
+            raise
 
     def restart_node(self, node_id: int) -> None:
         """Stop node ``node_id`` cleanly and start it again."""
