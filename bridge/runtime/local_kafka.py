@@ -19,6 +19,7 @@ import base64
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,10 +33,17 @@ from types import MappingProxyType
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialAlteration,
+    UserScramCredentialUpsertion,
+)
 
 from bridge.errors import BrokerStartError, IllegalStateError, InvalidArgumentError
 from bridge.lifecycle import Startable
+from bridge.runtime.certs import TlsFiles, check_identity_name, ensure_certificates
 from bridge.runtime.jars import JAVA_HINT, KAFKA_VERSION, ensure_jars, require_tool
 
 logger = logging.getLogger(__name__)
@@ -98,7 +106,16 @@ def valid_cluster_id(cluster_id: str) -> bool:
         return False
 
 
-_PORT_FIELDS = ("port", "controller_port", "proxied_port", "proxied_advertised_port")
+_PORT_FIELDS = ("port", "controller_port", "proxied_port", "proxied_advertised_port", "ssl_port")
+
+BROKER_PRINCIPAL = "bridge-local-broker"
+"""The secured broker's own identity: its certificate's common name and its principal
+(``User:bridge-local-broker``), a super user. No client identity may take this name."""
+STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+# SCRAM passwords go into `kafka-storage format --add-scram 'SCRAM-SHA-512=[name=N,password=P]'`,
+# whose parser splits on these: printable ASCII without them keeps every password intact.
+_SCRAM_PASSWORD = re.compile(r"[!#-+\--<>-Z\\^-~]{8,128}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +152,29 @@ class LocalKafkaConfig:
     """The port the PROXIED listener advertises (0: a free one, remembered)."""
     jvm_options: tuple[str, ...] = ()
     """Extra JVM options (after the heap settings)."""
+    secured: bool = False
+    """Run secured: the client listener on :attr:`port` is SASL_SSL (SCRAM-SHA-512, the users
+    of :attr:`scram_users`), a second one on :attr:`ssl_port` is SSL with client certificates
+    required (mTLS: the :attr:`tls_clients`' certificates, and the broker's own, which also
+    carries inter-broker and controller traffic), and ``StandardAuthorizer`` allows only what
+    an ACL allows (``allow.everyone.if.no.acl.found=false``) except to the super users. There
+    is no PLAINTEXT listener. Certificates are made at the first start (JDK ``keytool``) in
+    :attr:`tls_dir`."""
+    ssl_port: int = 0
+    """With :attr:`secured`: the mTLS (SSL) listener's port (0: a free one, remembered)."""
+    scram_users: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """With :attr:`secured`: SCRAM-SHA-512 users, name -> password (8-128 printable ASCII
+    characters, none of ``" , = [ ]`` or space), created when the storage is formatted (and
+    created or updated at each later start). Principal ``User:<name>``. Never printed."""
+    tls_clients: tuple[str, ...] = ()
+    """With :attr:`secured`: names of the client certificates to make (``CN=<name>``, principal
+    ``User:<name>``), one PKCS#12 keystore each (:meth:`LocalKafka.client_settings`)."""
+    super_users: tuple[str, ...] = ()
+    """With :attr:`secured`: user names (SCRAM or certificate) that are super users, besides
+    the broker's own identity."""
+    tls_dir: Path | None = None
+    """With :attr:`secured`: where the certificates are (None: ``<data_dir>/tls``); the nodes
+    of a cluster share one."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -159,6 +199,41 @@ class LocalKafkaConfig:
             )
         if not self.proxied and (self.proxied_port or self.proxied_advertised_port):
             raise InvalidArgumentError("proxied_port and proxied_advertised_port need proxied=True")
+        object.__setattr__(self, "scram_users", MappingProxyType(dict(self.scram_users)))
+        object.__setattr__(self, "tls_clients", tuple(self.tls_clients))
+        object.__setattr__(self, "super_users", tuple(self.super_users))
+        if self.tls_dir is not None:
+            object.__setattr__(self, "tls_dir", Path(self.tls_dir))
+        self._check_security()
+
+    def _check_security(self) -> None:
+        if not self.secured:
+            if (
+                self.ssl_port
+                or self.scram_users
+                or self.tls_clients
+                or self.super_users
+                or self.tls_dir is not None
+            ):
+                raise InvalidArgumentError(
+                    "ssl_port, scram_users, tls_clients, super_users and tls_dir need secured=True"
+                )
+            return
+        if self.proxied:
+            raise InvalidArgumentError("a secured broker has no PROXIED listener")
+        for name in (*self.scram_users, *self.tls_clients, *self.super_users):
+            check_identity_name(name)
+            if name == BROKER_PRINCIPAL:
+                raise InvalidArgumentError(
+                    f"{name!r} is the broker's own identity (a super user): use another name"
+                )
+        for name, password in self.scram_users.items():
+            # The message never holds the password, only what is wrong with it.
+            if not isinstance(password, str) or not _SCRAM_PASSWORD.fullmatch(password):
+                raise InvalidArgumentError(
+                    f"the SCRAM password of user {name!r} must be 8-128 printable ASCII "
+                    f"characters without spaces, '\"', ',', '=', '[' or ']'"
+                )
 
     def _check_voters(self) -> None:
         if not self.voters:
@@ -192,6 +267,7 @@ class LocalKafka(Startable):
         self._state: dict[str, Any] = {}
         self._launched_at = 0.0
         self._paused = False
+        self._formatted_now = False
 
     # --- paths and state ----------------------------------------------------------------
     @property
@@ -235,6 +311,53 @@ class LocalKafka(Startable):
         return int(state["proxied_advertised_port"]) if self.config.proxied else None
 
     @property
+    def ssl_port(self) -> int | None:
+        """The mTLS (SSL) listener's port of a secured broker, else None."""
+        return int(self._load_state()["ssl_port"]) if self.config.secured else None
+
+    @property
+    def mtls_bootstrap_servers(self) -> str | None:
+        """``127.0.0.1:<ssl_port>`` of a secured broker (clients with a certificate), else
+        None."""
+        return f"127.0.0.1:{self.ssl_port}" if self.config.secured else None
+
+    @property
+    def tls(self) -> TlsFiles:
+        """Where a secured broker's certificates are (made at its first start)."""
+        if not self.config.secured:
+            raise IllegalStateError(f"the broker on {self.data_dir} is not secured")
+        return TlsFiles(self.config.tls_dir or self.data_dir / "tls")
+
+    def client_settings(self, user: str, password: str | None = None) -> dict[str, str]:
+        """librdkafka settings (without ``bootstrap.servers``) for ``user`` on a secured
+        broker: with a ``password``, SASL_SSL with SCRAM-SHA-512 (connect to
+        :attr:`bootstrap_servers`); without, SSL with ``user``'s certificate (one of
+        :attr:`LocalKafkaConfig.tls_clients`, or the broker's own identity; connect to
+        :attr:`mtls_bootstrap_servers`). Each key maps to ``BRIDGE_KAFKA_<KEY>`` with ``.``
+        as ``_``, upper case."""
+        tls = self.tls
+        settings = {"ssl.ca.location": str(tls.ca_pem)}
+        if password is not None:
+            return {
+                **settings,
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": SCRAM_MECHANISM,
+                "sasl.username": user,
+                "sasl.password": password,
+            }
+        if user != BROKER_PRINCIPAL and user not in self.config.tls_clients:
+            raise InvalidArgumentError(
+                f"no certificate for {user!r}: the broker's tls_clients are "
+                f"{list(self.config.tls_clients)}"
+            )
+        return {
+            **settings,
+            "security.protocol": "SSL",
+            "ssl.keystore.location": str(tls.keystore(user)),
+            "ssl.keystore.password": tls.password,
+        }
+
+    @property
     def cluster_id(self) -> str:
         """The cluster id this node's storage is (or will be) formatted with."""
         return str(self._load_state()["cluster_id"])
@@ -271,9 +394,12 @@ class LocalKafka(Startable):
                 "controller_port": config.voters.get(config.node_id, config.controller_port),
                 "proxied_port": config.proxied_port,
                 "proxied_advertised_port": config.proxied_advertised_port,
+                "ssl_port": config.ssl_port,
             }
             for name in _PORT_FIELDS:
                 if name.startswith("proxied") and not config.proxied:
+                    continue
+                if name == "ssl_port" and not config.secured:
                     continue
                 # An explicitly configured port wins over the remembered one.
                 if configured[name]:
@@ -307,6 +433,14 @@ class LocalKafka(Startable):
             listeners += f",PROXIED://127.0.0.1:{state['proxied_port']}"
             advertised += f",PROXIED://127.0.0.1:{state['proxied_advertised_port']}"
             protocols += ",PROXIED:PLAINTEXT"
+        inter_broker = "PLAINTEXT"
+        if self.config.secured:
+            sport = state["ssl_port"]
+            listeners = f"SASL_SSL://127.0.0.1:{port},SSL://127.0.0.1:{sport}"
+            listeners += f",CONTROLLER://127.0.0.1:{cport}"
+            advertised = f"SASL_SSL://127.0.0.1:{port},SSL://127.0.0.1:{sport}"
+            protocols = "CONTROLLER:SSL,SASL_SSL:SASL_SSL,SSL:SSL"
+            inter_broker = "SSL"
         props = {
             "process.roles": "broker,controller",
             "node.id": str(node_id),
@@ -317,7 +451,7 @@ class LocalKafka(Startable):
             "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": protocols,
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": inter_broker,
             "log.dirs": str(self.data_dir / "kraft"),
             # A single node: without these the transaction coordinator never comes up.
             "offsets.topic.replication.factor": "1",
@@ -331,8 +465,38 @@ class LocalKafka(Startable):
             "num.partitions": "1",
             "auto.create.topics.enable": "true",
         }
+        if self.config.secured:
+            props.update(self._security_properties())
         props.update(self.config.properties)
         return props
+
+    def _security_properties(self) -> dict[str, str]:
+        """A secured node's TLS, SASL and authorizer settings (the store password in them is
+        also in ``tls/secrets.json``; both stay in the data directory)."""
+        tls = self.tls
+        password = tls.password
+        supers = [BROKER_PRINCIPAL, *self.config.super_users]
+        return {
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.location": str(tls.keystore(BROKER_PRINCIPAL)),
+            "ssl.keystore.password": password,
+            "ssl.key.password": password,
+            "ssl.truststore.type": "PKCS12",
+            "ssl.truststore.location": str(tls.truststore),
+            "ssl.truststore.password": password,
+            # mTLS on the SSL and CONTROLLER listeners; SASL_SSL authenticates by SCRAM.
+            "ssl.client.auth": "required",
+            "listener.name.sasl_ssl.ssl.client.auth": "none",
+            # A certificate's principal is its common name: CN=alice is User:alice.
+            "ssl.principal.mapping.rules": "RULE:^CN=([^,]+)$/$1/,DEFAULT",
+            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            "authorizer.class.name": STANDARD_AUTHORIZER,
+            "allow.everyone.if.no.acl.found": "false",
+            "super.users": ";".join(f"User:{name}" for name in dict.fromkeys(supers)),
+        }
 
     def _internal_partitions(self) -> tuple[int, int]:
         """The partition counts of ``__consumer_offsets`` and ``__transaction_state`` this node
@@ -396,6 +560,7 @@ class LocalKafka(Startable):
         try:
             self.wait_ready()
             self.wait_coordinators()
+            self.sync_scram_users()
         except BaseException:
             self.kill()
             raise
@@ -410,10 +575,17 @@ class LocalKafka(Startable):
         state = self._load_state()
         self._stop_stale(state)
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if self.config.secured:
+            ensure_certificates(
+                self.tls.directory, (BROKER_PRINCIPAL, *self.config.tls_clients), java
+            )
         props_file = self.data_dir / "server.properties"
+        if self.config.secured:  # it holds the stores' password
+            props_file.touch(mode=0o600)
+            props_file.chmod(0o600)
         props_file.write_text(self._server_properties(state))
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
-        for name in ("port", "controller_port", "proxied_port"):
+        for name in ("port", "controller_port", "proxied_port", "ssl_port"):
             if name in state and port_in_use(state[name]):
                 raise BrokerStartError(
                     f"cannot start the local broker: 127.0.0.1:{state[name]} ({name}) is in use"
@@ -425,16 +597,23 @@ class LocalKafka(Startable):
                 f"the storage in {self.data_dir / 'kraft'} belongs to cluster {formatted}, "
                 f"not {state['cluster_id']}: use another data directory or remove this one"
             )
+        self._formatted_now = formatted is None
         if formatted is None:
+            # SCRAM credentials go into the metadata log as the storage is formatted.
+            scram = [
+                arg
+                for name, password in sorted(self.config.scram_users.items())
+                for arg in ("--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]")
+            ]
             fmt = subprocess.run(
                 [*base, "kafka.tools.StorageTool", "format", f"--cluster-id={state['cluster_id']}",
-                 "-c", str(props_file)],
+                 "-c", str(props_file), *scram],
                 capture_output=True, text=True, timeout=120, check=False,
             )  # fmt: skip
             if fmt.returncode != 0:
                 raise BrokerStartError(
                     f"formatting broker storage failed (exit {fmt.returncode}): "
-                    f"{(fmt.stdout + fmt.stderr).strip()[-2000:]}"
+                    f"{self._redact((fmt.stdout + fmt.stderr).strip()[-2000:])}"
                 )
         stdout = (self.data_dir / "logs" / "stdout.log").open("ab")
         cmd = [*base[:1], f"-Xmx{self.config.heap_mb}m", f"-Xms{min(self.config.heap_mb, 256)}m",
@@ -450,6 +629,47 @@ class LocalKafka(Startable):
         state["pid"] = proc.pid
         self._save_state()
 
+    def _redact(self, text: str) -> str:
+        """``text`` with every configured SCRAM password replaced by ``***``."""
+        for password in self.config.scram_users.values():
+            text = text.replace(password, "***")
+        return text
+
+    def sync_scram_users(self) -> None:
+        """Create or update every SCRAM user of a secured broker whose storage was formatted
+        before (a new start formats them in). Raises :class:`BrokerStartError` naming the
+        user the broker refused (never the password)."""
+        if not self.config.secured or not self.config.scram_users or self._formatted_now:
+            return
+        admin_config: dict[str, Any] = {
+            "bootstrap.servers": self.probe_bootstrap_servers,
+            "logger": _probe_logger,
+            **self._probe_settings(),
+        }
+        admin = AdminClient(admin_config)
+        upserts: list[UserScramCredentialAlteration] = [
+            UserScramCredentialUpsertion(
+                name,
+                ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
+                password.encode(),
+            )
+            for name, password in sorted(self.config.scram_users.items())
+        ]
+        for name, future in admin.alter_user_scram_credentials(upserts).items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                raise BrokerStartError(
+                    f"the broker refused SCRAM credentials for user {name!r}: "
+                    f"{self._redact(str(exc))}"
+                ) from None
+
+    @property
+    def probe_bootstrap_servers(self) -> str:
+        """Where this runtime's own checks connect: the mTLS listener (as the broker's own
+        identity) on a secured broker, else :attr:`bootstrap_servers`."""
+        return self.mtls_bootstrap_servers or self.bootstrap_servers
+
     def wait_ready(self) -> None:
         """Wait until the process :meth:`launch` started answers metadata requests, at most
         ``start_timeout_ms`` after the launch. Raises :class:`BrokerStartError` with the
@@ -459,8 +679,9 @@ class LocalKafka(Startable):
             raise BrokerStartError(f"the broker on {self.data_dir} was not launched")
         deadline = self._launched_at + self.config.start_timeout_ms / 1000
         admin_config: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
+            "bootstrap.servers": self.probe_bootstrap_servers,
             "logger": _probe_logger,
+            **self._probe_settings(),
         }
         admin = AdminClient(admin_config)
         while True:
@@ -498,7 +719,7 @@ class LocalKafka(Startable):
         offsets, transactions = self._internal_partitions()
         try:
             wait_for_coordinators(
-                self.bootstrap_servers, offsets, transactions, deadline,
+                self.probe_bootstrap_servers, offsets, transactions, deadline,
                 settings=self._probe_settings(),
             )  # fmt: skip
         except BrokerStartError as exc:
@@ -509,8 +730,9 @@ class LocalKafka(Startable):
         )  # fmt: skip
 
     def _probe_settings(self) -> dict[str, Any]:
-        """librdkafka settings the readiness probes add to ``bootstrap.servers``."""
-        return {}
+        """librdkafka settings the readiness probes add to ``bootstrap.servers``: the broker's
+        own certificate on a secured broker."""
+        return self.client_settings(BROKER_PRINCIPAL) if self.config.secured else {}
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the broker's log and stdout."""
