@@ -111,6 +111,16 @@ class LocalClusterConfig:
     """How long a node's clean stop may take before it is killed, ms."""
     jvm_options: tuple[str, ...] = JVM_OPTIONS
     """Every node's extra JVM options."""
+    secured: bool = False
+    """Run every node secured (see :attr:`LocalKafkaConfig.secured`): SASL_SSL on the client
+    ports, mTLS on a second port per node (also between the nodes and to the controllers),
+    ``StandardAuthorizer``. One set of certificates in ``<data_dir>/tls`` serves every node."""
+    scram_users: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """With :attr:`secured`: SCRAM-SHA-512 users, name -> password (never printed)."""
+    tls_clients: tuple[str, ...] = ()
+    """With :attr:`secured`: names of the client certificates to make."""
+    super_users: tuple[str, ...] = ()
+    """With :attr:`secured`: user names that are super users besides the brokers."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -136,6 +146,23 @@ class LocalClusterConfig:
             )
         if self.start_timeout_ms <= 0 or self.stop_timeout_ms <= 0:
             raise InvalidArgumentError("start_timeout_ms and stop_timeout_ms must be positive")
+        object.__setattr__(self, "scram_users", MappingProxyType(dict(self.scram_users)))
+        object.__setattr__(self, "tls_clients", tuple(self.tls_clients))
+        object.__setattr__(self, "super_users", tuple(self.super_users))
+        # The nodes' own checks of the security settings, before anything starts.
+        LocalKafkaConfig(data_dir=self.data_dir, proxied=self.proxied, **self.security_fields())
+
+    def security_fields(self) -> dict[str, Any]:
+        """The :class:`LocalKafkaConfig` security fields every node gets (empty unless
+        :attr:`secured`)."""
+        if not (self.secured or self.scram_users or self.tls_clients or self.super_users):
+            return {}
+        return {
+            "secured": self.secured,
+            "scram_users": self.scram_users,
+            "tls_clients": self.tls_clients,
+            "super_users": self.super_users,
+        }
 
     def server_properties(self) -> dict[str, str]:
         """The ``server.properties`` entries every node gets on top of a single node's."""
@@ -223,6 +250,8 @@ class LocalKafkaCluster(Startable):
             wanted = ["port", "controller_port"]
             if config.proxied:
                 wanted += ["proxied_port", "proxied_advertised_port"]
+            if config.secured:
+                wanted += ["ssl_port"]
             for name in wanted:
                 if not node.get(name):
                     if name == "port" and config.base_port:
@@ -265,9 +294,17 @@ class LocalKafkaCluster(Startable):
                             int(ports.get("proxied_advertised_port", 0)) if config.proxied else 0
                         ),
                         jvm_options=config.jvm_options,
+                        **self._node_security(ports),
                     )
                 )
         return self._nodes
+
+    def _node_security(self, ports: Mapping[str, Any]) -> dict[str, Any]:
+        fields = self.config.security_fields()
+        if self.config.secured:
+            fields["ssl_port"] = int(ports["ssl_port"])
+            fields["tls_dir"] = self.data_dir / "tls"
+        return fields
 
     def node(self, node_id: int) -> LocalKafka:
         """The node with id ``node_id``; :class:`InvalidArgumentError` for an unknown id."""
@@ -288,6 +325,19 @@ class LocalKafkaCluster(Startable):
     def bootstrap_servers(self) -> str:
         """Every node's direct client address, comma-separated."""
         return ",".join(node.bootstrap_servers for node in self._iter_nodes())
+
+    @property
+    def mtls_bootstrap_servers(self) -> str | None:
+        """Every node's mTLS (SSL) address of a secured cluster, comma-separated; else None."""
+        if not self.config.secured:
+            return None
+        return ",".join(str(node.mtls_bootstrap_servers) for node in self._iter_nodes())
+
+    def client_settings(self, user: str, password: str | None = None) -> dict[str, str]:
+        """librdkafka settings for ``user`` on a secured cluster (see
+        :meth:`LocalKafka.client_settings`): with a password for :attr:`bootstrap_servers`,
+        without for :attr:`mtls_bootstrap_servers`."""
+        return self.node(1).client_settings(user, password)
 
     @property
     def proxied_bootstrap_servers(self) -> str:
@@ -338,10 +388,11 @@ class LocalKafkaCluster(Startable):
             # before this returns, and those topics are fully replicated too.
             offsets, transactions = self.node(1)._internal_partitions()
             wait_for_coordinators(
-                self.bootstrap_servers, offsets, transactions, deadline,
+                self._probe_servers(list(self._iter_nodes())), offsets, transactions, deadline,
                 settings=self.node(1)._probe_settings(),
             )  # fmt: skip
             self.wait_healthy(max(deadline - time.monotonic(), 1.0))
+            self.node(1).sync_scram_users()
         except BaseException:
             for node in launched:
                 node.kill()
@@ -408,7 +459,7 @@ class LocalKafkaCluster(Startable):
         usable = [n for n in self._iter_nodes() if n.is_running and not n.is_paused]
         if not usable:
             raise BrokerUnreachableError("no node of the local cluster is running")
-        servers = ",".join(n.bootstrap_servers for n in usable)
+        servers = self._probe_servers(usable)
         with self._admin_lock:
             admin = self._admin
             if admin is None or self._admin_for != servers:
@@ -417,6 +468,7 @@ class LocalKafkaCluster(Startable):
                     "bootstrap.servers": servers,
                     "logger": _probe_logger,
                     "socket.connection.setup.timeout.ms": 2000,
+                    **usable[0]._probe_settings(),
                 }
                 admin = self._admin = AdminClient(admin_config)
                 self._admin_for = servers
@@ -429,6 +481,11 @@ class LocalKafkaCluster(Startable):
             raise BrokerUnreachableError(
                 f"no node of the local cluster ({servers}) answered within {timeout_s} s: {exc}"
             ) from exc
+
+    @staticmethod
+    def _probe_servers(nodes: list[LocalKafka]) -> str:
+        """Where this runtime's own checks connect (the mTLS ports of a secured cluster)."""
+        return ",".join(node.probe_bootstrap_servers for node in nodes)
 
     def registered_node_ids(self) -> tuple[int, ...]:
         """Ids of the brokers the metadata shows (registered and not fenced), ascending."""
