@@ -124,12 +124,6 @@ def kafka_options(
     return options
 
 
-def real_topics_pattern(namespace: str) -> str:
-    """Every topic but the namespace's system, retry and DLQ topics and Kafka's own."""
-    escaped = namespace.replace(".", "\\.")
-    return f"^(?!{escaped}[._]|_).+"
-
-
 def header_map(headers: Column) -> Column:
     """Kafka headers (array of key/binary value) as a map of strings."""
     return F.map_from_entries(

@@ -10,7 +10,6 @@ namespace and counts their messages by group, kind (retry or DLQ), origin topic
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ from spark_jobs.common import (
     write_bar_chart,
 )
 from spark_jobs.system_topics import read_pattern
-from topics.naming import parse_kafka_topic
+from topics.naming import group_topics_pattern, parse_kafka_topic
 from topics.properties import MessageConst
 
 
@@ -49,7 +48,7 @@ class DlqRow:
 
 def dlq_report(spark: SparkSession, bootstrap_servers: str, namespace: str) -> list[DlqRow]:
     """Compute the report (see the module docstring)."""
-    pattern = f"^{re.escape(namespace)}\\.(RETRY|DLQ)\\..+"
+    pattern = group_topics_pattern(namespace)
     records = read_pattern(spark, bootstrap_servers, pattern).cache()
     topics = [r["topic"] for r in records.select("topic").distinct().collect()]
     if not topics:

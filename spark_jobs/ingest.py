@@ -34,11 +34,10 @@ from spark_jobs.common import (
     add_common_arguments,
     decode_messages,
     kafka_options,
-    real_topics_pattern,
     spark_session,
 )
 from topics.errors import InvalidArgumentError
-from topics.naming import DEFAULT_NAMESPACE
+from topics.naming import DEFAULT_NAMESPACE, real_topics_pattern
 
 logger = logging.getLogger(__name__)
 

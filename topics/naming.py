@@ -327,6 +327,25 @@ def parse_kafka_topic(
     raise InvalidTopicNameError(kafka_name, f"unknown topic in namespace {namespace!r}")
 
 
+def _pattern_literal(namespace: str) -> str:
+    """``namespace`` inside a regular expression: it holds only ``[a-zA-Z0-9-]`` and dots."""
+    return validate_namespace(namespace).replace(".", "\\.")
+
+
+def real_topics_pattern(namespace: str = DEFAULT_NAMESPACE) -> str:
+    """A regular expression (Java's and Python's alike, for a Kafka client's pattern
+    subscription) matching every real topic: none of the namespace's topics (names that start
+    with the namespace and ``.`` or ``_``, which Kafka treats alike) and none of Kafka's own
+    (names starting with ``_``)."""
+    return f"^(?!{_pattern_literal(namespace)}[._]|_).+"
+
+
+def group_topics_pattern(namespace: str = DEFAULT_NAMESPACE) -> str:
+    """A regular expression matching the namespace's retry and DLQ topics (those of
+    :func:`retry_topic` and :func:`dlq_topic`)."""
+    return f"^{_pattern_literal(namespace)}\\.(RETRY|DLQ)\\..+"
+
+
 def kafka_collision_key(kafka_name: str) -> str:
     """The key under which Kafka considers two topic names to collide ('.' == '_')."""
     return kafka_name.replace(".", "_")

@@ -20,12 +20,15 @@ from topics.naming import (
     coordinator_transactional_id,
     dlq_topic,
     escape_group,
+    group_topics_pattern,
     is_kafka_internal,
     kafka_collision_key,
     operator_transactional_id,
     parse_kafka_topic,
     reader_group,
+    real_topics_pattern,
     retry_topic,
+    system_topic,
     to_kafka_topic,
     transaction_check_group,
     unescape_group,
@@ -201,3 +204,19 @@ def test_every_group_name_of_the_bridge_is_refused_for_users() -> None:
 )
 def test_kafka_internal_topics_are_recognised(name: str, internal: bool) -> None:
     assert is_kafka_internal(name) is internal
+
+
+@pytest.mark.parametrize("namespace", ["rmq", "a.b-c"])
+def test_topic_patterns_split_real_topics_from_the_namespaces_own(namespace: str) -> None:
+    real = re.compile(real_topics_pattern(namespace))
+    groups = re.compile(group_topics_pattern(namespace))
+    retry, dlq = retry_topic("g.1", namespace), dlq_topic("g_1", namespace)
+    for name in (retry, dlq):
+        assert groups.fullmatch(name) and not real.fullmatch(name)
+    for system in SystemTopic:
+        name = system_topic(system.value, namespace)
+        assert not real.fullmatch(name) and not groups.fullmatch(name)
+    for name in ("orders", "a", "RETRY.x", namespace + "x.RETRY.g"):
+        assert real.fullmatch(name) and not groups.fullmatch(name)
+    for name in ("__consumer_offsets", namespace + "_x"):
+        assert not real.fullmatch(name)
