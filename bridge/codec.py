@@ -34,7 +34,6 @@ from topics.naming import to_kafka_topic
 
 logger = logging.getLogger(__name__)
 
-Headers = list[tuple[str, bytes]]
 
 new_tuple = tuple.__new__
 """``new_tuple(SomeNamedTuple, values)`` builds a NamedTuple without its Python-level

@@ -1,4 +1,7 @@
-"""Thin adapters over confluent-kafka: client configs, error translation, topic admin."""
+"""Adapters over confluent-kafka: client configs and error translation (``clients``), topic
+admin (``admin``), bounded transactional producers (``transactional``), the one transactional
+batch writer (``batch_writer``), the base of the coordinator's transactional services
+(``service``) and the quarantine topic (``quarantine``)."""
 
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import (

@@ -9,8 +9,9 @@ producing, the input offsets (``send_offsets_to_transaction``), the caller's che
 committing, ``commit_transaction``. Any failure on the way is handed to ``on_failure`` (abort,
 or replace a fenced or wedged producer; the caller then re-reads its inputs) and noted in the
 batch: :attr:`TransactionBatch.error` and :attr:`TransactionBatch.in_doubt`. Which record made
-a transaction fail is the caller's to find (poison isolation) from the reports, with
-:meth:`TransactionBatch.permanent_failures` and :meth:`TransactionBatch.unacknowledged`.
+a transaction fail is the caller's to find (poison isolation) from the reports
+(:attr:`TransactionBatch.reports`, :meth:`TransactionBatch.unacknowledged`) with
+:func:`~bridge.kafka.transactional.is_permanent_delivery_error`.
 
 The producer is a :class:`~bridge.kafka.transactional.BoundedTransactions` made by
 :func:`~bridge.kafka.transactional.transactional_producer`, so that no transaction call blocks
@@ -19,13 +20,12 @@ past its timeout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from bridge.codec import PreparedRecord
-from bridge.kafka.transactional import is_permanent_delivery_error
 
 Delivered = Callable[[KafkaError | None, Any], None]
 """A delivery callback: ``(error or None, confluent_kafka.Message)``."""
@@ -97,17 +97,6 @@ class TransactionBatch:
 
     def __len__(self) -> int:
         return len(self.records)
-
-    def __iter__(self) -> Iterator[PreparedRecord]:
-        return iter(self.records)
-
-    def permanent_failures(self) -> dict[int, KafkaError]:
-        """Records whose delivery failed for a reason that retrying does not fix, by index."""
-        return {
-            index: err
-            for index, (err, _) in self.reports.items()
-            if err is not None and is_permanent_delivery_error(err)
-        }
 
     def unacknowledged(self) -> set[int]:
         """Records reported failed (purged included), by index."""

@@ -116,11 +116,12 @@ class BoundedTransactions:
     the service moves. Each of these calls therefore runs on a thread of its own; one that
     has not returned in time raises a *fatal* ``_TIMED_OUT`` :class:`KafkaException`, and the
     producer counts as wedged: every later transactional call fails the same way at once.
-    The service then replaces it (:meth:`TransactionalService.transaction_failed`): the new
-    producer's ``init_transactions`` fences the wedged one and has the broker abort what it
-    left open, and a commit whose outcome that leaves unknown is handled as any commit that
-    timed out. The stuck call's thread ends whenever librdkafka lets go; until then it keeps the
-    old producer alive, so it is never destroyed under a running call.
+    The service then replaces it
+    (:meth:`bridge.kafka.service.TransactionalService.transaction_failed`): the new producer's
+    ``init_transactions`` fences the wedged one and has the broker abort what it left open,
+    and a commit whose outcome that leaves unknown is handled as any commit that timed out.
+    The stuck call's thread ends whenever librdkafka lets go; until then it keeps the old
+    producer alive, so it is never destroyed under a running call.
 
     Everything else (``produce``, ``poll``, ``flush``, ``list_topics``...) goes straight to
     the producer.

@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 _TARGET_CACHE_MS = 30_000
 """How long a real topic's partition count is trusted before it is asked again, ms."""
-_MISSING_CACHE_MS = 5_000
+MISSING_CACHE_MS = 5_000
 """How long a real topic found missing stays missing before it is asked again, ms."""
 _FRESH_MS = 1_000
 """A fresh answer about a real topic (after a failure, before a retry) is at most this old."""
@@ -97,7 +97,7 @@ def delivery_problem(topic: str, err: KafkaError) -> str:
 
 class Targets:
     """Answers about real topics, kept for a while (:data:`_TARGET_CACHE_MS`, a missing topic
-    :data:`_MISSING_CACHE_MS`), so that many records for one missing topic cost one question.
+    :data:`MISSING_CACHE_MS`), so that many records for one missing topic cost one question.
     Asks with a plain producer of its own (see :func:`topic_problem`), made by :meth:`start`."""
 
     def __init__(self, client: ClientConfig, name: str, timeout_s: Callable[[], float]) -> None:
@@ -123,12 +123,12 @@ class Targets:
         """Why a record for ``topic`` / ``partition`` cannot be written, from metadata; None
         when nothing is known wrong or the broker does not answer (the write then decides).
         Answers are kept (a topic's partitions :data:`_TARGET_CACHE_MS`, a missing topic
-        :data:`_MISSING_CACHE_MS`, :data:`_FRESH_MS` when ``fresh``), so many records for
+        :data:`MISSING_CACHE_MS`, :data:`_FRESH_MS` when ``fresh``), so many records for
         one missing topic cost one question."""
         now = now_ms()
         known = self._targets.get(topic)
         if known is not None:
-            max_age = _TARGET_CACHE_MS if known[0] is None else _MISSING_CACHE_MS
+            max_age = _TARGET_CACHE_MS if known[0] is None else MISSING_CACHE_MS
             if now - known[2] > (_FRESH_MS if fresh else max_age):
                 known = None
         if known is None and now < self._metadata_silent_until:
@@ -152,7 +152,7 @@ class Targets:
 
     def remember_refusal(self, topic: str, err: KafkaError, problem: str) -> None:
         """A topic that refuses every write (not authorized) while its metadata looks fine
-        (Describe allowed) is remembered as refusing for :data:`_MISSING_CACHE_MS`: the commits
+        (Describe allowed) is remembered as refusing for :data:`MISSING_CACHE_MS`: the commits
         for it meanwhile are set aside before the batch instead of failing it, one at a
         time, for the others."""
         if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:

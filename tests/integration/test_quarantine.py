@@ -279,7 +279,7 @@ def test_a_poison_record_carrying_quarantine_headers_is_listed_not_taken_for_a_m
 
 
 def test_replay_against_an_unreachable_broker_raises_a_typed_error() -> None:
-    from bridge.kafka.quarantine import _resolved
+    from bridge.kafka.quarantine.replay import _resolved
     from bridge.runtime.local_kafka import free_port
 
     config = ClientConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", request_timeout_ms=1500)

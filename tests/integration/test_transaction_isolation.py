@@ -44,7 +44,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import read_quarantine
 from bridge.message import MessageConst, now_ms
-from bridge.transaction import service as service_module
+from bridge.transaction import recovery as recovery_module
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import CheckRequest, EndTransaction, OpAction
 from bridge.transaction.service import TransactionService
@@ -475,7 +475,7 @@ def test_recovery_that_cannot_read_its_first_half_message_is_retried_not_guessed
         wait_until(lambda: committed_checkpoint(client) == 0)
     # Decisions are found from the first half message's time: no slack, so a guess of "now"
     # misses the decision on "once" (as a guess of 60 s misses one older than that).
-    monkeypatch.setattr(service_module, "_OP_SCAN_SLACK_MS", 0)
+    monkeypatch.setattr(recovery_module, "_OP_SCAN_SLACK_MS", 0)
     real_new_consumer = clients_module.new_consumer
     slowed: list[str] = []
 
@@ -486,7 +486,7 @@ def test_recovery_that_cannot_read_its_first_half_message_is_retried_not_guessed
             return SlowReads(consumer)
         return consumer
 
-    monkeypatch.setattr(service_module, "new_consumer", new_consumer)
+    monkeypatch.setattr(recovery_module, "new_consumer", new_consumer)
     with Coordinator(config):
         writer.commit(topic, b"after")
         assert bodies(client, topic, 2, idle_ms=4000) == ["after", "once"]
@@ -610,7 +610,7 @@ def test_recovery_whose_decision_lookup_fails_is_retried_not_read_as_no_decision
             return FailingTimeLookup(consumer, failed)
         return consumer
 
-    monkeypatch.setattr(service_module, "new_consumer", new_consumer)
+    monkeypatch.setattr(recovery_module, "new_consumer", new_consumer)
     with Coordinator(config):
         writer.commit(topic, b"after")
         assert bodies(client_config, topic, 2, idle_ms=4000) == ["after", "once"]

@@ -1,0 +1,141 @@
+"""End-transaction handling of the transaction service: each HALF record read becomes part of
+the state (a half message) or a decision applied in the batch's Kafka transaction: the real
+message (on commit), the OP record, and the HALF offset from which a restart must read again.
+A record that cannot be decoded is quarantined in the same transaction."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaError
+
+from bridge.codec import ENVELOPE_SCHEMA, PreparedRecord, envelope_to_message
+from bridge.errors import BridgeError, WireFormatError
+from bridge.kafka.quarantine import quarantine_copy
+from bridge.kafka.transactional import is_permanent_delivery_error
+from bridge.lifecycle import FatalServiceError
+from bridge.message import now_ms
+from bridge.transaction.half_batch import HalfBatch
+from bridge.transaction.model import (
+    END_TRANSACTION_SCHEMA,
+    EndTransaction,
+    OpAction,
+    TransactionStatus,
+    committed_record,
+)
+from bridge.transaction.state import HalfPartition, PendingHalf
+from topics.avro import default_registry
+
+if TYPE_CHECKING:
+    from bridge.transaction.service import TransactionService
+
+logger = logging.getLogger(__name__)
+
+
+class Decisions:
+    """Reads HALF records into the partitions' state and applies the decisions they bring."""
+
+    def __init__(self, service: TransactionService) -> None:
+        self._svc = service
+        self._shrink_quarantine: set[tuple[int, int]] = set()
+        """HALF (partition, offset) of malformed records whose whole quarantine copy was
+        refused: quarantined without their value next time."""
+
+    def handle(self, record: Any, batch: HalfBatch) -> None:
+        error = record.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return
+            self._svc.check_fencing(error)  # another coordinator with this id: stop, say why
+            if error.fatal():  # the consumer cannot go on: stop rather than idle unseen
+                raise FatalServiceError(f"{self._svc.name}: Kafka consumer failed: {error.str()}")
+            logger.warning("%s: consumer error %s", self._svc.name, error.str())
+            return
+        state = self._svc._partitions.get(record.partition())
+        if state is None or record.partition() in self._svc._to_recover:
+            return  # revoked meanwhile, or replayed after recovery
+        offset = record.offset()
+        try:
+            name, fields = default_registry().decode_any(record.value())
+            if name == ENVELOPE_SCHEMA:
+                msg = envelope_to_message(fields)
+                state.on_half(offset, record.timestamp()[1], record.value(), msg, now_ms())
+                batch.dirty = True
+            elif name == END_TRANSACTION_SCHEMA:
+                self._on_end(state, offset, EndTransaction.from_record(fields), batch)
+            else:
+                raise WireFormatError(f"a {name} record does not belong in the HALF topic")
+        except (WireFormatError, ValueError, KeyError) as exc:
+            where = (record.partition(), offset)
+            copy = quarantine_copy(
+                self._svc.catalog,
+                record,
+                str(exc),
+                self._svc.name,
+                keep_value=where not in self._shrink_quarantine,
+            )
+
+            def refused(err: KafkaError | None, _: Any, where: tuple[int, int] = where) -> None:
+                # Too large for QUARANTINE whole (a record near HALF's limit): the rebuilt
+                # batch quarantines it without its value, so the others are not held back.
+                if is_permanent_delivery_error(err):
+                    self._shrink_quarantine.add(where)
+                elif err is None:
+                    self._shrink_quarantine.discard(where)
+
+            batch.add_record(copy, refused)
+            state.on_other(offset)
+
+    def _on_end(
+        self, state: HalfPartition, offset: int, end: EndTransaction, batch: HalfBatch
+    ) -> None:
+        if end.status is TransactionStatus.UNKNOWN:
+            state.on_other(offset)
+            logger.debug("transaction %s: UNKNOWN from %s", end.transaction_id, end.producer_id)
+            return
+        pending = state.on_end(offset, end.transaction_id)
+        if pending is None:
+            logger.info(
+                "transaction %s: %s from %s ignored (already decided, being committed, or unknown)",
+                end.transaction_id,
+                end.status.value,
+                end.producer_id,
+            )
+            return
+        # Decided by its producer: no check of it is needed any more, on its own or not.
+        self._svc.checks.forget(end.transaction_id)
+        if end.status is TransactionStatus.COMMIT:
+            self._apply_commit(state, pending, batch)
+        else:
+            self._svc.write_op(state, pending, OpAction.ROLLBACK, batch)
+            state.resolve(pending)
+        logger.debug("transaction %s: %s", end.transaction_id, end.status.value)
+
+    def _apply_commit(self, state: HalfPartition, pending: PendingHalf, batch: HalfBatch) -> None:
+        """Commit ``pending`` in ``batch``, or set it aside to be committed on its own when its
+        real record is known not to fit (so the rest of the batch does not fail with it)."""
+        tid = pending.transaction_id
+        poison = self._svc.parking.get(tid)
+        real: PreparedRecord | None = None
+        if poison is None:
+            try:
+                real = committed_record(pending.message, self._svc.catalog.namespace)
+            except (BridgeError, ValueError) as exc:
+                # No retry makes a name or a property that cannot be written writable.
+                poison = self._svc.parking.set_aside(
+                    state,
+                    tid,
+                    f"its real record cannot be built: {exc}",
+                    self._svc.config.delivery_attempts,
+                )
+            else:
+                problem = self._svc.targets.problem(real.kafka_topic, real.partition, fresh=False)
+                if problem is not None:
+                    poison = self._svc.parking.set_aside(state, tid, problem, 1)
+        if poison is not None or real is None:
+            state.hold(pending)  # committed on its own by Parking.commit_alone_due
+            return
+        batch.add_real(tid, state.partition, real)
+        self._svc.write_op(state, pending, OpAction.COMMIT, batch)
+        state.resolve(pending)

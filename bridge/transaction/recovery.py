@@ -1,0 +1,164 @@
+"""Recovery of the transaction service's HALF partitions after an assignment or a failed
+Kafka transaction: read the OP records written since the oldest undecided half message (found
+by time: HALF and OP use the broker's clock), then replay HALF from the committed offset.
+
+An OP record that cannot be decoded (a newer schema during a rolling upgrade) still marks its
+transaction (its Kafka key) decided; a recovery that cannot read what it needs fails and is
+tried again rather than guessing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from bridge.errors import KafkaClientError, WireFormatError
+from bridge.kafka.clients import new_consumer, read_record_at
+from bridge.message import now_ms
+from bridge.transaction.model import OpEntry
+from bridge.transaction.state import HalfPartition
+from topics.naming import reader_group
+
+if TYPE_CHECKING:
+    from bridge.transaction.service import TransactionService
+
+logger = logging.getLogger(__name__)
+
+_OP_SCAN_SLACK_MS = 60_000
+"""Read OP records from this long before the oldest undecided half message (broker clock
+differences between partition leaders)."""
+
+
+class Recovery:
+    """Rebuilds the state of the service's HALF partitions from what Kafka committed."""
+
+    def __init__(self, service: TransactionService) -> None:
+        self._svc = service
+
+    def recover(self, partitions: list[int]) -> None:
+        """Rebuild the state of HALF ``partitions`` (those still assigned) from Kafka: the
+        decisions in OP since the oldest undecided half message, then HALF from the committed
+        offset. A partition whose recovery fails stays to be recovered (tried again on the
+        next iteration)."""
+        consumer = self._svc._consumer
+        if consumer is None:
+            return
+        timeout_s = self._svc.timeout_s
+        assigned = {tp.partition for tp in consumer.assignment() if tp.topic == self._svc._half}
+        reader = new_consumer(
+            self._svc.config.client,
+            reader_group("recovery", uuid.uuid4().hex[:12]),
+            self._svc.name,
+            enable_partition_eof=True,
+        )
+        try:
+            for p in partitions:
+                try:
+                    self._recover_partition(consumer, reader, p, p in assigned, timeout_s)
+                except (KafkaException, KafkaClientError) as exc:
+                    # E.g. a leader not elected yet: the partition stays to be recovered and
+                    # is tried again on the next iteration.
+                    logger.warning(
+                        "%s: recovering HALF partition %d failed: %s", self._svc.name, p, exc
+                    )
+        finally:
+            reader.close()
+
+    def _recover_partition(
+        self, consumer: Consumer, reader: Consumer, p: int, assigned: bool, timeout_s: float
+    ) -> None:
+        started = time.monotonic()
+        if not assigned:
+            self._svc._to_recover.discard(p)
+            return
+        committed = consumer.committed([TopicPartition(self._svc._half, p)], timeout_s)[0].offset
+        low, high = consumer.get_watermark_offsets(TopicPartition(self._svc._half, p), timeout_s)
+        start = committed if committed >= 0 else low
+        state = HalfPartition(p, self._svc.policy, position=start, catch_up_offset=high)
+        if start < high:
+            self._load_decisions(reader, state, start)
+        consumer.seek(TopicPartition(self._svc._half, p, start if start >= 0 else OFFSET_BEGINNING))
+        self._svc._partitions[p] = state
+        self._svc._to_recover.discard(p)
+        logger.info(
+            "%s: HALF partition %d recovered in %.2f s: reading from %d (end %d), "
+            "%d decisions loaded",
+            self._svc.name,
+            p,
+            time.monotonic() - started,
+            start,
+            high,
+            state.decided_count,
+        )
+
+    def _load_decisions(self, reader: Consumer, state: HalfPartition, start: int) -> None:
+        """Mark the transactions decided since the half message at ``start``."""
+        # A read that times out raises: the recovery is tried again, never guessed (a guess
+        # too recent misses decisions and commits them twice).
+        first = read_record_at(
+            reader, TopicPartition(self._svc._half, state.partition, start), self._svc.timeout_s
+        )
+        since_ms = (first.timestamp()[1] if first is not None else now_ms()) - _OP_SCAN_SLACK_MS
+        tp = reader.offsets_for_times(
+            [TopicPartition(self._svc._op, state.partition, max(since_ms, 0))], self._svc.timeout_s
+        )[0]
+        if tp.error is not None:
+            # The lookup failed (e.g. a leader moving): read as "no decisions", it would apply
+            # them again. The recovery is tried again instead.
+            raise KafkaException(tp.error)
+        if tp.offset < 0:
+            return
+        reader.assign([tp])
+        deadline = time.monotonic() + self._svc.timeout_s
+        while True:
+            record = reader.poll(0.2)
+            if record is None:
+                if time.monotonic() > deadline:
+                    raise KafkaClientError(
+                        f"OP partition {state.partition}: no record nor its end within "
+                        f"{self._svc.client.request_timeout_ms} ms"
+                    )
+                continue
+            deadline = time.monotonic() + self._svc.timeout_s
+            error = record.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    return
+                raise KafkaException(error)
+            try:
+                entry = OpEntry.decode(record.value())
+            except WireFormatError as exc:
+                self._undecodable_decision(state, record, exc)
+                continue
+            if entry.half_offset >= start:
+                state.mark_decided(entry.transaction_id, entry.half_offset)
+
+    def _undecodable_decision(self, state: HalfPartition, record: Any, exc: Exception) -> None:
+        """An OP record this version cannot decode (a newer schema, during a rolling upgrade)
+        still decides its transaction: its Kafka key is the transaction id. Which copy it
+        names is unknown, so it counts for every copy read during this recovery."""
+        key = record.key()
+        if not key:
+            logger.warning(
+                "%s: OP record at %d of partition %d cannot be read and has no key (%s)",
+                self._svc.name,
+                record.offset(),
+                state.partition,
+                exc,
+            )
+            return
+        tid = key.decode("utf-8", "replace")
+        state.mark_decided(tid, state.catch_up_offset)
+        logger.warning(
+            "%s: OP record at %d of partition %d cannot be read (%s); transaction %s counts "
+            "as decided",
+            self._svc.name,
+            record.offset(),
+            state.partition,
+            exc,
+            tid,
+        )
