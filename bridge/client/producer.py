@@ -14,21 +14,32 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from enum import Enum
-from functools import lru_cache
-from typing import Any, Final, NamedTuple
+from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
-
-from bridge.codec import PreparedRecord, header_bytes, new_tuple, plain_record
+from bridge.client.send_checks import (
+    MAX_PROPERTIES_BYTES,
+    OWN_HEADERS_BYTES,
+    TAGS_ALWAYS_FIT,
+    PartitionCounts,
+    kafka_topic_for,
+    properties_size,
+    properties_too_large,
+)
+from bridge.client.send_results import (
+    AsyncReport,
+    OnException,
+    OnSuccess,
+    SendResult,
+    SendStatus,
+    SyncWaiter,
+    log_oneway_failure,
+)
+from bridge.codec import PreparedRecord, plain_record
 from bridge.config import ClientConfig
 from bridge.delay.routing import delayed_record, without_delay
 from bridge.errors import (
-    InvalidArgumentError,
     InvalidMessageError,
     InvalidPropertyError,
-    InvalidTopicNameError,
     KafkaClientError,
     MessageTooLargeError,
     SendError,
@@ -39,12 +50,9 @@ from bridge.kafka.clients import new_producer, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageIdGenerator, local_ipv4
 from topics.catalog import SystemTopic
-from topics.naming import is_kafka_internal, to_kafka_topic, validate_user_group
+from topics.naming import validate_user_group
 
 logger = logging.getLogger(__name__)
-
-OnSuccess = Callable[["SendResult"], None]
-OnException = Callable[[Exception], None]
 
 _POLL_INTERVAL_S = 0.02
 """How often the delivery thread checks whether senders went quiet, seconds."""
@@ -53,146 +61,6 @@ _REPORTS_EVERY_SENDS = 32
 the GIL around, so serving after every send costs more than the reports themselves."""
 _SYNC_FLUSH_SLICE_S = 0.005
 """A sync send waits in flush() slices this long, seconds (flush skips linger.ms)."""
-
-
-class SendStatus(Enum):
-    """RocketMQ's ``SendStatus``. With ``acks=all`` a stored message is always SEND_OK."""
-
-    SEND_OK = "SEND_OK"
-    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
-    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
-    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
-
-
-class SendResult(NamedTuple):
-    """Where a sent message was stored: ``queue_id`` is the partition, ``offset`` the offset."""
-
-    status: SendStatus
-    msg_id: str
-    offset: int
-    topic: str
-    queue_id: int
-
-
-MAX_PROPERTIES_BYTES: Final = 32_767
-"""The largest a message's properties, keys and tags may be together, in bytes, measured as
-RocketMQ encodes them (each ``name`` and value in UTF-8, plus 2 separator bytes): RocketMQ's
-broker refuses a properties block over ``Short.MAX_VALUE`` bytes. Without this limit a
-message with megabytes of properties would only fail at the broker, as a generic send error."""
-_OWN_HEADERS_BYTES: Final = 128
-"""Room left for what the producer adds (``UNIQ_KEY``, ``BORN_HOST``, ``REAL_TOPIC``, ...)."""
-_TAGS_ALWAYS_FIT: Final = (MAX_PROPERTIES_BYTES - _OWN_HEADERS_BYTES) // 4
-"""Tags this many characters or fewer (4 UTF-8 bytes at most each) always fit: a message
-without properties or keys needs no measuring."""
-_PARTITION_COUNT_TTL_S: Final = 30.0
-"""How long a topic's partition count is trusted for checking explicit partitions, seconds."""
-_PARTITION_COUNT_CACHE_SIZE: Final = 4096
-
-_SYSTEM_TOPIC_NAMES: Final = frozenset(system.value for system in SystemTopic)
-
-
-@lru_cache(maxsize=4096)
-def _kafka_topic(topic: str, namespace: str) -> str:
-    """The Kafka topic a message for ``topic`` goes to; raises
-    :class:`InvalidTopicNameError` for names that cannot be mapped and for topics no message
-    may be sent to: Kafka's internal topics (``__consumer_offsets``, ...) and the bridge's
-    system topics, by their RocketMQ name (``SCHEDULE_TOPIC_XXXX``) or their Kafka name
-    (``<namespace>.SCHEDULE_TOPIC_XXXX``, refused by :func:`to_kafka_topic`). Cached, so a
-    send pays nothing for the checks. ``%RETRY%<group>`` and ``%DLQ%<group>`` are allowed,
-    as RocketMQ allows them."""
-    if topic in _SYSTEM_TOPIC_NAMES:
-        raise InvalidTopicNameError(
-            topic,
-            "is a system topic of the bridge; delayed and transactional messages get there "
-            "by being sent to their real topic",
-        )
-    kafka_topic = to_kafka_topic(topic, namespace)
-    if is_kafka_internal(kafka_topic):
-        raise InvalidTopicNameError(
-            topic, "names starting with '__' are Kafka's internal topics (__consumer_offsets, ...)"
-        )
-    return kafka_topic
-
-
-def _properties_size(msg: Message) -> int:
-    """The bytes of ``msg``'s properties, keys and tags as RocketMQ encodes them (see
-    :data:`MAX_PROPERTIES_BYTES`)."""
-    return sum(
-        len(name.encode()) + len(header_bytes(value)) + 2
-        for name, value in msg.wire_properties().items()
-    )
-
-
-def _properties_too_large(size: int) -> MessageTooLargeError:
-    return MessageTooLargeError(
-        size,
-        MAX_PROPERTIES_BYTES,
-        f"message properties, keys and tags are {size} bytes encoded, more than the "
-        f"{MAX_PROPERTIES_BYTES} bytes a RocketMQ broker accepts (Short.MAX_VALUE)",
-    )
-
-
-class _SyncWaiter:
-    __slots__ = ("error", "event", "failure", "offset", "partition")
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.error: KafkaError | None = None
-        self.failure: KafkaClientError | None = None
-        self.partition = -1
-        self.offset = -1
-
-    def __call__(self, err: KafkaError | None, kmsg: Any) -> None:
-        if err is not None:
-            self.error = err
-        else:
-            self.partition = kmsg.partition()
-            self.offset = kmsg.offset()
-        self.event.set()
-
-
-class _AsyncReport:
-    """The delivery report handler of one ``send_async``.
-
-    One small object per message in flight and nothing else: confluent-kafka keeps it until
-    the report arrives, and a closure (function, cells, captured record) would keep several
-    objects per message alive for the garbage collector to walk through.
-    """
-
-    __slots__ = ("kafka_topic", "msg_id", "on_exception", "on_success", "topic")
-
-    def __init__(
-        self,
-        msg_id: str,
-        topic: str,
-        kafka_topic: str,
-        on_success: OnSuccess | None,
-        on_exception: OnException | None,
-    ) -> None:
-        self.msg_id = msg_id
-        self.topic = topic
-        self.kafka_topic = kafka_topic
-        self.on_success = on_success
-        self.on_exception = on_exception
-
-    def __call__(self, err: KafkaError | None, kmsg: Any) -> None:
-        try:
-            if err is not None:
-                error = translate_error(err, f"send of {self.msg_id} to {self.kafka_topic}")
-                if self.on_exception is not None:
-                    self.on_exception(error)
-                else:
-                    logger.warning("async send failed: %s", error)
-            elif self.on_success is not None:
-                stored = (SendStatus.SEND_OK, self.msg_id, kmsg.offset(), self.topic)
-                self.on_success(new_tuple(SendResult, (*stored, kmsg.partition())))
-        except Exception:
-            logger.exception("send callback for %s raised", self.msg_id)
-
-
-def _log_oneway_failure(err: KafkaError | None, kmsg: Any) -> None:
-    if err is not None:
-        logger.warning("oneway send to %s failed: %s", kmsg.topic(), err.str())
 
 
 class Producer(Startable):
@@ -232,8 +100,7 @@ class Producer(Startable):
         self._system_topics_ready = False
         self._max_message_bytes = self.config.max_message_bytes
         self._namespace = self.config.namespace
-        self._partition_counts: dict[str, tuple[float, int]] = {}
-        """Kafka topic -> (monotonic time until which it is trusted, partition count)."""
+        self._partition_counts = PartitionCounts(self.config)
         self._sends_unserved = 0
         """Asynchronous sends since reports were last served (approximate across threads)."""
         self._running = False
@@ -333,14 +200,14 @@ class Producer(Startable):
         topic = msg.topic
         if type(topic) is not str:
             raise InvalidMessageError(f"the topic must be a string, got {type(topic).__name__}")
-        kafka_topic = _kafka_topic(topic, self._namespace)
+        kafka_topic = kafka_topic_for(topic, self._namespace)
         if partition != -1:
-            self._check_partition(topic, kafka_topic, partition)
+            self._partition_counts.check(self._kafka, topic, kafka_topic, partition)
         born_ms = time.time_ns() // 1_000_000
         msg_id = self._ids.next_id(born_ms)
         try:
             props, keys, tags = msg._properties, msg._keys, msg.tags
-            if props or keys or (tags and len(tags) > _TAGS_ALWAYS_FIT):
+            if props or keys or (tags and len(tags) > TAGS_ALWAYS_FIT):
                 # Characters are 4 UTF-8 bytes at most: only a block that might be too large
                 # is measured exactly.
                 chars = len(tags or "") + len(keys) + 2 * len(props)
@@ -348,15 +215,19 @@ class Producer(Startable):
                     chars += len(key)
                 for name, value in props.items():
                     chars += len(name) + len(value)
-                if chars * 4 + _OWN_HEADERS_BYTES > MAX_PROPERTIES_BYTES:
-                    size = _properties_size(msg)
+                if chars * 4 + OWN_HEADERS_BYTES > MAX_PROPERTIES_BYTES:
+                    size = properties_size(msg)
                     if size > MAX_PROPERTIES_BYTES:
-                        raise _properties_too_large(size)
+                        raise properties_too_large(size)
             if msg.is_delayed:
                 delayed = delayed_record(
-                    msg, msg_id, born_ms, self._born_host.decode(), partition=partition,
+                    msg,
+                    msg_id,
+                    born_ms,
+                    self._born_host.decode(),
+                    partition=partition,
                     config=self.config,
-                )  # fmt: skip
+                )
                 if delayed is not None:
                     return delayed
                 msg = without_delay(msg)  # a timer already due: delivered at once
@@ -366,49 +237,6 @@ class Producer(Startable):
             # name what it is. Diagnosing only on failure keeps valid sends free of it.
             msg.check_wire()
             raise
-
-    def _check_partition(self, topic: str, kafka_topic: str, partition: object) -> None:
-        """Refuse a partition the topic does not have. The count comes from the producer's
-        metadata, trusted for :data:`_PARTITION_COUNT_TTL_S` while partitions below it are
-        asked for; a partition at or beyond it is checked against fresh metadata first
-        (partitions may have been added). A topic that does not exist (yet) or metadata that
-        does not come is no reason to refuse: the send reports what happens. Where the broker
-        creates topics on first use, asking for a missing topic's metadata creates it, as
-        the send would, and its new partition count is then checked."""
-        if type(partition) is not int or partition < -1:
-            raise InvalidArgumentError(
-                f"partition {partition!r} for {topic}: expected -1 (the key decides) or a "
-                "partition number"
-            )
-        if partition == -1 or self._kafka is None:
-            return
-        cached = self._partition_counts.get(kafka_topic)
-        if cached is not None and partition < cached[1] and time.monotonic() < cached[0]:
-            return
-        count = self._partition_count(kafka_topic)
-        if count is not None and partition >= count:
-            named = topic if topic == kafka_topic else f"{topic} (Kafka topic {kafka_topic})"
-            raise InvalidArgumentError(
-                f"partition {partition} of {named} does not exist: the topic has {count} "
-                f"partitions (0-{count - 1})"
-            )
-
-    def _partition_count(self, kafka_topic: str) -> int | None:
-        """The topic's partition count from fresh metadata (and cache it), or None."""
-        try:
-            # Bounded like the send itself: a broker that does not answer fails the send anyway.
-            timeout_ms = min(self.config.request_timeout_ms, self.config.send_msg_timeout_ms)
-            metadata = self._kafka.list_topics(kafka_topic, timeout=timeout_ms / 1000)
-        except KafkaException:
-            return None
-        info = metadata.topics.get(kafka_topic)
-        if info is None or info.error is not None or not info.partitions:
-            return None
-        count = len(info.partitions)
-        if len(self._partition_counts) >= _PARTITION_COUNT_CACHE_SIZE:
-            self._partition_counts.clear()
-        self._partition_counts[kafka_topic] = (time.monotonic() + _PARTITION_COUNT_TTL_S, count)
-        return count
 
     def _ensure_system_topics(self) -> None:
         """Create the system topics (idempotent) before the first record to one of them, so
@@ -485,7 +313,7 @@ class Producer(Startable):
         The building block of ``send_sync`` for clients that write system records.
         """
         self._lifecycle.require_running()
-        waiter = _SyncWaiter()
+        waiter = SyncWaiter()
         self._produce(record, record.partition if partition is None else partition, waiter)
         # flush() sends at once instead of waiting linger.ms, and serves delivery reports
         # (ours among them) on this thread. librdkafka fails the message after
@@ -511,7 +339,7 @@ class Producer(Startable):
         self._lifecycle.require_running()
         waiters = []
         for record in records:
-            waiter = _SyncWaiter()
+            waiter = SyncWaiter()
             try:
                 self._produce(record, record.partition, waiter)
             except KafkaClientError as exc:
@@ -565,7 +393,7 @@ class Producer(Startable):
         self._produce(
             record,
             record.partition,
-            _AsyncReport(record.msg_id, msg.topic, record.kafka_topic, on_success, on_exception),
+            AsyncReport(record.msg_id, msg.topic, record.kafka_topic, on_success, on_exception),
         )
         self._serve_reports()
         return record.msg_id
@@ -575,9 +403,9 @@ class Producer(Startable):
         if not self._running:
             self._lifecycle.require_running()
         record = self.prepare(msg, partition)
-        self._produce(record, record.partition, _log_oneway_failure)
+        self._produce(record, record.partition, log_oneway_failure)
         self._serve_reports()
         return record.msg_id
 
 
-__all__ = ["Producer", "SendError", "SendResult", "SendStatus"]
+__all__ = ["MAX_PROPERTIES_BYTES", "Producer", "SendError", "SendResult", "SendStatus"]

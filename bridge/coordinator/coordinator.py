@@ -73,10 +73,15 @@ class CoordinatorConfig:
             )
         self.catalog  # noqa: B018 - validates the partition counts
         for name in (
-            "transaction_timeout_ms", "check_interval_ms", "transaction_check_max",
-            "file_reserved_time_ms", "kafka_transaction_timeout_ms", "session_timeout_ms",
-            "delivery_attempts", "delivery_backoff_ms",
-        ):  # fmt: skip
+            "transaction_timeout_ms",
+            "check_interval_ms",
+            "transaction_check_max",
+            "file_reserved_time_ms",
+            "kafka_transaction_timeout_ms",
+            "session_timeout_ms",
+            "delivery_attempts",
+            "delivery_backoff_ms",
+        ):
             if getattr(self, name) <= 0:
                 raise InvalidArgumentError(f"{name} must be positive, got {getattr(self, name)}")
 
@@ -189,8 +194,10 @@ class Coordinator(Startable):
             self._failure = error
         logger.error(
             "coordinator %s: service %s failed, stopping every service: %s",
-            self.config.coordinator_id, service.name, error,
-        )  # fmt: skip
+            self.config.coordinator_id,
+            service.name,
+            error,
+        )
         # Not on the failed service's thread: stopping joins the other services' threads.
         threading.Thread(
             target=self.stop, name=f"bridge-coordinator-stop-{self.config.coordinator_id}"

@@ -32,13 +32,28 @@ _UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, K
 
 
 _CONSUMER_ONLY_PREFIXES = (
-    "session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "auto.offset.reset",
-    "group.", "fetch.", "partition.assignment.strategy", "queued.", "auto.commit.",
-)  # fmt: skip
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "auto.offset.reset",
+    "group.",
+    "fetch.",
+    "partition.assignment.strategy",
+    "queued.",
+    "auto.commit.",
+)
 _PRODUCER_ONLY_PREFIXES = (
-    "acks", "linger.ms", "batch.", "compression.", "retries", "retry.backoff",
-    "queue.buffering.", "message.timeout.ms", "delivery.timeout.ms", "partitioner",
-)  # fmt: skip
+    "acks",
+    "linger.ms",
+    "batch.",
+    "compression.",
+    "retries",
+    "retry.backoff",
+    "queue.buffering.",
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+    "partitioner",
+)
 
 
 def _extras(config: ClientConfig, other_side: tuple[str, ...]) -> dict[str, str]:

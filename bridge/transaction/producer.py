@@ -76,8 +76,10 @@ def _run_listener(what: str, call: Any, transaction_id: str) -> TransactionStatu
     if not isinstance(status, TransactionStatus):
         logger.error(
             "transaction %s: %s returned %r, not a TransactionStatus; state is UNKNOWN",
-            transaction_id, what, status,
-        )  # fmt: skip
+            transaction_id,
+            what,
+            status,
+        )
         return TransactionStatus.UNKNOWN
     return status
 
@@ -217,8 +219,9 @@ class TransactionMQProducer(Startable):
                 logger.warning(
                     "transaction producer %s: the check consumer did not stop within %d ms; "
                     "left behind",
-                    self.group, timeout,
-                )  # fmt: skip
+                    self.group,
+                    timeout,
+                )
         with self._checks_lock:
             self._checks_lock.wait_for(
                 lambda: not self._checks, max(deadline - time.monotonic(), 0)
@@ -231,9 +234,11 @@ class TransactionMQProducer(Startable):
             logger.warning(
                 "transaction producer %s: shutdown abandoned %d unanswered checks after %d ms "
                 "(%s); the coordinator asks again at its next check interval",
-                self.group, len(abandoned), timeout,
+                self.group,
+                len(abandoned),
+                timeout,
                 ", ".join(f"{tid} {state}" for tid, state in abandoned),
-            )  # fmt: skip
+            )
         self._producer.shutdown(timeout)
         self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
 
@@ -353,8 +358,9 @@ class TransactionMQProducer(Startable):
                 logger.info(
                     "transaction %s: check %d not taken, the check hold is full and the "
                     "producer is stopping; it is asked again",
-                    tid, request.check_times,
-                )  # fmt: skip
+                    tid,
+                    request.check_times,
+                )
                 return False
 
         number = next(self._check_numbers)
@@ -374,8 +380,10 @@ class TransactionMQProducer(Startable):
                     logger.info(
                         "transaction %s: check %d answered %s after shutdown; not sent, "
                         "the coordinator asks again",
-                        tid, request.check_times, status.value,
-                    )  # fmt: skip
+                        tid,
+                        request.check_times,
+                        status.value,
+                    )
                     return
                 logger.info(
                     "transaction %s: check %d answered %s", tid, request.check_times, status.value
