@@ -43,6 +43,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
 
     orderly: ClassVar[bool] = False
     _LISTENER_RAISED: ClassVar[str] = "listener raised on %s: RECONSUME_LATER"
+    _BATCH_LISTENER: ClassVar[type[BatchListener]] = MessageListenerConcurrently
 
     _next_expiry_check = 0.0
     """When :meth:`expire_overdue` looks next (monotonic seconds)."""
@@ -134,7 +135,6 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         their delay levels, to ``failed`` and ``levels``. If this goes wrong, the messages not
         yet accounted for are handed back (consumed again after ``send_back_retry_delay_ms``)
         instead of staying held, and in their listener call, for ever."""
-        group = self._context.group
         call = object()
         pq.start(call, msgs, time.monotonic())
         settled: set[int] | None = None
@@ -146,7 +146,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                 # A retry of a topic no longer subscribed to: keep it, in the DLQ.
                 logger.warning(
                     "push consumer %s: no subscription for %s; %d messages go to the DLQ",
-                    group,
+                    self._context.group,
                     msgs[0].topic,
                     len(msgs),
                 )
@@ -161,13 +161,13 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                 # Sent back past consume_timeout, or the partition was given up.
                 logger.warning(
                     "push consumer %s: ignoring the late listener result for %s",
-                    group,
+                    self._context.group,
                     [m.msg_id for m in msgs if m.queue_offset not in settled],
                 )
                 head = [m for m in head if m.queue_offset in settled]
                 tail = [m for m in tail if m.queue_offset in settled]
             if head:
-                self._count(Count.CONSUMED, len(head))
+                self._context.counters.add(Count.CONSUMED, len(head))
                 pq.remove(m.queue_offset for m in head)
             failed += tail
             added = len(tail)
@@ -187,7 +187,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
             logger.exception(
                 "push consumer %s: handling the listener result for %s failed; consuming %d "
                 "of them again later",
-                group,
+                self._context.group,
                 [m.msg_id for m in msgs],
                 len(back),
             )

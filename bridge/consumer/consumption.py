@@ -12,10 +12,9 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Iterable
-from typing import ClassVar, Final, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar, cast
 
 from bridge.consumer.context import ConsumerContext, Listener, MessageCallback
-from bridge.consumer.counters import Count
 from bridge.consumer.model import (
     ConsumeConcurrentlyContext,
     ConsumeOrderlyContext,
@@ -34,7 +33,6 @@ logger = logging.getLogger(__name__)
 
 ContextT = TypeVar("ContextT", ConsumeConcurrentlyContext, ConsumeOrderlyContext)
 BatchListener = MessageListenerConcurrently | MessageListenerOrderly
-_BATCH_LISTENERS: Final = (MessageListenerConcurrently, MessageListenerOrderly)
 
 
 def leading_successes(callback: MessageCallback, msgs: list[MessageExt]) -> int:
@@ -62,6 +60,8 @@ class Consumption(abc.ABC, Generic[ContextT]):
 
     orderly: ClassVar[bool]
     """True for the orderly strategy (retry budget, revoke wait)."""
+    _BATCH_LISTENER: ClassVar[type[BatchListener]]
+    """The listener class that takes whole batches here (anything else is a callable)."""
     _LISTENER_RAISED: ClassVar[str]
     """The warning logged when a batch listener raises (``%s``: the message ids)."""
 
@@ -97,15 +97,14 @@ class Consumption(abc.ABC, Generic[ContextT]):
 
     def _call_listener(self, listener: Listener, msgs: list[MessageExt], context: ContextT) -> int:
         """Run ``listener`` on ``msgs``: how many leading messages it consumed. A listener
-        object takes the batch and ``context``; a callable is called per message until one
-        fails. An exception counts as a failure of the whole batch (logged)."""
-        if isinstance(listener, _BATCH_LISTENERS):
+        object of this strategy's kind takes the batch and ``context``; a callable is called
+        per message until one fails. An exception counts as a failure of the whole batch
+        (logged)."""
+        if isinstance(listener, self._BATCH_LISTENER):
             try:
                 return self._consume_batch(listener, msgs, context)
             except Exception:
                 logger.warning(self._LISTENER_RAISED, [m.msg_id for m in msgs], exc_info=True)
                 return 0
-        return leading_successes(listener, msgs)
-
-    def _count(self, count: Count, n: int = 1) -> None:
-        self._context.counters.add(count, n)
+        # subscribe() refuses a listener object of the other kind: this is a callable.
+        return leading_successes(cast(MessageCallback, listener), msgs)

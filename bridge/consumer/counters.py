@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import threading
-from enum import Enum
+from enum import IntEnum
 from typing import NamedTuple
 
 
@@ -23,20 +23,20 @@ class ConsumerStats(NamedTuple):
     quarantined: int
 
 
-class Count(Enum):
-    """What a consumer counts; each value names its field of :class:`ConsumerStats`."""
+class Count(IntEnum):
+    """What a consumer counts; each is the index of its field of :class:`ConsumerStats`."""
 
-    CONSUMED = "consumed"
-    FAILED = "failed"
-    SENT_BACK = "sent_back"
-    DEAD_LETTERED = "dead_lettered"
-    RETRIED_LOCALLY = "retried_locally"
-    DROPPED = "dropped"
-    FILTERED = "filtered"
-    QUARANTINED = "quarantined"
+    CONSUMED = 0
+    FAILED = 1
+    SENT_BACK = 2
+    DEAD_LETTERED = 3
+    RETRIED_LOCALLY = 4
+    DROPPED = 5
+    FILTERED = 6
+    QUARANTINED = 7
 
 
-if tuple(count.value for count in Count) != ConsumerStats._fields:  # pragma: no cover
+if [count.name.lower() for count in Count] != list(ConsumerStats._fields):  # pragma: no cover
     raise AssertionError("Count and ConsumerStats must list the same counters in one order")
 
 
@@ -47,7 +47,7 @@ class Counters:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values = dict.fromkeys(Count, 0)
+        self._values = [0] * len(Count)
 
     def add(self, count: Count, n: int = 1) -> None:
         """Count ``n`` more events of kind ``count``."""
@@ -57,4 +57,4 @@ class Counters:
     def snapshot(self) -> ConsumerStats:
         """The counters now."""
         with self._lock:
-            return ConsumerStats(*self._values.values())
+            return ConsumerStats(*self._values)

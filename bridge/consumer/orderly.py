@@ -37,6 +37,7 @@ class OrderlyConsumption(Consumption[ConsumeOrderlyContext]):
 
     orderly: ClassVar[bool] = True
     _LISTENER_RAISED: ClassVar[str] = "orderly listener raised on %s: suspending"
+    _BATCH_LISTENER: ClassVar[type[BatchListener]] = MessageListenerOrderly
 
     def submit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         """Queue ``msgs`` behind what ``pq`` already waits with, and make sure a task runs it."""
@@ -121,10 +122,10 @@ class OrderlyConsumption(Consumption[ConsumeOrderlyContext]):
                         pq.orderly_scheduled = False
                     return
                 done, failed = msgs[:ok], msgs[ok:]
-                self._count(Count.CONSUMED, len(done))
+                self._context.counters.add(Count.CONSUMED, len(done))
                 pq.remove(m.queue_offset for m in done)
                 if failed:
-                    self._count(Count.FAILED, len(failed))
+                    self._context.counters.add(Count.FAILED, len(failed))
                     try:
                         retry = self.policy.check_reconsume_times(pq, failed)
                     except Exception:
