@@ -12,6 +12,8 @@ import logging
 import os
 import socket
 import threading
+import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Self
@@ -20,13 +22,18 @@ from bridge.config import ClientConfig
 from bridge.delay.service import ScheduleDeliveryService, TimerService
 from bridge.errors import InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.service import ServiceConfig
+from bridge.kafka.service import MembershipLostError, ServiceConfig, TransactionalService
 from bridge.lifecycle import FatalServiceError, Lifecycle, ServiceState, ServiceThread, Startable
 from bridge.transaction.service import TransactionService
 from bridge.transaction.state import CheckPolicy
 from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
 
 logger = logging.getLogger(__name__)
+
+RENEWALS_ALLOWED = 3
+"""Fresh services a coordinator runs in place of one that lost its group membership
+(:class:`MembershipLostError`) within :data:`RENEWAL_WINDOW_S`; one more stops it."""
+RENEWAL_WINDOW_S = 600.0
 
 
 def _default_coordinator_id() -> str:
@@ -160,7 +167,9 @@ class Coordinator(Startable):
 
     A service that cannot go on (e.g. fenced by another coordinator started with the same
     ``coordinator_id``) stops the whole coordinator: :attr:`failure` says why, :meth:`wait`
-    returns and :meth:`run_until` raises it.
+    returns and :meth:`run_until` raises it. A service whose own consumer lost its group
+    membership (a broker restart or a stall past the session timeout) is replaced by a fresh
+    one instead, up to :data:`RENEWALS_ALLOWED` times in :data:`RENEWAL_WINDOW_S`.
     """
 
     def __init__(
@@ -176,6 +185,8 @@ class Coordinator(Startable):
         self._failure: FatalServiceError | None = None
         self._transition_lock = threading.Lock()
         """Held while starting or stopping: a failing service's stop waits for start."""
+        self._renewals: deque[float] = deque()
+        """When services were last renewed (monotonic s), the oldest first."""
         for service in self.services:
             service.add_failure_listener(self._service_failed)
 
@@ -190,6 +201,23 @@ class Coordinator(Startable):
         return self._failure
 
     def _service_failed(self, service: ServiceThread, error: FatalServiceError) -> None:
+        if (
+            isinstance(error, MembershipLostError)
+            and isinstance(service, TransactionalService)
+            and self._may_renew()
+        ):
+            logger.warning(
+                "coordinator %s: service %s lost its group membership; starting it afresh: %s",
+                self.config.coordinator_id,
+                service.name,
+                error,
+            )
+            threading.Thread(
+                target=self._renew,
+                args=(service,),
+                name=f"bridge-coordinator-renew-{self.config.coordinator_id}",
+            ).start()
+            return
         if self._failure is None:
             self._failure = error
         logger.error(
@@ -202,6 +230,40 @@ class Coordinator(Startable):
         threading.Thread(
             target=self.stop, name=f"bridge-coordinator-stop-{self.config.coordinator_id}"
         ).start()
+
+    def _may_renew(self) -> bool:
+        now = time.monotonic()
+        with self._transition_lock:
+            while self._renewals and now - self._renewals[0] > RENEWAL_WINDOW_S:
+                self._renewals.popleft()
+            if len(self._renewals) >= RENEWALS_ALLOWED:
+                return False
+            self._renewals.append(now)
+            return True
+
+    def _renew(self, old: TransactionalService) -> None:
+        """Run a fresh service in place of ``old`` (whose thread is ending). Its producer's
+        ``init_transactions`` aborts what ``old`` left open; its consumer joins with the same
+        static membership and recovers its partitions from the committed offsets."""
+        try:
+            with self._transition_lock:
+                if self._lifecycle.state is not ServiceState.RUNNING:
+                    return
+                old.stop()
+                new = old.renewed()
+                new.add_failure_listener(self._service_failed)
+                self.services[self.services.index(old)] = new
+                new.start()
+        except Exception as exc:
+            logger.exception(
+                "coordinator %s: could not renew %s", self.config.coordinator_id, old.name
+            )
+            failure = (
+                exc
+                if isinstance(exc, FatalServiceError)
+                else FatalServiceError(f"could not start {old.name} again: {exc}")
+            )
+            self._service_failed(old, failure)
 
     def start(self) -> None:
         """Create missing system topics and start every service."""

@@ -72,6 +72,11 @@ class FifoDelayService(TransactionalService):
         self.isolation = Isolation(self)
         self.delivery = Delivery(self)
 
+    def renewed(self) -> FifoDelayService:
+        """A new, not started service of this kind with the same settings (see
+        :meth:`TransactionalService.renewed`)."""
+        return type(self)(self.config)
+
     def partition_delay_ms(self, partition: int) -> int:
         """How long records wait in ``partition``, ms."""
         raise NotImplementedError

@@ -41,6 +41,14 @@ class DuplicateCoordinatorError(FatalServiceError):
     """Another running coordinator uses this coordinator's id: Kafka fenced this one."""
 
 
+class MembershipLostError(FatalServiceError):
+    """This service's own consumer lost its static group membership and Kafka fenced its late
+    requests: no other coordinator holds the membership. Seen after a broker restart or a
+    stall longer than the session timeout: librdkafka clears the member id when its session
+    times out and its next heartbeat or offset commit carries the stale one. The coordinator
+    runs a fresh service in its place (:meth:`TransactionalService.renewed`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
     """What every coordinator service needs (see ``CoordinatorConfig``)."""
@@ -91,6 +99,12 @@ class TransactionalService(ServiceThread):
     def timeout_s(self) -> float:
         """Bound on each Kafka call, seconds."""
         return self.client.request_timeout_ms / 1000
+
+    def renewed(self) -> TransactionalService:
+        """A new, not started service of this kind with the same settings and none of this
+        one's state, to run in its place after :class:`MembershipLostError`. Raises
+        :class:`NotImplementedError` where a subclass does not say how to build one."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be renewed")
 
     def start_producer(self) -> None:
         """Create the transactional producer and register its id with the broker."""
@@ -205,14 +219,21 @@ class TransactionalService(ServiceThread):
         """Raise :class:`DuplicateCoordinatorError` if ``error`` (from the producer or the
         consumer) means another live coordinator has this one's id.
 
-        Static membership fenced (``FENCED_INSTANCE_ID``) is proof. A fenced producer is not:
-        a transaction that outlived ``transaction.timeout.ms`` is fenced the same way, so the
-        group is asked whether another member holds this service's instance id.
+        Static membership fenced (``FENCED_INSTANCE_ID``) is proof unless this service's own
+        consumer gave the membership up first: then :class:`MembershipLostError` is raised
+        instead. A fenced producer is not proof: a transaction that outlived
+        ``transaction.timeout.ms`` is fenced the same way, so the group is asked whether
+        another member holds this service's instance id.
         """
         code = error.code()
         # librdkafka reports a fenced static member as a fatal consumer error (_FATAL).
         static_fenced = code == KafkaError._FATAL and "group.instance.id" in error.str()
         if code == KafkaError.FENCED_INSTANCE_ID or static_fenced:
+            if self._fenced_by_own_rejoin():
+                raise MembershipLostError(
+                    f"{self.name}: its consumer's group session expired and Kafka fenced a "
+                    f"request sent under the old membership ({error.str()})"
+                )
             raise self._duplicate(error.str())
         if code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED) and self._membership_taken():
             raise self._duplicate(error.str())
@@ -231,16 +252,37 @@ class TransactionalService(ServiceThread):
             return False
         try:
             mine = consumer.memberid()
-            if self._fencing_admin is None:
-                self._fencing_admin = new_admin(self.client, f"{self.name}-fencing")
-            futures = self._fencing_admin.describe_consumer_groups(
-                [self.group_id], request_timeout=self.timeout_s
-            )
-            group = futures[self.group_id].result(timeout=self.timeout_s)
+            holders = self._instance_holders()
         except Exception as exc:  # unknown: assume not (a duplicate is found next time)
             logger.info("%s: could not describe group %s: %s", self.name, self.group_id, exc)
             return False
-        return any(
-            m.group_instance_id == self.group_instance_id and m.member_id != mine
-            for m in group.members
+        return any(holder != mine for holder in holders)
+
+    def _fenced_by_own_rejoin(self) -> bool:
+        """True if a static-membership fence hit this service's own stale membership: its
+        consumer has no member id any more (librdkafka cleared it when the session timed
+        out), or the member now holding the instance id is this consumer. A member id
+        held by another member means another coordinator; so does not knowing."""
+        consumer = self._consumer
+        if consumer is None:
+            return False
+        try:
+            mine = consumer.memberid()
+            if not mine:
+                return True
+            holders = self._instance_holders()
+        except Exception as exc:
+            logger.info("%s: could not tell who fenced it: %s", self.name, exc)
+            return False
+        return all(holder == mine for holder in holders)
+
+    def _instance_holders(self) -> list[str]:
+        """Member ids in :attr:`group_id` holding :attr:`group_instance_id` (at most one
+        unless the group is changing). Raises what the admin client raises."""
+        if self._fencing_admin is None:
+            self._fencing_admin = new_admin(self.client, f"{self.name}-fencing")
+        futures = self._fencing_admin.describe_consumer_groups(
+            [self.group_id], request_timeout=self.timeout_s
         )
+        group = futures[self.group_id].result(timeout=self.timeout_s)
+        return [m.member_id for m in group.members if m.group_instance_id == self.group_instance_id]

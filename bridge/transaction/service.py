@@ -82,6 +82,11 @@ class TransactionService(TransactionalService):
         self.checks = CheckBack(self)
         self.parking = Parking(self)
 
+    def renewed(self) -> TransactionService:
+        """A new, not started service with the same settings (see
+        :meth:`TransactionalService.renewed`)."""
+        return TransactionService(self.config, self.policy, self.check_topic_partitions)
+
     @property
     def parked_for_delivery(self) -> int:
         """Commits being applied on their own (their real record could not be written)."""
