@@ -132,26 +132,52 @@ class PushConsumer(Startable):
         settings: PushConsumerConfig | None = None,
         **options: Any,
     ) -> None:
-        self.config = (config or ClientConfig()).replace(
+        client = (config or ClientConfig()).replace(
             bootstrap_servers=bootstrap_servers, namespace=namespace
         )
-        self.group = validate_user_group(group, self.config.namespace)
+        self.group = validate_user_group(group, client.namespace)
         if group.startswith(RETRY_GROUP_TOPIC_PREFIX):
             raise InvalidArgumentError(f"consumer group {group!r} may not start with %RETRY%")
-        self.settings = (settings or PushConsumerConfig()).replace(
-            message_model=message_model, **options
-        )
+        tuned = (settings or PushConsumerConfig()).replace(message_model=message_model, **options)
         self._orderly_asked = orderly
         """``orderly=True`` given: callables are orderly too."""
         self._orderly_listener = False
         """A :class:`MessageListenerOrderly` is subscribed."""
         self._lifecycle = Lifecycle(f"push consumer {group}")
-        self._context = ConsumerContext(self.group, self.config, self.settings)
+        self._context = ConsumerContext(self.group, client, tuned)
+        """The one copy of ``config`` and ``settings`` every part reads."""
         self._subscriptions = self._context.subscriptions
         self._quarantine = Quarantine(self._context)
         self._fetcher: Fetcher | None = None
 
     # --- configuration -------------------------------------------------------------------
+    @property
+    def config(self) -> ClientConfig:
+        """Connection and delay settings."""
+        return self._context.config
+
+    @config.setter
+    def config(self, value: ClientConfig) -> None:
+        self._before_start("config")
+        self._context.config = value
+        self._context.catalog = value.catalog()
+
+    @property
+    def settings(self) -> PushConsumerConfig:
+        """Consumption settings (:class:`PushConsumerConfig`)."""
+        return self._context.settings
+
+    @settings.setter
+    def settings(self, value: PushConsumerConfig) -> None:
+        self._before_start("settings")
+        self._context.settings = value
+
+    def _before_start(self, what: str) -> None:
+        if self._lifecycle.state is not ServiceState.CREATE_JUST:
+            raise IllegalStateError(
+                f"push consumer {self.group}: {what} can only be replaced before start()"
+            )
+
     @property
     def message_model(self) -> MessageModel:
         """CLUSTERING or BROADCASTING."""
@@ -166,6 +192,12 @@ class PushConsumer(Startable):
 
     @orderly.setter
     def orderly(self, value: bool) -> None:
+        self._before_start("orderly")
+        if not value and self._orderly_listener:
+            raise IllegalStateError(
+                f"push consumer {self.group}: a MessageListenerOrderly is subscribed, "
+                "so it consumes orderly"
+            )
         self._orderly_asked = value
 
     @property

@@ -17,8 +17,11 @@ from bridge.consumer.model import (
     DEFAULT_MAX_RECONSUME_TIMES,
     ORDERLY_UNLIMITED_RECONSUME,
     ConsumeConcurrentlyContext,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
     ConsumeStatus,
     MessageListenerConcurrently,
+    MessageListenerOrderly,
     MessageModel,
     MessageQueue,
     checked_ack_index,
@@ -38,6 +41,7 @@ from bridge.errors import (
     SendError,
     SendTimeoutError,
 )
+from bridge.lifecycle import ServiceState
 from topics.naming import dlq_topic, retry_topic, system_topic
 
 
@@ -221,6 +225,36 @@ def test_subscribe_refuses_bad_input() -> None:
         consumer.subscribe("%RETRY%g", lambda m: None)
     with pytest.raises(IllegalStateError, match="subscribe"):
         consumer.start()
+
+
+def test_settings_replaced_before_start_are_the_ones_every_part_reads() -> None:
+    consumer = PushConsumer("g")
+    consumer.settings = consumer.settings.replace(message_model=MessageModel.BROADCASTING)
+    consumer.config = ClientConfig(bootstrap_servers="elsewhere:9092", namespace="other")
+    context = consumer._context
+    assert context.broadcasting and consumer.message_model is MessageModel.BROADCASTING
+    assert context.config.bootstrap_servers == "elsewhere:9092"
+    assert context.catalog.namespace == "other"
+
+
+def test_settings_cannot_be_replaced_once_started_and_an_orderly_listener_stays_orderly() -> None:
+    consumer = PushConsumer("g")
+    consumer.subscribe("t", _Orderly())
+    assert consumer.orderly
+    with pytest.raises(IllegalStateError, match="MessageListenerOrderly"):
+        consumer.orderly = False
+    consumer._lifecycle.transition(ServiceState.RUNNING)
+    with pytest.raises(IllegalStateError, match="before start"):
+        consumer.settings = PushConsumerConfig()
+    with pytest.raises(IllegalStateError, match="before start"):
+        consumer.config = ClientConfig()
+
+
+class _Orderly(MessageListenerOrderly):
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        return ConsumeOrderlyStatus.SUCCESS
 
 
 def test_fetch_wait_is_shortened_unless_the_user_set_it() -> None:
