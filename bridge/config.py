@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, Self
+from typing import Any, Final, Self
 
 from bridge.delay_policy import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy
 from bridge.errors import InvalidArgumentError
@@ -176,6 +176,16 @@ def _refuse_protected(kafka: Mapping[str, str]) -> None:
             )
 
 
+_SECRET_PROPERTIES: Final = frozenset({"ssl.key.pem", "ssl_key", "sasl.oauthbearer.config"})
+
+
+def is_secret_property(name: str) -> bool:
+    """True for a librdkafka property whose value is a secret (passwords, client secrets,
+    private keys, OAUTHBEARER configs): never printed."""
+    lowered = name.lower()
+    return "password" in lowered or "secret" in lowered or lowered in _SECRET_PROPERTIES
+
+
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
     """Settings shared by producers, consumers and services: how to reach Kafka, then the
@@ -223,6 +233,17 @@ class ClientConfig:
         _refuse_protected(self.kafka)
         object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
         self.delay_policy  # noqa: B018 - validates the delay settings
+
+    def __repr__(self) -> str:
+        # The dataclass repr would print ``kafka`` as given: sasl.password and the like end up
+        # in logs and tracebacks. Secret properties show as "***".
+        fields = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if f.name != "kafka"
+        )
+        kafka = {name: "***" if is_secret_property(name) else v for name, v in self.kafka.items()}
+        return f"{type(self).__name__}({fields}, kafka={kafka!r})"
 
     def catalog(self, transaction_partitions: int = DEFAULT_TRANSACTION_PARTITIONS) -> TopicCatalog:
         """The topic catalog of this namespace: one SCHEDULE partition per delay level and one

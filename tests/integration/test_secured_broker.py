@@ -327,14 +327,6 @@ def test_the_scram_password_never_appears_in_logs_or_exception_texts(
     assert caplog.text  # something was captured to search
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "ClientConfig's dataclass repr prints its kafka mapping, sasl.password included "
-        "(bridge/config.py: give the kafka field repr=False and a __repr__ that masks "
-        "sensitive librdkafka properties)"
-    ),
-)
 def test_the_scram_password_never_appears_in_a_client_config_repr(
     secured_broker: LocalKafka,
 ) -> None:

@@ -275,3 +275,19 @@ def test_group_names_of_the_bridge_itself_are_refused_for_users() -> None:
         next(read_messages(config, ["t"], group="ns.coordinator.schedule"))
     with pytest.raises(InvalidTopicNameError, match="reserved"):
         TransactionMQProducer("ns.transaction-check.g", None, config=config)
+
+
+def test_secret_kafka_properties_never_appear_in_a_config_repr() -> None:
+    secrets = {
+        "sasl.password": "pw-1",
+        "ssl.key.password": "pw-2",
+        "sasl.oauthbearer.client.secret": "pw-3",
+        "ssl.key.pem": "pw-4",
+        "sasl.oauthbearer.config": "pw-5",
+    }
+    config = ClientConfig(kafka={"sasl.username": "alice", **secrets})
+    for text in (repr(config), str(config), repr(CoordinatorConfig(client=config))):
+        assert "alice" in text and "sasl.password" in text
+        for value in secrets.values():
+            assert value not in text
+    assert "bootstrap_servers='127.0.0.1:9092'" in repr(config)
