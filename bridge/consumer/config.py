@@ -3,26 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Self
 
 from bridge.consumer.model import ConsumeFromWhere, MessageModel
 from bridge.errors import InvalidArgumentError
-
-
-def _at_least(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise InvalidArgumentError(f"{name} must be at least {minimum}, got {value}")
-
-
-def _positive_number(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgumentError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise InvalidArgumentError(f"{name} must be a positive finite number, got {value}")
+from bridge.settings import require_int, require_number
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,20 +65,26 @@ class PushConsumerConfig:
             raise InvalidArgumentError(
                 f"consume_from_where must be a ConsumeFromWhere, got {self.consume_from_where!r}"
             )
-        _at_least("consume_timestamp_ms", self.consume_timestamp_ms, 0)
-        _at_least("consume_thread_count", self.consume_thread_count, 1)
-        _at_least("consume_message_batch_max_size", self.consume_message_batch_max_size, 1)
-        _at_least("pull_batch_size", self.pull_batch_size, 1)
-        _at_least("pull_threshold_for_queue", self.pull_threshold_for_queue, 1)
-        _at_least("pull_threshold_size_for_queue", self.pull_threshold_size_for_queue, 1)
-        _positive_number("consume_timeout", self.consume_timeout)
-        _at_least("max_reconsume_times", self.max_reconsume_times, -1)
-        _at_least("suspend_current_queue_time_millis", self.suspend_current_queue_time_millis, 0)
-        _at_least("send_back_retry_delay_ms", self.send_back_retry_delay_ms, 0)
-        _at_least(
-            "persist_consumer_offset_interval_ms", self.persist_consumer_offset_interval_ms, 1
+        require_int("consume_timestamp_ms", self.consume_timestamp_ms, minimum=0)
+        require_int("consume_thread_count", self.consume_thread_count, minimum=1)
+        require_int(
+            "consume_message_batch_max_size", self.consume_message_batch_max_size, minimum=1
         )
-        _at_least("drain_timeout_ms", self.drain_timeout_ms, 0)
+        require_int("pull_batch_size", self.pull_batch_size, minimum=1)
+        require_int("pull_threshold_for_queue", self.pull_threshold_for_queue, minimum=1)
+        require_int("pull_threshold_size_for_queue", self.pull_threshold_size_for_queue, minimum=1)
+        require_number("consume_timeout", self.consume_timeout)
+        require_int("max_reconsume_times", self.max_reconsume_times, minimum=-1)
+        require_int(
+            "suspend_current_queue_time_millis", self.suspend_current_queue_time_millis, minimum=0
+        )
+        require_int("send_back_retry_delay_ms", self.send_back_retry_delay_ms, minimum=0)
+        require_int(
+            "persist_consumer_offset_interval_ms",
+            self.persist_consumer_offset_interval_ms,
+            minimum=1,
+        )
+        require_int("drain_timeout_ms", self.drain_timeout_ms, minimum=0)
         if not isinstance(self.instance_name, str):
             raise InvalidArgumentError(
                 f"instance_name must be a string, got {self.instance_name!r}"
