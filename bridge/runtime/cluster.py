@@ -12,6 +12,9 @@ offsets, transaction state, share-group state). A broker that stops heartbeating
 after :data:`BROKER_SESSION_TIMEOUT_MS`, which is when a killed leader's partitions move.
 
 ``with LocalKafkaCluster(LocalClusterConfig(data_dir)) as cluster: cluster.kill(2)``.
+
+The configuration, ``cluster.json`` and each node's settings are in
+:mod:`bridge.runtime.cluster_config` (its names stay importable from here).
 """
 
 from __future__ import annotations
@@ -20,10 +23,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -36,158 +37,28 @@ from bridge.errors import (
     InvalidArgumentError,
 )
 from bridge.lifecycle import Startable
-from bridge.runtime.local_kafka import (
-    LocalKafka,
-    LocalKafkaConfig,
-    free_port,
-    new_cluster_id,
-    valid_cluster_id,
-    wait_for_coordinators,
+from bridge.runtime.cluster_config import (
+    BROKER_HEARTBEAT_INTERVAL_MS,
+    BROKER_SESSION_TIMEOUT_MS,
+    JVM_OPTIONS,
+    ClusterUnhealthyError,
+    LocalClusterConfig,
+    cluster_state,
+    node_configs,
 )
+from bridge.runtime.local_kafka import LocalKafka
+from bridge.runtime.node_probes import probe_admin, wait_for_coordinators
+
+__all__ = [
+    "BROKER_HEARTBEAT_INTERVAL_MS",
+    "BROKER_SESSION_TIMEOUT_MS",
+    "JVM_OPTIONS",
+    "ClusterUnhealthyError",
+    "LocalClusterConfig",
+    "LocalKafkaCluster",
+]
 
 logger = logging.getLogger(__name__)
-_probe_logger = logging.getLogger("bridge.kafka.rdkafka.probe")
-
-BROKER_HEARTBEAT_INTERVAL_MS = 500
-"""How often a broker heartbeats to the active controller, ms (Kafka's default: 2000)."""
-BROKER_SESSION_TIMEOUT_MS = 4_000
-"""How long the controller waits for a heartbeat before it fences a broker and moves its
-leaderships, ms (Kafka's default: 9000). Short enough for a test to see a killed leader
-replaced within seconds; long enough that a busy 2-core machine does not fence live brokers."""
-
-_MAX_NODES = 9
-
-JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
-"""JVM options of every cluster node. Three JVMs share two cores with the clients: the serial
-collector has no concurrent GC threads and the C1 compiler alone no C2 compile threads. Measured
-on a shared 2-core machine: three nodes cold-start in 7-9 s (16-17 s with the JVM's defaults,
-G1 and C1+C2), and the brokers spend 8 s of CPU on 300,000 acks=all sends to a topic with
-replication factor 3, where with C2 as well they spend 16-17 s, at the same throughput."""
-
-
-class ClusterUnhealthyError(BrokerStartError):
-    """The cluster did not become healthy in time: the message names the nodes that are not
-    registered and the partitions that are leaderless or under-replicated."""
-
-    def __init__(
-        self,
-        message: str,
-        missing_nodes: tuple[int, ...] = (),
-        under_replicated: tuple[tuple[str, int], ...] = (),
-        leaderless: tuple[tuple[str, int], ...] = (),
-    ) -> None:
-        super().__init__(message)
-        self.missing_nodes = missing_nodes
-        """Node ids the metadata does not show as live brokers."""
-        self.under_replicated = under_replicated
-        """(topic, partition) whose ISR is smaller than its replica set."""
-        self.leaderless = leaderless
-        """(topic, partition) without a leader."""
-
-
-@dataclass(frozen=True, slots=True)
-class LocalClusterConfig:
-    """Where and how the local cluster runs."""
-
-    data_dir: Path
-    nodes: int = 3
-    """How many nodes (each a broker and a controller voter), 1..9; ids are 1..nodes."""
-    heap_mb: int = 512
-    """JVM heap per node, MiB."""
-    replication_factor: int = 3
-    """``default.replication.factor`` and the internal topics' replication factor."""
-    min_insync_replicas: int = 2
-    """``min.insync.replicas`` (broker default and the internal topics')."""
-    proxied: bool = False
-    """Give every node a PROXIED listener whose advertised port a fault proxy is to bind
-    (:meth:`LocalKafkaCluster.proxy_routes`)."""
-    properties: Mapping[str, str] = field(default_factory=dict)
-    """Extra ``server.properties`` entries for every node (they win over the defaults)."""
-    base_port: int = 0
-    """Client ports ``base_port``, ``base_port + 1``, ...; 0: free ports (remembered)."""
-    start_timeout_ms: int = 120_000
-    """How long :meth:`LocalKafkaCluster.start` may take, ms."""
-    stop_timeout_ms: int = 30_000
-    """How long a node's clean stop may take before it is killed, ms."""
-    jvm_options: tuple[str, ...] = JVM_OPTIONS
-    """Every node's extra JVM options."""
-    secured: bool = False
-    """Run every node secured (see :attr:`LocalKafkaConfig.secured`): SASL_SSL on the client
-    ports, mTLS on a second port per node (also between the nodes and to the controllers),
-    ``StandardAuthorizer``. One set of certificates in ``<data_dir>/tls`` serves every node."""
-    scram_users: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """With :attr:`secured`: SCRAM-SHA-512 users, name -> password (never printed)."""
-    tls_clients: tuple[str, ...] = ()
-    """With :attr:`secured`: names of the client certificates to make."""
-    super_users: tuple[str, ...] = ()
-    """With :attr:`secured`: user names that are super users besides the brokers."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "data_dir", Path(self.data_dir))
-        object.__setattr__(self, "properties", MappingProxyType(dict(self.properties)))
-        object.__setattr__(self, "jvm_options", tuple(self.jvm_options))
-        if not 1 <= self.nodes <= _MAX_NODES:
-            raise InvalidArgumentError(f"nodes must be 1..{_MAX_NODES}, got {self.nodes}")
-        if self.heap_mb < 128:
-            raise InvalidArgumentError(f"heap_mb must be at least 128, got {self.heap_mb}")
-        if not 1 <= self.replication_factor <= self.nodes:
-            raise InvalidArgumentError(
-                f"replication_factor must be 1..nodes ({self.nodes}), got {self.replication_factor}"
-            )
-        if not 1 <= self.min_insync_replicas <= self.replication_factor:
-            raise InvalidArgumentError(
-                f"min_insync_replicas must be 1..replication_factor "
-                f"({self.replication_factor}), got {self.min_insync_replicas}"
-            )
-        if self.base_port and not 1 <= self.base_port <= 65535 - self.nodes:
-            raise InvalidArgumentError(
-                f"base_port must leave room for {self.nodes} ports below 65536, "
-                f"got {self.base_port}"
-            )
-        if self.start_timeout_ms <= 0 or self.stop_timeout_ms <= 0:
-            raise InvalidArgumentError("start_timeout_ms and stop_timeout_ms must be positive")
-        object.__setattr__(self, "scram_users", MappingProxyType(dict(self.scram_users)))
-        object.__setattr__(self, "tls_clients", tuple(self.tls_clients))
-        object.__setattr__(self, "super_users", tuple(self.super_users))
-        # The nodes' own checks of the security settings, before anything starts.
-        LocalKafkaConfig(data_dir=self.data_dir, proxied=self.proxied, **self.security_fields())
-
-    def security_fields(self) -> dict[str, Any]:
-        """The :class:`LocalKafkaConfig` security fields every node gets (empty unless
-        :attr:`secured`)."""
-        if not (self.secured or self.scram_users or self.tls_clients or self.super_users):
-            return {}
-        return {
-            "secured": self.secured,
-            "scram_users": self.scram_users,
-            "tls_clients": self.tls_clients,
-            "super_users": self.super_users,
-        }
-
-    def server_properties(self) -> dict[str, str]:
-        """The ``server.properties`` entries every node gets on top of a single node's."""
-        rf, isr = str(self.replication_factor), str(self.min_insync_replicas)
-        props = {
-            "default.replication.factor": rf,
-            "min.insync.replicas": isr,
-            "offsets.topic.replication.factor": rf,
-            "transaction.state.log.replication.factor": rf,
-            "transaction.state.log.min.isr": isr,
-            "share.coordinator.state.topic.replication.factor": rf,
-            "share.coordinator.state.topic.min.isr": isr,
-            # Only an in-sync replica may lead: an acknowledged record is never dropped.
-            "unclean.leader.election.enable": "false",
-            # A dead broker is fenced (its leaderships move) this soon; a clean stop moves
-            # them first anyway (controlled shutdown).
-            "broker.heartbeat.interval.ms": str(BROKER_HEARTBEAT_INTERVAL_MS),
-            "broker.session.timeout.ms": str(BROKER_SESSION_TIMEOUT_MS),
-            # Three JVMs share a small machine: fewer request and background threads.
-            "num.network.threads": "2",
-            "num.io.threads": "4",
-            "background.threads": "4",
-        }
-        props.update(self.properties)
-        return props
 
 
 class LocalKafkaCluster(Startable):
@@ -211,100 +82,15 @@ class LocalKafkaCluster(Startable):
         return self.config.data_dir
 
     @property
-    def _state_file(self) -> Path:
-        return self.data_dir / "cluster.json"
-
-    @property
     def node_ids(self) -> tuple[int, ...]:
         """Every node id, ascending."""
         return tuple(range(1, self.config.nodes + 1))
 
-    def _load_state(self) -> dict[str, Any]:
-        config = self.config
-        state: dict[str, Any] = {}
-        if self._state_file.is_file():
-            state = json.loads(self._state_file.read_text())
-            if len(state.get("nodes", {})) != config.nodes:
-                raise InvalidArgumentError(
-                    f"{self.data_dir} holds a cluster of {len(state.get('nodes', {}))} nodes, "
-                    f"not {config.nodes}: the voter set is fixed; use another data directory"
-                )
-            if not valid_cluster_id(str(state.get("cluster_id", ""))):
-                raise InvalidArgumentError(f"{self._state_file} has no valid cluster_id")
-        else:
-            state = {"cluster_id": new_cluster_id(), "nodes": {}}
-        taken: set[int] = {
-            port for node in state["nodes"].values() for port in node.values() if port
-        }
-
-        def pick() -> int:
-            while True:
-                port = free_port()
-                if port not in taken:
-                    taken.add(port)
-                    return port
-
-        changed = not self._state_file.is_file()
-        for node_id in self.node_ids:
-            node = state["nodes"].setdefault(str(node_id), {})
-            wanted = ["port", "controller_port"]
-            if config.proxied:
-                wanted += ["proxied_port", "proxied_advertised_port"]
-            if config.secured:
-                wanted += ["ssl_port"]
-            for name in wanted:
-                if not node.get(name):
-                    if name == "port" and config.base_port:
-                        node[name] = config.base_port + node_id - 1
-                    else:
-                        node[name] = pick()
-                    changed = True
-            if config.base_port and node["port"] != config.base_port + node_id - 1:
-                raise InvalidArgumentError(
-                    f"{self._state_file} has node {node_id} on port {node['port']}, not "
-                    f"{config.base_port + node_id - 1} (base_port {config.base_port})"
-                )
-        if changed:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            self._state_file.write_text(json.dumps(state, indent=2) + "\n")
-        return state
-
     def _ensure_nodes(self) -> dict[int, LocalKafka]:
         if not self._nodes:
-            state = self._load_state()
-            config = self.config
-            voters = {int(k): int(v["controller_port"]) for k, v in state["nodes"].items()}
-            properties = config.server_properties()
-            for node_id in self.node_ids:
-                ports = state["nodes"][str(node_id)]
-                self._nodes[node_id] = LocalKafka(
-                    LocalKafkaConfig(
-                        data_dir=self.data_dir / f"node-{node_id}",
-                        port=int(ports["port"]),
-                        heap_mb=config.heap_mb,
-                        start_timeout_ms=config.start_timeout_ms,
-                        stop_timeout_ms=config.stop_timeout_ms,
-                        properties=properties,
-                        node_id=node_id,
-                        voters=voters,
-                        cluster_id=str(state["cluster_id"]),
-                        proxied=config.proxied,
-                        proxied_port=int(ports.get("proxied_port", 0)) if config.proxied else 0,
-                        proxied_advertised_port=(
-                            int(ports.get("proxied_advertised_port", 0)) if config.proxied else 0
-                        ),
-                        jvm_options=config.jvm_options,
-                        **self._node_security(ports),
-                    )
-                )
+            configs = node_configs(self.config, cluster_state(self.config))
+            self._nodes = {node_id: LocalKafka(config) for node_id, config in configs.items()}
         return self._nodes
-
-    def _node_security(self, ports: Mapping[str, Any]) -> dict[str, Any]:
-        fields = self.config.security_fields()
-        if self.config.secured:
-            fields["ssl_port"] = int(ports["ssl_port"])
-            fields["tls_dir"] = self.data_dir / "tls"
-        return fields
 
     def node(self, node_id: int) -> LocalKafka:
         """The node with id ``node_id``; :class:`InvalidArgumentError` for an unknown id."""
@@ -388,9 +174,12 @@ class LocalKafkaCluster(Startable):
             # before this returns, and those topics are fully replicated too.
             offsets, transactions = self.node(1)._internal_partitions()
             wait_for_coordinators(
-                self._probe_servers(list(self._iter_nodes())), offsets, transactions, deadline,
+                self._probe_servers(list(self._iter_nodes())),
+                offsets,
+                transactions,
+                deadline,
                 settings=self.node(1)._probe_settings(),
-            )  # fmt: skip
+            )
             self.wait_healthy(max(deadline - time.monotonic(), 1.0))
             self.node(1).sync_scram_users()
         except BaseException:
@@ -399,8 +188,11 @@ class LocalKafkaCluster(Startable):
             raise
         logger.info(
             "local Kafka cluster of %d nodes ready at %s in %.1f s (data in %s)",
-            self.config.nodes, self.bootstrap_servers, time.monotonic() - started, self.data_dir,
-        )  # fmt: skip
+            self.config.nodes,
+            self.bootstrap_servers,
+            time.monotonic() - started,
+            self.data_dir,
+        )
 
     def stop(self) -> None:
         """Stop every node cleanly, all at once (one at a time, the last ones would wait for
@@ -464,13 +256,11 @@ class LocalKafkaCluster(Startable):
             admin = self._admin
             if admin is None or self._admin_for != servers:
                 # A new client when the usable nodes change, so requests start at a live one.
-                admin_config: dict[str, Any] = {
-                    "bootstrap.servers": servers,
-                    "logger": _probe_logger,
+                settings = {
                     "socket.connection.setup.timeout.ms": 2000,
                     **usable[0]._probe_settings(),
                 }
-                admin = self._admin = AdminClient(admin_config)
+                admin = self._admin = probe_admin(servers, settings)
                 self._admin_for = servers
         try:
             return admin.list_topics(timeout=timeout_s)
