@@ -23,42 +23,42 @@ Kinds (names as in :data:`chaos.history.NEMESES`) and what each hits:
 * ``disk_full``: one broker's log directory (a small tmpfs mounted for the run) filled up, then
   freed; the broker usually stops on the I/O error and is started again;
 * ``poison``: a burst of poison records (see :mod:`chaos.workload`).
+
+The parts: :mod:`chaos.nemesis_plan` (the schedule) and :mod:`chaos.disk_filler` (the tmpfs of
+``disk_full``); this module holds what the nemeses act on and the thread that injects them.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import random
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Final, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
+from chaos.disk_filler import DiskFiller
 from chaos.history import NEMESES, HistoryWriter
+from chaos.nemesis_plan import BROKER, NETWORK, TELLING, WARM_UP_S, Fault, plan
+
+__all__ = [
+    "BROKER",
+    "NETWORK",
+    "TELLING",
+    "WARM_UP_S",
+    "ClusterControl",
+    "CoordinatorControl",
+    "DiskFiller",
+    "Fault",
+    "Nemesis",
+    "PoisonSource",
+    "ProxyControl",
+    "Targets",
+    "available_kinds",
+    "plan",
+]
 
 logger = logging.getLogger(__name__)
-
-TELLING: Final = (
-    "coordinator_kill",
-    "coordinator_pause",
-    "leader_kill",
-    "net_partition",
-    "net_latency",
-    "net_drop",
-    "poison",
-)
-"""The kinds a short run (``make chaos``) gets one of each, when available."""
-
-NETWORK: Final = frozenset({"net_latency", "net_drop", "net_partition"})
-BROKER: Final = frozenset({"leader_kill", "rolling_restart", "disk_full"})
-
-WARM_UP_S: Final = 8.0
-"""Load before the first fault, s."""
 
 
 class ClusterControl(Protocol):
@@ -112,182 +112,6 @@ class PoisonSource(Protocol):
     """Sends poison records (:meth:`chaos.workload.Workload.send_poison`)."""
 
     def send_poison(self, count: int) -> list[str]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """One planned fault: ``quiet_s`` of quiet before it, then ``name`` for ``length_s`` (what
-    that means depends on the kind: down time, pause, partition, latency), with ``params``."""
-
-    name: str
-    quiet_s: float
-    length_s: float
-    params: dict[str, Any] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        """One line for the plan printed at the start of a run."""
-        extra = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
-        return f"+{self.quiet_s:4.1f}s quiet, {self.name} {self.length_s:.1f}s {extra}".rstrip()
-
-
-_ESTIMATE_S: Final = {
-    "coordinator_kill": 4.0,
-    "coordinator_pause": 2.0,
-    "leader_kill": 20.0,
-    "rolling_restart": 75.0,
-    "net_latency": 0.0,
-    "net_drop": 1.0,
-    "net_partition": 0.0,
-    "disk_full": 25.0,
-    "poison": 2.0,
-}
-"""Time a fault takes besides its length (restarts, health waits), s: only to plan a short
-run's schedule so that it fits."""
-
-
-def _draw(name: str, rng: random.Random, session_timeout_s: float, nodes: int) -> Fault:
-    quiet = rng.uniform(5.0, 9.0)
-    params: dict[str, Any] = {}
-    if name == "coordinator_kill":
-        length = rng.uniform(1.0, 4.0)
-        params = {"coordinator": rng.randint(1, 2), "new_id": rng.random() < 0.5}
-    elif name == "coordinator_pause":
-        length = session_timeout_s + rng.uniform(3.0, 6.0)
-        params = {"coordinator": rng.randint(1, 2)}
-    elif name == "leader_kill":
-        length = rng.uniform(4.0, 10.0)
-        params = {"partition_of": rng.choice(("workload", "half", "schedule", "timer")),
-                  "partition": rng.randint(0, 2)}  # fmt: skip
-    elif name == "rolling_restart":
-        length = 0.0
-        order = list(range(1, nodes + 1))
-        rng.shuffle(order)
-        params = {"order": order}
-    elif name == "net_latency":
-        length = rng.uniform(6.0, 10.0)
-        params = {"latency_ms": rng.choice((100, 200, 400))}
-    elif name == "net_drop":
-        length = 0.0
-    elif name in ("net_partition", "disk_full"):
-        length = rng.uniform(5.0, 10.0)
-    elif name == "poison":
-        length = 0.0
-        params = {"count": rng.randint(4, 8)}
-    else:
-        raise ValueError(f"unknown nemesis {name!r}; known: {', '.join(NEMESES)}")
-    return Fault(name, quiet, length, params)
-
-
-def plan(
-    seed: int,
-    duration_s: float,
-    *,
-    soak: bool,
-    available: Sequence[str],
-    session_timeout_s: float = 10.0,
-    nodes: int = 3,
-) -> list[Fault]:
-    """The faults of a run of ``duration_s`` seconds of load, drawn from ``seed`` alone.
-
-    Short run: one of each :data:`TELLING` kind that is ``available``, in a seeded order, as
-    many as fit. Soak: rounds of every ``available`` kind, each round in a fresh order, until
-    the estimated time passes ``duration_s``.
-    """
-    unknown = sorted(set(available) - set(NEMESES))
-    if unknown:
-        raise ValueError(f"unknown nemeses {unknown}; known: {', '.join(NEMESES)}")
-    rng = random.Random(seed)
-    faults: list[Fault] = []
-    budget = duration_s - WARM_UP_S
-    used = 0.0
-    if not soak:
-        kinds = [k for k in TELLING if k in available]
-        rng.shuffle(kinds)
-        for kind in kinds:
-            fault = _draw(kind, rng, session_timeout_s, nodes)
-            cost = fault.quiet_s + fault.length_s + _ESTIMATE_S[kind]
-            if used + cost > budget:
-                continue  # the next kinds may still fit
-            faults.append(fault)
-            used += cost
-        return faults
-    kinds = [k for k in NEMESES if k in available]
-    while kinds and used < budget:
-        round_ = list(kinds)
-        rng.shuffle(round_)
-        for kind in round_:
-            fault = _draw(kind, rng, session_timeout_s, nodes)
-            faults.append(fault)
-            used += fault.quiet_s + fault.length_s + _ESTIMATE_S[kind]
-            if used >= budget:
-                break
-    return faults
-
-
-class DiskFiller:
-    """A small tmpfs mounted as one broker's log directory for the run, which the
-    ``disk_full`` nemesis fills and frees. Needs root (``mount``); :meth:`available` says
-    whether it works here. Nothing outside the tmpfs is ever written."""
-
-    FILLER: Final = ".chaos-filler"
-
-    def __init__(self, mount_point: Path, size_mb: int = 512) -> None:
-        self.mount_point = Path(mount_point)
-        self.size_mb = size_mb
-        self.mounted = False
-
-    @staticmethod
-    def available() -> tuple[bool, str]:
-        """(True, "") if a tmpfs can be mounted here, else (False, why)."""
-        if os.geteuid() != 0:
-            return False, "mounting a tmpfs needs root"
-        if shutil.which("mount") is None or shutil.which("umount") is None:
-            return False, "mount/umount not found"
-        return True, ""
-
-    def mount(self) -> None:
-        """Mount the tmpfs (an empty directory is made first)."""
-        self.mount_point.mkdir(parents=True, exist_ok=True)
-        if any(self.mount_point.iterdir()):
-            raise RuntimeError(f"{self.mount_point} is not empty; not mounting over it")
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m,mode=0755", "tmpfs",
-             str(self.mount_point)],
-            check=True, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-        self.mounted = True
-
-    def fill(self, leave_bytes: int = 16 * 1024) -> int:
-        """Fill the tmpfs up to ``leave_bytes`` of free space; the bytes written."""
-        stat = os.statvfs(self.mount_point)
-        free = stat.f_bavail * stat.f_frsize
-        size = max(0, free - leave_bytes)
-        chunk = b"\0" * (1 << 20)
-        written = 0
-        try:
-            with (self.mount_point / self.FILLER).open("wb") as out:
-                while written < size:
-                    n = min(len(chunk), size - written)
-                    out.write(chunk[:n])
-                    written += n
-        except OSError:  # full before the estimate: that is the point
-            pass
-        return written
-
-    def free(self) -> None:
-        """Remove the filler."""
-        (self.mount_point / self.FILLER).unlink(missing_ok=True)
-
-    def unmount(self) -> None:
-        """Unmount (lazily if busy); idempotent."""
-        if not self.mounted:
-            return
-        self.free()
-        point = str(self.mount_point)
-        done = subprocess.run(["umount", point], check=False, capture_output=True, timeout=30)
-        if done.returncode != 0:
-            subprocess.run(["umount", "-l", point], check=False, capture_output=True, timeout=30)
-        self.mounted = False
 
 
 @dataclass(slots=True)
