@@ -59,16 +59,6 @@ class PreparedRecord(NamedTuple):
     partition: int = -1
     """The partition to write to; -1 lets the key decide."""
 
-    @property
-    def topic(self) -> str:
-        """:attr:`kafka_topic` (the name the former quarantine copy used)."""
-        return self.kafka_topic
-
-    @property
-    def timestamp_ms(self) -> int:
-        """:attr:`born_timestamp_ms` (the name the former quarantine copy used)."""
-        return self.born_timestamp_ms
-
 
 def plain_record(  # noqa: PLR0917 - the fields of the record, in PreparedRecord's order
     msg: Message,

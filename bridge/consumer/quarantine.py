@@ -9,7 +9,7 @@ large, say) is written again without the value and headers.
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -180,11 +180,4 @@ class Quarantine:
                     f"{reason}; quarantined without its headers ({type(exc).__name__}: {exc})",
                     by,
                 )
-        return PreparedRecord(
-            copy.topic,
-            copy.key,
-            copy.value if copy.value is not None else b"",
-            cast(list[tuple[str, bytes]], copy.headers),
-            f"{record.topic()}-{record.partition()}-{record.offset()}",
-            copy.timestamp_ms,
-        )
+        return copy if copy.value is not None else copy._replace(value=b"")

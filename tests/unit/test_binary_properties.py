@@ -111,7 +111,7 @@ def test_a_retry_copy_carries_binary_values_through_the_schedule_envelope() -> N
     assert waiting.get_property("text") == "naïve"
     # What the schedule service writes to the retry topic when the delay is over.
     delivered = codec.real_record(waiting, "ns", frozenset({MessageConst.DELAY_TIME_LEVEL}))
-    assert delivered.topic == retry_topic("g1", "ns")
+    assert delivered.kafka_topic == retry_topic("g1", "ns")
     written = _bytes_of(delivered.headers)
     for name, raw in EXPECTED.items():
         assert written[name] == raw, name

@@ -174,8 +174,8 @@ def test_a_message_that_always_fails_climbs_the_ladder_to_the_dlq_unchanged(
         waited_at.append(expected_level)
         waiting = decode_envelope(record.value)
         real = real_record(waiting, NAMESPACE, REMOVED_ON_DELIVERY)
-        assert real.topic == retry_topic(GROUP, NAMESPACE)
-        msg = _consumed(real.topic, real.value, real.headers, deliveries)
+        assert real.kafka_topic == retry_topic(GROUP, NAMESPACE)
+        msg = _consumed(real.kafka_topic, real.value, real.headers, deliveries)
     # Out of retries (or the listener asked for the DLQ): a dead letter of the first message.
     asked_dlq = next((i for i, level in enumerate(levels) if level < 0), None)
     assert deliveries == (budget if asked_dlq is None else min(budget, asked_dlq)) + 1
