@@ -717,8 +717,13 @@ def test_a_near_limit_record_whose_copies_do_not_fit_is_quarantined_without_its_
             lambda: [k for k in read_quarantine(config, timeout_ms=1000) if small in k.reason],
             timeout_s=30,
         )
+    # The record ahead of them costs three refused writes (the delivery, the full copy, the
+    # copy without its body), each an aborted transaction: on a busy 2-core machine up to about
+    # half a second each. A record that held the others back would cost level delays.
+    poison_slack_ms = SLACK_MS + 1500
     for body, (at, delay_ms) in sent.items():
-        assert got[body] - at <= (delay_ms + PRECISION_MS + SLACK_MS) / 1000, body
+        late_s = got[body] - at - delay_ms / 1000
+        assert late_s <= (PRECISION_MS + poison_slack_ms) / 1000, (body, late_s)
     # Kept without its body, which did not fit: where it came from, how big it was, why.
     assert kept.value is None
     assert kept.source_topic == coordinator.catalog.topic(SystemTopic.SCHEDULE)
