@@ -105,6 +105,16 @@ class SendTimeoutError(SendError):
     """A message was not acknowledged within ``send_msg_timeout_ms``."""
 
 
+class AuthorizationError(KafkaClientError):
+    """The broker refused this client's principal an operation (Kafka ACLs); the message names
+    the resource and the permission it lacks."""
+
+
+class SendAuthorizationError(SendError, AuthorizationError):
+    """A message was not stored: the principal may not write it (or use the transactional id
+    or cluster permission the write needs)."""
+
+
 class TopicProvisioningError(KafkaClientError):
     """Creating or checking topics failed."""
 

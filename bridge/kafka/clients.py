@@ -9,16 +9,18 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from bridge.config import ClientConfig, kafka_env_name
 from bridge.errors import (
+    AuthorizationError,
     BrokerUnreachableError,
     InvalidArgumentError,
     KafkaClientError,
+    SendAuthorizationError,
     SendError,
     SendTimeoutError,
 )
@@ -197,6 +199,15 @@ def new_admin(config: ClientConfig, client_id: str = "bridge-admin") -> AdminCli
     return _construct(AdminClient, conf, config, "admin client")
 
 
+_AUTHORIZATION: Final = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "the ACL for this operation on the topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "READ on the consumer group",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "WRITE on the transactional id",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "the cluster permission (IDEMPOTENT_WRITE or CREATE)",
+}
+"""Authorization refusals, with the permission each one means is missing."""
+
+
 def translate_error(
     error: KafkaError | KafkaException | BaseException,
     context: str,
@@ -216,4 +227,11 @@ def translate_error(
         return SendTimeoutError(text, kafka_error)
     if code in _UNREACHABLE:
         return BrokerUnreachableError(text, kafka_error)
+    lacking = _AUTHORIZATION.get(code)
+    if lacking is not None:
+        text = f"{text}: the principal lacks {lacking}"
+        if issubclass(default, SendError):
+            return SendAuthorizationError(text, kafka_error)
+        if default is KafkaClientError:
+            return AuthorizationError(text, kafka_error)
     return default(text, kafka_error)

@@ -43,7 +43,7 @@ from bridge import (
 )
 from bridge.consumer.admin import read_dead_letters
 from bridge.coordinator import Coordinator, CoordinatorConfig
-from bridge.errors import BridgeError, KafkaClientError, SendError
+from bridge.errors import AuthorizationError, BridgeError, KafkaClientError, SendAuthorizationError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
 from bridge.runtime.local_kafka import BROKER_PRINCIPAL, LocalKafka, LocalKafkaConfig
@@ -249,10 +249,10 @@ def test_a_principal_without_an_acl_on_a_topic_gets_a_typed_error_naming_it(
     with Producer("mallory_pg", config=mallory_config) as producer:
         # Allowed: the principal and the connection work.
         assert producer.send_sync(Message(own, b"mine")).offset == 0
-        with pytest.raises(SendError) as refused:
+        with pytest.raises(SendAuthorizationError) as refused:
             producer.send_sync(Message(forbidden, b"not mine"))
     error = refused.value
-    assert isinstance(error, KafkaClientError)
+    assert isinstance(error, AuthorizationError) and isinstance(error, KafkaClientError)
     assert isinstance(error.kafka_error, KafkaError)
     assert error.kafka_error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert "authorization failed" in str(error).lower()
