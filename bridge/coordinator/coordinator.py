@@ -24,6 +24,7 @@ from bridge.errors import InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.service import MembershipLostError, ServiceConfig, TransactionalService
 from bridge.lifecycle import FatalServiceError, Lifecycle, ServiceState, ServiceThread, Startable
+from bridge.settings import env_values, require_int
 from bridge.transaction.service import TransactionService
 from bridge.transaction.state import CheckPolicy
 from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
@@ -74,10 +75,7 @@ class CoordinatorConfig:
     def __post_init__(self) -> None:
         if not self.coordinator_id:
             raise InvalidArgumentError("coordinator_id must not be empty")
-        if self.status_interval_ms <= 0:
-            raise InvalidArgumentError(
-                f"status_interval_ms must be positive, got {self.status_interval_ms}"
-            )
+        require_int("status_interval_ms", self.status_interval_ms)
         self.catalog  # noqa: B018 - validates the partition counts
         for name in (
             "transaction_timeout_ms",
@@ -89,8 +87,7 @@ class CoordinatorConfig:
             "delivery_attempts",
             "delivery_backoff_ms",
         ):
-            if getattr(self, name) <= 0:
-                raise InvalidArgumentError(f"{name} must be positive, got {getattr(self, name)}")
+            require_int(name, getattr(self, name))
 
     @property
     def catalog(self) -> TopicCatalog:
@@ -106,21 +103,8 @@ class CoordinatorConfig:
         """``ClientConfig.from_env`` plus ``BRIDGE_<FIELD>`` for each field here
         (``BRIDGE_COORDINATOR_ID``, ``BRIDGE_TRANSACTION_PARTITIONS``, ...)."""
         env = os.environ if environ is None else environ
-        values: dict[str, object] = {"client": ClientConfig.from_env(env)}
-        for f in dataclasses.fields(cls):
-            raw = env.get(f"BRIDGE_{f.name.upper()}")
-            if f.name == "client" or not raw:
-                continue
-            if f.name == "coordinator_id":
-                values[f.name] = raw
-                continue
-            try:
-                values[f.name] = int(raw)
-            except ValueError:
-                raise InvalidArgumentError(
-                    f"BRIDGE_{f.name.upper()} must be an integer, got {raw!r}"
-                ) from None
-        return cls(**values)  # type: ignore[arg-type]
+        values = env_values(cls, env, lambda name: f"BRIDGE_{name.upper()}", skip=("client",))
+        return cls(client=ClientConfig.from_env(env), **values)  # type: ignore[arg-type]
 
 
 def default_services(config: CoordinatorConfig) -> list[ServiceThread]:
