@@ -172,13 +172,13 @@ class LocalKafkaCluster(Startable):
             self.wait_healthy(max(deadline - time.monotonic(), 1.0))
             # Groups and transactions are served (their internal topics created and loaded)
             # before this returns, and those topics are fully replicated too.
-            offsets, transactions = self.node(1)._internal_partitions()
+            offsets, transactions = self.node(1).coordinator_partitions()
             wait_for_coordinators(
                 self._probe_servers(list(self._iter_nodes())),
                 offsets,
                 transactions,
                 deadline,
-                settings=self.node(1)._probe_settings(),
+                settings=self.node(1).probe_settings(),
             )
             self.wait_healthy(max(deadline - time.monotonic(), 1.0))
             self.node(1).sync_scram_users()
@@ -258,7 +258,7 @@ class LocalKafkaCluster(Startable):
                 # A new client when the usable nodes change, so requests start at a live one.
                 settings = {
                     "socket.connection.setup.timeout.ms": 2000,
-                    **usable[0]._probe_settings(),
+                    **usable[0].probe_settings(),
                 }
                 admin = self._admin = probe_admin(servers, settings)
                 self._admin_for = servers

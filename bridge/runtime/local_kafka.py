@@ -214,7 +214,7 @@ class LocalKafka(Startable):
     def _server_properties(self, state: Mapping[str, Any]) -> str:
         return render_properties(server_property_map(self.config, state))
 
-    def _internal_partitions(self) -> tuple[int, int]:
+    def coordinator_partitions(self) -> tuple[int, int]:
         """The partition counts of ``__consumer_offsets`` and ``__transaction_state`` this node
         is configured with (Kafka's default, 50, where nothing sets them)."""
         return internal_partitions(server_property_map(self.config, self._load_state()))
@@ -288,7 +288,7 @@ class LocalKafka(Startable):
         user the broker refused (never the password)."""
         if not self.config.secured or not self.config.scram_users or self._formatted_now:
             return
-        admin = probe_admin(self.probe_bootstrap_servers, self._probe_settings())
+        admin = probe_admin(self.probe_bootstrap_servers, self.probe_settings())
         upsert_scram_users(admin, self.config.scram_users)
 
     @property
@@ -305,7 +305,7 @@ class LocalKafka(Startable):
         if not process.launched:
             raise BrokerStartError(f"the broker on {self.data_dir} was not launched")
         deadline = process.launched_at + self.config.start_timeout_ms / 1000
-        admin = probe_admin(self.probe_bootstrap_servers, self._probe_settings())
+        admin = probe_admin(self.probe_bootstrap_servers, self.probe_settings())
         wait_for_metadata(
             admin, process.poll, deadline, self.config.start_timeout_ms, self.log_tail
         )
@@ -325,14 +325,14 @@ class LocalKafka(Startable):
         tail."""
         started = time.monotonic()
         deadline = self._process.launched_at + self.config.start_timeout_ms / 1000
-        offsets, transactions = self._internal_partitions()
+        offsets, transactions = self.coordinator_partitions()
         try:
             wait_for_coordinators(
                 self.probe_bootstrap_servers,
                 offsets,
                 transactions,
                 deadline,
-                settings=self._probe_settings(),
+                settings=self.probe_settings(),
             )
         except BrokerStartError as exc:
             raise BrokerStartError(f"{exc}; log tail:\n{self.log_tail()}") from exc
@@ -342,7 +342,7 @@ class LocalKafka(Startable):
             time.monotonic() - started,
         )
 
-    def _probe_settings(self) -> dict[str, Any]:
+    def probe_settings(self) -> dict[str, Any]:
         """librdkafka settings the readiness probes add to ``bootstrap.servers``: the broker's
         own certificate on a secured broker."""
         return self.client_settings(BROKER_PRINCIPAL) if self.config.secured else {}

@@ -38,7 +38,7 @@ from bridge.delay.model import DEFAULT_MESSAGE_DELAY_LEVEL, TIMER_PRECISIONS_MS,
 from bridge.errors import BrokerStartError, InvalidArgumentError
 from bridge.lifecycle import Startable
 from bridge.runtime.jars import JAVA_HINT, ensure_jars, require_tool
-from bridge.runtime.local_kafka import free_port, port_in_use
+from bridge.runtime.node_config import free_port, port_in_use
 
 logger = logging.getLogger(__name__)
 
