@@ -7,6 +7,7 @@ stays ``bytes`` otherwise; either is written back byte for byte.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 
@@ -78,7 +79,7 @@ FOREIGN_HEADERS: list[tuple[str, bytes | None]] = [
 EXPECTED = {name: raw if raw is not None else b"" for name, raw in FOREIGN_HEADERS}
 
 
-def _bytes_of(headers: list[tuple[str, bytes]]) -> dict[str, bytes]:
+def _bytes_of(headers: Sequence[tuple[str, bytes | None]]) -> dict[str, bytes | None]:
     return dict(headers)
 
 

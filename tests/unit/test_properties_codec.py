@@ -83,7 +83,7 @@ class _Record:
     """A consumed record as confluent-kafka hands it over (only what decoding reads)."""
 
     _topic: str
-    _value: bytes
+    _value: bytes | None
     _headers: Sequence[tuple[str, bytes | None]]
 
     def topic(self) -> str:
@@ -98,7 +98,7 @@ class _Record:
     def timestamp(self) -> tuple[int, int]:
         return (1, 1_700_000_000_000)
 
-    def value(self) -> bytes:
+    def value(self) -> bytes | None:
         return self._value
 
     def headers(self) -> list[tuple[str, bytes | None]]:

@@ -95,8 +95,8 @@ class _Record:
     """A consumed record as confluent-kafka hands it over (only what decoding reads)."""
 
     _topic: str
-    _value: bytes
-    _headers: list[tuple[str, bytes]]
+    _value: bytes | None
+    _headers: list[tuple[str, bytes | None]]
     _offset: int
 
     def topic(self) -> str:
@@ -111,15 +111,15 @@ class _Record:
     def timestamp(self) -> tuple[int, int]:
         return (1, 1_700_000_000_000)
 
-    def value(self) -> bytes:
+    def value(self) -> bytes | None:
         return self._value
 
-    def headers(self) -> list[tuple[str, bytes]]:
+    def headers(self) -> list[tuple[str, bytes | None]]:
         return self._headers
 
 
 def _consumed(
-    topic: str, value: bytes, headers: Iterable[tuple[str, bytes]], at: int
+    topic: str, value: bytes | None, headers: Iterable[tuple[str, bytes | None]], at: int
 ) -> MessageExt:
     return message_from_record(_Record(topic, value, list(headers), at), CONFIG.catalog())
 
