@@ -185,23 +185,18 @@ class Coordinator(Startable):
         return self._failure
 
     def _service_failed(self, service: ServiceThread, error: FatalServiceError) -> None:
-        if (
-            isinstance(error, MembershipLostError)
-            and isinstance(service, TransactionalService)
-            and self._may_renew()
-        ):
-            logger.warning(
-                "coordinator %s: service %s lost its group membership; starting it afresh: %s",
-                self.config.coordinator_id,
-                service.name,
-                error,
-            )
+        # Called on the failed service's thread: whatever takes the transition lock (a stop
+        # holds it while it joins this very thread) runs on a thread of its own.
+        if isinstance(error, MembershipLostError) and isinstance(service, TransactionalService):
             threading.Thread(
                 target=self._renew,
-                args=(service,),
+                args=(service, error),
                 name=f"bridge-coordinator-renew-{self.config.coordinator_id}",
             ).start()
             return
+        self._stop_for(service, error)
+
+    def _stop_for(self, service: ServiceThread, error: FatalServiceError) -> None:
         if self._failure is None:
             self._failure = error
         logger.error(
@@ -215,39 +210,49 @@ class Coordinator(Startable):
             target=self.stop, name=f"bridge-coordinator-stop-{self.config.coordinator_id}"
         ).start()
 
-    def _may_renew(self) -> bool:
+    def _renewal_allowed(self) -> bool:
+        """Count a renewal if fewer than :data:`RENEWALS_ALLOWED` happened in the last
+        :data:`RENEWAL_WINDOW_S`. Call with the transition lock held."""
         now = time.monotonic()
-        with self._transition_lock:
-            while self._renewals and now - self._renewals[0] > RENEWAL_WINDOW_S:
-                self._renewals.popleft()
-            if len(self._renewals) >= RENEWALS_ALLOWED:
-                return False
-            self._renewals.append(now)
-            return True
+        while self._renewals and now - self._renewals[0] > RENEWAL_WINDOW_S:
+            self._renewals.popleft()
+        if len(self._renewals) >= RENEWALS_ALLOWED:
+            return False
+        self._renewals.append(now)
+        return True
 
-    def _renew(self, old: TransactionalService) -> None:
-        """Run a fresh service in place of ``old`` (whose thread is ending). Its producer's
-        ``init_transactions`` aborts what ``old`` left open; its consumer joins with the same
-        static membership and recovers its partitions from the committed offsets."""
+    def _renew(self, old: TransactionalService, error: MembershipLostError) -> None:
+        """Run a fresh service in place of ``old`` (whose thread is ending), or stop the
+        coordinator once renewals are used up. The new producer's ``init_transactions`` aborts
+        what ``old`` left open; its consumer joins with the same static membership and
+        recovers its partitions from the committed offsets."""
         try:
             with self._transition_lock:
                 if self._lifecycle.state is not ServiceState.RUNNING:
                     return
-                old.stop()
-                new = old.renewed()
-                new.add_failure_listener(self._service_failed)
-                self.services[self.services.index(old)] = new
-                new.start()
+                if not self._renewal_allowed():
+                    failure: FatalServiceError | None = error
+                else:
+                    failure = None
+                    logger.warning(
+                        "coordinator %s: service %s lost its group membership; starting it "
+                        "afresh: %s",
+                        self.config.coordinator_id,
+                        old.name,
+                        error,
+                    )
+                    old.stop()
+                    new = old.renewed()
+                    new.add_failure_listener(self._service_failed)
+                    self.services[self.services.index(old)] = new
+                    new.start()
         except Exception as exc:
             logger.exception(
                 "coordinator %s: could not renew %s", self.config.coordinator_id, old.name
             )
-            failure = (
-                exc
-                if isinstance(exc, FatalServiceError)
-                else FatalServiceError(f"could not start {old.name} again: {exc}")
-            )
-            self._service_failed(old, failure)
+            failure = FatalServiceError(f"could not start {old.name} again: {exc}")
+        if failure is not None:
+            self._stop_for(old, failure)
 
     def start(self) -> None:
         """Create missing system topics and start every service."""
