@@ -303,7 +303,7 @@ public final class RocketMQDriver {
             }
         });
         producer.start();
-        producer.send(message(topic, "warmup"));
+        sendRouted(producer, message(topic, "warmup"));
         DefaultMQPushConsumer consumer = pushConsumer(arg("consumer_group"), namesrv);
         consumer.subscribe(topic, "*");
         consumer.registerMessageListener(recording(sentAt, null, m -> {
@@ -408,9 +408,28 @@ public final class RocketMQDriver {
         return msg;
     }
 
+    /**
+     * producer.send, tried again while the name server has no route for the topic yet (a new
+     * broker's registration or the auto-created topic not seen yet): nothing was sent then.
+     */
+    static SendResult sendRouted(DefaultMQProducer producer, Message msg) throws Exception {
+        long deadline = System.currentTimeMillis() + 30_000;
+        while (true) {
+            try {
+                return producer.send(msg);
+            } catch (org.apache.rocketmq.client.exception.MQClientException e) {
+                String text = String.valueOf(e.getMessage());
+                if (!text.contains("No route info") || System.currentTimeMillis() > deadline) {
+                    throw e;
+                }
+                Thread.sleep(200);
+            }
+        }
+    }
+
     static void send(DefaultMQProducer producer, Map<String, Long> sentAt, Message msg) throws Exception {
         sentAt.put(msg.getKeys(), now());
-        SendResult r = producer.send(msg);
+        SendResult r = sendRouted(producer, msg);
         emit("sent", "key", msg.getKeys(), "status", r.getSendStatus().name(), "msg_id", r.getMsgId(),
             "queue_id", r.getMessageQueue().getQueueId(), "t", now());
     }
@@ -744,7 +763,7 @@ public final class RocketMQDriver {
             }
         });
         producer.start();
-        producer.send(message(topic, "warmup"));
+        sendRouted(producer, message(topic, "warmup"));
         Map<String, Long> ended = new ConcurrentHashMap<>();
         Map<String, Long> seen = new ConcurrentHashMap<>();
         DefaultMQPushConsumer consumer = pushConsumer(arg("consumer_group"), namesrv);
