@@ -1,9 +1,10 @@
 """The ``bridge`` command line: bring the stack up, manage topics, send and consume.
 
-This module holds the root group and the commands that run the stack (``up``, ``broker``,
-``coordinator``, ``health``, ``fetch``); ``bridge.cli_topics`` has ``topics``, ``send`` and
-``consume``, ``bridge.cli_operators`` the operators' views (``transactions``, ``delays``,
-``dlq``, ``quarantine``), and ``bridge.cli_common`` what they share.
+This module holds the root group and the commands ``up`` and ``fetch``; ``bridge.cli_broker``
+has ``broker``, ``bridge.cli_coordinator`` ``coordinator`` and ``health``,
+``bridge.cli_topics`` ``topics``, ``send`` and ``consume``, ``bridge.cli_operators`` the
+operators' views (``transactions``, ``delays``, ``dlq``, ``quarantine``), and
+``bridge.cli_common`` what they share.
 
 Every option that has an environment variable says so in ``--help``; they are the same names
 ``ClientConfig.from_env`` and ``CoordinatorConfig.from_env`` read.
@@ -19,24 +20,23 @@ from typing import Any
 
 import click
 
+from bridge.cli_broker import DEFAULT_LOCAL_PORT, broker, local_broker
 from bridge.cli_common import bootstrap_option, client_config, console, stop_on_signals
+from bridge.cli_coordinator import coordinator, health
 from bridge.cli_operators import delays, dlq, quarantine_list, transactions
 from bridge.cli_topics import consume, send, topics
 from bridge.client.producer import Producer
 from bridge.client.reader import read_message_at
 from bridge.config import ClientConfig
 from bridge.coordinator import Coordinator, CoordinatorConfig
-from bridge.coordinator.health import coordinator_health
 from bridge.errors import BridgeError
 from bridge.message import Message
-from bridge.runtime.cluster import LocalClusterConfig, LocalKafkaCluster
-from bridge.runtime.jars import ARTIFACT_SETS, cache_dir, ensure_jars
-from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
+from bridge.runtime.jars import ARTIFACT_SETS, ensure_jars
+from bridge.runtime.local_kafka import LocalKafka
 
 logger = logging.getLogger("bridge.cli")
 
 SELF_CHECK_TOPIC = "bridge-self-check"
-DEFAULT_LOCAL_PORT = 9092
 
 
 def _configure_logging(verbose: int) -> None:
@@ -78,10 +78,6 @@ def cli(ctx: click.Context, namespace: str | None, verbose: int) -> None:
     """RocketMQ's reliable-messaging semantics on Apache Kafka."""
     _configure_logging(verbose)
     ctx.obj = {"namespace": namespace, "verbose": verbose}
-
-
-def _local_broker(data_dir: Path | None, port: int) -> LocalKafka:
-    return LocalKafka(LocalKafkaConfig(data_dir=data_dir or cache_dir() / "broker", port=port))
 
 
 def _self_check(config: ClientConfig) -> None:
@@ -134,7 +130,7 @@ def up(
     with stop_on_signals() as stop:
         try:
             if bootstrap_servers is None:
-                broker = _local_broker(data_dir, port)
+                broker = local_broker(data_dir, port)
                 console.print("starting the local Kafka broker (first run fetches its jars)...")
                 broker.start()
                 bootstrap_servers = broker.bootstrap_servers
@@ -163,79 +159,6 @@ def up(
 
 
 @cli.command()
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    help="Data directory [default: broker/, with --nodes N cluster-N/, in the cache directory: "
-    "BRIDGE_CACHE_DIR or .cache/].",
-)
-@click.option(
-    "--port",
-    type=int,
-    default=DEFAULT_LOCAL_PORT,
-    show_default=True,
-    help="Client port (0: any free); with --nodes N, nodes use PORT..PORT+N-1.",
-)
-@click.option(
-    "--nodes",
-    type=click.IntRange(1, 9),
-    default=1,
-    show_default=True,
-    help="Nodes, each a broker and a KRaft controller; with more than one the defaults (for "
-    "internal topics too) are replication factor min(3, N), min.insync.replicas min(2, N-1).",
-)
-def broker(data_dir: Path | None, port: int, nodes: int) -> None:
-    """Run only the local Kafka broker (or a cluster of them) in the foreground."""
-    kafka: LocalKafka | LocalKafkaCluster
-    if nodes == 1:
-        kafka = _local_broker(data_dir, port)
-    else:
-        replication = min(3, nodes)
-        kafka = LocalKafkaCluster(
-            LocalClusterConfig(
-                data_dir=data_dir or cache_dir() / f"cluster-{nodes}",
-                nodes=nodes,
-                replication_factor=replication,
-                min_insync_replicas=min(2, replication - 1),
-                base_port=port,
-            )
-        )
-        console.print(f"starting a local Kafka cluster of {nodes} nodes...")
-    with stop_on_signals() as stop:
-        kafka.start()
-        try:
-            console.print(
-                f"Kafka {kafka.bootstrap_servers} (data in {kafka.data_dir}); Ctrl-C stops"
-            )
-            stop.wait()
-        finally:
-            kafka.stop()
-
-
-@cli.command()
-@bootstrap_option("Kafka to coordinate.")
-@click.pass_context
-def coordinator(ctx: click.Context, bootstrap_servers: str | None) -> None:
-    """Run only the coordinator (against configured Kafka) in the foreground."""
-    config = CoordinatorConfig.from_env().with_client(client_config(ctx, bootstrap_servers))
-    with stop_on_signals() as stop, Coordinator(config) as running:
-        console.print(f"coordinator {running.config.coordinator_id} running; Ctrl-C stops")
-        running.run_until(stop)
-
-
-@cli.command()
-@bootstrap_option("Kafka to ask.")
-@click.pass_context
-def health(ctx: click.Context, bootstrap_servers: str | None) -> None:
-    """Exit 0 if every coordinator service is running (a member of its consumer group)."""
-    checks = coordinator_health(client_config(ctx, bootstrap_servers))
-    for c in checks:
-        console.print(f"{c.kind:<12} {c.state:<20} members={c.members}  {c.group}")
-    if not all(c.healthy for c in checks):
-        raise click.exceptions.Exit(1)
-
-
-@cli.command()
 @click.argument("sets", nargs=-1, type=click.Choice(sorted(ARTIFACT_SETS)))
 def fetch(sets: tuple[str, ...]) -> None:
     """Fetch the broker's (kafka) and Spark's Kafka source (spark) jars into the cache."""
@@ -244,7 +167,18 @@ def fetch(sets: tuple[str, ...]) -> None:
         console.print(f"{name}: {len(list(libs.glob('*.jar')))} jars in {libs}")
 
 
-for _group in (topics, send, consume, transactions, delays, dlq, quarantine_list):
+for _group in (
+    broker,
+    coordinator,
+    health,
+    topics,
+    send,
+    consume,
+    transactions,
+    delays,
+    dlq,
+    quarantine_list,
+):
     cli.add_command(_group)
 
 

@@ -47,13 +47,23 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.transaction.state",
         ),
     ),
-    ("adapters", ("bridge.kafka", "bridge.runtime")),
+    ("adapters", ("bridge.kafka", "bridge.runtime", "bridge.observability")),
     ("clients", ("bridge.client",)),
     ("services", ("bridge.consumer", "bridge.delay", "bridge.transaction")),
-    ("coordinator", ("bridge.coordinator",)),
+    ("coordinator and asyncio clients", ("bridge.coordinator", "bridge.aio")),
     (
         "entry points",
-        ("bridge.cli", "bridge.cli_common", "bridge.cli_topics", "bridge.cli_operators", "bridge"),
+        (
+            "bridge.cli",
+            "bridge.cli_common",
+            "bridge.cli_output",
+            "bridge.cli_broker",
+            "bridge.cli_coordinator",
+            "bridge.cli_security",
+            "bridge.cli_topics",
+            "bridge.cli_operators",
+            "bridge",
+        ),
     ),
 ]
 """Bottom first. A module belongs to the layer of its longest matching prefix; ``bridge`` names
