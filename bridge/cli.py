@@ -24,6 +24,7 @@ from bridge.cli_broker import DEFAULT_LOCAL_PORT, broker, local_broker
 from bridge.cli_common import bootstrap_option, client_config, console, stop_on_signals
 from bridge.cli_coordinator import coordinator, health
 from bridge.cli_operators import delays, dlq, quarantine_list, transactions
+from bridge.cli_security import acls
 from bridge.cli_topics import consume, send, topics
 from bridge.client.producer import Producer
 from bridge.client.reader import read_message_at
@@ -178,6 +179,7 @@ for _group in (
     delays,
     dlq,
     quarantine_list,
+    acls,
 ):
     cli.add_command(_group)
 
