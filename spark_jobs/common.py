@@ -6,6 +6,13 @@ spark``) and is handed to Spark as local jars; ``--spark-jars packages`` uses
 ``spark.jars.packages`` instead (a machine with internet). Under ``spark-submit`` the driver
 is already running, so its ``--jars`` must carry them: ``python -m spark_jobs.jars`` prints
 the list from the cache.
+
+Security: the jobs take the same client settings as every other entry point, the
+``BRIDGE_KAFKA_*`` variables (librdkafka names) and a Kafka client properties file
+(``--command-config`` or ``BRIDGE_COMMAND_CONFIG``), and hand them to Spark as ``kafka.``-prefixed
+Java client options (:func:`kafka_security_options`; the mapping is
+:mod:`topics.client_security`). The options' values are never logged, and Spark's redaction
+covers the JAAS config that holds a password.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from topics.client_security import ENV_COMMAND_CONFIG, client_settings, spark_kafka_options
 from topics.errors import InvalidArgumentError
 from topics.naming import DEFAULT_NAMESPACE
 from topics.properties import MessageConst
@@ -40,6 +48,13 @@ _KAFKA_JAR_PREFIXES = (
     "spark-avro_",
 )
 """What Spark needs beside its own jars (Hadoop and Scala come with pyspark)."""
+
+SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|jaas|keystore[.]key"
+"""Spark's ``spark.redaction.regex``: its default, plus the JAAS config and PEM key options
+(their values hold a password or a private key)."""
+
+SPARK_GROUP_ID_PREFIX = "bridge-spark"
+"""Spark's Kafka source names its consumer groups ``bridge-spark-<query id>...``."""
 
 HEADER_MSG_ID = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 HEADER_TAGS = MessageConst.TAGS
@@ -96,6 +111,7 @@ def spark_session(
         )
     return (
         builder.config("spark.sql.session.timeZone", "UTC")
+        .config("spark.redaction.regex", SPARK_REDACTION_REGEX)
         # Kafka headers may repeat a name; the last one wins, as in the Python client.
         .config("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
         .config("spark.sql.shuffle.partitions", os.environ.get("BRIDGE_SPARK_PARTITIONS", "4"))
@@ -103,19 +119,40 @@ def spark_session(
     )
 
 
-def kafka_options(
-    bootstrap_servers: str, *, topics: Sequence[str] = (), pattern: str | None = None
+def kafka_security_options(
+    command_config: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """Kafka source options: committed data only, headers included, from the earliest."""
+    """Spark Kafka source options (``kafka.``-prefixed) for the client settings of
+    ``environ`` (default: this process's environment): ``BRIDGE_KAFKA_*``, then the properties
+    file ``command_config`` or, if None, the one ``BRIDGE_COMMAND_CONFIG`` names. A setting
+    with no Java counterpart raises :class:`topics.client_security.ClientPropertyError` naming
+    it. The values include secrets: never log them."""
+    env = os.environ if environ is None else environ
+    return spark_kafka_options(client_settings(env, command_config))
+
+
+def kafka_options(
+    bootstrap_servers: str,
+    *,
+    topics: Sequence[str] = (),
+    pattern: str | None = None,
+    security: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Kafka source options: committed data only, headers included, from the earliest, with
+    the ``security`` options (:func:`kafka_security_options`; None: read from the environment
+    now). The result holds secrets: never log it."""
     if bool(topics) == bool(pattern):
         raise InvalidArgumentError("give either topics or a pattern")
     options = {
+        **(kafka_security_options() if security is None else security),
         "kafka.bootstrap.servers": bootstrap_servers,
         # Spark and the Java client default to read_uncommitted: they would see aborted and
         # not-yet-committed transactional records.
         "kafka.isolation.level": "read_committed",
         "includeHeaders": "true",
         "startingOffsets": "earliest",
+        # Spark's consumer groups start with this (the ACL: GROUP prefixed bridge-spark-).
+        "groupIdPrefix": SPARK_GROUP_ID_PREFIX,
     }
     if topics:
         options["subscribe"] = ",".join(topics)
@@ -184,6 +221,18 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         "env BRIDGE_SPARK_JARS)",
     )
     parser.add_argument("--master", default=None, help="Spark master (default: local[*])")
+
+
+def add_security_argument(parser: argparse.ArgumentParser) -> None:
+    """``--command-config FILE``: a Kafka client properties file, as Kafka's tools take (env
+    ``BRIDGE_COMMAND_CONFIG``); pass ``kafka_security_options(args.command_config)`` on."""
+    parser.add_argument(
+        "--command-config",
+        default=os.environ.get(ENV_COMMAND_CONFIG) or None,
+        metavar="FILE",
+        help="Kafka client properties file (security settings; librdkafka or Java client names; "
+        f"env {ENV_COMMAND_CONFIG}); BRIDGE_KAFKA_* variables are read too",
+    )
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -32,8 +32,10 @@ if __package__ in (None, ""):  # spark-submit runs the file as a script
 
 from spark_jobs.common import (
     add_common_arguments,
+    add_security_argument,
     decode_messages,
     kafka_options,
+    kafka_security_options,
     spark_session,
 )
 from topics.errors import InvalidArgumentError
@@ -68,6 +70,10 @@ class IngestConfig:
     born longer ago than that behind the newest is dropped as late."""
     max_offsets_per_trigger: int | None = None
     query_name: str = "bridge_ingest"
+    security: Mapping[str, str] | None = field(default=None, repr=False)
+    """Spark Kafka source security options (``kafka.``-prefixed, see
+    :func:`spark_jobs.common.kafka_security_options`); None: read from the environment when
+    the query starts. Secrets: left out of the repr."""
 
     def __post_init__(self) -> None:
         if self.table_format not in FORMATS:
@@ -86,6 +92,7 @@ def start_ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
         config.bootstrap_servers,
         topics=config.topics,
         pattern=None if config.topics else real_topics_pattern(config.namespace),
+        security=config.security,
     )
     if config.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(config.max_offsets_per_trigger)
@@ -115,6 +122,7 @@ def parser() -> argparse.ArgumentParser:
     """The command line (options also read the ``bridge`` CLI's environment variables)."""
     p = argparse.ArgumentParser(prog="spark_jobs.ingest", description=__doc__.split("\n")[0])
     add_common_arguments(p)
+    add_security_argument(p)
     p.add_argument("--output", required=True, help="table path")
     p.add_argument("--checkpoint", required=True, help="checkpoint path")
     p.add_argument("--topics", default="", help="comma-separated Kafka topics (default: all real)")
@@ -139,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> IngestConfig:
         interval=args.interval,
         dedup_window=args.dedup_window,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
+        security=kafka_security_options(args.command_config),
     )
 
 

@@ -9,6 +9,7 @@ after a schema evolves.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -18,16 +19,31 @@ from spark_jobs.common import kafka_options
 from topics.avro import HEADER_LENGTH, SINGLE_OBJECT_MARKER, default_registry
 
 
-def read_topic(spark: SparkSession, bootstrap_servers: str, kafka_topic: str) -> DataFrame:
-    """Every committed record of ``kafka_topic`` now (a batch read)."""
-    options = kafka_options(bootstrap_servers, topics=[kafka_topic])
+def read_topic(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    kafka_topic: str,
+    *,
+    security: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """Every committed record of ``kafka_topic`` now (a batch read); ``security``: Spark Kafka
+    source options (None: from the environment, see
+    :func:`spark_jobs.common.kafka_security_options`)."""
+    options = kafka_options(bootstrap_servers, topics=[kafka_topic], security=security)
     options["endingOffsets"] = "latest"
     return spark.read.format("kafka").options(**options).load()
 
 
-def read_pattern(spark: SparkSession, bootstrap_servers: str, pattern: str) -> DataFrame:
-    """Every committed record now of the topics matching ``pattern`` (a batch read)."""
-    options = kafka_options(bootstrap_servers, pattern=pattern)
+def read_pattern(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    pattern: str,
+    *,
+    security: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """Every committed record now of the topics matching ``pattern`` (a batch read);
+    ``security`` as for :func:`read_topic`."""
+    options = kafka_options(bootstrap_servers, pattern=pattern, security=security)
     options["endingOffsets"] = "latest"
     return spark.read.format("kafka").options(**options).load()
 
