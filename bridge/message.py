@@ -22,12 +22,19 @@ written as UTF-8 and bytes as they are; a header read back is ``str`` when its b
 UTF-8 and ``bytes`` otherwise, so whatever another Kafka client wrote in its headers (binary
 trace contexts, schema ids) is kept byte for byte through every copy (retry, DLQ, delay,
 transactions, replay). System properties are always text (:meth:`Message.get_property`).
+
+A message's trace context travels the same way, as W3C ``traceparent``/``tracestate``
+properties (:attr:`MessageConst.TRACE_PARENT`); with ``opentelemetry-api`` installed,
+:func:`send_span`, :func:`inject_trace_context` and :func:`process_span` make the producer's
+and the push consumer's spans (``docs/tracing.md``), and without it nothing of OpenTelemetry
+is imported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import overload
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Final, overload
 
 from bridge.errors import InvalidDelayError, InvalidMessageError
 from bridge.message_id import MessageIdGenerator, local_ipv4, now_ms
@@ -46,14 +53,17 @@ from topics.properties import (
     RESERVED_PROPERTIES,
     SYSTEM_PROPERTIES,
     USER_SETTABLE_PROPERTIES,
-    MessageConst,
     SystemPropertyName,
 )
+from topics.properties import MessageConst as _RocketMQNames
 
 __all__ = [
+    "DEAD_LETTER_PROPERTIES",
     "DELAY_PROPERTIES",
+    "FAILURE_MESSAGE_MAX_BYTES",
     "RESERVED_PROPERTIES",
     "SYSTEM_PROPERTIES",
+    "TRACE_PROPERTIES",
     "USER_SETTABLE_PROPERTIES",
     "Message",
     "MessageConst",
@@ -61,12 +71,95 @@ __all__ = [
     "MessageIdGenerator",
     "PropertyValue",
     "SystemPropertyName",
+    "TraceSpan",
+    "inject_trace_context",
     "is_unicode",
     "local_ipv4",
     "now_ms",
     "parse_count",
+    "process_span",
     "property_text",
+    "send_span",
+    "trace_carrier",
+    "tracing_available",
+    "truncate_utf8",
 ]
+
+
+class MessageConst(_RocketMQNames):
+    """RocketMQ's property names (:class:`topics.properties.MessageConst`) and the ones the
+    bridge adds for tracing and dead-letter metadata (``docs/tracing.md``).
+
+    The trace names are W3C Trace Context's header names, lower case as the W3C and
+    OpenTelemetry's Kafka propagation write them: a user (or another Kafka client) may set
+    them, and every copy of the message (half message, commit, delay, retry, DLQ, replay)
+    keeps them byte for byte.
+
+    The dead-letter names are written by a push consumer on each retry and DLQ copy of a
+    message its listener failed (:mod:`bridge.consumer.send_back`).
+    """
+
+    TRACE_PARENT: Final = "traceparent"
+    """W3C ``traceparent``: ``00-<32 hex trace id>-<16 hex parent span id>-<2 hex flags>``."""
+    TRACE_STATE: Final = "tracestate"
+    """W3C ``tracestate``: vendor key-value pairs that travel with ``traceparent``."""
+
+    CONSUME_FAILURE: Final = "CONSUME_FAILURE"
+    """How the listener failed the message, last time: ``EXCEPTION`` (it raised; see the two
+    ``CONSUME_EXCEPTION_*`` properties), the status it returned without raising
+    (``RECONSUME_LATER``, ``SUSPEND_CURRENT_QUEUE_A_MOMENT``, ``NONE`` for ``None``),
+    ``ACK_INDEX`` (past the ``ack_index`` of a batch listener that returned
+    ``CONSUME_SUCCESS``, or an ``ack_index`` that is not an int), ``CONSUME_TIMEOUT`` (in its
+    listener longer than ``consume_timeout``) or ``NO_SUBSCRIPTION`` (a retry of a topic the
+    group no longer subscribes to)."""
+    CONSUME_EXCEPTION_CLASS: Final = "CONSUME_EXCEPTION_CLASS"
+    """The class of the exception the listener raised, ``module.QualifiedName`` (builtins
+    without module), at most :data:`FAILURE_MESSAGE_MAX_BYTES` bytes; absent when it did not
+    raise."""
+    CONSUME_EXCEPTION_MESSAGE: Final = "CONSUME_EXCEPTION_MESSAGE"
+    """``str()`` of that exception, at most :data:`FAILURE_MESSAGE_MAX_BYTES` bytes of UTF-8
+    (a longer one is cut and ends with ``...``); absent when it did not raise."""
+    CONSUMER_GROUP: Final = "CONSUMER_GROUP"
+    """The consumer group whose listener failed the message."""
+    ORIGIN_KAFKA_TOPIC: Final = "ORIGIN_KAFKA_TOPIC"
+    """The Kafka topic of the record the group first failed (the real topic's record, kept
+    through later retries; ``RETRY_TOPIC`` has its RocketMQ name)."""
+    ORIGIN_QUEUE_ID: Final = "ORIGIN_QUEUE_ID"
+    """That record's partition."""
+    ORIGIN_QUEUE_OFFSET: Final = "ORIGIN_QUEUE_OFFSET"
+    """That record's offset."""
+    ORIGIN_TIMESTAMP: Final = "ORIGIN_TIMESTAMP"
+    """That record's Kafka timestamp, epoch ms (the broker's append time where the topic keeps
+    it, else the born time)."""
+
+
+TRACE_PROPERTIES: Final = (MessageConst.TRACE_PARENT, MessageConst.TRACE_STATE)
+"""The W3C Trace Context properties."""
+
+DEAD_LETTER_PROPERTIES: Final = (
+    MessageConst.CONSUME_FAILURE,
+    MessageConst.CONSUME_EXCEPTION_CLASS,
+    MessageConst.CONSUME_EXCEPTION_MESSAGE,
+    MessageConst.CONSUMER_GROUP,
+    MessageConst.ORIGIN_KAFKA_TOPIC,
+    MessageConst.ORIGIN_QUEUE_ID,
+    MessageConst.ORIGIN_QUEUE_OFFSET,
+    MessageConst.ORIGIN_TIMESTAMP,
+)
+"""What a retry or DLQ copy records about the failure; a replay to the origin topic drops them
+(the replayed record is a new first delivery)."""
+
+FAILURE_MESSAGE_MAX_BYTES: Final = 1024
+"""The most bytes (UTF-8) of an exception's class or message kept in a copy: 1 KiB."""
+
+
+def truncate_utf8(text: str, max_bytes: int = FAILURE_MESSAGE_MAX_BYTES) -> str:
+    """``text`` if its UTF-8 encoding fits in ``max_bytes`` bytes, else its longest prefix that
+    fits together with ``...`` (never a broken character; a lone surrogate becomes ``?``)."""
+    encoded = text.encode("utf-8", "replace")
+    if len(encoded) <= max_bytes:
+        return encoded.decode("utf-8")
+    return encoded[: max(max_bytes - 3, 0)].decode("utf-8", "ignore") + "..."
 
 
 def _normalise_keys(keys: str | Iterable[str] | None) -> list[str]:
@@ -490,3 +583,157 @@ class MessageExt(Message):
             f"queue_offset={self.queue_offset}, body={len(self.body)} bytes, keys={self.keys!r}, "
             f"tags={self.tags!r}, properties={self.properties!r})"
         )
+
+
+# --- tracing: OpenTelemetry when installed --------------------------------------------------
+_otel: list[Any] = []
+"""``[trace, propagate]`` of opentelemetry-api once looked for, ``[None, None]`` if it is not
+installed; empty before the first look."""
+
+
+def _opentelemetry() -> tuple[Any, Any] | None:
+    """opentelemetry-api's ``trace`` and ``propagate`` modules, or None when it is not
+    installed (then nothing of it is imported; looked for once)."""
+    if not _otel:
+        try:
+            from opentelemetry import propagate, trace  # noqa: PLC0415 - optional extra
+
+            _otel.extend((trace, propagate))
+        except ImportError:
+            _otel.extend((None, None))
+    trace_module, propagate_module = _otel
+    return None if trace_module is None else (trace_module, propagate_module)
+
+
+def tracing_available() -> bool:
+    """True if opentelemetry-api is installed (the ``otel`` extra): producers then make send
+    spans and push consumers process spans."""
+    return _opentelemetry() is not None
+
+
+def trace_carrier(props: Mapping[str, PropertyValue]) -> dict[str, str]:
+    """The W3C Trace Context properties of ``props`` as text (what a propagator extracts)."""
+    out = {}
+    for name in TRACE_PROPERTIES:
+        value = props.get(name)
+        if value is not None:
+            out[name] = value if isinstance(value, str) else property_text(value)
+    return out
+
+
+_MESSAGING_SYSTEM: Final = "rocketmq"
+"""``messaging.system`` of the bridge's spans (it speaks RocketMQ's model)."""
+
+
+class TraceSpan:
+    """A span the bridge opened, or nothing (OpenTelemetry missing, or not wanted): what the
+    caller reports about the work it covers."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Any = None) -> None:
+        self.span = span
+
+    def set_attribute(self, name: str, value: str | int) -> None:
+        """Set attribute ``name`` on the span, if there is one."""
+        if self.span is not None:
+            self.span.set_attribute(name, value)
+
+    def failed(self, description: str, exc: BaseException | None = None) -> None:
+        """Mark the span failed (``description``), recording ``exc`` if given."""
+        if self.span is None:
+            return
+        from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415 - optional extra
+
+        if exc is not None:
+            self.span.record_exception(exc)
+        self.span.set_status(Status(StatusCode.ERROR, description))
+
+
+def inject_trace_context(msg: Message) -> None:
+    """Write the current trace context into ``msg`` as ``traceparent`` (and ``tracestate``)
+    if OpenTelemetry is installed, a valid span is current and ``msg`` has no
+    ``traceparent`` yet (one the user or another client set is kept as it is)."""
+    if MessageConst.TRACE_PARENT in msg._properties:
+        return
+    otel = _opentelemetry()
+    if otel is None:
+        return
+    carrier: dict[str, str] = {}
+    otel[1].inject(carrier)
+    for name in TRACE_PROPERTIES:
+        if name in carrier:
+            msg.put_system_property(name, carrier[name])
+
+
+@contextlib.contextmanager
+def send_span(msg: Message) -> Iterator[TraceSpan]:
+    """A producer span (``<topic> send``, child of the current span) around a send of
+    ``msg``, current while it runs so that :func:`inject_trace_context` writes its context
+    into the message; only when OpenTelemetry is installed and ``msg`` has no ``traceparent``
+    yet (a message that already carries one is sent in its trace, without a span). Without a
+    tracer provider set up, the span is a no-op and no context is written."""
+    otel = _opentelemetry()
+    if otel is None or MessageConst.TRACE_PARENT in msg._properties:
+        yield TraceSpan()
+        return
+    trace = otel[0]
+    tracer = trace.get_tracer("bridge")
+    with tracer.start_as_current_span(
+        f"{msg.topic} send",
+        kind=trace.SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": _MESSAGING_SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.destination.name": str(msg.topic),
+        },
+    ) as span:
+        yield TraceSpan(span)
+
+
+@contextlib.contextmanager
+def process_span(msgs: list[MessageExt], group: str) -> Iterator[TraceSpan]:
+    """A consumer span (``<topic> process``) around a listener call on ``msgs``, whose parent
+    is the trace context the first message carries (a new trace if none) and which links the
+    others' contexts; nothing when OpenTelemetry is not installed."""
+    otel = _opentelemetry()
+    if otel is None or not msgs:
+        yield TraceSpan()
+        return
+    trace, propagate = otel
+    if isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    ):
+        # No SDK set up: every span would be a no-op; listener calls skip the cost.
+        yield TraceSpan()
+        return
+    parent = propagate.extract(trace_carrier(msgs[0]._properties))
+    links = []
+    for msg in msgs[1:]:
+        carrier = trace_carrier(msg._properties)
+        if carrier:
+            context = trace.get_current_span(propagate.extract(carrier)).get_span_context()
+            if context.is_valid:
+                links.append(trace.Link(context))
+    first = msgs[0]
+    attributes: dict[str, str | int] = {
+        "messaging.system": _MESSAGING_SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.destination.name": str(first.topic),
+        "messaging.consumer.group.name": group,
+        "messaging.batch.message_count": len(msgs),
+        "messaging.message.id": first.msg_id,
+        "messaging.destination.partition.id": str(first.queue_id),
+        "messaging.kafka.offset": first.queue_offset,
+    }
+    tracer = trace.get_tracer("bridge")
+    with tracer.start_as_current_span(
+        f"{first.topic} process",
+        context=parent,
+        kind=trace.SpanKind.CONSUMER,
+        links=links,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        yield TraceSpan(span)

@@ -7,6 +7,10 @@ send never duplicates a record. Every send is bounded by ``send_msg_timeout_ms``
 naming the problem: argument types and text that is not valid Unicode, delays, the body size
 and the size of properties, keys and tags, Kafka's internal and the bridge's system topics,
 and an explicit partition against the topic's partition count.
+
+Tracing: a send runs in an OpenTelemetry ``<topic> send`` span when ``opentelemetry-api`` is
+installed (the ``otel`` extra) and the message carries no ``traceparent`` yet; the span's
+context travels in the message (``docs/tracing.md``). Without it nothing is imported.
 """
 
 from __future__ import annotations
@@ -48,7 +52,13 @@ from bridge.errors import (
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_producer, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
-from bridge.message import Message, MessageIdGenerator, local_ipv4
+from bridge.message import (
+    Message,
+    MessageIdGenerator,
+    inject_trace_context,
+    local_ipv4,
+    send_span,
+)
 from topics.catalog import SystemTopic
 from topics.naming import validate_user_group
 
@@ -189,9 +199,13 @@ class Producer(Startable):
           (``__*``) and the bridge's system topics;
         * :class:`InvalidArgumentError`: a ``partition`` other than -1 that the (existing)
           topic does not have, for delayed messages too.
+
+        With OpenTelemetry installed, a message without ``traceparent`` gets the current trace
+        context written into it (``traceparent``/``tracestate``, see ``docs/tracing.md``).
         """
         if not isinstance(msg, Message):
             raise InvalidMessageError(f"expected a Message, got {type(msg).__name__}")
+        inject_trace_context(msg)
         body = msg.body
         if not body:
             raise InvalidMessageError("the message body length is zero")
@@ -301,8 +315,10 @@ class Producer(Startable):
         """
         if not self._running:
             self._lifecycle.require_running()
-        record = self.prepare(msg, partition)
-        stored_partition, offset = self.send_record_sync(record)
+        with send_span(msg) as span:
+            record = self.prepare(msg, partition)
+            span.set_attribute("messaging.message.id", record.msg_id)
+            stored_partition, offset = self.send_record_sync(record)
         return SendResult(SendStatus.SEND_OK, record.msg_id, offset, msg.topic, stored_partition)
 
     def send_record_sync(
@@ -389,12 +405,14 @@ class Producer(Startable):
         """
         if not self._running:
             self._lifecycle.require_running()
-        record = self.prepare(msg, partition)
-        self._produce(
-            record,
-            record.partition,
-            AsyncReport(record.msg_id, msg.topic, record.kafka_topic, on_success, on_exception),
-        )
+        with send_span(msg) as span:
+            record = self.prepare(msg, partition)
+            span.set_attribute("messaging.message.id", record.msg_id)
+            self._produce(
+                record,
+                record.partition,
+                AsyncReport(record.msg_id, msg.topic, record.kafka_topic, on_success, on_exception),
+            )
         self._serve_reports()
         return record.msg_id
 
@@ -402,8 +420,10 @@ class Producer(Startable):
         """Send without any result; failures are only logged. Return the message id."""
         if not self._running:
             self._lifecycle.require_running()
-        record = self.prepare(msg, partition)
-        self._produce(record, record.partition, log_oneway_failure)
+        with send_span(msg) as span:
+            record = self.prepare(msg, partition)
+            span.set_attribute("messaging.message.id", record.msg_id)
+            self._produce(record, record.partition, log_oneway_failure)
         self._serve_reports()
         return record.msg_id
 

@@ -14,7 +14,13 @@ import time
 from collections.abc import Iterable
 from typing import ClassVar, Final, cast
 
-from bridge.consumer.consumption import BatchListener, Consumption
+from bridge.consumer.consumption import (
+    BatchListener,
+    Consumption,
+    Failure,
+    record_failure,
+    status_failure,
+)
 from bridge.consumer.counters import Count
 from bridge.consumer.model import (
     ConsumeConcurrentlyContext,
@@ -98,6 +104,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                 settings.consume_timeout,
                 [m.msg_id for m in late],
             )
+            record_failure(late, Failure.CONSUME_TIMEOUT)
             self.policy.fail(pq, late, [_CONSUME_TIMEOUT_DELAY_LEVEL] * len(late))
 
     def _consume_requests(self, pq: ProcessQueue, requests: list[list[MessageExt]]) -> None:
@@ -151,6 +158,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                     len(msgs),
                 )
                 context.delay_level_when_next_consume = -1
+                record_failure(msgs, Failure.NO_SUBSCRIPTION)
                 done = 0
             else:
                 done = self._call_listener(sub.listener, msgs, context)
@@ -224,8 +232,11 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                     context.ack_index,
                     [m.msg_id for m in msgs],
                 )
+                record_failure(msgs, Failure.ACK_INDEX)
                 return 0
+            record_failure(msgs[index + 1 :], Failure.ACK_INDEX)
             return index + 1
         if status is None:
             logger.warning("listener returned None for %s: RECONSUME_LATER", msgs[0].msg_id)
+        record_failure(msgs, status_failure(status))
         return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Iterable
-from typing import ClassVar, Generic, TypeVar, cast
+from typing import ClassVar, Final, Generic, TypeVar, cast
 
 from bridge.consumer.context import ConsumerContext, Listener, MessageCallback
 from bridge.consumer.model import (
@@ -27,7 +27,13 @@ from bridge.consumer.model import (
 from bridge.consumer.process_queue import ProcessQueue
 from bridge.consumer.quarantine import Quarantine
 from bridge.consumer.retry_policy import RetryPolicy
-from bridge.message import MessageExt
+from bridge.message import (
+    FAILURE_MESSAGE_MAX_BYTES,
+    MessageConst,
+    MessageExt,
+    process_span,
+    truncate_utf8,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,22 +41,80 @@ ContextT = TypeVar("ContextT", ConsumeConcurrentlyContext, ConsumeOrderlyContext
 BatchListener = MessageListenerConcurrently | MessageListenerOrderly
 
 
-def leading_successes(callback: MessageCallback, msgs: list[MessageExt]) -> int:
-    """Call a per-message listener on ``msgs`` in order until one fails (a failure status,
-    None or an exception); return how many succeeded."""
-    for index, msg in enumerate(msgs):
+class Failure:
+    """The values of ``CONSUME_FAILURE`` the consumer writes that are not a listener status
+    (see :class:`bridge.message.MessageConst`)."""
+
+    EXCEPTION: Final = "EXCEPTION"
+    NONE: Final = "NONE"
+    ACK_INDEX: Final = "ACK_INDEX"
+    CONSUME_TIMEOUT: Final = "CONSUME_TIMEOUT"
+    NO_SUBSCRIPTION: Final = "NO_SUBSCRIPTION"
+
+
+def exception_class_name(exc: BaseException) -> str:
+    """``module.QualifiedName`` of ``exc``'s class; builtins by their name alone."""
+    cls = type(exc)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def record_failure(
+    msgs: Iterable[MessageExt], failure: str, exc: BaseException | None = None
+) -> None:
+    """Note on each of ``msgs`` how its listener failed it (``CONSUME_FAILURE``: ``failure``;
+    with ``exc``, the exception's class and message, each at most
+    :data:`~bridge.message.FAILURE_MESSAGE_MAX_BYTES` bytes), for its retry or DLQ copy to
+    carry. A failure without an exception removes what an earlier one noted."""
+    if exc is not None:
+        cls = truncate_utf8(exception_class_name(exc), FAILURE_MESSAGE_MAX_BYTES)
         try:
-            result = callback(msg)
-        except Exception:
-            logger.warning("listener raised on %s: a failure", msg.msg_id, exc_info=True)
-            return index
-        if (
-            result is not ConsumeStatus.CONSUME_SUCCESS
-            and result is not ConsumeOrderlyStatus.SUCCESS
-        ):
-            if result is None:
-                logger.warning("listener returned None for %s: a failure", msg.msg_id)
-            return index
+            text = truncate_utf8(str(exc), FAILURE_MESSAGE_MAX_BYTES)
+        except Exception:  # a __str__ that raises
+            text = ""
+    for msg in msgs:
+        msg.put_system_property(MessageConst.CONSUME_FAILURE, failure)
+        if exc is None:
+            msg.clear_property(MessageConst.CONSUME_EXCEPTION_CLASS)
+            msg.clear_property(MessageConst.CONSUME_EXCEPTION_MESSAGE)
+        else:
+            msg.put_system_property(MessageConst.CONSUME_EXCEPTION_CLASS, cls)
+            msg.put_system_property(MessageConst.CONSUME_EXCEPTION_MESSAGE, text)
+
+
+def status_failure(status: object) -> str:
+    """``CONSUME_FAILURE`` for a listener that returned ``status`` (not a success)."""
+    if status is None:
+        return Failure.NONE
+    name = getattr(status, "name", None)
+    return name if isinstance(name, str) else truncate_utf8(repr(status), 100)
+
+
+def leading_successes(callback: MessageCallback, msgs: list[MessageExt], group: str = "") -> int:
+    """Call a per-message listener on ``msgs`` in order until one fails (a failure status,
+    None or an exception); return how many succeeded. The failed message and those after it
+    (not called) get the failure noted (:func:`record_failure`). Each call runs in a process
+    span of ``group`` when OpenTelemetry is installed."""
+    for index, msg in enumerate(msgs):
+        with process_span([msg], group) as span:
+            try:
+                result = callback(msg)
+            except Exception as exc:
+                logger.warning("listener raised on %s: a failure", msg.msg_id, exc_info=True)
+                span.failed("the listener raised", exc)
+                record_failure(msgs[index:], Failure.EXCEPTION, exc)
+                return index
+            if (
+                result is not ConsumeStatus.CONSUME_SUCCESS
+                and result is not ConsumeOrderlyStatus.SUCCESS
+            ):
+                if result is None:
+                    logger.warning("listener returned None for %s: a failure", msg.msg_id)
+                failure = status_failure(result)
+                span.failed(failure)
+                record_failure(msgs[index:], failure)
+                return index
     return len(msgs)
 
 
@@ -93,18 +157,28 @@ class Consumption(abc.ABC, Generic[ContextT]):
         self, listener: BatchListener, msgs: list[MessageExt], context: ContextT
     ) -> int:
         """Hand ``msgs`` to a batch listener: how many leading messages it consumed, read
-        from its status and ``context``. Raises what the listener raises."""
+        from its status and ``context``, noting on the others why (:func:`record_failure`).
+        Raises what the listener raises."""
 
     def _call_listener(self, listener: Listener, msgs: list[MessageExt], context: ContextT) -> int:
         """Run ``listener`` on ``msgs``: how many leading messages it consumed. A listener
         object of this strategy's kind takes the batch and ``context``; a callable is called
         per message until one fails. An exception counts as a failure of the whole batch
-        (logged)."""
+        (logged). The messages not consumed get the failure noted (:func:`record_failure`);
+        with OpenTelemetry, each call runs in a process span (one per batch)."""
+        group = self._context.group
         if isinstance(listener, self._BATCH_LISTENER):
-            try:
-                return self._consume_batch(listener, msgs, context)
-            except Exception:
-                logger.warning(self._LISTENER_RAISED, [m.msg_id for m in msgs], exc_info=True)
-                return 0
+            with process_span(msgs, group) as span:
+                try:
+                    done = self._consume_batch(listener, msgs, context)
+                except Exception as exc:
+                    logger.warning(self._LISTENER_RAISED, [m.msg_id for m in msgs], exc_info=True)
+                    span.failed("the listener raised", exc)
+                    record_failure(msgs, Failure.EXCEPTION, exc)
+                    return 0
+                if done < len(msgs):
+                    reason = msgs[done].get_property(MessageConst.CONSUME_FAILURE)
+                    span.failed(reason if isinstance(reason, str) else "failed")
+                return done
         # subscribe() refuses a listener object of the other kind: this is a callable.
-        return leading_successes(cast(MessageCallback, listener), msgs)
+        return leading_successes(cast(MessageCallback, listener), msgs, group)

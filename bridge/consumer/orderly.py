@@ -13,7 +13,7 @@ import logging
 import time
 from typing import ClassVar, Final, cast
 
-from bridge.consumer.consumption import BatchListener, Consumption
+from bridge.consumer.consumption import BatchListener, Consumption, record_failure, status_failure
 from bridge.consumer.counters import Count
 from bridge.consumer.model import (
     ConsumeOrderlyContext,
@@ -181,4 +181,7 @@ class OrderlyConsumption(Consumption[ConsumeOrderlyContext]):
     ) -> int:
         """SUCCESS: the whole batch; anything else: none (retried in place)."""
         status = cast(MessageListenerOrderly, listener).consume_message(msgs, context)
-        return len(msgs) if status is ConsumeOrderlyStatus.SUCCESS else 0
+        if status is ConsumeOrderlyStatus.SUCCESS:
+            return len(msgs)
+        record_failure(msgs, status_failure(status))
+        return 0

@@ -8,7 +8,12 @@ A failed message is copied, body, keys, tags and properties kept, under the same
 
 with RocketMQ's properties: ``RETRY_TOPIC`` (the topic it was first sent to),
 ``RECONSUME_TIME`` (failures so far), ``ORIGIN_MESSAGE_ID`` (the first id) and
-``MAX_RECONSUME_TIMES``.
+``MAX_RECONSUME_TIMES``; and with the dead-letter metadata (``docs/tracing.md``):
+``CONSUMER_GROUP``, how the listener failed it last (``CONSUME_FAILURE``, and
+``CONSUME_EXCEPTION_CLASS``/``CONSUME_EXCEPTION_MESSAGE`` when it raised, noted by the
+consumption strategy) and where the group first failed it (``ORIGIN_KAFKA_TOPIC``,
+``ORIGIN_QUEUE_ID``, ``ORIGIN_QUEUE_OFFSET``, ``ORIGIN_TIMESTAMP``, kept through later
+retries).
 
 Property values are copied as they are, text or bytes, so headers another Kafka client wrote
 (binary trace contexts, schema ids) reach the retry topic, the DLQ and a replay byte for byte;
@@ -24,7 +29,14 @@ from bridge.codec import PreparedRecord, plain_record
 from bridge.config import ClientConfig
 from bridge.consumer.model import RetryRoute
 from bridge.delay.routing import delayed_record
-from bridge.message import DELAY_PROPERTIES, Message, MessageConst, MessageExt, now_ms
+from bridge.message import (
+    DEAD_LETTER_PROPERTIES,
+    DELAY_PROPERTIES,
+    Message,
+    MessageConst,
+    MessageExt,
+    now_ms,
+)
 from topics.naming import (
     DLQ_GROUP_TOPIC_PREFIX,
     RETRY_GROUP_TOPIC_PREFIX,
@@ -55,6 +67,9 @@ RETRY_PROPERTIES: Final = frozenset(
     }
 )
 """What the retry path adds; a message replayed to its origin topic loses them."""
+_REPLAY_TO_ORIGIN_DROPS: Final = RETRY_PROPERTIES | frozenset(DEAD_LETTER_PROPERTIES)
+"""A dead letter replayed to its origin topic is a new first delivery: it loses the retry
+properties and the dead-letter metadata."""
 
 
 class ReplayTarget(Enum):
@@ -79,6 +94,20 @@ def _copy(msg: MessageExt, topic: str, dropped: frozenset[str] = frozenset()) ->
     return copy
 
 
+def _put_origin(copy: Message, msg: MessageExt) -> None:
+    """Note on ``copy`` where ``msg`` was read (the first failure of this message in the
+    group): Kafka topic, partition, offset and record timestamp (ms)."""
+    if msg.kafka_topic:
+        copy.put_system_property(MessageConst.ORIGIN_KAFKA_TOPIC, msg.kafka_topic)
+    if msg.queue_id >= 0:
+        copy.put_system_property(MessageConst.ORIGIN_QUEUE_ID, str(msg.queue_id))
+    if msg.queue_offset >= 0:
+        copy.put_system_property(MessageConst.ORIGIN_QUEUE_OFFSET, str(msg.queue_offset))
+    stamp = msg.store_timestamp_ms if msg.store_timestamp_ms is not None else msg.born_timestamp_ms
+    if stamp:
+        copy.put_system_property(MessageConst.ORIGIN_TIMESTAMP, str(stamp))
+
+
 def send_back_record(
     msg: MessageExt,
     group: str,
@@ -98,6 +127,9 @@ def send_back_record(
         msg.get_property(MessageConst.ORIGIN_MESSAGE_ID) or msg.msg_id,
     )
     copy.put_system_property(MessageConst.MAX_RECONSUME_TIMES, str(max_reconsume_times))
+    copy.put_system_property(MessageConst.CONSUMER_GROUP, group)
+    if MessageConst.ORIGIN_KAFKA_TOPIC not in copy.properties:
+        _put_origin(copy, msg)
     born_ms = msg.born_timestamp_ms or now_ms()
     if route.to_dlq:
         return plain_record(
@@ -116,11 +148,11 @@ def replay_record(
     msg: MessageExt, group: str, target: ReplayTarget, *, namespace: str
 ) -> PreparedRecord:
     """The record that replays dead letter ``msg`` (same id and born time): to its origin
-    topic without the retry properties, or to the group's retry topic with its failures
-    reset to zero."""
+    topic without the retry properties and the dead-letter metadata, or to the group's retry
+    topic with its failures reset to zero."""
     born_host = msg.born_host.encode()
     if target is ReplayTarget.ORIGIN:
-        copy = _copy(msg, origin_topic(msg), RETRY_PROPERTIES)
+        copy = _copy(msg, origin_topic(msg), _REPLAY_TO_ORIGIN_DROPS)
         kafka_topic = to_kafka_topic(copy.topic, namespace)
     else:
         copy = _copy(
