@@ -4,6 +4,7 @@ threads."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from bridge.config import ClientConfig
 from bridge.consumer.config import PushConsumerConfig
 from bridge.consumer.counters import Counters
 from bridge.consumer.model import (
+    ConsumeConcurrentlyContext,
+    ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     ConsumeStatus,
     MessageListenerConcurrently,
@@ -25,6 +28,7 @@ from bridge.consumer.model import (
 from bridge.consumer.scheduler import Scheduler
 from bridge.errors import IllegalStateError
 from bridge.message import MessageExt
+from bridge.observability.metrics import BridgeMetrics
 from topics.catalog import TopicCatalog
 
 MessageCallback = Callable[[MessageExt], ConsumeStatus | ConsumeOrderlyStatus | None]
@@ -65,7 +69,7 @@ class ConsumerContext:
         self.catalog: TopicCatalog = config.catalog()
         self.subscriptions: dict[str, Subscription] = {}
         """By RocketMQ topic name."""
-        self.counters = Counters()
+        self.counters = Counters(group, config.namespace)
         self.scheduler = Scheduler(group)
         self.producer: Producer | None = None
         """The producer of copies (send-backs, quarantine), once started."""
@@ -99,3 +103,83 @@ class ConsumerContext:
         if remaining_s == math.inf:
             return timeout_ms
         return min(timeout_ms, max(0, math.ceil(remaining_s * 1000)))
+
+
+_SUCCESS = (ConsumeStatus.CONSUME_SUCCESS, ConsumeOrderlyStatus.SUCCESS)
+
+
+class _Timing:
+    """Records listener calls in ``rocketmq_process_time`` (ms) for one subscription."""
+
+    __slots__ = ("_failure", "_success")
+
+    def __init__(self, metrics: BridgeMetrics, namespace: str, topic: str, group: str) -> None:
+        self._success = metrics.process_time.labels(namespace, topic, group, "success")
+        self._failure = metrics.process_time.labels(namespace, topic, group, "failure")
+
+    def record(self, started: float, ok: bool) -> None:
+        (self._success if ok else self._failure).observe((time.monotonic() - started) * 1000)
+
+
+class _TimedConcurrently(MessageListenerConcurrently):
+    def __init__(self, inner: MessageListenerConcurrently, timing: _Timing) -> None:
+        self._inner = inner
+        self._timing = timing
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+    ) -> ConsumeStatus:
+        started, ok = time.monotonic(), False
+        try:
+            status = self._inner.consume_message(msgs, context)
+            ok = status in _SUCCESS
+            return status
+        finally:
+            self._timing.record(started, ok)
+
+
+class _TimedOrderly(MessageListenerOrderly):
+    def __init__(self, inner: MessageListenerOrderly, timing: _Timing) -> None:
+        self._inner = inner
+        self._timing = timing
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        started, ok = time.monotonic(), False
+        try:
+            status = self._inner.consume_message(msgs, context)
+            ok = status in _SUCCESS
+            return status
+        finally:
+            self._timing.record(started, ok)
+
+
+def _timed_callback(callback: MessageCallback, timing: _Timing) -> MessageCallback:
+    def timed(msg: MessageExt) -> ConsumeStatus | ConsumeOrderlyStatus | None:
+        started, ok = time.monotonic(), False
+        try:
+            result = callback(msg)
+            ok = result in _SUCCESS
+            return result
+        finally:
+            timing.record(started, ok)
+
+    return timed
+
+
+def timed_subscription(
+    sub: Subscription, metrics: BridgeMetrics, namespace: str, group: str
+) -> Subscription:
+    """``sub`` with a listener of the same kind that also records each call's duration and
+    outcome in ``rocketmq_process_time`` (an exception or a failure status: ``failure``)."""
+    timing = _Timing(metrics, namespace, sub.topic, group)
+    listener = sub.listener
+    wrapped: Listener
+    if isinstance(listener, MessageListenerOrderly):
+        wrapped = _TimedOrderly(listener, timing)
+    elif isinstance(listener, MessageListenerConcurrently):
+        wrapped = _TimedConcurrently(listener, timing)
+    else:
+        wrapped = _timed_callback(listener, timing)
+    return dataclasses.replace(sub, listener=wrapped)

@@ -1,11 +1,16 @@
 """A push consumer's counters: one :class:`Count` per kind of event, read as
-:class:`ConsumerStats`."""
+:class:`ConsumerStats`, and mirrored into the process's metrics while they are on
+(:func:`~bridge.observability.metrics.enable_metrics`)."""
 
 from __future__ import annotations
 
 import threading
 from enum import IntEnum
 from typing import NamedTuple
+
+from prometheus_client import Counter
+
+from bridge.observability.metrics import BridgeMetrics, active_metrics
 
 
 class ConsumerStats(NamedTuple):
@@ -40,19 +45,42 @@ if [count.name.lower() for count in Count] != list(ConsumerStats._fields):  # pr
     raise AssertionError("Count and ConsumerStats must list the same counters in one order")
 
 
+def metric_of(metrics: BridgeMetrics, count: Count) -> Counter:
+    """The Prometheus counter that mirrors ``count``."""
+    return {
+        Count.CONSUMED: metrics.messages_out,
+        Count.FAILED: metrics.consume_failures,
+        Count.SENT_BACK: metrics.retries,
+        Count.DEAD_LETTERED: metrics.dead_letters,
+        Count.RETRIED_LOCALLY: metrics.local_retries,
+        Count.DROPPED: metrics.dropped,
+        Count.FILTERED: metrics.filtered,
+        Count.QUARANTINED: metrics.quarantined,
+    }[count]
+
+
 class Counters:
-    """The counters of one consumer. Thread-safe."""
+    """The counters of one consumer (``group`` in ``namespace``: the labels of its metrics).
+    Thread-safe."""
 
-    __slots__ = ("_lock", "_values")
+    __slots__ = ("_group", "_lock", "_namespace", "_values")
 
-    def __init__(self) -> None:
+    def __init__(self, group: str = "", namespace: str = "") -> None:
         self._lock = threading.Lock()
         self._values = [0] * len(Count)
+        self._group = group
+        self._namespace = namespace
 
     def add(self, count: Count, n: int = 1) -> None:
         """Count ``n`` more events of kind ``count``."""
         with self._lock:
             self._values[count] += n
+        metrics = active_metrics()
+        if metrics is not None and n:
+            if count is Count.QUARANTINED:
+                metrics.quarantined.labels(self._namespace, "consumer").inc(n)
+            else:
+                metric_of(metrics, count).labels(self._namespace, self._group).inc(n)
 
     def snapshot(self) -> ConsumerStats:
         """The counters now."""

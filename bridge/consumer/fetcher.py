@@ -29,6 +29,7 @@ from bridge.consumer.process_queue import ProcessQueue
 from bridge.consumer.quarantine import Quarantine
 from bridge.consumer.tuning import fetch_tuning, group_tuning
 from bridge.kafka.clients import new_consumer
+from bridge.observability.metrics import active_metrics
 from topics.naming import broadcast_group
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ _BROADCAST_REFRESH_S: Final = 30.0
 """How often a BROADCASTING consumer looks for new partitions, seconds."""
 _WAIT_SLICE_S: Final = 0.1
 """Waits for running listeners look at the shutdown deadline this often, seconds."""
+_GAUGE_INTERVAL_S: Final = 1.0
+"""How often the held-message gauges are updated while metrics are on, seconds."""
 
 
 class Fetcher:
@@ -76,6 +79,9 @@ class Fetcher:
         """How long a revoke waits for running listeners, seconds (CLUSTERING)."""
         self._last_commit = 0.0
         self._last_refresh = 0.0
+        self._last_gauges = 0.0
+        self._gauged_topics: set[str] = set()
+        """Topics whose held-message gauges were set (zeroed once nothing is held)."""
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -94,6 +100,7 @@ class Fetcher:
                 config,
                 broadcast_group(group, instance),
                 f"{group}-broadcast",
+                statistics=True,
                 auto_offset_reset=reset,
                 **fetch_tuning(config),
             )
@@ -104,6 +111,7 @@ class Fetcher:
                 config,
                 group,
                 f"{group}-consumer",
+                statistics=True,
                 auto_offset_reset=reset,
                 **fetch_tuning(config),
                 **tuning.options,
@@ -178,6 +186,26 @@ class Fetcher:
             settings.persist_consumer_offset_interval_ms / 1000
         ):
             self._commit(list(self.queues), asynchronous=True)
+        if time.monotonic() - self._last_gauges >= _GAUGE_INTERVAL_S:
+            self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        """Set ``rocketmq_consumer_cached_messages`` and ``_bytes`` per topic (RocketMQ
+        name) from the partitions held, while metrics are on."""
+        self._last_gauges = time.monotonic()
+        metrics = active_metrics()
+        if metrics is None:
+            return
+        held: dict[str, list[int]] = {topic: [0, 0] for topic in self._gauged_topics}
+        for (kafka_topic, _), pq in list(self.queues.items()):
+            counts = held.setdefault(self._topic_names.get(kafka_topic, kafka_topic), [0, 0])
+            counts[0] += pq.held
+            counts[1] += pq.held_bytes
+        namespace, group = self._context.config.namespace, self._context.group
+        for topic, (count, size) in held.items():
+            metrics.cached_messages.labels(namespace, topic, group).set(count)
+            metrics.cached_bytes.labels(namespace, topic, group).set(size)
+        self._gauged_topics = set(held)
 
     def _receive(self, records: list[Any]) -> None:
         """Hold and dispatch ``records``, each on its own: one that cannot be handled goes to

@@ -44,7 +44,13 @@ from bridge.config import ClientConfig
 from bridge.consumer.concurrent import ConcurrentConsumption
 from bridge.consumer.config import PushConsumerConfig
 from bridge.consumer.consumption import Consumption
-from bridge.consumer.context import ConsumerContext, Listener, MessageCallback, Subscription
+from bridge.consumer.context import (
+    ConsumerContext,
+    Listener,
+    MessageCallback,
+    Subscription,
+    timed_subscription,
+)
 from bridge.consumer.counters import ConsumerStats
 from bridge.consumer.fetcher import Fetcher
 from bridge.consumer.model import (
@@ -59,6 +65,7 @@ from bridge.consumer.quarantine import Quarantine
 from bridge.errors import IllegalStateError, InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
+from bridge.observability.metrics import active_metrics
 from topics.catalog import SystemTopic
 from topics.naming import RETRY_GROUP_TOPIC_PREFIX, to_kafka_topic, validate_user_group
 
@@ -118,6 +125,11 @@ class PushConsumer(Startable):
     is raised above that unless set, so the group keeps the member meanwhile and the
     rebalance waits). Only a listener still running after that, or one abandoned by
     :meth:`shutdown`, can overlap with the partition's next owner; it is logged.
+
+    Metrics: with recording on in the process before :meth:`start`
+    (:func:`bridge.observability.enable_metrics` or ``serve_metrics(port)``), the counters,
+    listener durations, held messages and the Kafka consumer's lag are recorded too (see
+    ``docs/observability.md``).
     """
 
     def __init__(
@@ -287,6 +299,12 @@ class PushConsumer(Startable):
         if clustering:
             specs += catalog.group_specs(self.group)
         TopicAdmin(self.config).ensure_topics(specs)
+        metrics = active_metrics()
+        if metrics is not None:  # listener durations in rocketmq_process_time
+            for topic, sub in list(self._subscriptions.items()):
+                self._subscriptions[topic] = timed_subscription(
+                    sub, metrics, self.config.namespace, self.group
+                )
         consumption = self._new_consumption()
         # Kafka topic -> RocketMQ name of every topic consumed.
         topic_names = {s.kafka_topic: s.topic for s in self._subscriptions.values()}

@@ -24,6 +24,8 @@ from bridge.errors import (
     SendError,
     SendTimeoutError,
 )
+from bridge.observability.metrics import active_metrics
+from bridge.observability.rdkafka_stats import STATISTICS_INTERVAL_MS, stats_callback
 
 rdkafka_logger = logging.getLogger("bridge.kafka.rdkafka")
 
@@ -151,18 +153,46 @@ def _construct(
         ) from exc
 
 
+def _with_statistics(conf: dict[str, Any], group: str | None) -> dict[str, Any]:
+    """``conf`` with librdkafka's statistics feeding the active metrics
+    (:func:`~bridge.observability.metrics.enable_metrics`), if any; a consumer's lag is
+    labelled with ``group``. A ``statistics.interval.ms`` the user set is kept."""
+    metrics = active_metrics()
+    if metrics is None:
+        return conf
+    conf.setdefault("statistics.interval.ms", STATISTICS_INTERVAL_MS)
+    conf["stats_cb"] = stats_callback(metrics, group)
+    return conf
+
+
 def new_producer(config: ClientConfig, client_id: str, **overrides: Any) -> Producer:
     """A confluent-kafka ``Producer`` with :func:`producer_config`. Raises
-    :class:`InvalidArgumentError` if librdkafka refuses a property."""
-    return _construct(Producer, producer_config(config, client_id, **overrides), config, "producer")
+    :class:`InvalidArgumentError` if librdkafka refuses a property.
+
+    While metrics are on, its librdkafka statistics (broker round trip, local queue) are
+    recorded under ``client_id``."""
+    conf = _with_statistics(producer_config(config, client_id, **overrides), None)
+    return _construct(Producer, conf, config, "producer")
 
 
-def new_consumer(config: ClientConfig, group_id: str, client_id: str, **overrides: Any) -> Consumer:
+def new_consumer(
+    config: ClientConfig,
+    group_id: str,
+    client_id: str,
+    *,
+    statistics: bool = False,
+    **overrides: Any,
+) -> Consumer:
     """A confluent-kafka ``Consumer`` with :func:`consumer_config`. Raises
-    :class:`InvalidArgumentError` if librdkafka refuses a property."""
-    return _construct(
-        Consumer, consumer_config(config, group_id, client_id, **overrides), config, "consumer"
-    )
+    :class:`InvalidArgumentError` if librdkafka refuses a property.
+
+    ``statistics=True`` records its librdkafka statistics (lag per topic, labelled with
+    ``group_id``) while metrics are on; left off for short-lived readers, whose random
+    groups would only add series."""
+    conf = consumer_config(config, group_id, client_id, **overrides)
+    if statistics:
+        conf = _with_statistics(conf, group_id)
+    return _construct(Consumer, conf, config, "consumer")
 
 
 def read_record_at(reader: Consumer, tp: TopicPartition, timeout_s: float = 10.0) -> Any:

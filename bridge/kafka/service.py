@@ -24,6 +24,7 @@ from bridge.kafka.batch_writer import (
 from bridge.kafka.clients import new_admin
 from bridge.kafka.transactional import BoundedTransactions, transactional_producer
 from bridge.lifecycle import FatalServiceError, ServiceThread
+from bridge.observability.metrics import active_metrics
 from topics.catalog import TopicCatalog
 from topics.naming import (
     coordinator_group,
@@ -78,6 +79,8 @@ class TransactionalService(ServiceThread):
 
     def __init__(self, kind: str, config: ServiceConfig) -> None:
         super().__init__(f"bridge-{kind}-{config.coordinator_id}", interval_ms=1)
+        self.kind = kind
+        """The kind of service (``transaction``, ``schedule``, ``timer``): its metrics label."""
         self.config = config
         self.client = config.client
         namespace = config.client.namespace
@@ -138,11 +141,19 @@ class TransactionalService(ServiceThread):
         a failure goes to ``on_failure`` (default :meth:`transaction_failed`). True once
         committed."""
         consumer = self._consumer
-        return write_batch(
+        handler = self.transaction_failed if on_failure is None else on_failure
+
+        def failed(exc: KafkaException) -> None:
+            metrics = active_metrics()
+            if metrics is not None:
+                metrics.kafka_aborts.labels(self.client.namespace, self.kind).inc()
+            handler(exc)
+
+        committed = write_batch(
             self._producer,
             batch,
             timeout_s=self.timeout_s,
-            on_failure=self.transaction_failed if on_failure is None else on_failure,
+            on_failure=failed,
             offsets=offsets,
             group_metadata=None if consumer is None else consumer.consumer_group_metadata,
             after_produce=after_produce,
@@ -150,6 +161,21 @@ class TransactionalService(ServiceThread):
             on_refused=on_refused,
             failures=failures,
         )
+        metrics = active_metrics()
+        if committed and metrics is not None:
+            metrics.kafka_transactions.labels(self.client.namespace, self.kind).inc()
+        return committed
+
+    def joined(self) -> bool:
+        """True while this service's consumer is a member of its group (it has a member id);
+        safe to call from another thread (False when it cannot tell)."""
+        consumer = self._consumer
+        if consumer is None:
+            return False
+        try:
+            return bool(consumer.memberid())
+        except Exception:  # closed meanwhile, or not joined yet
+            return False
 
     def on_stop(self) -> None:
         """Close the consumer and flush the producer (idempotent)."""
