@@ -554,3 +554,19 @@ def client_settings(
     if path:
         settings.update(to_librdkafka(read_properties_file(path), source=str(path)))
     return settings
+
+
+def format_properties(props: Mapping[str, str]) -> str:
+    """``props`` as a Java ``.properties`` text that :func:`parse_properties` (and Java) reads
+    back to the same pairs."""
+
+    def escape(text: str, key: bool) -> str:
+        out = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+        out = out.replace("\t", "\\t").replace("\f", "\\f")
+        if key:
+            out = re.sub(r"([=: #!])", r"\\\1", out)
+        elif out.startswith((" ", "#", "!")):
+            out = "\\" + out
+        return out
+
+    return "".join(f"{escape(k, True)}={escape(v, False)}\n" for k, v in props.items())

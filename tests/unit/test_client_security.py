@@ -15,6 +15,7 @@ from topics.client_security import (
     PLAIN_LOGIN_MODULE,
     SCRAM_LOGIN_MODULE,
     ClientPropertyError,
+    format_properties,
     jaas_login,
     kafka_env_properties,
     masked,
@@ -290,3 +291,12 @@ def test_a_bad_command_config_is_a_typed_error_without_the_value(
     assert refused.value.property == "ssl.truststore.type"
     assert str(props) in str(refused.value)
     assert SECRET not in str(refused.value)
+
+
+def test_formatted_properties_read_back_the_same() -> None:
+    props = {
+        "sasl.jaas.config": jaas_login(SCRAM_LOGIN_MODULE, "alice", SECRET),
+        "odd key=:#": " leading space\ttab\nnewline \\ back",
+        "!bang": "#hash",
+    }
+    assert parse_properties(format_properties(props)) == props
