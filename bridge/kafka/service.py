@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 _REPLACE_BACKOFF_S: Final = 1.0
 """Wait after a failed producer replacement before the next try, s."""
+_ON_COMMIT_BATCHES: Final = 64
+"""Batches whose :meth:`TransactionalService.on_commit` actions are kept until written; a
+batch given up without a commit is forgotten once this many newer ones have actions."""
 
 
 class DuplicateCoordinatorError(FatalServiceError):
@@ -97,6 +100,8 @@ class TransactionalService(ServiceThread):
         self._producer_broken = False
         self._replace_after = 0.0
         self._fencing_admin: AdminClient | None = None
+        self._on_commit: dict[int, tuple[TransactionBatch, list[Callable[[], None]]]] = {}
+        """id(batch) -> (batch, what to run once it commits), oldest first."""
 
     @property
     def timeout_s(self) -> float:
@@ -161,10 +166,30 @@ class TransactionalService(ServiceThread):
             on_refused=on_refused,
             failures=failures,
         )
-        metrics = active_metrics()
-        if committed and metrics is not None:
-            metrics.kafka_transactions.labels(self.client.namespace, self.kind).inc()
+        if committed:
+            entry = self._on_commit.pop(id(batch), None)
+            if entry is not None and entry[0] is batch:
+                for action in entry[1]:
+                    try:
+                        action()
+                    except Exception:  # bookkeeping never fails a committed batch
+                        logger.exception("%s: an action after a commit raised", self.name)
+            metrics = active_metrics()
+            if metrics is not None:
+                metrics.kafka_transactions.labels(self.client.namespace, self.kind).inc()
         return committed
+
+    def on_commit(self, batch: TransactionBatch, action: Callable[[], None]) -> None:
+        """Run ``action`` (e.g. a metric's ``inc``) once ``batch`` commits through
+        :meth:`write`, on this service's thread; never if it does not (a batch rebuilt after a
+        failed transaction adds its own). So metrics count what Kafka committed, once."""
+        entry = self._on_commit.get(id(batch))
+        if entry is None or entry[0] is not batch:
+            entry = (batch, [])
+            self._on_commit[id(batch)] = entry
+            while len(self._on_commit) > _ON_COMMIT_BATCHES:
+                del self._on_commit[next(iter(self._on_commit))]
+        entry[1].append(action)
 
     def joined(self) -> bool:
         """True while this service's consumer is a member of its group (it has a member id);

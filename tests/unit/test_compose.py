@@ -10,6 +10,8 @@ import yaml
 
 from bridge.config import ENV_BOOTSTRAP_SERVERS, ENV_PREFIX, ClientConfig
 from bridge.coordinator import CoordinatorConfig
+from bridge.observability import ENV_METRICS_HOST, ENV_METRICS_PORT
+from bridge.observability.server import parse_port
 from bridge.runtime.jars import KAFKA_VERSION
 from spark_jobs import ingest
 from tests.conftest import REPO_ROOT
@@ -30,14 +32,15 @@ def test_images_are_pinned_and_kafka_matches_the_local_broker() -> None:
 
 def test_coordinator_env_uses_names_the_code_reads() -> None:
     env = compose()["services"]["coordinator"]["environment"]
-    known = {ENV_BOOTSTRAP_SERVERS} | {
+    known = {ENV_BOOTSTRAP_SERVERS, ENV_METRICS_PORT, ENV_METRICS_HOST} | {
         ENV_PREFIX + f.name.upper()
         for cls in (ClientConfig, CoordinatorConfig)
         for f in dataclasses.fields(cls)
         if f.name not in ("kafka", "client", "bootstrap_servers")
     }
     assert set(env) <= known, set(env) - known
-    config = CoordinatorConfig.from_env({k: str(v) for k, v in env.items()})
+    metrics_env = (ENV_METRICS_PORT, ENV_METRICS_HOST)
+    config = CoordinatorConfig.from_env({k: str(v) for k, v in env.items() if k not in metrics_env})
     assert config.client.bootstrap_servers == "kafka:9092"
 
 
@@ -52,7 +55,7 @@ def test_kafka_is_configured_for_transactions_on_one_node() -> None:
 
 def test_every_service_has_a_health_check_and_waits_for_what_it_needs() -> None:
     services = compose()["services"]
-    assert set(services) >= {"kafka", "coordinator", "ingest", "kafka-ui"}
+    assert set(services) >= {"kafka", "coordinator", "ingest", "kafka-ui", "prometheus", "grafana"}
     for name, service in services.items():
         assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
     assert services["ingest"]["depends_on"]["coordinator"]["condition"] == "service_healthy"
@@ -101,3 +104,36 @@ def test_published_ports_bind_localhost_and_the_ui_cannot_write() -> None:
         # "127.0.0.1:HOST:CONTAINER": without the address Docker publishes on every interface.
         assert str(port).startswith("127.0.0.1:"), (name, port)
     assert services["kafka-ui"]["environment"]["KAFKA_CLUSTERS_0_READONLY"] == "true"
+
+
+def test_prometheus_scrapes_the_coordinators_metrics_port() -> None:
+    services = compose()["services"]
+    env = services["coordinator"]["environment"]
+    port = parse_port(str(env[ENV_METRICS_PORT]))
+    # Reachable from the other containers, published on the host's loopback only.
+    assert env[ENV_METRICS_HOST] == "0.0.0.0"
+    assert f"127.0.0.1:{port}:{port}" in services["coordinator"]["ports"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in services["prometheus"]["volumes"]}
+    scrape = yaml.safe_load((REPO_ROOT / mounts["/etc/prometheus/prometheus.yml"]).read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    targets = jobs["bridge-coordinator"]["static_configs"][0]["targets"]
+    assert targets == [f"coordinator:{port}"]
+    assert jobs["bridge-coordinator"]["metrics_path"] == "/metrics"
+
+
+def test_grafana_has_no_anonymous_access_and_provisions_the_dashboard() -> None:
+    grafana = compose()["services"]["grafana"]
+    env = grafana["environment"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert grafana["depends_on"]["prometheus"]["condition"] == "service_healthy"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"]}
+    provisioning = REPO_ROOT / mounts["/etc/grafana/provisioning"]
+    dashboards = REPO_ROOT / mounts["/var/lib/grafana/dashboards"]
+    datasource = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load((provisioning / "dashboards" / "bridge.yml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    assert (dashboards / "bridge-dashboard.json").is_file()
+    home = env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == "/var/lib/grafana/dashboards/bridge-dashboard.json"
