@@ -1,9 +1,10 @@
 """The bridge's Prometheus metrics: one :class:`BridgeMetrics` per registry.
 
 Names follow RocketMQ 5's metrics where RocketMQ has one (``rocketmq_messages_in_total``,
-``rocketmq_send_cost_time``, ``rocketmq_process_time``, ``rocketmq_half_messages``, ...; the
-same units, milliseconds, and histogram buckets), and Prometheus conventions (``bridge_``
-prefix, base units, ``_total`` counters) for the rest. ``docs/observability.md`` lists them.
+``rocketmq_send_cost_time``, ``rocketmq_process_time``, ``rocketmq_half_messages``, ...; with
+RocketMQ's units, milliseconds, and histogram buckets), and Prometheus conventions (``bridge_``
+prefix, base units such as seconds, ``_total`` counters) for the rest.
+``docs/observability.md`` lists them.
 
 Recording is opt-in per process: :func:`enable_metrics` makes a :class:`BridgeMetrics` the
 process's active one, and the instrumented code asks :func:`active_metrics` (None while
@@ -32,8 +33,10 @@ SEND_COST_BUCKETS_MS: Final = (1.0, 5.0, 10.0, 20.0, 50.0, 200.0, 500.0)
 """RocketMQ 5's buckets of ``rocketmq_send_cost_time``, ms (then +Inf)."""
 PROCESS_TIME_BUCKETS_MS: Final = (1.0, 5.0, 10.0, 100.0, 10_000.0, 60_000.0)
 """RocketMQ 5's buckets of ``rocketmq_process_time``, ms (then +Inf)."""
-FINISH_LATENCY_BUCKETS_S: Final = (1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0, 86_400.0)
-"""Buckets of the time from a half message's send to its decision being applied, s."""
+FINISH_LATENCY_BUCKETS_MS: Final = (
+    100.0, 1_000.0, 5_000.0, 10_000.0, 30_000.0, 60_000.0, 300_000.0, 1_800_000.0, 3_600_000.0,
+)  # fmt: skip
+"""Buckets of the time from a half message's send to its decision being applied, ms."""
 LATENESS_BUCKETS_S: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Buckets of how late a delayed message reached its topic, s."""
 
@@ -187,7 +190,8 @@ class BridgeMetrics:
         )
         self.commits = Counter(
             "rocketmq_commit_messages",
-            "Committed transactions whose message the coordinator wrote to its real topic.",
+            "Transactions decided COMMIT and applied by the coordinator (the message goes to its "
+            "real topic, or is parked if it cannot be written there).",
             ["namespace", "topic"],
             registry=r,
         )
@@ -199,9 +203,9 @@ class BridgeMetrics:
         )
         self.finish_latency = Histogram(
             "rocketmq_finish_message_latency",
-            "Time from a half message's send to its decision being applied, s.",
+            "Time from a half message's send to its decision being applied, ms.",
             ["namespace"],
-            buckets=FINISH_LATENCY_BUCKETS_S,
+            buckets=FINISH_LATENCY_BUCKETS_MS,
             registry=r,
         )
         self.checks_sent = Counter(
