@@ -24,7 +24,7 @@ from bridge.kafka.batch_writer import (
 from bridge.kafka.clients import new_admin
 from bridge.kafka.transactional import BoundedTransactions, transactional_producer
 from bridge.lifecycle import FatalServiceError, ServiceThread
-from bridge.observability.metrics import active_metrics
+from bridge.observability.metrics import BridgeMetrics, active_metrics
 from topics.catalog import TopicCatalog
 from topics.naming import (
     coordinator_group,
@@ -100,7 +100,7 @@ class TransactionalService(ServiceThread):
         self._producer_broken = False
         self._replace_after = 0.0
         self._fencing_admin: AdminClient | None = None
-        self._on_commit: dict[int, tuple[TransactionBatch, list[Callable[[], None]]]] = {}
+        self._on_commit: dict[int, tuple[TransactionBatch, list[Callable[[], object]]]] = {}
         """id(batch) -> (batch, what to run once it commits), oldest first."""
 
     @property
@@ -179,7 +179,14 @@ class TransactionalService(ServiceThread):
                 metrics.kafka_transactions.labels(self.client.namespace, self.kind).inc()
         return committed
 
-    def on_commit(self, batch: TransactionBatch, action: Callable[[], None]) -> None:
+    def count(self, batch: TransactionBatch, record: Callable[[BridgeMetrics], object]) -> None:
+        """While metrics are on, call ``record(metrics)`` once ``batch`` commits (see
+        :meth:`on_commit`): ``svc.count(batch, lambda m: m.checks_sent.labels(...).inc())``."""
+        metrics = active_metrics()
+        if metrics is not None:
+            self.on_commit(batch, lambda: record(metrics))
+
+    def on_commit(self, batch: TransactionBatch, action: Callable[[], object]) -> None:
         """Run ``action`` (e.g. a metric's ``inc``) once ``batch`` commits through
         :meth:`write`, on this service's thread; never if it does not (a batch rebuilt after a
         failed transaction adds its own). So metrics count what Kafka committed, once."""
