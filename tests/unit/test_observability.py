@@ -24,7 +24,10 @@ from bridge.consumer.model import (
     MessageQueue,
     TagFilter,
 )
+from bridge.coordinator import Coordinator, CoordinatorConfig
+from bridge.coordinator.health import coordinator_report
 from bridge.errors import InvalidArgumentError
+from bridge.lifecycle import ServiceThread
 from bridge.message import MessageExt
 from bridge.observability import (
     BridgeMetrics,
@@ -357,3 +360,20 @@ def test_a_broken_report_never_fails_the_send(metrics: BridgeMetrics) -> None:
     waiter = SyncWaiter()
     waiter(None, Broken())
     assert (waiter.partition, waiter.offset) == (1, 2)
+
+
+class _Idle(ServiceThread):
+    def __init__(self) -> None:
+        super().__init__("bridge-idle", interval_ms=1000)
+
+    def run_once(self) -> None:
+        pass
+
+
+def test_a_coordinator_not_started_is_alive_and_not_ready() -> None:
+    service = _Idle()
+    coordinator = Coordinator(CoordinatorConfig(coordinator_id="unit"), [service])
+    report = coordinator_report(coordinator)
+    assert (report.alive, report.ready) == (True, False)
+    assert report.details["services"] == {"bridge-idle": {"state": "CREATE_JUST", "ready": False}}
+    assert "failure" not in report.details
