@@ -153,7 +153,7 @@ def _construct(
         ) from exc
 
 
-def _with_statistics(conf: dict[str, Any], group: str | None) -> dict[str, Any]:
+def _with_statistics(conf: dict[str, Any], group: str | None, namespace: str) -> dict[str, Any]:
     """``conf`` with librdkafka's statistics feeding the active metrics
     (:func:`~bridge.observability.metrics.enable_metrics`), if any; a consumer's lag is
     labelled with ``group``. A ``statistics.interval.ms`` the user set is kept."""
@@ -161,7 +161,7 @@ def _with_statistics(conf: dict[str, Any], group: str | None) -> dict[str, Any]:
     if metrics is None:
         return conf
     conf.setdefault("statistics.interval.ms", STATISTICS_INTERVAL_MS)
-    conf["stats_cb"] = stats_callback(metrics, group)
+    conf["stats_cb"] = stats_callback(metrics, group, namespace)
     return conf
 
 
@@ -171,7 +171,7 @@ def new_producer(config: ClientConfig, client_id: str, **overrides: Any) -> Prod
 
     While metrics are on, its librdkafka statistics (broker round trip, local queue) are
     recorded under ``client_id``."""
-    conf = _with_statistics(producer_config(config, client_id, **overrides), None)
+    conf = _with_statistics(producer_config(config, client_id, **overrides), None, config.namespace)
     return _construct(Producer, conf, config, "producer")
 
 
@@ -191,7 +191,7 @@ def new_consumer(
     groups would only add series."""
     conf = consumer_config(config, group_id, client_id, **overrides)
     if statistics:
-        conf = _with_statistics(conf, group_id)
+        conf = _with_statistics(conf, group_id, config.namespace)
     return _construct(Consumer, conf, config, "consumer")
 
 

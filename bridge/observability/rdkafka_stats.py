@@ -77,8 +77,14 @@ def summarize_stats(text: str) -> StatsSummary:
     )
 
 
-def record_stats(metrics: BridgeMetrics, summary: StatsSummary, group: str | None = None) -> None:
-    """Set the gauges of ``summary``; a consumer's lag is labelled with ``group``."""
+def record_stats(
+    metrics: BridgeMetrics,
+    summary: StatsSummary,
+    group: str | None = None,
+    namespace: str | None = None,
+) -> None:
+    """Set the gauges of ``summary``; a consumer's lag is labelled with ``group`` and
+    ``namespace`` (default: the metrics' own)."""
     client = summary.client
     for broker, seconds in summary.broker_rtt_s.items():
         metrics.broker_rtt.labels(client, broker).set(seconds)
@@ -88,28 +94,33 @@ def record_stats(metrics: BridgeMetrics, summary: StatsSummary, group: str | Non
         metrics.producer_queue_bytes.labels(client).set(summary.queue_bytes)
     if group is not None:
         for topic, lag in summary.consumer_lag.items():
-            metrics.consumer_lag.labels(metrics.namespace, topic, group).set(lag)
+            metrics.consumer_lag.labels(namespace or metrics.namespace, topic, group).set(lag)
 
 
-def stats_callback(metrics: BridgeMetrics, group: str | None = None) -> Callable[[str], None]:
-    """A ``stats_cb`` for a confluent-kafka client that records into ``metrics``; never
-    raises (a report it cannot read is logged)."""
+def stats_callback(
+    metrics: BridgeMetrics, group: str | None = None, namespace: str | None = None
+) -> Callable[[str], None]:
+    """A ``stats_cb`` for a confluent-kafka client that records into ``metrics`` (a
+    consumer's lag labelled with ``group`` and ``namespace``); never raises (a report it
+    cannot read is logged)."""
 
     def on_stats(text: str) -> None:
         try:
-            record_stats(metrics, summarize_stats(text), group)
+            record_stats(metrics, summarize_stats(text), group, namespace)
         except Exception:
             logger.debug("librdkafka statistics not recorded", exc_info=True)
 
     return on_stats
 
 
-def statistics_overrides(metrics: BridgeMetrics | None, group: str | None = None) -> dict[str, Any]:
+def statistics_overrides(
+    metrics: BridgeMetrics | None, group: str | None = None, namespace: str | None = None
+) -> dict[str, Any]:
     """The client settings that feed librdkafka's statistics into ``metrics``: none while
     metrics are off, else ``statistics.interval.ms`` and ``stats_cb``."""
     if metrics is None:
         return {}
     return {
         "statistics.interval.ms": STATISTICS_INTERVAL_MS,
-        "stats_cb": stats_callback(metrics, group),
+        "stats_cb": stats_callback(metrics, group, namespace),
     }
