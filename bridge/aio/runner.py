@@ -1,0 +1,171 @@
+"""Listener calls from the threaded machinery onto an event loop.
+
+The consumer's listener threads and the transaction producer's threads call listeners exactly
+as they do in the threaded API. A listener of the asyncio API may be ``async def``: called on
+such a thread, it only makes its coroutine, which :meth:`LoopRunner.resolve` runs as a task on
+the event loop while the calling thread waits for its outcome. The loop itself never waits:
+the threads do, one per listener in flight, so the threaded pool's size is the bound on
+listeners in flight. A plain (not ``async``) listener runs on the calling thread as in the
+threaded API, never on the loop.
+
+A listener task that is cancelled (by :meth:`LoopRunner.cancel_all` at shutdown, by a
+:class:`CancelScope`, or by itself) gives the caller's ``on_cancel`` value: RECONSUME_LATER
+for a consumer, UNKNOWN for a local transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar, cast
+
+from bridge.errors import IllegalStateError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+WAIT_SLICE_S: Final = 0.5
+"""A thread waiting for a listener task looks whether the loop was closed this often, s."""
+
+
+class CancelScope:
+    """Cancels one listener call, whether it has started or not (loop thread only).
+
+    :meth:`cancel` cancels the task running the call, or makes a call that has not started
+    yet give its ``on_cancel`` value without running the listener.
+    """
+
+    __slots__ = ("cancelled", "task")
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.task: asyncio.Task[Any] | None = None
+
+    def cancel(self) -> None:
+        """Cancel the call (loop thread only)."""
+        self.cancelled = True
+        if self.task is not None:
+            self.task.cancel()
+
+
+class _Call:
+    """One awaitable run on the loop for a waiting thread: its outcome, and a lock released
+    when it is known (the cheapest thing a thread can wait on with a timeout)."""
+
+    __slots__ = ("awaitable", "cancelled", "done", "error", "scope", "value")
+
+    def __init__(self, awaitable: Awaitable[Any], scope: CancelScope | None) -> None:
+        self.awaitable = awaitable
+        self.scope = scope
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+
+
+class LoopRunner:
+    """Runs listener awaitables on one event loop for threads that wait for them."""
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        """Listener tasks running (loop thread only)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop listeners run on, once bound."""
+        if self._loop is None:
+            raise IllegalStateError(f"{self._owner} is not started")
+        return self._loop
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run listeners on ``loop`` (the loop that starts the client)."""
+        self._loop = loop
+
+    @property
+    def running(self) -> int:
+        """Listener tasks on the loop now (loop thread only)."""
+        return len(self._tasks)
+
+    def resolve(self, value: object, on_cancel: T, scope: CancelScope | None = None) -> object:
+        """What a listener returned, with an awaitable run to its end on the loop (waiting
+        on this thread, which must not be the loop's). A cancelled task gives ``on_cancel``;
+        an exception is raised here, as a plain listener's would be."""
+        if not inspect.isawaitable(value):
+            return value
+        loop = self.loop
+        call = _Call(value, scope)
+        try:
+            loop.call_soon_threadsafe(self._begin, call)
+        except RuntimeError:  # the loop is closed
+            _discard(value)
+            raise IllegalStateError(
+                f"{self._owner}: the event loop is closed; the listener did not run"
+            ) from None
+        while not call.done.acquire(timeout=WAIT_SLICE_S):
+            if loop.is_closed():
+                _discard(value)
+                raise IllegalStateError(
+                    f"{self._owner}: the event loop closed while a listener ran on it"
+                )
+        if call.cancelled:
+            return on_cancel
+        if call.error is not None:
+            raise call.error
+        return call.value
+
+    def _begin(self, call: _Call) -> None:
+        task = self.loop.create_task(self._run(call))
+        self._tasks.add(task)
+        task.add_done_callback(lambda done: self._finish(call, done))
+        if call.scope is not None:
+            call.scope.task = task
+
+    @staticmethod
+    async def _run(call: _Call) -> Any:
+        if call.scope is not None and call.scope.cancelled:
+            raise asyncio.CancelledError
+        return await call.awaitable
+
+    def _finish(self, call: _Call, task: asyncio.Task[Any]) -> None:
+        """Hand the task's outcome to the waiting thread (a task cancelled even before it
+        started included)."""
+        self._tasks.discard(task)
+        if task.cancelled():
+            _discard(call.awaitable)
+            call.cancelled = True
+        else:
+            call.error = task.exception()
+            if call.error is None:
+                call.value = task.result()
+        call.done.release()
+
+    def cancel_all(self) -> int:
+        """Cancel every listener task still running (loop thread only); return how many."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+
+def _discard(awaitable: object) -> None:
+    """Close a coroutine that will never run (no "never awaited" warning)."""
+    if inspect.iscoroutine(awaitable):
+        awaitable.close()
+
+
+def call_listener(
+    runner: LoopRunner, call: Callable[[], object], on_cancel: T, scope: CancelScope | None = None
+) -> Any:
+    """Call a listener method on this thread and resolve what it returned (see
+    :meth:`LoopRunner.resolve`); a scope cancelled before the call gives ``on_cancel``
+    without calling it."""
+    if scope is not None and scope.cancelled:
+        return on_cancel
+    return cast(Any, runner.resolve(call(), on_cancel, scope))

@@ -1,0 +1,227 @@
+"""The asyncio ``TransactionMQProducer``: a listener that may be ``async def``.
+
+A front over the threaded :class:`bridge.transaction.TransactionMQProducer`, which keeps every
+rule of a transaction: the half message and its properties, the END record after it, an
+exception or a result that is not a :class:`TransactionStatus` counting as UNKNOWN, the check
+consumer, the check hold and threads, and a bounded shutdown. The front only changes where the
+waiting happens:
+
+* ``await send_message_in_transaction(msg, arg)`` runs the threaded call on one of
+  ``max_concurrent_sends`` threads of its own: the half message's acknowledgement is waited
+  for there, and ``execute_local_transaction``, if it is ``async def``, runs on the event loop
+  meanwhile (:mod:`bridge.aio.runner`); a plain one runs on that thread;
+* check requests are answered on the threaded producer's check threads
+  (``check_thread_pool_size``), an ``async def`` ``check_local_transaction`` on the loop.
+
+Cancelling the task awaiting ``send_message_in_transaction`` before its thread took it up
+sends nothing. Once the half message is on its way, it cancels the local transaction: a
+listener task running is cancelled, one not started yet never runs. Its state is then UNKNOWN
+(the END record says so) and the coordinator checks the transaction back, so
+``check_local_transaction`` decides, as after any other UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, Final, Self
+
+from bridge.aio.runner import CancelScope, LoopRunner, call_listener
+from bridge.config import ClientConfig
+from bridge.errors import IllegalStateError, InvalidArgumentError
+from bridge.lifecycle import ServiceState
+from bridge.message import Message, MessageExt
+from bridge.transaction.model import TransactionListener, TransactionStatus
+from bridge.transaction.producer import TransactionMQProducer as ThreadedTransactionProducer
+from bridge.transaction.producer import TransactionSendResult
+
+__all__ = ["TransactionMQProducer"]
+
+DEFAULT_MAX_CONCURRENT_SENDS: Final = 16
+"""Transactional sends in progress at once, at most (one thread each); more wait their turn."""
+
+
+class _Execution:
+    """The ``arg`` of one send, with the scope that cancels its local transaction."""
+
+    __slots__ = ("arg", "scope")
+
+    def __init__(self, arg: Any, scope: CancelScope) -> None:
+        self.arg = arg
+        self.scope = scope
+
+
+class _OnLoop(TransactionListener):
+    """The threaded producer's listener: calls the user's, running what it returns for an
+    ``async def`` method on the loop."""
+
+    def __init__(self, listener: object, runner: LoopRunner) -> None:
+        self.listener = listener
+        self._runner = runner
+
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        execution: _Execution = arg
+        execute = self.listener.execute_local_transaction  # type: ignore[attr-defined]
+        result: TransactionStatus = call_listener(
+            self._runner,
+            lambda: execute(msg, execution.arg),
+            TransactionStatus.UNKNOWN,
+            execution.scope,
+        )
+        return result
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        check = self.listener.check_local_transaction  # type: ignore[attr-defined]
+        result: TransactionStatus = call_listener(
+            self._runner, lambda: check(msg), TransactionStatus.UNKNOWN
+        )
+        return result
+
+
+def _complete(listener: object) -> bool:
+    """True if ``listener`` has both methods a transaction listener needs."""
+    return callable(getattr(listener, "execute_local_transaction", None)) and callable(
+        getattr(listener, "check_local_transaction", None)
+    )
+
+
+class TransactionMQProducer:
+    """RocketMQ's transactional producer for asyncio code.
+
+    ``async with TransactionMQProducer("group", listener, bootstrap_servers=...) as p:``
+    then ``await p.send_message_in_transaction(msg, arg)``. The listener's
+    ``execute_local_transaction`` and ``check_local_transaction`` may each be ``async def``
+    (run on the event loop) or plain (run on a worker thread, never on the loop). Arguments
+    as for :class:`bridge.TransactionMQProducer`, plus ``max_concurrent_sends``.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        listener: object | None,
+        *,
+        bootstrap_servers: str | None = None,
+        namespace: str | None = None,
+        config: ClientConfig | None = None,
+        check_thread_pool_size: int = 1,
+        check_request_hold_max: int = 2000,
+        check_topic_partitions: int = 4,
+        session_timeout_ms: int = 10_000,
+        max_concurrent_sends: int = DEFAULT_MAX_CONCURRENT_SENDS,
+    ) -> None:
+        if isinstance(max_concurrent_sends, bool) or not isinstance(max_concurrent_sends, int):
+            raise InvalidArgumentError(
+                f"max_concurrent_sends must be an int, got {max_concurrent_sends!r}"
+            )
+        if max_concurrent_sends < 1:
+            raise InvalidArgumentError(
+                f"max_concurrent_sends must be positive, got {max_concurrent_sends}"
+            )
+        self._runner = LoopRunner(f"transaction producer {group}")
+        self._producer = ThreadedTransactionProducer(
+            group,
+            None,
+            bootstrap_servers=bootstrap_servers,
+            namespace=namespace,
+            config=config,
+            check_thread_pool_size=check_thread_pool_size,
+            check_request_hold_max=check_request_hold_max,
+            check_topic_partitions=check_topic_partitions,
+            session_timeout_ms=session_timeout_ms,
+        )
+        self.set_transaction_listener(listener)
+        self.group = group
+        self.config = self._producer.config
+        self._max_sends = max_concurrent_sends
+        self._senders: ThreadPoolExecutor | None = None
+
+    @property
+    def listener(self) -> object | None:
+        """The listener given."""
+        inner = self._producer.listener
+        return inner.listener if isinstance(inner, _OnLoop) else inner
+
+    def set_transaction_listener(self, listener: object | None) -> None:
+        """RocketMQ's ``setTransactionListener``; before :meth:`start`."""
+        # Anything but a complete listener goes to the threaded producer as it is, which
+        # refuses it with its own error.
+        self._producer.listener = (
+            _OnLoop(listener, self._runner) if _complete(listener) else listener  # type: ignore[assignment]
+        )
+
+    @property
+    def threaded(self) -> ThreadedTransactionProducer:
+        """The threaded producer underneath."""
+        return self._producer
+
+    @property
+    def producer_id(self) -> str:
+        """This producer's id in END records."""
+        return self._producer.producer_id
+
+    @property
+    def state(self) -> ServiceState:
+        """The producer's lifecycle state."""
+        return self._producer._lifecycle.state  # the threaded producer has no public state
+
+    # --- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start sending and answering checks (the topic set-up on a worker thread); listener
+        coroutines run on the running loop. Raises without a listener."""
+        self._runner.bind(asyncio.get_running_loop())
+        await asyncio.to_thread(self._producer.start)
+        self._senders = ThreadPoolExecutor(
+            self._max_sends, thread_name_prefix=f"bridge-aio-txn-{self.group}"
+        )
+
+    async def shutdown(self, timeout_ms: int | None = None) -> None:
+        """:meth:`bridge.TransactionMQProducer.shutdown` on a worker thread, with check
+        coroutines still running on the loop meanwhile; those still running at its deadline
+        are cancelled (their answers would not be sent anyway). Idempotent."""
+        await asyncio.to_thread(self._producer.shutdown, timeout_ms)
+        self._runner.cancel_all()
+        senders, self._senders = self._senders, None
+        if senders is not None:
+            senders.shutdown(wait=False)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+    # --- sending ---------------------------------------------------------------------------
+    async def send_message_in_transaction(
+        self, msg: Message, arg: Any = None, *, partition: int = -1
+    ) -> TransactionSendResult:
+        """Store ``msg`` as a half message, run the local transaction, send the decision:
+        :meth:`bridge.TransactionMQProducer.send_message_in_transaction`, with the same
+        result and typed errors. Cancelling the awaiting task makes the transaction UNKNOWN
+        (see the module's docstring)."""
+        senders = self._senders
+        if senders is None:
+            raise IllegalStateError(
+                f"transaction producer {self.group} is not running: call start() first"
+            )
+        scope = CancelScope()
+        call = functools.partial(
+            self._producer.send_message_in_transaction,
+            msg,
+            _Execution(arg, scope),
+            partition=partition,
+        )
+        # The threaded call checks the listener, the state and the message, and raises.
+        future = asyncio.get_running_loop().run_in_executor(senders, call)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            scope.cancel()
+            raise
