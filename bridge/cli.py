@@ -19,18 +19,22 @@ from pathlib import Path
 from typing import Any
 
 import click
+from confluent_kafka import KafkaException
 
+from bridge import __version__
 from bridge.cli_broker import DEFAULT_LOCAL_PORT, broker, local_broker
 from bridge.cli_common import bootstrap_option, client_config, console, stop_on_signals
 from bridge.cli_coordinator import coordinator, health
 from bridge.cli_operators import delays, dlq, quarantine_list, transactions
+from bridge.cli_output import LOG_FORMATS, UnreachableError, configure_logging, progress
 from bridge.cli_security import acls
 from bridge.cli_topics import consume, send, topics
 from bridge.client.producer import Producer
 from bridge.client.reader import read_message_at
 from bridge.config import ClientConfig
 from bridge.coordinator import Coordinator, CoordinatorConfig
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, BrokerUnreachableError, KafkaClientError
+from bridge.kafka.clients import translate_error
 from bridge.message import Message
 from bridge.runtime.jars import ARTIFACT_SETS, ensure_jars
 from bridge.runtime.local_kafka import LocalKafka
@@ -40,31 +44,33 @@ logger = logging.getLogger("bridge.cli")
 SELF_CHECK_TOPIC = "bridge-self-check"
 
 
-def _configure_logging(verbose: int) -> None:
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"
-    )
-    if verbose == 0:
-        # librdkafka logs every retriable hiccup (a coordinator still loading, each refused
-        # connection while a broker is down); a failed command says why in its one error line,
-        # and -v shows these logs.
-        logging.getLogger("bridge.kafka.rdkafka").setLevel(logging.CRITICAL)
-
-
 class _BridgeGroup(click.Group):
-    """Turns the project's errors into one ``Error: <type>: <message>`` line on stderr and exit
-    status 1 (the type is the documented error class, e.g. ``BrokerUnreachableError``)."""
+    """Turns the project's errors into one ``Error: <type>: <message>`` line on stderr and a
+    non-zero exit status (the type is the documented error class, e.g.
+    ``BrokerUnreachableError``): :data:`~bridge.cli_output.EXIT_UNREACHABLE` when Kafka could
+    not be reached, :data:`~bridge.cli_output.EXIT_ERROR` for the others. A Kafka client error
+    that escaped untyped gets its type here."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KafkaException as exc:
+            typed = translate_error(exc, "Kafka", default=KafkaClientError)
+            raise _click_error(typed) from exc
         except BridgeError as exc:
-            message = " ".join(str(exc).split("\n")) or type(exc).__name__
-            raise click.ClickException(f"{type(exc).__name__}: {message}") from exc
+            raise _click_error(exc) from exc
+
+
+def _click_error(exc: BridgeError) -> click.ClickException:
+    message = " ".join(str(exc).split("\n")) or type(exc).__name__
+    text = f"{type(exc).__name__}: {message}"
+    if isinstance(exc, BrokerUnreachableError):
+        return UnreachableError(text)
+    return click.ClickException(text)
 
 
 @click.group(cls=_BridgeGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="bridge")
 @click.option(
     "--namespace",
     envvar="BRIDGE_NAMESPACE",
@@ -74,10 +80,21 @@ class _BridgeGroup(click.Group):
 @click.option(
     "-v", "--verbose", count=True, help="-v for info logs (and the Kafka client's), -vv for debug."
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    envvar="BRIDGE_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    help="Logs on stderr as text, or one JSON object per line [env BRIDGE_LOG_FORMAT].",
+)
 @click.pass_context
-def cli(ctx: click.Context, namespace: str | None, verbose: int) -> None:
-    """RocketMQ's reliable-messaging semantics on Apache Kafka."""
-    _configure_logging(verbose)
+def cli(ctx: click.Context, namespace: str | None, verbose: int, log_format: str) -> None:
+    """RocketMQ's reliable-messaging semantics on Apache Kafka.
+
+    Exit status: 0 done, 1 an error (one "Error:" line on stderr), 2 bad usage, 3 Kafka not
+    reachable within the request timeout (BRIDGE_REQUEST_TIMEOUT_MS), 4 not found."""
+    configure_logging(verbose, log_format)
     ctx.obj = {"namespace": namespace, "verbose": verbose}
 
 
@@ -162,10 +179,15 @@ def up(
 @cli.command()
 @click.argument("sets", nargs=-1, type=click.Choice(sorted(ARTIFACT_SETS)))
 def fetch(sets: tuple[str, ...]) -> None:
-    """Fetch the broker's (kafka) and Spark's Kafka source (spark) jars into the cache."""
-    for name in sets or tuple(sorted(ARTIFACT_SETS)):
-        libs = ensure_jars(name)
-        console.print(f"{name}: {len(list(libs.glob('*.jar')))} jars in {libs}")
+    """Fetch the broker's (kafka) and Spark's Kafka source (spark) jars into the cache (a
+    progress bar on stderr when it is a terminal)."""
+    names = sets or tuple(sorted(ARTIFACT_SETS))
+    with progress("fetching jars", len(names)) as bar:
+        for name in names:
+            bar.advance(0, f"fetching {name} jars")
+            libs = ensure_jars(name)
+            bar.advance()
+            console.print(f"{name}: {len(list(libs.glob('*.jar')))} jars in {libs}")
 
 
 for _group in (

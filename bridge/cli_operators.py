@@ -1,18 +1,37 @@
 """The operators' commands: ``bridge transactions``, ``delays``, ``dlq`` and ``quarantine``
-inspect what waits in the system topics and replay or drop it."""
+inspect what waits in the system topics and replay or drop it.
+
+Every read command takes ``--json`` (one object per line), fails with exit status 3 when
+Kafka cannot be reached within ``request_timeout_ms`` and with 4 when what it was asked about
+does not exist (``bridge.cli_output``)."""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import logging
 import time
+from typing import Any, Final
 
 import click
 
 from bridge.cli_common import bootstrap_option, client_config, console
-from bridge.consumer.admin import dlq_summary, read_dead_letters, replay_dead_letters
-from bridge.consumer.send_back import ReplayTarget
+from bridge.cli_output import (
+    NotFoundError,
+    emit_json,
+    json_option,
+    message_json,
+    progress,
+    require_broker,
+)
+from bridge.client.producer import Producer
+from bridge.config import ClientConfig
+from bridge.consumer.admin import dlq_groups, dlq_summary, read_dead_letters, replay_dead_letters
+from bridge.consumer.send_back import ReplayTarget, replay_record
 from bridge.delay.admin import delay_status
+from bridge.errors import KafkaClientError, SendError
 from bridge.kafka.quarantine import read_quarantine, replay_quarantined
-from bridge.message import MessageConst, MessageExt
+from bridge.message import MessageConst, MessageExt, property_text
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import OpAction
 
@@ -22,33 +41,57 @@ def transactions() -> None:
     """Inspect undecided and parked transactions; replay or drop parked ones."""
 
 
+logger = logging.getLogger(__name__)
+
+_REPLAY_CHUNK: Final = 500
+"""Dead letters ``dlq replay`` writes per round trip (the progress bar advances per chunk)."""
+
+
+def _read_config(ctx: click.Context, bootstrap_servers: str | None) -> ClientConfig:
+    """The command's client settings, once Kafka answered (exit 3 within
+    ``request_timeout_ms`` if it does not)."""
+    config = client_config(ctx, bootstrap_servers)
+    require_broker(config)
+    return config
+
+
 @transactions.command("list")
 @bootstrap_option("Kafka to inspect.")
+@json_option
 @click.pass_context
-def transactions_list(ctx: click.Context, bootstrap_servers: str | None) -> None:
+def transactions_list(ctx: click.Context, bootstrap_servers: str | None, as_json: bool) -> None:
     """Undecided transactions, oldest first: age, check count, group, real topic."""
-    config = client_config(ctx, bootstrap_servers)
+    config = _read_config(ctx, bootstrap_servers)
     undecided = list_undecided(config)
     for t in undecided:
+        if as_json:
+            emit_json(t)
+            continue
         console.print(
             f"{t.transaction_id} group={t.producer_group} topic={t.real_topic} "
             f"age={t.age_ms / 1000:.1f}s checks={t.check_times} "
             f"half={t.half_partition}@{t.half_offset}"
         )
-    console.print(f"{len(undecided)} undecided")
+    if not as_json:
+        console.print(f"{len(undecided)} undecided")
 
 
 @transactions.command("show")
 @bootstrap_option("Kafka to inspect.")
 @click.argument("transaction_id")
+@json_option
 @click.pass_context
 def transactions_show(
-    ctx: click.Context, bootstrap_servers: str | None, transaction_id: str
+    ctx: click.Context, bootstrap_servers: str | None, transaction_id: str, as_json: bool
 ) -> None:
-    """One transaction: undecided (with its checks), parked, or decided."""
-    config = client_config(ctx, bootstrap_servers)
+    """One transaction: undecided (with its checks) or parked; exit status 4 when it is
+    neither (decided, or never seen). --json: one object with ``state``."""
+    config = _read_config(ctx, bootstrap_servers)
     for t in list_undecided(config):
         if t.transaction_id == transaction_id:
+            if as_json:
+                emit_json({"state": "undecided", **dataclasses.asdict(t)})
+                return
             console.print(
                 f"undecided: group={t.producer_group} topic={t.real_topic} "
                 f"age={t.age_ms / 1000:.1f}s checks={t.check_times}"
@@ -56,6 +99,9 @@ def transactions_show(
             return
     for msg in read_parked(config, include_resolved=True):
         if (msg.transaction_id or msg.msg_id) == transaction_id:
+            if as_json:
+                emit_json({"state": "parked", "transaction_id": transaction_id, **_parked(msg)})
+                return
             console.print(
                 f"parked at check-max offset {msg.queue_offset} after "
                 f"{msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)} checks"
@@ -63,7 +109,9 @@ def transactions_show(
                 markup=False,
             )
             return
-    console.print(f"{transaction_id}: decided, or not found")
+    raise NotFoundError(
+        f"transaction {transaction_id}: not undecided nor parked (decided, or not found)"
+    )
 
 
 def _delivery_failure(msg: MessageExt) -> str:
@@ -76,14 +124,31 @@ def _delivery_failure(msg: MessageExt) -> str:
     return f" delivery failed {attempts} times: {error}"
 
 
+def _parked(msg: MessageExt) -> dict[str, Any]:
+    """A parked message as JSON: the message, its producer group, real topic, checks and
+    delivery failures."""
+    return {
+        "producer_group": msg.get_property(MessageConst.PRODUCER_GROUP),
+        "real_topic": msg.get_property(MessageConst.REAL_TOPIC),
+        "check_times": msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES),
+        "delivery_attempts": msg.get_property(MessageConst.DELIVERY_ATTEMPTS),
+        "delivery_error": msg.get_property(MessageConst.DELIVERY_ERROR),
+        "message": message_json(msg),
+    }
+
+
 @transactions.command("parked")
 @bootstrap_option("Kafka to inspect.")
+@json_option
 @click.pass_context
-def transactions_parked(ctx: click.Context, bootstrap_servers: str | None) -> None:
+def transactions_parked(ctx: click.Context, bootstrap_servers: str | None, as_json: bool) -> None:
     """Messages parked in the check-max topic and not yet replayed or dropped."""
-    config = client_config(ctx, bootstrap_servers)
+    config = _read_config(ctx, bootstrap_servers)
     parked = read_parked(config)
     for msg in parked:
+        if as_json:
+            emit_json({"msg_id": msg.msg_id, **_parked(msg)})
+            continue
         console.print(
             f"{msg.msg_id} group={msg.get_property(MessageConst.PRODUCER_GROUP)} "
             f"topic={msg.get_property(MessageConst.REAL_TOPIC)} "
@@ -91,7 +156,8 @@ def transactions_parked(ctx: click.Context, bootstrap_servers: str | None) -> No
             + _delivery_failure(msg),
             markup=False,
         )
-    console.print(f"{len(parked)} parked")
+    if not as_json:
+        console.print(f"{len(parked)} parked")
 
 
 @transactions.command("replay")
@@ -121,12 +187,18 @@ def delays() -> None:
 
 @delays.command("status")
 @bootstrap_option("Kafka to inspect.")
+@json_option
 @click.pass_context
-def delays_status(ctx: click.Context, bootstrap_servers: str | None) -> None:
+def delays_status(ctx: click.Context, bootstrap_servers: str | None, as_json: bool) -> None:
     """How many messages wait in each delay level and timer tier, with a histogram, and when
-    the next of each is due."""
-    config = client_config(ctx, bootstrap_servers)
+    the next of each is due (--json: every level and tier, kind, index, delay_ms, pending,
+    next_due_ms)."""
+    config = _read_config(ctx, bootstrap_servers)
     queues = delay_status(config)
+    if as_json:
+        for q in queues:
+            emit_json(q)
+        return
     widest = max((q.pending for q in queues), default=0) or 1
     now = time.time_ns() // 1_000_000
     for q in queues:
@@ -155,36 +227,103 @@ def dlq() -> None:
 @dlq.command("status")
 @bootstrap_option("Kafka to inspect.")
 @click.option("--group", default=None, help="One consumer group (default: every group).")
+@json_option
 @click.pass_context
-def dlq_status(ctx: click.Context, bootstrap_servers: str | None, group: str | None) -> None:
-    """Dead letters per group: count, origin topics and reconsume depth."""
-    config = client_config(ctx, bootstrap_servers)
+def dlq_status(
+    ctx: click.Context, bootstrap_servers: str | None, group: str | None, as_json: bool
+) -> None:
+    """Dead letters per group: count, origin topics and reconsume depth (exit status 4 for a
+    --group without a dead-letter queue)."""
+    config = _read_config(ctx, bootstrap_servers)
+    if group is not None:
+        _require_dlq(config, group)
     summaries = dlq_summary(config, group)
     for s in summaries:
+        if as_json:
+            emit_json(s)
+            continue
         origins = ", ".join(f"{t}={n}" for t, n in sorted(s.origin_topics.items()))
         depth = ", ".join(f"{d}x={n}" for d, n in s.reconsume_depth.items())
         console.print(
             f"{s.group}: {s.count} dead letters; from {origins or '-'}; depth {depth or '-'}"
         )
-    if not summaries:
+    if not summaries and not as_json:
         console.print("no dead-letter queues")
+
+
+def _require_dlq(config: ClientConfig, group: str) -> None:
+    """Exit status 4 unless ``group`` has a dead-letter topic."""
+    if group not in dlq_groups(config):
+        raise NotFoundError(f"consumer group {group!r} has no dead-letter queue")
+
+
+def _failure(msg: MessageExt) -> dict[str, str | None]:
+    """The dead-letter metadata of ``msg`` (``docs/tracing.md``), as text."""
+    out: dict[str, str | None] = {}
+    for name in (
+        MessageConst.CONSUMER_GROUP,
+        MessageConst.CONSUME_FAILURE,
+        MessageConst.CONSUME_EXCEPTION_CLASS,
+        MessageConst.CONSUME_EXCEPTION_MESSAGE,
+        MessageConst.ORIGIN_KAFKA_TOPIC,
+        MessageConst.ORIGIN_QUEUE_ID,
+        MessageConst.ORIGIN_QUEUE_OFFSET,
+        MessageConst.ORIGIN_TIMESTAMP,
+        MessageConst.TRACE_PARENT,
+    ):
+        value = msg.properties.get(name)
+        out[name] = None if value is None else property_text(value)
+    return out
 
 
 @dlq.command("list")
 @bootstrap_option("Kafka to inspect.")
 @click.option("--group", required=True, help="The consumer group.")
+@json_option
 @click.pass_context
-def dlq_list(ctx: click.Context, bootstrap_servers: str | None, group: str) -> None:
-    """Every dead letter of a group: id, origin topic, failures, keys, tags, body size."""
-    config = client_config(ctx, bootstrap_servers)
+def dlq_list(ctx: click.Context, bootstrap_servers: str | None, group: str, as_json: bool) -> None:
+    """Every dead letter of a group: id, origin topic, failures, keys, tags, body size, how
+    the listener failed it (exception class and message, or the status it returned) and
+    where it was first read (topic[partition]@offset). Exit status 4 for a group without a
+    dead-letter queue."""
+    config = _read_config(ctx, bootstrap_servers)
+    _require_dlq(config, group)
     letters = read_dead_letters(config, group)
     for m in letters:
+        failure = _failure(m)
+        if as_json:
+            emit_json(
+                {
+                    "msg_id": m.msg_id,
+                    "origin_topic": m.get_property(MessageConst.RETRY_TOPIC),
+                    "origin_message_id": m.get_property(MessageConst.ORIGIN_MESSAGE_ID),
+                    "failures": m.reconsume_times,
+                    "failure": failure,
+                    "message": message_json(m),
+                }
+            )
+            continue
+        why = failure[MessageConst.CONSUME_FAILURE] or "-"
+        if failure[MessageConst.CONSUME_EXCEPTION_CLASS]:
+            why = (
+                f"{failure[MessageConst.CONSUME_EXCEPTION_CLASS]}: "
+                f"{failure[MessageConst.CONSUME_EXCEPTION_MESSAGE] or ''}"
+            )
+        where = (
+            f"{failure[MessageConst.ORIGIN_KAFKA_TOPIC]}[{failure[MessageConst.ORIGIN_QUEUE_ID]}]"
+            f"@{failure[MessageConst.ORIGIN_QUEUE_OFFSET]}"
+            if failure[MessageConst.ORIGIN_KAFKA_TOPIC]
+            else "-"
+        )
         console.print(
             f"{m.msg_id} from={m.get_property(MessageConst.RETRY_TOPIC)} "
             f"failures={m.reconsume_times} keys={' '.join(m.keys)} tags={m.tags or ''} "
-            f"body={len(m.body)} bytes"
+            f"body={len(m.body)} bytes first-read={where} "
+            f"at={failure[MessageConst.ORIGIN_TIMESTAMP] or '-'} failed-with={why!r}",
+            markup=False,
         )
-    console.print(f"{len(letters)} dead letters")
+    if not as_json:
+        console.print(f"{len(letters)} dead letters")
 
 
 @dlq.command("replay")
@@ -203,6 +342,7 @@ def dlq_list(ctx: click.Context, bootstrap_servers: str | None, group: str) -> N
     "retry: the group's retry topic (only this group does).",
 )
 @click.option("--dry-run", is_flag=True, help="Only list what would be replayed.")
+@json_option
 @click.pass_context
 def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
     ctx: click.Context,
@@ -213,38 +353,82 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
     msg_ids: tuple[str, ...],
     target: str,
     dry_run: bool,
+    as_json: bool,
 ) -> None:
-    """Write dead letters back (all, or those the filters choose). Replaying twice writes
-    twice."""
-    config = client_config(ctx, bootstrap_servers)
+    """Write dead letters back (all, or those the filters choose), with a progress bar on
+    stderr when it is a terminal. Replaying twice writes twice. Exit status 4 for a group
+    without a dead-letter queue."""
+    config = _read_config(ctx, bootstrap_servers)
+    _require_dlq(config, group)
+    chosen = ReplayTarget(target)
     letters = replay_dead_letters(
-        config,
-        group,
-        keys=keys,
-        tags=tags,
-        msg_ids=msg_ids,
-        target=ReplayTarget(target),
-        dry_run=dry_run,
+        config, group, keys=keys, tags=tags, msg_ids=msg_ids, target=chosen, dry_run=True
     )
+    if not dry_run and letters:
+        _replay(config, group, letters, chosen)
     for m in letters:
-        console.print(f"{m.msg_id} -> {m.get_property(MessageConst.RETRY_TOPIC)}")
-    console.print(f"{'would replay' if dry_run else 'replayed'} {len(letters)}")
+        if as_json:
+            emit_json(
+                {
+                    "msg_id": m.msg_id,
+                    "origin_topic": m.get_property(MessageConst.RETRY_TOPIC),
+                    "target": chosen.value,
+                    "replayed": not dry_run,
+                }
+            )
+        else:
+            console.print(f"{m.msg_id} -> {m.get_property(MessageConst.RETRY_TOPIC)}")
+    if not as_json:
+        console.print(f"{'would replay' if dry_run else 'replayed'} {len(letters)}")
+
+
+def _replay(
+    config: ClientConfig, group: str, letters: list[MessageExt], target: ReplayTarget
+) -> None:
+    """Write ``letters`` back to ``target`` (as ``replay_dead_letters`` does), in chunks of
+    :data:`_REPLAY_CHUNK` so the progress bar moves; raise :class:`SendError` naming the
+    letters not written."""
+    failed: list[str] = []
+    with (
+        Producer("bridge-dlq-replay", config=config) as producer,
+        progress(f"replaying {len(letters)} dead letters", len(letters)) as bar,
+    ):
+        for start in range(0, len(letters), _REPLAY_CHUNK):
+            chunk = letters[start : start + _REPLAY_CHUNK]
+            records = [replay_record(m, group, target, namespace=config.namespace) for m in chunk]
+            results = producer.send_records_sync(records)
+            for m, r in zip(chunk, results, strict=True):
+                if isinstance(r, KafkaClientError):
+                    failed.append(f"{m.msg_id} ({r})")
+                else:
+                    logger.info(
+                        "replayed dead letter %s of %s to %s", m.msg_id, group, target.value
+                    )
+            bar.advance(len(chunk))
+    if failed:
+        raise SendError(f"replay of {len(failed)} dead letters of {group} failed: {failed}")
 
 
 @click.group("quarantine", invoke_without_command=True)
 @bootstrap_option("Kafka to inspect.")
 @click.option("--count", type=int, default=None, help="Show at most N records.")
+@json_option
 @click.pass_context
-def quarantine_list(ctx: click.Context, bootstrap_servers: str | None, count: int | None) -> None:
+def quarantine_list(
+    ctx: click.Context, bootstrap_servers: str | None, count: int | None, as_json: bool
+) -> None:
     """Print the quarantined records: origin, reason and size (``replay OFFSET`` re-drives
     one)."""
     if ctx.invoked_subcommand is not None:
         ctx.ensure_object(dict)["quarantine_bootstrap"] = bootstrap_servers
         return
-    config = client_config(ctx, bootstrap_servers)
+    config = _read_config(ctx, bootstrap_servers)
     shown = 0
     for kept in read_quarantine(config, max_records=count):
         shown += 1
+        if as_json:
+            emit_json(_quarantined(kept))
+            continue
         if kept.omitted_bytes:  # too large to keep whole: kept without its value
             size = f"{kept.omitted_bytes} bytes, value not kept"
         else:
@@ -254,8 +438,22 @@ def quarantine_list(ctx: click.Context, bootstrap_servers: str | None, count: in
             f"{kept.source_offset} by {kept.quarantined_by} ({size}): {kept.reason}",
             markup=False,
         )
-    if not shown:
+    if not shown and not as_json:
         console.print("no quarantined records")
+
+
+def _quarantined(kept: Any) -> dict[str, Any]:
+    """A quarantined record as JSON (value and key in base64, binary headers too)."""
+    out = dataclasses.asdict(kept)
+    for name in ("value", "key"):
+        raw = out.pop(name)
+        out[f"{name}_base64"] = None if raw is None else base64.b64encode(raw).decode("ascii")
+    headers = out.pop("headers")
+    out["headers"] = {k: v for k, v in headers.items() if isinstance(v, str)}
+    out["binary_headers"] = {
+        k: base64.b64encode(v).decode("ascii") for k, v in headers.items() if isinstance(v, bytes)
+    }
+    return out
 
 
 @quarantine_list.command("replay")

@@ -6,6 +6,7 @@ import click
 from rich.table import Table
 
 from bridge.cli_common import bootstrap_option, client_config, console
+from bridge.cli_output import emit_json, json_option, message_json, require_broker
 from bridge.client.producer import Producer
 from bridge.client.reader import read_messages
 from bridge.config import ClientConfig
@@ -24,9 +25,13 @@ def topics() -> None:
 @topics.command("list")
 @bootstrap_option("Kafka to inspect.")
 @click.option("--all", "show_all", is_flag=True, help="Include Kafka's internal topics.")
+@json_option
 @click.pass_context
-def topics_list(ctx: click.Context, bootstrap_servers: str | None, show_all: bool) -> None:
-    """List topics with their kind and RocketMQ name."""
+def topics_list(
+    ctx: click.Context, bootstrap_servers: str | None, show_all: bool, as_json: bool
+) -> None:
+    """List topics with their kind and RocketMQ name (--json: kafka_topic, partitions, kind,
+    rocketmq_name)."""
     config = client_config(ctx, bootstrap_servers)
     catalog = TopicCatalog(namespace=config.namespace)
     found = TopicAdmin(config).list_topics(include_internal=show_all)
@@ -38,7 +43,17 @@ def topics_list(ctx: click.Context, bootstrap_servers: str | None, show_all: boo
         except BridgeError:
             kind, rmq = "unknown", ""
         rows.append((name, str(found[name]), kind, rmq))
-    if console.is_terminal:
+    if as_json:
+        for name, partitions, kind, rmq in rows:
+            emit_json(
+                {
+                    "kafka_topic": name,
+                    "partitions": int(partitions),
+                    "kind": kind,
+                    "rocketmq_name": rmq or None,
+                }
+            )
+    elif console.is_terminal:
         table = Table("Kafka topic", "partitions", "kind", "RocketMQ name")
         for row in rows:
             table.add_row(*row)
@@ -81,8 +96,9 @@ def topics_create(  # noqa: PLR0917 - click passes every option as a parameter
 
 @topics.command("map")
 @click.argument("names", nargs=-1, required=True)
+@json_option
 @click.pass_context
-def topics_map(ctx: click.Context, names: tuple[str, ...]) -> None:
+def topics_map(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None:
     """Show the Kafka topic name of RocketMQ topic names, and back (a name in the namespace,
     e.g. rmq.DLQ.my__group, is read back). A name with no mapping is an error on stderr with
     its reason; the exit status is then 1, after the other names."""
@@ -92,9 +108,17 @@ def topics_map(ctx: click.Context, names: tuple[str, ...]) -> None:
     for name in names:
         try:
             if name.startswith(namespace + "."):
-                console.print(f"{name} <- {catalog.parse(name).rocketmq_name}")
+                rmq = catalog.parse(name).rocketmq_name
+                if as_json:
+                    emit_json({"name": name, "kafka_topic": name, "rocketmq_name": rmq})
+                else:
+                    console.print(f"{name} <- {rmq}")
             else:
-                console.print(f"{name} -> {to_kafka_topic(name, namespace)}")
+                kafka = to_kafka_topic(name, namespace)
+                if as_json:
+                    emit_json({"name": name, "kafka_topic": kafka, "rocketmq_name": name})
+                else:
+                    console.print(f"{name} -> {kafka}")
         except BridgeError as exc:
             failed = True
             click.echo(f"Error: {type(exc).__name__}: {exc}", err=True)
@@ -121,6 +145,7 @@ def _parse_properties(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("-p", "--property", "properties", multiple=True, help="NAME=VALUE user property.")
 @click.option("--group", default="bridge-cli", show_default=True, help="Producer group.")
 @click.option("--count", type=int, default=1, show_default=True, help="Send the message N times.")
+@json_option
 @click.pass_context
 def send(  # noqa: PLR0917 - click passes every option as a parameter
     ctx: click.Context,
@@ -132,8 +157,10 @@ def send(  # noqa: PLR0917 - click passes every option as a parameter
     properties: tuple[str, ...],
     group: str,
     count: int,
+    as_json: bool,
 ) -> None:
-    """Send BODY to TOPIC and print where it was stored."""
+    """Send BODY to TOPIC and print where it was stored (--json: status, msg_id, topic,
+    queue_id, offset)."""
     config = client_config(ctx, bootstrap_servers)
     with Producer(group, config=config) as producer:
         for _ in range(count):
@@ -141,6 +168,17 @@ def send(  # noqa: PLR0917 - click passes every option as a parameter
                 topic, body, keys=keys, tags=tags, properties=_parse_properties(properties)
             )
             result = producer.send_sync(msg)
+            if as_json:
+                emit_json(
+                    {
+                        "status": result.status.value,
+                        "msg_id": result.msg_id,
+                        "topic": result.topic,
+                        "queue_id": result.queue_id,
+                        "offset": result.offset,
+                    }
+                )
+                continue
             console.print(
                 f"{result.status.value} {result.msg_id} "
                 f"{result.topic}[{result.queue_id}]@{result.offset}"
@@ -161,6 +199,7 @@ def send(  # noqa: PLR0917 - click passes every option as a parameter
     show_default=True,
     help="Stop after this long without a message.",
 )
+@json_option
 @click.pass_context
 def consume(  # noqa: PLR0917 - click passes every option as a parameter
     ctx: click.Context,
@@ -169,9 +208,12 @@ def consume(  # noqa: PLR0917 - click passes every option as a parameter
     group: str | None,
     count: int | None,
     timeout_ms: int,
+    as_json: bool,
 ) -> None:
-    """Print committed messages of TOPIC... (RocketMQ names, e.g. %DLQ%my_group)."""
+    """Print committed messages of TOPIC... (RocketMQ names, e.g. %DLQ%my_group); --json: one
+    object per message with every property (binary ones in base64) and the body."""
     config = client_config(ctx, bootstrap_servers)
+    require_broker(config)
     for msg in read_messages(
         config,
         list(topics_),
@@ -180,6 +222,9 @@ def consume(  # noqa: PLR0917 - click passes every option as a parameter
         timeout_ms=timeout_ms,
         commit=group is not None,
     ):
+        if as_json:
+            emit_json(message_json(msg))
+            continue
         console.print(
             f"{msg.topic}[{msg.queue_id}]@{msg.queue_offset} {msg.msg_id} tags={msg.tags} "
             f"keys={msg.keys} props={msg.user_properties} body={msg.body!r}"
