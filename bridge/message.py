@@ -36,7 +36,7 @@ import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final, overload
 
-from bridge.errors import InvalidDelayError, InvalidMessageError
+from bridge.errors import InvalidDelayError, InvalidMessageError, InvalidPropertyError
 from bridge.message_id import MessageIdGenerator, local_ipv4, now_ms
 from bridge.property_values import (
     PropertyValue,
@@ -148,6 +148,8 @@ DEAD_LETTER_PROPERTIES: Final = (
 )
 """What a retry or DLQ copy records about the failure; a replay to the origin topic drops them
 (the replayed record is a new first delivery)."""
+
+_DEAD_LETTER_NAMES: Final = frozenset(DEAD_LETTER_PROPERTIES)
 
 FAILURE_MESSAGE_MAX_BYTES: Final = 1024
 """The most bytes (UTF-8) of an exception's class or message kept in a copy: 1 KiB."""
@@ -286,8 +288,13 @@ class Message:
 
     @property
     def user_properties(self) -> dict[str, PropertyValue]:
-        """The properties the user set."""
-        return {k: v for k, v in self._properties.items() if k not in RESERVED_PROPERTIES}
+        """The properties the user set (not RocketMQ's system properties nor the bridge's
+        dead-letter metadata; ``traceparent``/``tracestate`` are the user's)."""
+        return {
+            k: v
+            for k, v in self._properties.items()
+            if k not in RESERVED_PROPERTIES and k not in _DEAD_LETTER_NAMES
+        }
 
     def put_user_property(self, name: str, value: str | bytes | bytearray | memoryview) -> None:
         """Set a user property: text (valid Unicode) or bytes (kept as they are; a bytearray
@@ -304,8 +311,13 @@ class Message:
             and name
             and name not in RESERVED_PROPERTIES
             and name not in USER_SETTABLE_PROPERTIES
+            and name not in _DEAD_LETTER_NAMES
         ):
             self._properties[name] = value  # the common case, valid as it is
+        elif name in _DEAD_LETTER_NAMES:
+            raise InvalidPropertyError(
+                f"the property {name!r} is used by the system; choose another name"
+            )
         else:
             self._properties[name] = check_user_property(name, value)
 
