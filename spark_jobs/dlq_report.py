@@ -2,7 +2,9 @@
 
 Reads every retry topic (``%RETRY%<group>``) and dead-letter topic (``%DLQ%<group>``) of the
 namespace and counts their messages by group, kind (retry or DLQ), origin topic
-(``RETRY_TOPIC``) and depth (``RECONSUME_TIME``). Prints a table and writes an HTML chart::
+(``RETRY_TOPIC``) and depth (``RECONSUME_TIME``). Prints a table, writes an HTML chart and,
+beside it, the rows as data (:func:`write_report_data`: ``dlq.parquet``, ``dlq.csv`` and
+``dlq.jsonl`` next to ``dlq.html``)::
 
     python -m spark_jobs.dlq_report --chart reports/dlq.html
 """
@@ -10,14 +12,21 @@ namespace and counts their messages by group, kind (retry or DLQ), origin topic
 from __future__ import annotations
 
 import argparse
+import csv
+import dataclasses
+import json
 import sys
+import types
+import typing
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 if __package__ in (None, ""):  # spark-submit runs the file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -96,6 +105,54 @@ def report(rows: list[DlqRow], chart: Path | None) -> str:
     return text
 
 
+_SPARK_TYPES: dict[Any, T.DataType] = {
+    str: T.StringType(),
+    int: T.LongType(),
+    float: T.DoubleType(),
+    bool: T.BooleanType(),
+}
+
+
+def _spark_schema(row_type: type[Any]) -> T.StructType:
+    """The Spark schema of dataclass ``row_type`` (``str``, ``int``, ``float``, ``bool``
+    fields, each optionally ``| None``)."""
+    hints = typing.get_type_hints(row_type)
+    fields = []
+    for f in dataclasses.fields(row_type):
+        hint = hints[f.name]
+        nullable = False
+        if isinstance(hint, types.UnionType):
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            nullable, hint = True, args[0]
+        fields.append(T.StructField(f.name, _SPARK_TYPES[hint], nullable))
+    return T.StructType(fields)
+
+
+def write_report_data(
+    spark: SparkSession, rows: Sequence[Any], row_type: type[Any], chart: Path
+) -> list[Path]:
+    """Write ``rows`` (dataclasses of ``row_type``) beside ``chart`` under its name: Parquet
+    (``<name>.parquet``, a directory as Spark writes it), CSV with a header
+    (``<name>.csv``) and JSON Lines (``<name>.jsonl``); any earlier data there is replaced.
+    Return the three paths."""
+    chart.parent.mkdir(parents=True, exist_ok=True)
+    parquet = chart.with_suffix(".parquet")
+    table = chart.with_suffix(".csv")
+    lines = chart.with_suffix(".jsonl")
+    schema = _spark_schema(row_type)
+    records = [dataclasses.asdict(r) for r in rows]
+    frame = spark.createDataFrame([tuple(r.values()) for r in records], schema)
+    frame.coalesce(1).write.mode("overwrite").parquet(str(parquet))
+    with table.open("w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(schema.fieldNames())
+        writer.writerows(["" if v is None else v for v in r.values()] for r in records)
+    with lines.open("w", encoding="utf-8") as out:
+        for r in records:
+            out.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return [parquet, table, lines]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="spark_jobs.dlq_report")
@@ -103,7 +160,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--chart", type=Path, default=Path("reports/dlq.html"))
     args = parser.parse_args(argv)
     spark = spark_session("bridge-dlq-report", jars=args.jars, master=args.master)
-    report(dlq_report(spark, args.bootstrap_servers, args.namespace), args.chart)
+    rows = dlq_report(spark, args.bootstrap_servers, args.namespace)
+    report(rows, args.chart)
+    for path in write_report_data(spark, rows, DlqRow, args.chart):
+        print(f"data: {path}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Reads HALF (half messages and their check copies), OP (decisions: COMMIT, ROLLBACK, DISCARD
 when parked) and the check-max topic (parked messages), and reports committed, rolled back,
 pending (no decision yet), parked (ever), check counts and time-to-decision percentiles (from
-the half message's born time to the first decision, ms). Prints a table and writes an HTML
-chart::
+the half message's born time to the first decision, ms). Prints a table, writes an HTML
+chart and, beside it, the rows as data (``transactions.parquet``, ``.csv`` and ``.jsonl``)::
 
     python -m spark_jobs.transaction_audit --chart reports/transactions.html
 """
@@ -24,6 +24,7 @@ if __package__ in (None, ""):  # spark-submit runs the file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spark_jobs.common import add_common_arguments, print_table, spark_session, write_bar_chart
+from spark_jobs.dlq_report import write_report_data
 from spark_jobs.system_topics import decode_avro, read_topic
 from topics.catalog import SystemTopic
 from topics.naming import system_topic
@@ -191,7 +192,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--chart", type=Path, default=Path("reports/transactions.html"))
     args = parser.parse_args(argv)
     spark = spark_session("bridge-transaction-audit", jars=args.jars, master=args.master)
-    report(transaction_audit(spark, args.bootstrap_servers, args.namespace), args.chart)
+    rows = transaction_audit(spark, args.bootstrap_servers, args.namespace)
+    report(rows, args.chart)
+    for path in write_report_data(spark, rows, AuditRow, args.chart):
+        print(f"data: {path}")
 
 
 if __name__ == "__main__":
