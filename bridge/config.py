@@ -13,6 +13,7 @@ to use instead) and ``BRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS``, which is
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -287,6 +288,97 @@ class ClientConfig:
             if key.startswith(ENV_KAFKA_PREFIX) and key not in _COORDINATOR_KAFKA_ENV
         }
         return cls(**values, kafka=kafka)  # type: ignore[arg-type]
+
+
+ALLOW_ALL: Final = "*"
+"""The pattern that matches every name (the default of every name limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NamePatterns:
+    """The names (Kafka topics, producer groups) a setting allows: glob patterns as
+    :func:`fnmatch.fnmatchcase` reads them (``*``, ``?``, ``[...]``), matched case-sensitively
+    against the whole name. Built from the setting's comma-separated text with :meth:`parse`;
+    ``("*",)`` allows every name."""
+
+    setting: str
+    """Where the patterns come from, e.g. ``allowed_topics (BRIDGE_ALLOWED_TOPICS)``: every
+    refusal names it."""
+    patterns: tuple[str, ...] = (ALLOW_ALL,)
+
+    def __post_init__(self) -> None:
+        if not self.patterns:
+            raise InvalidArgumentError(f"{self.setting} must name at least one pattern")
+        for pattern in self.patterns:
+            if (
+                not isinstance(pattern, str)
+                or not pattern
+                or "," in pattern
+                or any(c.isspace() or not c.isprintable() for c in pattern)
+            ):
+                raise InvalidArgumentError(
+                    f"{self.setting}: {pattern!r} is not a pattern (a non-empty glob without "
+                    "spaces, control characters or commas)"
+                )
+
+    @classmethod
+    def parse(cls, setting: str, text: str) -> NamePatterns:
+        """From comma-separated ``text`` (spaces around each pattern are ignored). Raises
+        :class:`InvalidArgumentError` naming ``setting`` when a pattern is empty or holds a
+        space or a control character, or when there is none."""
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"{setting} must be a string of patterns, got {text!r}")
+        parts = [part.strip() for part in text.split(",")]
+        if any(not part for part in parts):
+            raise InvalidArgumentError(
+                f"{setting} must be comma-separated patterns without empty ones, got {text!r}"
+            )
+        return cls(setting, tuple(parts))
+
+    @property
+    def allows_all(self) -> bool:
+        """True when every name is allowed (the pattern ``*``)."""
+        return ALLOW_ALL in self.patterns
+
+    def allows(self, name: str) -> bool:
+        """True when ``name`` matches a pattern."""
+        return self.allows_all or any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+
+    def refusal(self, what: str, name: str) -> str | None:
+        """None when ``name`` is allowed, else why not: ``what`` (e.g. ``topic``) and the name,
+        and the setting with its patterns."""
+        if self.allows(name):
+            return None
+        return f"{what} {name!r} is not allowed by {self.setting}={','.join(self.patterns)}"
+
+    def __str__(self) -> str:
+        return ",".join(self.patterns)
+
+
+ALLOWED_TOPICS_SETTING: Final = "allowed_topics (BRIDGE_ALLOWED_TOPICS)"
+ALLOWED_PRODUCER_GROUPS_SETTING: Final = "allowed_producer_groups (BRIDGE_ALLOWED_PRODUCER_GROUPS)"
+
+
+@dataclass(frozen=True, slots=True)
+class TrustLimits:
+    """What the coordinator may do on behalf of the records it reads (see
+    ``docs/trust-model.md``): the real topics it writes (commits and delayed deliveries) and
+    the producer groups whose half messages it checks and commits. The defaults allow all."""
+
+    topics: NamePatterns = NamePatterns(ALLOWED_TOPICS_SETTING)
+    """Kafka names of the real topics (retry topics ``<ns>.RETRY.<group>`` included) the
+    coordinator may write."""
+    producer_groups: NamePatterns = NamePatterns(ALLOWED_PRODUCER_GROUPS_SETTING)
+    """Producer groups whose half messages are checked (their check topic created) and
+    committed."""
+
+    @classmethod
+    def parse(cls, topics: str = ALLOW_ALL, producer_groups: str = ALLOW_ALL) -> TrustLimits:
+        """From the settings' comma-separated texts."""
+        return cls(
+            NamePatterns.parse(ALLOWED_TOPICS_SETTING, topics),
+            NamePatterns.parse(ALLOWED_PRODUCER_GROUPS_SETTING, producer_groups),
+        )
 
 
 @lru_cache(maxsize=16)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Self
 
-from bridge.config import ClientConfig
+from bridge.config import ALLOW_ALL, ClientConfig, TrustLimits
 from bridge.delay.service import ScheduleDeliveryService, TimerService
 from bridge.errors import InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
@@ -71,6 +71,17 @@ class CoordinatorConfig:
     partition out of range, too large, not authorized) before it goes to QUARANTINE."""
     delivery_backoff_ms: int = 1000
     """Wait before the second such delivery attempt, ms; doubles for each further one."""
+    allowed_topics: str = ALLOW_ALL
+    """The real topics the coordinator may write, committed and delayed messages alike:
+    comma-separated glob patterns over Kafka topic names (``orders,payments-*``; retry topics
+    are ``<namespace>.RETRY.<group>``). A commit to another topic is parked, a delayed message
+    quarantined, each with the reason; ``*`` (the default) allows every topic. See
+    ``docs/trust-model.md``."""
+    allowed_producer_groups: str = ALLOW_ALL
+    """The producer groups whose half messages the coordinator checks (creating their check
+    topic) and commits: comma-separated glob patterns. A half message of another group is never
+    checked nor committed (a rollback is applied) and is parked at its first check time with
+    the reason; ``*`` (the default) allows every group."""
 
     def __post_init__(self) -> None:
         if not self.coordinator_id:
@@ -88,6 +99,13 @@ class CoordinatorConfig:
             "delivery_backoff_ms",
         ):
             require_int(name, getattr(self, name))
+        self.trust_limits  # noqa: B018 - validates the patterns
+
+    @property
+    def trust_limits(self) -> TrustLimits:
+        """The topics and producer groups the coordinator acts for (:attr:`allowed_topics`,
+        :attr:`allowed_producer_groups`)."""
+        return TrustLimits.parse(self.allowed_topics, self.allowed_producer_groups)
 
     @property
     def catalog(self) -> TopicCatalog:
@@ -125,10 +143,11 @@ def default_services(config: CoordinatorConfig) -> list[ServiceThread]:
         transaction_check_max=config.transaction_check_max,
         file_reserved_time_ms=config.file_reserved_time_ms,
     )
+    limits = config.trust_limits
     return [
-        TransactionService(shared, policy),
-        ScheduleDeliveryService(shared),
-        TimerService(shared),
+        TransactionService(shared, policy, limits=limits),
+        ScheduleDeliveryService(shared, allowed_topics=limits.topics),
+        TimerService(shared, allowed_topics=limits.topics),
     ]
 
 

@@ -8,6 +8,9 @@ again after a back-off (``DELIVERY_ATTEMPTS`` and ``DELIVERY_ERROR`` record why)
 ``delivery_attempts`` tries to QUARANTINE with the reason. Transient failures (broker
 unreachable, timeouts) are retried as they are; a delivery that times out while the rest of its
 transaction went through is sent back for a back-off.
+
+A message for a real topic outside ``allowed_topics`` (G12) is never written there: it goes to
+QUARANTINE at once with the reason (``bridge quarantine replay`` delivers it).
 """
 
 from __future__ import annotations
@@ -164,10 +167,31 @@ class Isolation:
             record, real = self._svc.process(held, now)
         except RECORD_ERRORS as exc:
             return Unit(held, self._quarantined(held, str(exc) or type(exc).__name__))
-        problem = self._target_problem(record) if real else None
+        if real:
+            return self._delivery(held, record, now)
+        return Unit(held, record, real, suspect=key in self._suspects)
+
+    def _delivery(self, held: Held, out: PreparedRecord, now: int) -> Unit:
+        """What the due ``held``, whose delivery to its real topic is ``out``, becomes: its
+        quarantine copy when the topic is outside the service's ``allowed_topics`` (G12: no
+        back-off makes it allowed; an operator replays it with ``bridge quarantine replay``),
+        its back-off copy when the topic is known to refuse it, else ``out``."""
+        refusal = self._svc.allowed_topics.refusal("topic", out.kafka_topic)
+        if refusal is not None:
+            logger.warning(
+                "%s: %s[%d]@%d not delivered: %s",
+                self._svc.name,
+                self._svc.topic,
+                held.partition,
+                held.offset,
+                refusal,
+            )
+            return Unit(held, self._quarantined(held, f"not delivered: {refusal}"), aside=True)
+        problem = self._target_problem(out)
         if problem is not None:
             return Unit(held, self._aside(held, problem, now), aside=True)
-        return Unit(held, record, real, suspect=key in self._suspects)
+        key = (held.partition, held.offset)
+        return Unit(held, out, True, suspect=key in self._suspects)
 
     def _quarantined(self, held: Held, reason: str, *, keep_value: bool = True) -> PreparedRecord:
         if held.header_error is not None:

@@ -17,7 +17,7 @@ The service is a thin loop over its collaborators: :class:`~bridge.delay.fetch.F
 duplicate sends) and :class:`~bridge.delay.isolation.Isolation` (messages that cannot be
 delivered do not hold the others back).
 
-Guarantees kept here (see ``docs/guarantees.md``): G2, G3, G5, G9.
+Guarantees kept here (see ``docs/guarantees.md``): G2, G3, G5, G9, G12.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bridge.codec import PreparedRecord, decode_envelope, decode_headers, real_record
+from bridge.config import NamePatterns, TrustLimits
 from bridge.delay.delivery import Delivery
 from bridge.delay.fetch import RECORD_ERRORS, Fetcher, Headers, Held
 from bridge.delay.isolation import Isolation
@@ -55,8 +56,13 @@ class FifoDelayService(TransactionalService):
     kind: str = ""
     system: SystemTopic = SystemTopic.SCHEDULE
 
-    def __init__(self, config: ServiceConfig) -> None:
+    def __init__(
+        self, config: ServiceConfig, *, allowed_topics: NamePatterns | None = None
+    ) -> None:
         super().__init__(self.kind, config)
+        self.allowed_topics = allowed_topics or TrustLimits().topics
+        """The real topics this service delivers to (G12): a message for another one is
+        quarantined with the reason."""
         self.policy: DelayPolicy = config.client.delay_policy
         self.topic = config.catalog.topic(self.system)
         self.timer_topic = config.catalog.topic(SystemTopic.TIMER)
@@ -75,7 +81,7 @@ class FifoDelayService(TransactionalService):
     def renewed(self) -> FifoDelayService:
         """A new, not started service of this kind with the same settings (see
         :meth:`TransactionalService.renewed`)."""
-        return type(self)(self.config)
+        return type(self)(self.config, allowed_topics=self.allowed_topics)
 
     def partition_delay_ms(self, partition: int) -> int:
         """How long records wait in ``partition``, ms."""

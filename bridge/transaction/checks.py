@@ -9,6 +9,10 @@ topic.
 Isolation: a check that cannot be made (its group's check topic cannot be created) counts as a
 check, and a transaction whose check outputs cannot be written is checked on its own and
 parked with the reason.
+
+Trust (G12): a half message whose producer group is outside ``allowed_producer_groups`` is
+never checked (its group's check topic is never created): at its first check time it is parked
+with the reason.
 """
 
 from __future__ import annotations
@@ -246,6 +250,12 @@ class CheckBack:
     def _check_or_discard(
         self, state: HalfPartition, pending: PendingHalf, now: int, batch: HalfBatch
     ) -> None:
+        refusal = self._svc.limits.producer_groups.refusal("producer group", pending.producer_group)
+        if refusal is not None:
+            # G12: no check topic is created for the group, and the message is never committed:
+            # parked with the reason, for an operator to replay or drop.
+            self._discard(state, pending, batch, f"not checked: {refusal}")
+            return
         action = self._svc.policy.action(pending.check_times, pending.born_ms, now)
         try:
             if action is CheckAction.DISCARD:
@@ -299,19 +309,38 @@ class CheckBack:
             on_delivery=copy_delivered,
         )
 
-    def _discard(self, state: HalfPartition, pending: PendingHalf, batch: HalfBatch) -> None:
-        logger.warning(
-            "transaction %s (group %s) parked in %s after %d checks%s",
-            pending.transaction_id,
-            pending.producer_group,
-            self._svc.catalog.topic(SystemTopic.CHECK_MAX),
-            pending.check_times,
-            f" ({pending.check_error})" if pending.check_error else "",
-        )
+    def _discard(
+        self,
+        state: HalfPartition,
+        pending: PendingHalf,
+        batch: HalfBatch,
+        refused: str | None = None,
+    ) -> None:
+        """Park ``pending`` in the check-max topic: after its checks, or at once when it is
+        ``refused`` (why, in its ``DELIVERY_ERROR``)."""
+        if refused is not None:
+            logger.warning(
+                "transaction %s (group %s) parked in %s: %s",
+                pending.transaction_id,
+                pending.producer_group,
+                self._svc.catalog.topic(SystemTopic.CHECK_MAX),
+                refused,
+            )
+        else:
+            logger.warning(
+                "transaction %s (group %s) parked in %s after %d checks%s",
+                pending.transaction_id,
+                pending.producer_group,
+                self._svc.catalog.topic(SystemTopic.CHECK_MAX),
+                pending.check_times,
+                f" ({pending.check_error})" if pending.check_error else "",
+            )
         changes: dict[str, PropertyValue] = {
             MessageConst.TRANSACTION_CHECK_TIMES: str(pending.check_times)
         }
-        if pending.check_error is not None:
+        if refused is not None:
+            changes[DELIVERY_ERROR] = refused[:MAX_DELIVERY_ERROR_CHARS]
+        elif pending.check_error is not None:
             # Its last check could not be made: the operator sees why.
             changes[DELIVERY_ATTEMPTS] = str(pending.check_failures)
             changes[DELIVERY_ERROR] = pending.check_error[:MAX_DELIVERY_ERROR_CHARS]

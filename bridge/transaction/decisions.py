@@ -1,7 +1,13 @@
 """End-transaction handling of the transaction service: each HALF record read becomes part of
 the state (a half message) or a decision applied in the batch's Kafka transaction: the real
 message (on commit), the OP record, and the HALF offset from which a restart must read again.
-A record that cannot be decoded is quarantined in the same transaction."""
+A record that cannot be decoded is quarantined in the same transaction.
+
+Trust (G12, ``docs/trust-model.md``): an end request or check answer of another producer group
+than the half message's changes nothing (logged as a warning naming both groups); a half
+message under the id of a pending transaction that is another message is quarantined; a commit
+to a topic outside ``allowed_topics``, or of a producer group outside
+``allowed_producer_groups``, is never written (parked with the reason)."""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from bridge.errors import BridgeError, WireFormatError
 from bridge.kafka.quarantine import quarantine_copy
 from bridge.kafka.transactional import is_permanent_delivery_error
 from bridge.lifecycle import FatalServiceError
-from bridge.message import now_ms
+from bridge.message import MessageExt, now_ms
 from bridge.transaction.half_batch import HalfBatch
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
@@ -24,7 +30,7 @@ from bridge.transaction.model import (
     TransactionStatus,
     committed_record,
 )
-from bridge.transaction.state import HalfPartition, PendingHalf
+from bridge.transaction.state import HalfArrival, HalfPartition, PendingHalf, end_refusal
 from topics.avro import default_registry
 
 if TYPE_CHECKING:
@@ -60,32 +66,70 @@ class Decisions:
             name, fields = default_registry().decode_any(record.value())
             if name == ENVELOPE_SCHEMA:
                 msg = envelope_to_message(fields)
-                state.on_half(offset, record.timestamp()[1], record.value(), msg, now_ms())
+                arrival = state.on_half(
+                    offset, record.timestamp()[1], record.value(), msg, now_ms()
+                )
+                if arrival is HalfArrival.CONFLICT:
+                    self._conflict(state, record, msg, batch)
+                elif arrival is HalfArrival.DUPLICATE:
+                    logger.info(
+                        "%s[%d]@%d: a second copy of the half message of pending transaction "
+                        "%s; dropped",
+                        self._svc._half,
+                        state.partition,
+                        offset,
+                        msg.transaction_id or msg.msg_id,
+                    )
                 batch.dirty = True
             elif name == END_TRANSACTION_SCHEMA:
                 self._on_end(state, offset, EndTransaction.from_record(fields), batch)
             else:
                 raise WireFormatError(f"a {name} record does not belong in the HALF topic")
         except (WireFormatError, ValueError, KeyError) as exc:
-            where = (record.partition(), offset)
-            copy = quarantine_copy(
-                self._svc.catalog,
-                record,
-                str(exc),
-                self._svc.name,
-                keep_value=where not in self._shrink_quarantine,
-            )
+            self._quarantine(state, record, str(exc), batch)
 
-            def refused(err: KafkaError | None, _: Any, where: tuple[int, int] = where) -> None:
-                # Too large for QUARANTINE whole (a record near HALF's limit): the rebuilt
-                # batch quarantines it without its value, so the others are not held back.
-                if is_permanent_delivery_error(err):
-                    self._shrink_quarantine.add(where)
-                elif err is None:
-                    self._shrink_quarantine.discard(where)
+    def _quarantine(self, state: HalfPartition, record: Any, reason: str, batch: HalfBatch) -> None:
+        """Copy the HALF ``record`` to QUARANTINE with ``reason`` in ``batch``: it changes
+        nothing else."""
+        where = (record.partition(), record.offset())
+        copy = quarantine_copy(
+            self._svc.catalog,
+            record,
+            reason,
+            self._svc.name,
+            keep_value=where not in self._shrink_quarantine,
+        )
 
-            batch.add_record(copy, refused)
-            state.on_other(offset)
+        def refused(err: KafkaError | None, _: Any, where: tuple[int, int] = where) -> None:
+            # Too large for QUARANTINE whole (a record near HALF's limit): the rebuilt
+            # batch quarantines it without its value, so the others are not held back.
+            if is_permanent_delivery_error(err):
+                self._shrink_quarantine.add(where)
+            elif err is None:
+                self._shrink_quarantine.discard(where)
+
+        batch.add_record(copy, refused)
+        state.on_other(record.offset())
+
+    def _conflict(
+        self, state: HalfPartition, record: Any, msg: MessageExt, batch: HalfBatch
+    ) -> None:
+        """A half message under the id of a pending transaction that is not that message
+        (G12): quarantined; the pending one keeps its own message and is decided as before."""
+        tid = msg.transaction_id or msg.msg_id
+        pending = state.pending[tid]
+        reason = (
+            f"transaction {tid} is pending already with another half message at "
+            f"{self._svc._half}[{state.partition}]@{pending.offset}: this one does not replace it"
+        )
+        logger.warning(
+            "%s[%d]@%d quarantined: %s",
+            self._svc._half,
+            state.partition,
+            record.offset(),
+            reason,
+        )
+        self._quarantine(state, record, reason, batch)
 
     def _on_end(
         self, state: HalfPartition, offset: int, end: EndTransaction, batch: HalfBatch
@@ -94,7 +138,25 @@ class Decisions:
             state.on_other(offset)
             logger.debug("transaction %s: UNKNOWN from %s", end.transaction_id, end.producer_id)
             return
-        pending = state.on_end(offset, end.transaction_id)
+        current = state.pending.get(end.transaction_id)
+        if current is not None:
+            refusal = end_refusal(
+                current, end.producer_group, end.status.value, self._svc.limits.producer_groups
+            )
+            if refusal is not None:
+                # G12: another group's decision, or a check answer from it, changes nothing.
+                state.on_other(offset)
+                logger.warning(
+                    "%s (%s by producer %s at %s[%d]@%d)",
+                    refusal,
+                    "check answer" if end.from_transaction_check else "end request",
+                    end.producer_id,
+                    self._svc._half,
+                    state.partition,
+                    offset,
+                )
+                return
+        pending = state.on_end(offset, end.transaction_id, end.producer_group)
         if pending is None:
             logger.info(
                 "transaction %s: %s from %s ignored (already decided, being committed, or unknown)",
@@ -130,9 +192,19 @@ class Decisions:
                     self._svc.config.delivery_attempts,
                 )
             else:
-                problem = self._svc.targets.problem(real.kafka_topic, real.partition, fresh=False)
-                if problem is not None:
-                    poison = self._svc.parking.set_aside(state, tid, problem, 1)
+                refusal = self._svc.limits.topics.refusal("topic", real.kafka_topic)
+                if refusal is not None:
+                    # G12: the coordinator does not write there; parked with the reason (no
+                    # retry makes it allowed), replayed by an operator.
+                    poison = self._svc.parking.set_aside(
+                        state, tid, refusal, self._svc.config.delivery_attempts
+                    )
+                else:
+                    problem = self._svc.targets.problem(
+                        real.kafka_topic, real.partition, fresh=False
+                    )
+                    if problem is not None:
+                        poison = self._svc.parking.set_aside(state, tid, problem, 1)
         if poison is not None or real is None:
             state.hold(pending)  # committed on its own by Parking.commit_alone_due
             return

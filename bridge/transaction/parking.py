@@ -7,8 +7,10 @@ target's metadata) or from the delivery reports of a failed Kafka transaction; i
 tried on its own, in a Kafka transaction of its own, a bounded number of times with back-off,
 and finally parked in the check-max topic with ``DELIVERY_ERROR`` (the reason) and
 ``DELIVERY_ATTEMPTS``, where ``bridge transactions replay`` re-drives it once the cause is
-fixed. When the Kafka transaction failed as a whole for a record's reason that no report
-names (a topic that denies Write but allows Describe), each of its commits is tried on its own.
+fixed. A commit to a topic outside ``allowed_topics`` (G12) is parked the same way, at its
+first attempt (no retry makes it allowed). When the Kafka transaction failed as a whole for a
+record's reason that no report names (a topic that denies Write but allows Describe), each of
+its commits is tried on its own.
 A commit on its own whose outcome is unknown (a commit timeout) re-reads its partition from
 Kafka before it is tried again. A failure that names no record (the broker, the network)
 rebuilds and retries the whole batch, with back-off: nothing is lost.
@@ -132,6 +134,13 @@ class Parking:
         except (BridgeError, ValueError) as exc:
             poison.attempts = self._svc.config.delivery_attempts
             poison.reason = f"its real record cannot be built: {exc}"
+            self._park(state, pending, poison)
+            return
+        refusal = self._svc.limits.topics.refusal("topic", real.kafka_topic)
+        if refusal is not None:
+            # G12: never written there, whatever set it aside first; no retry changes that.
+            poison.attempts = self._svc.config.delivery_attempts
+            poison.reason = refusal
             self._park(state, pending, poison)
             return
         problem = self._svc.targets.problem(real.kafka_topic, real.partition, fresh=True)

@@ -134,8 +134,10 @@ class Recovery:
             except WireFormatError as exc:
                 self._undecodable_decision(state, record, exc)
                 continue
-            if entry.half_offset >= start:
-                state.mark_decided(entry.transaction_id, entry.half_offset)
+            # Every decision read counts, even one naming a copy before ``start``: a second
+            # half message under its id (a send stored twice, or forged; G12) written before
+            # the decision but read after it is then known decided, not a new transaction.
+            state.mark_decided(entry.transaction_id, max(entry.half_offset, start))
 
     def _undecodable_decision(self, state: HalfPartition, record: Any, exc: Exception) -> None:
         """An OP record this version cannot decode (a newer schema, during a rolling upgrade)

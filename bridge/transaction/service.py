@@ -18,7 +18,7 @@ batch), :class:`~bridge.transaction.checks.CheckBack` (checks and put-backs),
 :class:`~bridge.transaction.targets.Targets` (what the metadata says of real topics). Every
 Kafka transaction goes through :meth:`~bridge.kafka.service.TransactionalService.write`.
 
-Guarantees kept here (see ``docs/guarantees.md``): G1-G4, G9.
+Guarantees kept here (see ``docs/guarantees.md``): G1-G4, G9, G12.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from bridge.config import TrustLimits
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.batch_writer import TransactionBatch, is_purge
 from bridge.kafka.clients import new_consumer
@@ -61,10 +62,14 @@ class TransactionService(TransactionalService):
         config: ServiceConfig,
         policy: CheckPolicy | None = None,
         check_topic_partitions: int = 4,
+        *,
+        limits: TrustLimits | None = None,
     ) -> None:
         super().__init__("transaction", config)
         self.policy = policy or CheckPolicy()
         self.check_topic_partitions = check_topic_partitions
+        self.limits = limits or TrustLimits()
+        """The real topics it writes and the producer groups it acts for (G12)."""
         self.catalog = config.catalog
         self._half = config.catalog.topic(SystemTopic.HALF)
         self._op = config.catalog.topic(SystemTopic.OP)
@@ -85,7 +90,9 @@ class TransactionService(TransactionalService):
     def renewed(self) -> TransactionService:
         """A new, not started service with the same settings (see
         :meth:`TransactionalService.renewed`)."""
-        return TransactionService(self.config, self.policy, self.check_topic_partitions)
+        return TransactionService(
+            self.config, self.policy, self.check_topic_partitions, limits=self.limits
+        )
 
     @property
     def parked_for_delivery(self) -> int:

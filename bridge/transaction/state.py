@@ -21,7 +21,16 @@ Duplicates are decided by transaction id: once a transaction is committed, rolle
 discarded, any later decision for it (a second commit, a commit racing a check answer, a commit
 after a rollback; RocketMQ #5574, #8158) changes nothing.
 
-Guarantees kept here (see ``docs/guarantees.md``): G3 (decisions by transaction id), G4.
+Trust (``docs/trust-model.md``): a transaction is decided only by an end request of the
+producer group its half message names (``PGROUP``; RocketMQ's broker checks the group too); a
+half message without one, as another client may write, is decided by the first end request of
+any group. A half message whose transaction is pending already is taken as a newer copy only
+when it is the same message (a check or put-back copy differs in ``TRANSACTION_CHECK_TIMES``
+alone; a send stored twice not at all) counting no fewer checks than the copy the pending one
+is read from (else it is a :attr:`HalfArrival.DUPLICATE`, dropped); a different one never
+replaces the pending message (:attr:`HalfArrival.CONFLICT`: the service quarantines it).
+
+Guarantees kept here (see ``docs/guarantees.md``): G3 (decisions by transaction id), G4, G12.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import heapq
 from dataclasses import dataclass, field
 from enum import Enum
 
+from bridge.config import NamePatterns
 from bridge.message import MessageConst, MessageExt, parse_count
 
 
@@ -38,6 +48,51 @@ class CheckAction(Enum):
 
     CHECK = "CHECK"
     DISCARD = "DISCARD"
+
+
+class HalfArrival(Enum):
+    """What a half message read from HALF is to the state (:meth:`HalfPartition.on_half`)."""
+
+    NEW = "NEW"
+    """Its transaction was neither pending nor decided: it is pending now."""
+    COPY = "COPY"
+    """The pending message again, at a newer offset (a check or put-back copy, or one send
+    stored twice): the pending transaction is read from there now, its message unchanged."""
+    DUPLICATE = "DUPLICATE"
+    """The pending message again, counting fewer checks than the copy the pending one is read
+    from (a send stored twice, read after a check copy): dropped; decisions name its offset
+    too, so a restart that reads it again knows the transaction is decided."""
+    OLD = "OLD"
+    """An older copy, one read again, or a copy of a decided transaction: nothing changes."""
+    CONFLICT = "CONFLICT"
+    """A different message under the id of a pending transaction: it replaces nothing (the
+    service quarantines it); decisions name its offset too, so a restart that reads it
+    again knows the transaction is decided."""
+
+
+COPY_CHANGES: frozenset[str] = frozenset({MessageConst.TRANSACTION_CHECK_TIMES})
+"""Properties in which the coordinator's own copies of a half message (at a check) differ
+from it."""
+
+
+def _check_count(msg: MessageExt) -> int:
+    """The ``TRANSACTION_CHECK_TIMES`` of a copy (0 when none, or not plain ASCII digits)."""
+    return parse_count(msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)) or 0
+
+
+def same_message(a: MessageExt, b: MessageExt) -> bool:
+    """True when ``a`` and ``b`` are one message: same id, body, birth, born host and
+    properties, but for :data:`COPY_CHANGES`."""
+    if (a.msg_id, a.body, a.born_timestamp_ms, a.born_host) != (
+        b.msg_id,
+        b.body,
+        b.born_timestamp_ms,
+        b.born_host,
+    ):
+        return False
+    props_a = {k: v for k, v in a.properties.items() if k not in COPY_CHANGES}
+    props_b = {k: v for k, v in b.properties.items() if k not in COPY_CHANGES}
+    return props_a == props_b
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,14 +152,49 @@ class PendingHalf:
     one counts in :attr:`check_times` so the message is parked in the end."""
     check_error: str | None = None
     """Why the last check could not be made (None when it was made)."""
+    pinned_offset: int | None = None
+    """Offset of the copy it was read from when another half message under its id came
+    (:attr:`HalfArrival.CONFLICT`): until it is decided, a restart reads from here, so that
+    it meets the transaction's own message before that one (None: no such message)."""
 
     def __post_init__(self) -> None:
         self.latest_offset = max(self.latest_offset, self.offset)
 
     @property
     def producer_group(self) -> str:
-        """The producer group that sent it (``PGROUP``)."""
-        return self.message.get_property(MessageConst.PRODUCER_GROUP) or ""
+        """The producer group that sent it (``PGROUP``; empty when the half message names
+        none)."""
+        value = self.message.get_property(MessageConst.PRODUCER_GROUP)
+        if isinstance(value, bytes):
+            return value.decode("utf-8", "replace")
+        return value or ""
+
+    def decidable_by(self, producer_group: str) -> bool:
+        """True when an end request of ``producer_group`` may decide this transaction: the
+        group its half message names, or any group when it names none."""
+        own = self.producer_group
+        return not own or own == producer_group
+
+
+def end_refusal(
+    pending: PendingHalf, producer_group: str, status: str, allowed_groups: NamePatterns
+) -> str | None:
+    """Why an end request (``status``: COMMIT or ROLLBACK) of ``producer_group`` does not
+    decide ``pending``, or None when it does: another group's request changes nothing, nor
+    does a COMMIT of a half message whose group is outside ``allowed_groups`` (a ROLLBACK
+    writes no real record, and is applied)."""
+    tid = pending.transaction_id
+    if not pending.decidable_by(producer_group):
+        return (
+            f"transaction {tid}: {status} from producer group {producer_group!r} ignored: its "
+            f"half message belongs to producer group {pending.producer_group!r}; it stays "
+            "pending and is checked with its own group"
+        )
+    if status == "COMMIT":
+        refusal = allowed_groups.refusal("producer group", pending.producer_group)
+        if refusal is not None:
+            return f"transaction {tid}: COMMIT ignored: {refusal}; it is parked at its check time"
+    return None
 
 
 @dataclass
@@ -144,23 +234,39 @@ class HalfPartition:
 
     def on_half(
         self, offset: int, append_ms: int, envelope: bytes, msg: MessageExt, now_ms: int
-    ) -> None:
-        """A half message (or a newer copy of one, written at a check) at ``offset``."""
+    ) -> HalfArrival:
+        """A half message (or a newer copy of one, written at a check) at ``offset``: what it
+        is to the state (see :class:`HalfArrival`)."""
         self.position = max(self.position, offset + 1)
         tid = msg.transaction_id or msg.msg_id
         if tid in self._decided:
             self.mark_decided(tid, offset)
-            return
+            return HalfArrival.OLD
         current = self.pending.get(tid)
         if current is not None and current.offset >= offset:
-            return  # an older copy, or the same one read again
+            return HalfArrival.OLD  # an older copy, or the same one read again
+        if current is not None and not same_message(current.message, msg):
+            # Another message under a pending id (written by someone who knows the id): it
+            # replaces nothing. The decision names its offset too, so that a restart that
+            # reads it again finds the transaction decided rather than pending with it; and
+            # until then a restart reads from the copy before it, to meet this one first.
+            current.latest_offset = max(current.latest_offset, offset)
+            if current.pinned_offset is None:
+                current.pinned_offset = current.offset
+            return HalfArrival.CONFLICT
         if current is not None and current.held:
             # Its commit is being done on its own, decided by an end request read after the
             # copy it stays at: until it is done, a restart must read that request again.
             current.latest_offset = max(current.latest_offset, offset)
-            return
+            return HalfArrival.COPY
         # Anything but plain ASCII digits (e.g. "²", which isdigit() accepts) counts as none.
         check_times = parse_count(msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)) or 0
+        if current is not None and check_times < _check_count(current.message):
+            # The message again, counting fewer checks than the copy it is read from: a send
+            # stored twice (or written again) after a check copy. Read from there, a restart
+            # would forget the checks made: dropped, but decisions name its offset too.
+            current.latest_offset = max(current.latest_offset, offset)
+            return HalfArrival.DUPLICATE
         born_ms = msg.born_timestamp_ms
         if check_times == 0:
             due = born_ms + self.policy.immunity_ms(msg)
@@ -178,6 +284,7 @@ class HalfPartition:
         if current is not None:
             pending.check_failures = current.check_failures
             pending.check_error = current.check_error
+            pending.pinned_offset = current.pinned_offset
         self.pending[tid] = pending
         if current is None or (due, check_times) != (current.next_check_ms, current.check_times):
             # Not when that check is scheduled already (a put-back copy; a check copy stamped
@@ -188,14 +295,19 @@ class HalfPartition:
             # Its check is far away: put it back at the end an interval from now, so that its
             # offset does not hold the checkpoint (and every decision after it) back.
             heapq.heappush(self._put_backs, (max(append_ms, 0) + interval, tid, offset))
+        return HalfArrival.NEW if current is None else HalfArrival.COPY
 
-    def on_end(self, offset: int, transaction_id: str) -> PendingHalf | None:
-        """An end-transaction request at ``offset``: the pending transaction it decides, or
-        None when there is nothing to decide (already decided, a commit being applied, or
-        unknown here)."""
+    def on_end(
+        self, offset: int, transaction_id: str, producer_group: str | None = None
+    ) -> PendingHalf | None:
+        """An end-transaction request at ``offset`` (of ``producer_group``; None: not
+        checked): the pending transaction it decides, or None when there is nothing to decide
+        (already decided, a commit being applied, unknown here, or another group's)."""
         self.position = max(self.position, offset + 1)
         pending = self.pending.get(transaction_id)
         if pending is None or pending.held:
+            return None
+        if producer_group is not None and not pending.decidable_by(producer_group):
             return None
         if not self.caught_up:
             # Copies written before the restart may lie ahead, not read yet: the decision
@@ -298,9 +410,16 @@ class HalfPartition:
             self.mark_decided(transaction_id, offset)
 
     def checkpoint(self) -> int:
-        """The offset from which a restart must read again: the oldest undecided copy, or the
-        read position when nothing is undecided. Also forgets decisions older than it."""
-        checkpoint = min((p.offset for p in self.pending.values()), default=self.position)
+        """The offset from which a restart must read again: the oldest undecided copy (for a
+        transaction with a conflicting half message, the copy before that one), or the read
+        position when nothing is undecided. Also forgets decisions older than it."""
+        checkpoint = min(
+            (
+                p.offset if p.pinned_offset is None else p.pinned_offset
+                for p in self.pending.values()
+            ),
+            default=self.position,
+        )
         checkpoint = min(checkpoint, self.position)
         if len(self._decided) > 1024:
             self._decided = {t: o for t, o in self._decided.items() if o >= checkpoint}

@@ -8,9 +8,10 @@ records, OP records, check copies, check requests) together with its checkpoint 
 transaction, which may abort; it may be restarted at any moment, rebuilding its state from the
 committed checkpoint and the OP log as ``_recover_partition`` does.
 
-What the module promises (its docstring, G2-G4 in docs/guarantees.md): a transaction is decided
-once, by its first decision (a second commit, a commit after a rollback, a commit racing a
-check change nothing), so nothing is committed twice and nothing rolled back is committed; a
+What the module promises (its docstring, G2-G4 and G12 in docs/guarantees.md): a transaction is
+decided once, by the first decision of its own producer group (a second commit, a commit after a
+rollback, a commit racing a check, another group's end request, a half message forged under its
+id change nothing), so nothing is committed twice and nothing rolled back is committed; a
 half message is checked at most ``transaction_check_max`` times and never parked before a first
 check; the checkpoint never passes a record still needed, so the state rebuilt after a restart
 is the state kept live; and every transaction is decided in the end.
@@ -34,7 +35,13 @@ from hypothesis.stateful import (
 )
 
 from bridge.message import MessageConst, MessageExt
-from bridge.transaction.state import CheckAction, CheckPolicy, HalfPartition, PendingHalf
+from bridge.transaction.state import (
+    CheckAction,
+    CheckPolicy,
+    HalfArrival,
+    HalfPartition,
+    PendingHalf,
+)
 
 POLICY = CheckPolicy(
     transaction_timeout_ms=500,
@@ -45,6 +52,8 @@ POLICY = CheckPolicy(
 """Short times and few checks, so that a run of a few dozen steps reaches every rule."""
 T0 = 1_700_000_000_000
 LIMIT = 2
+OP_SCAN_SLACK_MS = 60_000
+"""Recovery reads OP from this long before the record at the checkpoint (the service's)."""
 """Checks per cycle (the service's ``_CHECKS_PER_CYCLE``, small so that some wait)."""
 MAX_TRANSACTIONS = 5
 """Few transactions, so that end requests, checks and restarts meet on the same ones."""
@@ -66,6 +75,8 @@ class HalfRecord:
     append_ms: int
     message: MessageExt | None = None
     status: Status | None = None
+    group: str = "g"
+    """The producer group an end request names (``mallory``: forged by another group)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +85,7 @@ class OpRecord:
     half_offset: int
     action: Action
     visible: bool
+    written_ms: int = 0
 
 
 @dataclass
@@ -87,6 +99,8 @@ class Kafka:
     parked: list[tuple[str, str]] = field(default_factory=list)
     """(transaction id, why: "checks" or "undeliverable")"""
     requests: list[tuple[str, int]] = field(default_factory=list)
+    quarantined: list[int] = field(default_factory=list)
+    """HALF offsets of forged half messages quarantined (read again after a restart)."""
     checkpoint: int = 0
     """The HALF offset committed with the coordinator's last Kafka transaction."""
 
@@ -134,9 +148,12 @@ class Coordinator:
         """``_recover_partition``: from the committed checkpoint, with the decisions since."""
         start = self.kafka.checkpoint
         self.state = HalfPartition(0, POLICY, position=start, catch_up_offset=len(self.kafka.half))
+        # OP is read from a while before the record at the checkpoint (``_OP_SCAN_SLACK_MS``).
+        half = self.kafka.half
+        since = (half[start].append_ms if start < len(half) else self.kafka.now) - OP_SCAN_SLACK_MS
         for op in self.kafka.op:
-            if op.visible and op.half_offset >= start:
-                self.state.mark_decided(op.tid, op.half_offset)
+            if op.visible and op.written_ms >= since:
+                self.state.mark_decided(op.tid, max(op.half_offset, start))
         self.read_pos = start
 
     def read(self, count: int, poison: frozenset[str]) -> Batch:
@@ -151,11 +168,15 @@ class Coordinator:
                 continue
             count -= 1
             if record.message is not None:
-                state.on_half(offset, record.append_ms, b"", record.message, self.kafka.now)
+                arrival = state.on_half(
+                    offset, record.append_ms, b"", record.message, self.kafka.now
+                )
+                if arrival is HalfArrival.CONFLICT:
+                    self.kafka.quarantined.append(offset)
             elif record.status == "UNKNOWN":
                 state.on_other(offset)
             else:
-                pending = state.on_end(offset, record.tid)
+                pending = state.on_end(offset, record.tid, record.group)
                 if pending is None:
                     continue
                 if record.status == "COMMIT" and record.tid in poison:
@@ -197,7 +218,7 @@ class Coordinator:
         for tid, msg in batch.copies:
             kafka.half.append(HalfRecord(tid, committed, kafka.now, message=msg))
             self.state.copy_written(tid, len(kafka.half) - 1)
-        kafka.op += [OpRecord(t, o, a, committed) for t, o, a in batch.ops]
+        kafka.op += [OpRecord(t, o, a, committed, kafka.now) for t, o, a in batch.ops]
         if not committed:
             return
         kafka.real += batch.real
@@ -224,7 +245,7 @@ def replayed(kafka: Kafka, live: HalfPartition) -> HalfPartition:
         if record.message is not None:
             rebuilt.state.on_half(offset, record.append_ms, b"", record.message, kafka.now)
         elif record.status in ("COMMIT", "ROLLBACK"):
-            pending = rebuilt.state.on_end(offset, record.tid)
+            pending = rebuilt.state.on_end(offset, record.tid, record.group)
             if pending is not None:
                 live_pending = live.pending.get(record.tid)
                 assert live_pending is not None and live_pending.held, (
@@ -253,6 +274,7 @@ class TransactionLog(RuleBasedStateMachine):
         self.kafka = Kafka()
         self.coordinator = Coordinator(self.kafka)
         self.sent: list[str] = []
+        self.sent_at: dict[str, int] = {}
         self.poison: set[str] = set()
         """Transactions whose real record cannot be written with the others (held)."""
 
@@ -266,6 +288,7 @@ class TransactionLog(RuleBasedStateMachine):
     def send_half(self, immunity: int | None, poison: bool) -> None:
         tid = f"t{len(self.sent)}"
         self.sent.append(tid)
+        self.sent_at[tid] = self.kafka.now
         if poison:
             self.poison.add(tid)
         msg = half_message(tid, self.kafka.now, immunity)
@@ -275,6 +298,42 @@ class TransactionLog(RuleBasedStateMachine):
     def send_end(self, which: int, status: Status) -> None:
         tid = self.sent[which % len(self.sent)]
         self.kafka.half.append(HalfRecord(tid, True, self.kafka.now, status=status))
+
+    @rule(which=st.integers(0, 7), status=st.sampled_from(["COMMIT", "ROLLBACK"]))
+    def forge_end(self, which: int, status: Status) -> None:
+        """Another producer group writes an end request (or a check answer) for a
+        transaction that is not its own: it must change nothing (G12)."""
+        tid = self.sent[which % len(self.sent)]
+        self.kafka.half.append(
+            HalfRecord(tid, True, self.kafka.now, status=status, group="mallory")
+        )
+
+    def undecided(self) -> list[str]:
+        """Transactions with neither an OP record nor an end request of their group yet."""
+        decided = {op.tid for op in self.kafka.op if op.visible}
+        decided |= {
+            r.tid
+            for r in self.kafka.half
+            if r.visible and r.status in ("COMMIT", "ROLLBACK") and r.group == "g"
+        }
+        return [tid for tid in self.sent if tid not in decided]
+
+    @precondition(lambda self: bool(self.undecided()))
+    @rule(which=st.integers(0, 7), same=st.booleans())
+    def forge_half(self, which: int, same: bool) -> None:
+        """A half message under the id of an undecided transaction: the same message (a send
+        stored twice) or another one (forged); neither replaces the original (G12). (One
+        written after the decision, read after a restart that forgot it, is a new
+        transaction: docs/trust-model.md says so.)"""
+        undecided = self.undecided()
+        tid = undecided[which % len(undecided)]
+        msg = half_message(tid, self.sent_at[tid], None)
+        if not same:
+            msg = MessageExt(
+                "payments", b"forged", msg_id=tid, born_timestamp_ms=self.sent_at[tid],
+                properties={**msg.properties, MessageConst.REAL_TOPIC: "payments"},
+            )  # fmt: skip
+        self.kafka.half.append(HalfRecord(tid, True, self.kafka.now, message=msg))
 
     @rule(ms=st.sampled_from([1, 499, 500, 999, 1_000, 1_001, 2_500, 7_000]))
     def time_passes(self, ms: int) -> None:
@@ -340,7 +399,7 @@ class TransactionLog(RuleBasedStateMachine):
         assert all(n == 1 for n in real.values()), f"committed more than once: {real}"
         first: dict[str, Status] = {}
         for record in self.kafka.half:
-            if record.visible and record.status in ("COMMIT", "ROLLBACK"):
+            if record.visible and record.status in ("COMMIT", "ROLLBACK") and record.group == "g":
                 first.setdefault(record.tid, record.status)
         for op in ops:
             if op.action == "DISCARD":
@@ -351,6 +410,13 @@ class TransactionLog(RuleBasedStateMachine):
             )
             assert (op.tid in real) == (op.action == "COMMIT")
         assert set(real) <= {op.tid for op in ops if op.action == "COMMIT"}
+
+    @invariant()
+    def the_pending_message_is_the_one_its_producer_sent(self) -> None:
+        """A forged half message under a pending id never replaces it (G12): what is checked
+        and committed is the producer's own message."""
+        for pending in self.coordinator.state.pending.values():
+            assert (pending.message.topic, pending.message.body) == ("orders", b"x")
 
     @invariant()
     def checked_at_most_the_maximum_and_parked_only_after_a_check(self) -> None:
