@@ -33,7 +33,8 @@ is imported.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, overload
 
 from bridge.errors import InvalidDelayError, InvalidMessageError, InvalidPropertyError
@@ -56,6 +57,8 @@ from topics.properties import (
     SystemPropertyName,
 )
 from topics.properties import MessageConst as _RocketMQNames
+
+_logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEAD_LETTER_PROPERTIES",
@@ -598,23 +601,25 @@ class MessageExt(Message):
 
 
 # --- tracing: OpenTelemetry when installed --------------------------------------------------
-_otel: list[Any] = []
-"""``[trace, propagate]`` of opentelemetry-api once looked for, ``[None, None]`` if it is not
-installed; empty before the first look."""
+_otel_modules: tuple[Any, Any] | None = None
+"""opentelemetry-api's ``trace`` and ``propagate`` modules, once looked for and found."""
+_otel_looked = False
+"""True once :func:`_opentelemetry` looked for them (set after ``_otel_modules``)."""
 
 
 def _opentelemetry() -> tuple[Any, Any] | None:
     """opentelemetry-api's ``trace`` and ``propagate`` modules, or None when it is not
-    installed (then nothing of it is imported; looked for once)."""
-    if not _otel:
+    installed (then nothing of it is imported; looked for once, from any thread)."""
+    global _otel_modules, _otel_looked  # noqa: PLW0603 - a cache filled on first use
+    if not _otel_looked:
         try:
             from opentelemetry import propagate, trace  # noqa: PLC0415 - optional extra
 
-            _otel.extend((trace, propagate))
+            _otel_modules = (trace, propagate)
         except ImportError:
-            _otel.extend((None, None))
-    trace_module, propagate_module = _otel
-    return None if trace_module is None else (trace_module, propagate_module)
+            _otel_modules = None
+        _otel_looked = True
+    return _otel_modules
 
 
 def tracing_available() -> bool:
@@ -639,7 +644,8 @@ _MESSAGING_SYSTEM: Final = "rocketmq"
 
 class TraceSpan:
     """A span the bridge opened, or nothing (OpenTelemetry missing, or not wanted): what the
-    caller reports about the work it covers."""
+    caller reports about the work it covers. Tracing never fails the work: an error of the
+    tracing library is logged and ignored."""
 
     __slots__ = ("span",)
 
@@ -649,17 +655,23 @@ class TraceSpan:
     def set_attribute(self, name: str, value: str | int) -> None:
         """Set attribute ``name`` on the span, if there is one."""
         if self.span is not None:
-            self.span.set_attribute(name, value)
+            try:
+                self.span.set_attribute(name, value)
+            except Exception:
+                _logger.debug("tracing: setting %s failed", name, exc_info=True)
 
     def failed(self, description: str, exc: BaseException | None = None) -> None:
         """Mark the span failed (``description``), recording ``exc`` if given."""
         if self.span is None:
             return
-        from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415 - optional extra
+        try:
+            from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415 - optional extra
 
-        if exc is not None:
-            self.span.record_exception(exc)
-        self.span.set_status(Status(StatusCode.ERROR, description))
+            if exc is not None:
+                self.span.record_exception(exc)
+            self.span.set_status(Status(StatusCode.ERROR, description))
+        except Exception:
+            _logger.debug("tracing: marking a span failed failed", exc_info=True)
 
 
 def inject_trace_context(msg: Message) -> None:
@@ -672,10 +684,28 @@ def inject_trace_context(msg: Message) -> None:
     if otel is None:
         return
     carrier: dict[str, str] = {}
-    otel[1].inject(carrier)
+    try:
+        otel[1].inject(carrier)
+    except Exception:
+        _logger.warning("tracing: writing the trace context failed", exc_info=True)
+        return
     for name in TRACE_PROPERTIES:
-        if name in carrier:
-            msg.put_system_property(name, carrier[name])
+        value = carrier.get(name)
+        if isinstance(value, str):
+            msg.put_system_property(name, value)
+
+
+@contextlib.contextmanager
+def _current_span(start: Callable[[], Any]) -> Iterator[TraceSpan]:
+    """Run the block in the span context manager ``start()`` makes; if making or entering it
+    fails, without a span (logged): tracing never fails the work."""
+    with contextlib.ExitStack() as stack:
+        try:
+            span = stack.enter_context(start())
+        except Exception:
+            _logger.warning("tracing: starting a span failed", exc_info=True)
+            span = None
+        yield TraceSpan(span)
 
 
 @contextlib.contextmanager
@@ -690,24 +720,28 @@ def send_span(msg: Message) -> Iterator[TraceSpan]:
         yield TraceSpan()
         return
     trace = otel[0]
-    tracer = trace.get_tracer("bridge")
-    with tracer.start_as_current_span(
-        f"{msg.topic} send",
-        kind=trace.SpanKind.PRODUCER,
-        attributes={
-            "messaging.system": _MESSAGING_SYSTEM,
-            "messaging.operation.type": "send",
-            "messaging.destination.name": str(msg.topic),
-        },
-    ) as span:
-        yield TraceSpan(span)
+
+    def start() -> Any:
+        return trace.get_tracer("bridge").start_as_current_span(
+            f"{msg.topic} send",
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": _MESSAGING_SYSTEM,
+                "messaging.operation.type": "send",
+                "messaging.destination.name": str(msg.topic),
+            },
+        )
+
+    with _current_span(start) as span:
+        yield span
 
 
 @contextlib.contextmanager
 def process_span(msgs: list[MessageExt], group: str) -> Iterator[TraceSpan]:
     """A consumer span (``<topic> process``) around a listener call on ``msgs``, whose parent
     is the trace context the first message carries (a new trace if none) and which links the
-    others' contexts; nothing when OpenTelemetry is not installed."""
+    others' contexts; nothing when OpenTelemetry is not installed or no tracer provider is
+    set up (every span would be a no-op: listener calls skip the cost)."""
     otel = _opentelemetry()
     if otel is None or not msgs:
         yield TraceSpan()
@@ -716,36 +750,38 @@ def process_span(msgs: list[MessageExt], group: str) -> Iterator[TraceSpan]:
     if isinstance(
         trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
     ):
-        # No SDK set up: every span would be a no-op; listener calls skip the cost.
         yield TraceSpan()
         return
-    parent = propagate.extract(trace_carrier(msgs[0]._properties))
-    links = []
-    for msg in msgs[1:]:
-        carrier = trace_carrier(msg._properties)
-        if carrier:
-            context = trace.get_current_span(propagate.extract(carrier)).get_span_context()
-            if context.is_valid:
-                links.append(trace.Link(context))
-    first = msgs[0]
-    attributes: dict[str, str | int] = {
-        "messaging.system": _MESSAGING_SYSTEM,
-        "messaging.operation.type": "process",
-        "messaging.destination.name": str(first.topic),
-        "messaging.consumer.group.name": group,
-        "messaging.batch.message_count": len(msgs),
-        "messaging.message.id": first.msg_id,
-        "messaging.destination.partition.id": str(first.queue_id),
-        "messaging.kafka.offset": first.queue_offset,
-    }
-    tracer = trace.get_tracer("bridge")
-    with tracer.start_as_current_span(
-        f"{first.topic} process",
-        context=parent,
-        kind=trace.SpanKind.CONSUMER,
-        links=links,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        yield TraceSpan(span)
+
+    def start() -> Any:
+        parent = propagate.extract(trace_carrier(msgs[0]._properties))
+        links = []
+        for msg in msgs[1:]:
+            carrier = trace_carrier(msg._properties)
+            if carrier:
+                context = trace.get_current_span(propagate.extract(carrier)).get_span_context()
+                if context.is_valid:
+                    links.append(trace.Link(context))
+        first = msgs[0]
+        attributes: dict[str, str | int] = {
+            "messaging.system": _MESSAGING_SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.destination.name": str(first.topic),
+            "messaging.consumer.group.name": group,
+            "messaging.batch.message_count": len(msgs),
+            "messaging.message.id": first.msg_id,
+            "messaging.destination.partition.id": str(first.queue_id),
+            "messaging.kafka.offset": first.queue_offset,
+        }
+        return trace.get_tracer("bridge").start_as_current_span(
+            f"{first.topic} process",
+            context=parent,
+            kind=trace.SpanKind.CONSUMER,
+            links=links,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+
+    with _current_span(start) as span:
+        yield span
