@@ -178,6 +178,7 @@ def test_consume_from_an_unreachable_broker_fails() -> None:
         "consume", "-b", f"127.0.0.1:{free_port()}", "orders", "--timeout-ms", "2000", env=env
     )
     assert "BrokerUnreachableError" in proc.stderr, proc.stderr
+    assert proc.returncode == 3, "the documented status of an unreachable broker"
 
 
 def test_a_coordinator_with_a_protected_kafka_property_fails_fast(

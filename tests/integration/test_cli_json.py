@@ -1,0 +1,205 @@
+"""The command line for scripts, run as a script runs it (a subprocess) against a real broker:
+``--json`` output of every read command parsed line by line, exit statuses for an unreachable
+broker and for what does not exist, ``--version`` and JSON logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from bridge import (
+    ClientConfig,
+    Message,
+    MessageExt,
+    Producer,
+    TransactionListener,
+    TransactionMQProducer,
+    TransactionStatus,
+)
+from bridge.consumer import ConsumeFromWhere, ConsumeStatus, PushConsumer
+from bridge.kafka.admin import TopicAdmin
+from bridge.runtime.local_kafka import free_port
+from tests.conftest import wait_until
+from topics.catalog import TopicSpec
+
+pytestmark = pytest.mark.broker
+
+EXIT_UNREACHABLE = 3
+EXIT_NOT_FOUND = 4
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bridge.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def json_lines(*args: str) -> list[dict[str, Any]]:
+    """Run a command with ``--json``: exit 0, and every stdout line one JSON object."""
+    proc = run(*args, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert all(isinstance(r, dict) for r in rows), proc.stdout
+    return rows
+
+
+class Unknown(TransactionListener):
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        return TransactionStatus.UNKNOWN
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        return TransactionStatus.UNKNOWN
+
+
+def test_every_read_command_prints_json_lines(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    ns = ["--namespace", client_config.namespace]
+    b = ["-b", client_config.bootstrap_servers]
+    topic = unique("t")
+    group = unique("g")
+    TopicAdmin(client_config).ensure_topics([TopicSpec(topic, 1)])
+    with Producer(unique("pg"), config=client_config) as producer:
+        sent = producer.send_sync(
+            Message(topic, "hello", keys="k1", tags="TagA", properties={"bin": b"\xff\x00"})
+        )
+        producer.send_sync(Message(topic, "later", delay_time_level=18))  # waits 2 h
+    with TransactionMQProducer(unique("tx"), Unknown(), config=client_config) as tx:
+        undecided = tx.send_message_in_transaction(Message(topic, "in doubt"), None)
+    consumer = PushConsumer(
+        group,
+        config=client_config,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        max_reconsume_times=0,  # the first failure is a dead letter
+    )
+    consumer.subscribe(topic, lambda m: ConsumeStatus.RECONSUME_LATER)
+    consumer.start()
+    try:
+        wait_until(lambda: consumer.stats().dead_lettered >= 1, timeout_s=60)
+    finally:
+        consumer.shutdown()
+
+    topics = {r["kafka_topic"]: r for r in json_lines(*ns, "topics", "list", *b)}
+    assert topics[topic]["partitions"] == 1 and topics[topic]["kind"] == "real"
+    assert any(r["rocketmq_name"] == f"%DLQ%{group}" for r in topics.values())
+    [mapped] = json_lines(*ns, "topics", "map", f"%DLQ%{group}")
+    assert mapped["rocketmq_name"] == f"%DLQ%{group}"
+
+    [msg] = json_lines(*ns, "consume", *b, topic, "--count", "1", "--timeout-ms", "10000")
+    assert (msg["msg_id"], msg["body"], msg["keys"], msg["tags"]) == (
+        sent.msg_id,
+        "hello",
+        ["k1"],
+        "TagA",
+    )
+    assert msg["binary_properties"] == {"bin": "/wA="}
+
+    rows = json_lines(*ns, "transactions", "list", *b)
+    assert [r["transaction_id"] for r in rows] == [undecided.transaction_id]
+    [shown] = json_lines(*ns, "transactions", "show", *b, undecided.transaction_id)
+    assert shown["state"] == "undecided" and shown["real_topic"] == topic
+    assert json_lines(*ns, "transactions", "parked", *b) == []
+
+    levels = json_lines(*ns, "delays", "status", *b)
+    [waiting] = [q for q in levels if q["pending"]]
+    assert (waiting["kind"], waiting["index"], waiting["pending"]) == ("level", 18, 1)
+
+    [status] = json_lines(*ns, "dlq", "status", *b, "--group", group)
+    assert status["count"] >= 1 and status["origin_topics"] == {topic: status["count"]}
+    letters = json_lines(*ns, "dlq", "list", *b, "--group", group)
+    assert {r["message"]["body"] for r in letters} <= {"hello", "later", "in doubt"}
+    assert letters[0]["failure"]["CONSUME_FAILURE"] == "RECONSUME_LATER"
+    assert letters[0]["failure"]["CONSUMER_GROUP"] == group
+    replay = json_lines(*ns, "dlq", "replay", *b, "--group", group, "--dry-run")
+    assert [r["msg_id"] for r in replay] == [r["msg_id"] for r in letters]
+    assert json_lines(*ns, "quarantine", *b) == []
+
+    # What does not exist: exit status 4 and one error line.
+    for args in (
+        ["transactions", "show", *b, "0" * 32],
+        ["dlq", "list", *b, "--group", unique("nobody")],
+        ["dlq", "status", *b, "--group", unique("nobody")],
+    ):
+        proc = run(*ns, *args, "--json")
+        assert proc.returncode == EXIT_NOT_FOUND, (args, proc.stdout, proc.stderr)
+        assert proc.stdout == "" and proc.stderr.startswith("Error: "), proc.stderr
+
+
+READ_COMMANDS = [
+    ["topics", "list"],
+    ["consume", "orders"],
+    ["transactions", "list"],
+    ["transactions", "show", "X"],
+    ["transactions", "parked"],
+    ["delays", "status"],
+    ["dlq", "status"],
+    ["dlq", "list", "--group", "g"],
+    ["dlq", "replay", "--group", "g", "--dry-run"],
+    ["quarantine"],
+]
+
+
+def test_an_unreachable_broker_fails_every_read_command_within_the_request_timeout() -> None:
+    timeout_ms = 1500
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"},
+        "BRIDGE_REQUEST_TIMEOUT_MS": str(timeout_ms),
+    }
+    started = time.monotonic()
+    assert run("--version", env=env).returncode == 0
+    startup_s = time.monotonic() - started  # the interpreter and imports, on this machine
+    address = f"127.0.0.1:{free_port()}"
+
+    def attempt(args: list[str]) -> tuple[list[str], subprocess.CompletedProcess[str], float]:
+        began = time.monotonic()
+        proc = run(*args, "-b", address, "--json", env=env, timeout=60)
+        return args, proc, time.monotonic() - began
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(attempt, READ_COMMANDS))
+    for args, proc, elapsed in results:
+        assert proc.returncode == EXIT_UNREACHABLE, (args, proc.stdout, proc.stderr)
+        assert proc.stdout == "", (args, proc.stdout)
+        assert proc.stderr.startswith("Error: BrokerUnreachableError"), (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+        # The request timeout, plus start-up (two at once on a shared machine: some slack).
+        assert elapsed < timeout_ms / 1000 + 2 * startup_s + 3.0, (args, elapsed, startup_s)
+
+
+def test_version() -> None:
+    proc = run("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("bridge, version "), proc.stdout
+
+
+def test_json_logs(client_config: ClientConfig, topic: str) -> None:
+    env = {**os.environ, "BRIDGE_LOG_FORMAT": "json"}
+    b = ["-b", client_config.bootstrap_servers]
+    for args in (
+        ["-v", "send", *b, topic, "x"],
+        ["--log-format", "json", "-v", "send", *b, topic, "y"],
+    ):
+        proc = run(
+            "--namespace", client_config.namespace, *args, env=env if args[0] == "-v" else None
+        )
+        assert proc.returncode == 0, proc.stderr
+        logs = proc.stderr.splitlines()
+        assert any("producer" in json.loads(line)["message"] for line in logs), proc.stderr
+        for line in logs:
+            record = json.loads(line)
+            assert {"ts", "level", "logger", "message", "thread"} <= set(record), record
