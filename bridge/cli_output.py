@@ -185,7 +185,8 @@ class JsonLogFormatter(logging.Formatter):
 
 def configure_logging(verbose: int, log_format: str) -> None:
     """Log at WARNING (``verbose`` 0), INFO (1) or DEBUG (2+) to stderr, as text or as one
-    JSON object per line (``log_format`` ``json``)."""
+    JSON object per line (``log_format`` ``json``), unless the root logger has handlers
+    already (the command runs inside a program that set up logging)."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
@@ -195,8 +196,9 @@ def configure_logging(verbose: int, log_format: str) -> None:
             logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s")
         )
     root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
+    if not root.handlers:  # as logging.basicConfig: a host that set up logging keeps it
+        root.addHandler(handler)
+        root.setLevel(level)
     if verbose == 0:
         # librdkafka logs every retriable hiccup (a coordinator still loading, each refused
         # connection while a broker is down); a failed command says why in its one error line,
