@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, overload
 
@@ -84,6 +85,7 @@ __all__ = [
     "property_text",
     "send_span",
     "trace_carrier",
+    "tracing_active",
     "tracing_available",
     "truncate_utf8",
 ]
@@ -622,6 +624,40 @@ def _opentelemetry() -> tuple[Any, Any] | None:
     return _otel_modules
 
 
+_provider_set = False
+"""True once a tracer provider was found set up (it stays so)."""
+_provider_next_look = 0.0
+"""While none is set up: when to look again (monotonic seconds)."""
+_PROVIDER_LOOK_INTERVAL_S: Final = 1.0
+"""How often, at most, a tracer provider set up later is looked for, seconds (looking costs
+microseconds on every send and listener call otherwise)."""
+
+
+def _no_tracer_provider(trace: Any) -> bool:
+    """True while no tracer provider is set up (every span would be a no-op); one set up
+    later is seen within :data:`_PROVIDER_LOOK_INTERVAL_S`."""
+    global _provider_set, _provider_next_look  # noqa: PLW0603 - a cache filled on first use
+    if _provider_set:
+        return False
+    now = time.monotonic()
+    if now < _provider_next_look:
+        return True
+    if isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    ):
+        _provider_next_look = now + _PROVIDER_LOOK_INTERVAL_S
+        return True
+    _provider_set = True
+    return False
+
+
+def tracing_active() -> bool:
+    """True if spans would be recorded: opentelemetry-api installed and a tracer provider set
+    up. Cheap: senders and listener calls check it before making a span."""
+    otel = _opentelemetry()
+    return otel is not None and not _no_tracer_provider(otel[0])
+
+
 def tracing_available() -> bool:
     """True if opentelemetry-api is installed (the ``otel`` extra): producers then make send
     spans and push consumers process spans."""
@@ -683,9 +719,12 @@ def inject_trace_context(msg: Message) -> None:
     otel = _opentelemetry()
     if otel is None:
         return
+    trace, propagate = otel
     carrier: dict[str, str] = {}
     try:
-        otel[1].inject(carrier)
+        if not trace.get_current_span().get_span_context().is_valid:
+            return  # nothing to write (the common case without a span): skip the propagator
+        propagate.inject(carrier)
     except Exception:
         _logger.warning("tracing: writing the trace context failed", exc_info=True)
         return
@@ -714,9 +753,10 @@ def send_span(msg: Message) -> Iterator[TraceSpan]:
     ``msg``, current while it runs so that :func:`inject_trace_context` writes its context
     into the message; only when OpenTelemetry is installed and ``msg`` has no ``traceparent``
     yet (a message that already carries one is sent in its trace, without a span). Without a
-    tracer provider set up, the span is a no-op and no context is written."""
+    tracer provider set up there is no span (a valid current context, say one a framework
+    took from an incoming request, is still written by :func:`inject_trace_context`)."""
     otel = _opentelemetry()
-    if otel is None or MessageConst.TRACE_PARENT in msg._properties:
+    if otel is None or MessageConst.TRACE_PARENT in msg._properties or _no_tracer_provider(otel[0]):
         yield TraceSpan()
         return
     trace = otel[0]
@@ -747,9 +787,7 @@ def process_span(msgs: list[MessageExt], group: str) -> Iterator[TraceSpan]:
         yield TraceSpan()
         return
     trace, propagate = otel
-    if isinstance(
-        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
-    ):
+    if _no_tracer_provider(trace):
         yield TraceSpan()
         return
 

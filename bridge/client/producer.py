@@ -15,9 +15,11 @@ context travels in the message (``docs/tracing.md``). Without it nothing is impo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from contextlib import AbstractContextManager
 from typing import Any
 
 from bridge.client.send_checks import (
@@ -55,9 +57,11 @@ from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import (
     Message,
     MessageIdGenerator,
+    TraceSpan,
     inject_trace_context,
     local_ipv4,
     send_span,
+    tracing_active,
 )
 from topics.catalog import SystemTopic
 from topics.naming import validate_user_group
@@ -71,6 +75,14 @@ _REPORTS_EVERY_SENDS = 32
 the GIL around, so serving after every send costs more than the reports themselves."""
 _SYNC_FLUSH_SLICE_S = 0.005
 """A sync send waits in flush() slices this long, seconds (flush skips linger.ms)."""
+_NO_SPAN: contextlib.nullcontext[TraceSpan] = contextlib.nullcontext(TraceSpan())
+"""What a send runs in without OpenTelemetry (costs nothing)."""
+
+
+def _span(msg: Message) -> AbstractContextManager[TraceSpan]:
+    """The send span of ``msg`` (:func:`bridge.message.send_span`) when OpenTelemetry records
+    spans, else nothing."""
+    return send_span(msg) if tracing_active() else _NO_SPAN
 
 
 class Producer(Startable):
@@ -315,7 +327,7 @@ class Producer(Startable):
         """
         if not self._running:
             self._lifecycle.require_running()
-        with send_span(msg) as span:
+        with _span(msg) as span:
             record = self.prepare(msg, partition)
             span.set_attribute("messaging.message.id", record.msg_id)
             stored_partition, offset = self.send_record_sync(record)
@@ -405,7 +417,7 @@ class Producer(Startable):
         """
         if not self._running:
             self._lifecycle.require_running()
-        with send_span(msg) as span:
+        with _span(msg) as span:
             record = self.prepare(msg, partition)
             span.set_attribute("messaging.message.id", record.msg_id)
             self._produce(
@@ -420,7 +432,7 @@ class Producer(Startable):
         """Send without any result; failures are only logged. Return the message id."""
         if not self._running:
             self._lifecycle.require_running()
-        with send_span(msg) as span:
+        with _span(msg) as span:
             record = self.prepare(msg, partition)
             span.set_attribute("messaging.message.id", record.msg_id)
             self._produce(record, record.partition, log_oneway_failure)

@@ -10,8 +10,10 @@ the same way (:meth:`Consumption._call_listener`) and hand failures to one
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from typing import ClassVar, Final, Generic, TypeVar, cast
 
 from bridge.consumer.context import ConsumerContext, Listener, MessageCallback
@@ -31,7 +33,9 @@ from bridge.message import (
     FAILURE_MESSAGE_MAX_BYTES,
     MessageConst,
     MessageExt,
+    TraceSpan,
     process_span,
+    tracing_active,
     truncate_utf8,
 )
 
@@ -39,6 +43,16 @@ logger = logging.getLogger(__name__)
 
 ContextT = TypeVar("ContextT", ConsumeConcurrentlyContext, ConsumeOrderlyContext)
 BatchListener = MessageListenerConcurrently | MessageListenerOrderly
+
+
+_NO_SPAN: contextlib.nullcontext[TraceSpan] = contextlib.nullcontext(TraceSpan())
+"""What a listener call runs in without recorded spans (costs nothing)."""
+
+
+def _span(msgs: list[MessageExt], group: str) -> AbstractContextManager[TraceSpan]:
+    """The process span of a listener call on ``msgs`` when OpenTelemetry records spans
+    (:func:`bridge.message.process_span`), else nothing."""
+    return process_span(msgs, group) if tracing_active() else _NO_SPAN
 
 
 class Failure:
@@ -97,7 +111,7 @@ def leading_successes(callback: MessageCallback, msgs: list[MessageExt], group: 
     (not called) get the failure noted (:func:`record_failure`). Each call runs in a process
     span of ``group`` when OpenTelemetry is installed."""
     for index, msg in enumerate(msgs):
-        with process_span([msg], group) as span:
+        with _span([msg], group) as span:
             try:
                 result = callback(msg)
             except Exception as exc:
@@ -168,7 +182,7 @@ class Consumption(abc.ABC, Generic[ContextT]):
         with OpenTelemetry, each call runs in a process span (one per batch)."""
         group = self._context.group
         if isinstance(listener, self._BATCH_LISTENER):
-            with process_span(msgs, group) as span:
+            with _span(msgs, group) as span:
                 try:
                     done = self._consume_batch(listener, msgs, context)
                 except Exception as exc:
