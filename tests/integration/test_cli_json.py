@@ -125,6 +125,10 @@ def test_every_read_command_prints_json_lines(
     assert {r["message"]["body"] for r in letters} <= {"hello", "later", "in doubt"}
     assert letters[0]["failure"]["CONSUME_FAILURE"] == "RECONSUME_LATER"
     assert letters[0]["failure"]["CONSUMER_GROUP"] == group
+    text = run(*ns, "dlq", "list", *b, "--group", group)
+    assert text.returncode == 0, text.stderr
+    assert f"first-read={topic}[0]@0 " in text.stdout, text.stdout
+    assert "failed-with='RECONSUME_LATER'" in text.stdout, text.stdout
     replay = json_lines(*ns, "dlq", "replay", *b, "--group", group, "--dry-run")
     assert [r["msg_id"] for r in replay] == [r["msg_id"] for r in letters]
     assert json_lines(*ns, "quarantine", *b) == []
