@@ -2,8 +2,9 @@
 
 A W3C ``traceparent`` sent with a transactional message reaches the consumer of the real
 topic and, after the listener failed it, of the retry topic; the DLQ copy carries it with the
-failure's metadata. The OpenTelemetry spans are checked in a child process (the tracer
-provider is process-wide and set once), with the SDK's in-memory exporter.
+failure's metadata. A delay level and a timer keep it too. The OpenTelemetry spans are checked
+in a child process (the tracer provider is process-wide and set once), with the SDK's
+in-memory exporter.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from bridge import (
     ClientConfig,
     Message,
     MessageExt,
+    Producer,
     TransactionListener,
     TransactionMQProducer,
     TransactionStatus,
+    read_messages,
 )
 from bridge.consumer import ConsumeFromWhere, ConsumeStatus, PushConsumer
 from bridge.consumer.admin import read_dead_letters
@@ -199,6 +202,27 @@ def test_a_trace_id_reaches_the_real_and_retry_topics_and_the_dlq_with_the_failu
     assert rows["raise-1"]["failure"]["ORIGIN_KAFKA_TOPIC"] == topic
     assert rows["later-1"]["failure"]["CONSUME_FAILURE"] == "RECONSUME_LATER"
     assert rows["later-1"]["failure"]["traceparent"] == TRACEPARENT
+
+
+def test_a_trace_id_survives_a_delay_level_and_a_timer(
+    fast_config: ClientConfig, coordinator: Coordinator, unique: Callable[[str], str]
+) -> None:
+    topic = unique("t")
+    TopicAdmin(fast_config).ensure_topics([TopicSpec(topic, 1)])
+    props = {"traceparent": TRACEPARENT, "tracestate": TRACESTATE}
+    level = Message(topic, "level", properties=props, delay_time_level=2)
+    timer = Message(topic, "timer", properties=props)
+    timer.set_delay_time_ms(1500)
+    with Producer(unique("pg"), config=fast_config) as producer:
+        producer.send_sync(level)
+        producer.send_sync(timer)
+    got = {
+        m.body: m for m in read_messages(fast_config, [topic], max_messages=2, timeout_ms=60_000)
+    }
+    assert set(got) == {b"level", b"timer"}
+    for msg in got.values():
+        assert msg.get_property(MessageConst.TRACE_PARENT) == TRACEPARENT
+        assert msg.get_property(MessageConst.TRACE_STATE) == TRACESTATE
 
 
 _SPANS_SCRIPT = """
