@@ -11,7 +11,7 @@ import base64
 import dataclasses
 import logging
 import time
-from typing import Any, Final
+from typing import Any
 
 import click
 
@@ -24,12 +24,16 @@ from bridge.cli_output import (
     progress,
     require_broker,
 )
-from bridge.client.producer import Producer
 from bridge.config import ClientConfig
-from bridge.consumer.admin import dlq_groups, dlq_summary, read_dead_letters, replay_dead_letters
-from bridge.consumer.send_back import ReplayTarget, replay_record
+from bridge.consumer.admin import (
+    dlq_groups,
+    dlq_summary,
+    read_dead_letters,
+    replay_dead_letters,
+    write_back,
+)
+from bridge.consumer.send_back import ReplayTarget
 from bridge.delay.admin import delay_status
-from bridge.errors import KafkaClientError, SendError
 from bridge.kafka.quarantine import read_quarantine, replay_quarantined
 from bridge.message import MessageConst, MessageExt, property_text
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
@@ -42,9 +46,6 @@ def transactions() -> None:
 
 
 logger = logging.getLogger(__name__)
-
-_REPLAY_CHUNK: Final = 500
-"""Dead letters ``dlq replay`` writes per round trip (the progress bar advances per chunk)."""
 
 
 def _read_config(ctx: click.Context, bootstrap_servers: str | None) -> ClientConfig:
@@ -365,7 +366,8 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
         config, group, keys=keys, tags=tags, msg_ids=msg_ids, target=chosen, dry_run=True
     )
     if not dry_run and letters:
-        _replay(config, group, letters, chosen)
+        with progress(f"replaying {len(letters)} dead letters", len(letters)) as bar:
+            write_back(config, group, letters, chosen, on_progress=bar.advance)
     for m in letters:
         if as_json:
             emit_json(
@@ -380,33 +382,6 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
             console.print(f"{m.msg_id} -> {m.get_property(MessageConst.RETRY_TOPIC)}")
     if not as_json:
         console.print(f"{'would replay' if dry_run else 'replayed'} {len(letters)}")
-
-
-def _replay(
-    config: ClientConfig, group: str, letters: list[MessageExt], target: ReplayTarget
-) -> None:
-    """Write ``letters`` back to ``target`` (as ``replay_dead_letters`` does), in chunks of
-    :data:`_REPLAY_CHUNK` so the progress bar moves; raise :class:`SendError` naming the
-    letters not written."""
-    failed: list[str] = []
-    with (
-        Producer("bridge-dlq-replay", config=config) as producer,
-        progress(f"replaying {len(letters)} dead letters", len(letters)) as bar,
-    ):
-        for start in range(0, len(letters), _REPLAY_CHUNK):
-            chunk = letters[start : start + _REPLAY_CHUNK]
-            records = [replay_record(m, group, target, namespace=config.namespace) for m in chunk]
-            results = producer.send_records_sync(records)
-            for m, r in zip(chunk, results, strict=True):
-                if isinstance(r, KafkaClientError):
-                    failed.append(f"{m.msg_id} ({r})")
-                else:
-                    logger.info(
-                        "replayed dead letter %s of %s to %s", m.msg_id, group, target.value
-                    )
-            bar.advance(len(chunk))
-    if failed:
-        raise SendError(f"replay of {len(failed)} dead letters of {group} failed: {failed}")
 
 
 @click.group("quarantine", invoke_without_command=True)

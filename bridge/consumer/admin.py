@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from bridge.client.producer import Producer
 from bridge.client.reader import read_to_end
@@ -24,6 +25,9 @@ from topics.catalog import TopicCatalog
 from topics.naming import TopicKind
 
 logger = logging.getLogger(__name__)
+
+REPLAY_CHUNK: Final = 500
+"""Dead letters :func:`replay_dead_letters` writes per round trip."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,18 +122,37 @@ def replay_dead_letters(
     :class:`SendError` naming the letters not written.
     """
     letters = [m for m in read_dead_letters(config, group) if _chosen(m, keys, tags, msg_ids)]
-    if dry_run or not letters:
-        return letters
-    records = [replay_record(m, group, target, namespace=config.namespace) for m in letters]
+    if not dry_run:
+        write_back(config, group, letters, target)
+    return letters
+
+
+def write_back(
+    config: ClientConfig,
+    group: str,
+    letters: Sequence[MessageExt],
+    target: ReplayTarget,
+    on_progress: Callable[[int], None] | None = None,
+) -> None:
+    """Write dead ``letters`` of ``group`` back to ``target`` (see
+    :func:`replay_dead_letters`), :data:`REPLAY_CHUNK` at a time; ``on_progress`` gets the
+    count of each chunk written. Raises :class:`SendError` naming the letters not written."""
+    if not letters:
+        return
+    failed: list[str] = []
     with Producer("bridge-dlq-replay", config=config) as producer:
-        results = producer.send_records_sync(records)
-    failed = [
-        f"{m.msg_id} ({r})"
-        for m, r in zip(letters, results, strict=True)
-        if isinstance(r, KafkaClientError)
-    ]
+        for start in range(0, len(letters), REPLAY_CHUNK):
+            chunk = letters[start : start + REPLAY_CHUNK]
+            records = [replay_record(m, group, target, namespace=config.namespace) for m in chunk]
+            results = producer.send_records_sync(records)
+            for m, r in zip(chunk, results, strict=True):
+                if isinstance(r, KafkaClientError):
+                    failed.append(f"{m.msg_id} ({r})")
+                else:
+                    logger.info(
+                        "replayed dead letter %s of %s to %s", m.msg_id, group, target.value
+                    )
+            if on_progress is not None:
+                on_progress(len(chunk))
     if failed:
         raise SendError(f"replay of {len(failed)} dead letters of {group} failed: {failed}")
-    for m in letters:
-        logger.info("replayed dead letter %s of %s to %s", m.msg_id, group, target.value)
-    return letters
