@@ -8,13 +8,14 @@
     async with Producer("my_group", bootstrap_servers="127.0.0.1:9092") as producer:
         result = await producer.send(Message("orders", b"hello", keys="order-1"))
 
-:class:`Producer` and :class:`TransactionMQProducer` are fronts over
+:class:`Producer`, :class:`TransactionMQProducer` and :class:`PushConsumer` are fronts over
 the threaded clients of the same names, which keep every rule (checks before sending, half
 messages and their END records, retry routes, the DLQ, offsets, shutdown); listeners may be
 ``async def`` and run on the event loop. No call on the loop waits for Kafka: librdkafka is
 called on the clients' own threads. See ``docs/asyncio.md``.
 """
 
+from bridge.aio.consumer import PushConsumer
 from bridge.aio.listeners import (
     AsyncMessageListenerConcurrently,
     AsyncMessageListenerOrderly,
@@ -23,6 +24,14 @@ from bridge.aio.listeners import (
 from bridge.aio.producer import Producer
 from bridge.aio.transaction import TransactionMQProducer
 from bridge.client.send_results import SendResult, SendStatus
+from bridge.consumer.model import (
+    ConsumeConcurrentlyContext,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    ConsumeStatus,
+    MessageListenerConcurrently,
+    MessageListenerOrderly,
+)
 from bridge.transaction.model import TransactionListener, TransactionStatus
 from bridge.transaction.producer import TransactionSendResult
 
@@ -30,7 +39,14 @@ __all__ = [
     "AsyncMessageListenerConcurrently",
     "AsyncMessageListenerOrderly",
     "AsyncTransactionListener",
+    "ConsumeConcurrentlyContext",
+    "ConsumeOrderlyContext",
+    "ConsumeOrderlyStatus",
+    "ConsumeStatus",
+    "MessageListenerConcurrently",
+    "MessageListenerOrderly",
     "Producer",
+    "PushConsumer",
     "SendResult",
     "SendStatus",
     "TransactionListener",

@@ -1,23 +1,23 @@
 """The asyncio ``Producer``: ``await send(msg)``, ``send_oneway``, ``send_batch``.
 
-A front over the threaded :class:`bridge.client.Producer`, which keeps every rule: the message
-is checked and its record built by the same :meth:`~bridge.client.Producer.prepare` (typed
-errors before anything is sent), and sent by the same producer, idempotent and ``acks=all``,
-with the same delivery reports (:class:`~bridge.client.send_results.AsyncReport`). Only where
-the work runs differs:
+A front over the threaded :class:`bridge.client.Producer`, which keeps every rule: each
+message is checked and its record built by the same :meth:`~bridge.client.Producer.prepare`
+(the same typed errors, and nothing sent when one is raised), and sent by the same producer,
+idempotent and ``acks=all``, with the same delivery reports
+(:class:`~bridge.client.send_results.AsyncReport`). Only where the work runs differs:
 
-* on the event loop: :meth:`Producer.prepare` of a message without an explicit partition
-  (no I/O), and the futures the sends return;
-* on the producer's sender thread: every call into librdkafka (``produce``, a full local queue
-  waited out, the system topics created before a first delayed message), fed from a queue
-  the loop appends to;
+* on the event loop: a future per send and a queue append, nothing more;
+* on the producer's sender thread: preparing each record, and every call into librdkafka
+  (``produce``, a full local queue waited out, the system topics created before a first
+  delayed message, the partition count looked up for an explicit ``partition``);
 * on the threaded producer's delivery thread (or the sender thread): the delivery reports,
-  handed back to the loop in batches (one loop wake-up for all the reports that arrived
+  handed back to the loop in batches (one loop wake-up for all the outcomes that arrived
   together).
 
-So no call on the loop ever waits for Kafka. ``confluent_kafka.aio.AIOProducer`` is not used:
-its batched ``produce`` takes no headers, and every record of the bridge carries its
-properties as headers.
+So the loop never waits for Kafka and spends a few microseconds per send. Every ``send*``
+awaits its outcome (``send_oneway``: its hand-over), so a loop of sends lets other tasks run.
+``confluent_kafka.aio.AIOProducer`` is not used: its batched ``produce`` takes no headers,
+and every record of the bridge carries its properties as headers.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Self, cast
 
 from bridge.client.producer import Producer as ThreadedProducer
 from bridge.client.send_results import AsyncReport, SendResult, log_oneway_failure
@@ -57,8 +57,6 @@ _REPORT_GRACE_S: Final = 1.0
 ``send_msg_timeout_ms`` (librdkafka reports a failure at that timeout), s."""
 _DRAIN_BATCH: Final = 500
 """Send outcomes resolved per turn of the loop, at most (the rest in the next turn)."""
-_PREPARE_SLICE: Final = 100
-"""A batch send lets other tasks run after checking this many messages."""
 _SENDER_IDLE_WAIT_S: Final = 0.2
 """How often an idle sender thread looks whether it must stop, s."""
 
@@ -74,10 +72,10 @@ class _Completions:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._items: deque[tuple[asyncio.Future[SendResult], Any, bool]] = deque()
+        self._items: deque[tuple[asyncio.Future[Any], Any, bool]] = deque()
         self._scheduled = False
 
-    def put(self, future: asyncio.Future[SendResult], outcome: Any, failed: bool) -> None:
+    def put(self, future: asyncio.Future[Any], outcome: Any, failed: bool) -> None:
         """Any thread: resolve ``future`` with ``outcome`` (an exception if ``failed``)."""
         self._items.append((future, outcome, failed))
         if not self._scheduled:
@@ -106,19 +104,41 @@ class _Completions:
 
 
 class _Pending:
-    """The loop side of one awaited send: its future, resolved through the completions."""
+    """The loop side of one outcome: its future, resolved through the completions."""
 
     __slots__ = ("completions", "future")
 
-    def __init__(self, completions: _Completions, future: asyncio.Future[SendResult]) -> None:
+    def __init__(self, completions: _Completions, future: asyncio.Future[Any]) -> None:
         self.completions = completions
         self.future = future
 
-    def ok(self, result: SendResult) -> None:
+    def ok(self, result: Any) -> None:
         self.completions.put(self.future, result, False)
 
-    def fail(self, error: Exception) -> None:
+    def fail(self, error: BaseException) -> None:
         self.completions.put(self.future, error, True)
+
+
+class _Send:
+    """Messages for the sender thread: prepared there (all of them before any is sent), then
+    handed to librdkafka, each with its own outcome."""
+
+    __slots__ = ("handed", "msgs", "oneway", "partition", "results")
+
+    def __init__(
+        self,
+        msgs: list[Message],
+        partition: int,
+        handed: _Pending,
+        results: list[_Pending] | None,
+    ) -> None:
+        self.msgs = msgs
+        self.partition = partition
+        self.handed = handed
+        """Resolved with the message ids once every record was handed over, or with the
+        error that stopped them all (a message that is not valid: none was sent)."""
+        self.results = results
+        """Resolved with each one's :class:`SendResult` or error; None for oneway sends."""
 
 
 class Producer:
@@ -153,8 +173,8 @@ class Producer:
         self.config = self._producer.config
         self.group = self._producer.group
         self._max_queued = max_queued_sends
-        self._outbox: deque[tuple[PreparedRecord, int, Report]] = deque()
-        """Records for the sender thread: (record, partition, report handler)."""
+        self._outbox: deque[_Send] = deque()
+        """Messages for the sender thread."""
         self._enqueued = 0
         """Records put in the outbox so far (written on the loop only)."""
         self._handed = 0
@@ -176,7 +196,8 @@ class Producer:
 
     @property
     def threaded(self) -> ThreadedProducer:
-        """The threaded producer underneath (its own sends are thread-safe)."""
+        """The threaded producer underneath; its sends wait, so call them from threads, never
+        from the loop."""
         return self._producer
 
     async def start(self) -> None:
@@ -243,15 +264,16 @@ class Producer:
         """Send and wait for the broker's acknowledgement (at most ``send_msg_timeout_ms``,
         plus up to a second for the report): :meth:`bridge.Producer.send_sync`.
 
-        Raises the same typed errors before anything is sent (:class:`InvalidMessageError`
-        ...), and :class:`SendError` (:class:`SendTimeoutError` on timeout). Cancelling the
-        awaiting task does not take back a send already handed over.
+        ``partition`` picks a partition (-1: the key decides). Raises the same typed errors
+        as the threaded producer: :class:`InvalidMessageError` and the others for a message
+        that is not valid (nothing is sent), :class:`SendError` (:class:`SendTimeoutError`
+        on timeout) after. Cancelling the awaiting task does not take back a send already
+        handed over.
         """
-        self._require_running()
-        record = await self.prepare(msg, partition)
-        future, report = self._awaited(record, msg.topic)
-        await self._enqueue([(record, record.partition, report)])
-        return await self._result(future, record)
+        [result] = await self._send([msg], partition, oneway=False)
+        if isinstance(result, BaseException):
+            raise result
+        return cast(SendResult, result)
 
     async def send_batch(
         self, msgs: Iterable[Message], *, partition: int = -1
@@ -264,70 +286,72 @@ class Producer:
         Every message is checked first: one that is not valid raises its typed error and
         none is sent.
         """
-        self._require_running()
-        batch = list(msgs)
-        records = []
-        for index, msg in enumerate(batch, 1):
-            records.append(await self.prepare(msg, partition))
-            if index % _PREPARE_SLICE == 0:
-                await asyncio.sleep(0)  # a large batch does not hold the loop
-        awaited = [self._awaited(r, m.topic) for r, m in zip(records, batch, strict=True)]
-        await self._enqueue(
-            [(r, r.partition, report) for r, (_, report) in zip(records, awaited, strict=True)]
-        )
-        results: list[SendResult | KafkaClientError] = []
-        for record, (future, _) in zip(records, awaited, strict=True):
-            try:
-                results.append(await self._result(future, record))
-            except KafkaClientError as exc:
-                results.append(exc)
-        return results
+        results = await self._send(list(msgs), partition, oneway=False)
+        return [_as_client_error(r) if isinstance(r, BaseException) else r for r in results]
 
     async def send_oneway(self, msg: Message, *, partition: int = -1) -> str:
         """Send without any result; failures are only logged. Return the message id once the
-        send is queued (waiting only if ``max_queued_sends`` sends are)."""
-        self._require_running()
-        record = await self.prepare(msg, partition)
-        await self._enqueue([(record, record.partition, log_oneway_failure)])
-        return record.msg_id
+        send was handed to librdkafka; a message that is not valid raises its typed error."""
+        [msg_id] = await self._send([msg], partition, oneway=True)
+        return cast(str, msg_id)
 
     # --- internals -----------------------------------------------------------------------
-    def _require_running(self) -> None:
+    def _require_running(self) -> tuple[asyncio.AbstractEventLoop, _Completions]:
         state = self._producer.state
-        if state is not ServiceState.RUNNING or self._completions is None:
+        loop, completions = self._loop, self._completions
+        if state is not ServiceState.RUNNING or loop is None or completions is None:
             raise IllegalStateError(
                 f"producer {self.group} is {state.value}, not RUNNING: call start() first"
             )
         if self._stopping:
             raise IllegalStateError(f"producer {self.group} is shutting down")
+        return loop, completions
 
-    def _awaited(
-        self, record: PreparedRecord, topic: str
-    ) -> tuple[asyncio.Future[SendResult], AsyncReport]:
-        loop = self._loop
-        completions = self._completions
-        if loop is None or completions is None:
-            raise IllegalStateError(f"producer {self.group} is not started")
-        future: asyncio.Future[SendResult] = loop.create_future()
-        pending = _Pending(completions, future)
-        return future, AsyncReport(
-            record.msg_id, topic, record.kafka_topic, pending.ok, pending.fail
+    async def _send(self, msgs: list[Message], partition: int, *, oneway: bool) -> list[Any]:
+        """Hand ``msgs`` to the sender thread; once they are all handed over (or one was
+        refused, which is raised), the outcome of each: the message ids for oneway sends,
+        else a :class:`SendResult` or the exception it failed with."""
+        loop, completions = self._require_running()
+        if not msgs:
+            return []
+        handed: asyncio.Future[list[str]] = loop.create_future()
+        futures = [] if oneway else [loop.create_future() for _ in msgs]
+        item = _Send(
+            msgs,
+            partition,
+            _Pending(completions, handed),
+            None if oneway else [_Pending(completions, f) for f in futures],
         )
-
-    async def _result(
-        self, future: asyncio.Future[SendResult], record: PreparedRecord
-    ) -> SendResult:
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(self._timeout_s, _expire, future, record, self.config)
+        if self._enqueued - self._handed >= self._max_queued:
+            await self._wait_for_room(self._max_queued)
+        self._outbox.append(item)
+        self._enqueued += len(msgs)
+        if not self._wake.is_set():
+            self._wake.set()
+        timer = loop.call_later(self._timeout_s, _expire, handed, futures, self.config)
         try:
-            return await future
+            ids = await handed
+            if oneway:
+                return ids
+            outcomes: list[Any] = []
+            for future in futures:
+                try:
+                    outcomes.append(await future)
+                except KafkaClientError as exc:
+                    outcomes.append(exc)
+            return outcomes
         finally:
             timer.cancel()
+            for future in futures:  # left behind by an error or a cancellation
+                if not future.done():
+                    future.cancel()
+                elif not future.cancelled():
+                    future.exception()  # seen: no "exception never retrieved" warning
 
     async def _wait_for_room(self, limit: int) -> None:
-        """Wait until fewer than ``limit`` sends are queued for the sender thread.
+        """Wait until fewer than ``limit`` messages are queued for the sender thread.
 
-        The sender thread signals after each record it handed on while a waiter wants room
+        The sender thread signals after each item it handed on while a waiter wants room
         (``_room_wanted``), and the waiter looks again after asking, so no signal is lost."""
         while self._enqueued - self._handed >= limit:
             self._room.clear()
@@ -336,34 +360,57 @@ class Producer:
                 break
             await self._room.wait()
 
-    async def _enqueue(self, items: list[tuple[PreparedRecord, int, Report]]) -> None:
-        if self._enqueued - self._handed >= self._max_queued:
-            await self._wait_for_room(self._max_queued)
-        self._outbox.extend(items)
-        self._enqueued += len(items)
-        if not self._wake.is_set():
-            self._wake.set()
-
     def _send_loop(self) -> None:
-        """The sender thread: hand queued records to librdkafka until stopped, then what is
-        left. A record refused before it reached librdkafka fails its send at once."""
+        """The sender thread: prepare and hand queued messages to librdkafka until stopped,
+        then what is left."""
         outbox = self._outbox
-        producer = self._producer
         while True:
             self._wake.wait(_SENDER_IDLE_WAIT_S)
             self._wake.clear()
             while outbox:
-                record, partition, report = outbox.popleft()
+                item = outbox.popleft()
                 try:
-                    producer.send_record_async(record, partition, report)
-                except Exception as exc:  # refused locally (queue full past the timeout, ...)
-                    _refused(record, report, exc)
-                self._handed += 1
+                    self._hand_over(item)
+                except BaseException as exc:  # never lose the thread; the send fails
+                    item.handed.fail(exc)
+                self._handed += len(item.msgs)
                 if self._room_wanted:
                     self._room_wanted = False
                     self._signal_room()
             if self._stopping and not outbox:
                 return
+
+    def _hand_over(self, item: _Send) -> None:
+        """Prepare every message of ``item`` (the first that is not valid fails them all,
+        none sent), then hand each record to librdkafka."""
+        producer = self._producer
+        try:
+            records = [producer.prepare(msg, item.partition) for msg in item.msgs]
+        except Exception as exc:  # a typed error naming the problem: nothing is sent
+            item.handed.fail(exc)
+            return
+        results = item.results
+        for index, record in enumerate(records):
+            if results is None:
+                report: Report = log_oneway_failure
+            else:
+                pending = results[index]
+                report = AsyncReport(
+                    record.msg_id,
+                    item.msgs[index].topic,
+                    record.kafka_topic,
+                    pending.ok,
+                    pending.fail,
+                )
+            try:
+                producer.send_record_async(record, record.partition, report)
+            except Exception as exc:  # refused before librdkafka took it (queue full, ...)
+                error = _as_client_error(exc, record)
+                if results is None:
+                    logger.warning("oneway send of %s failed: %s", record.msg_id, error)
+                else:
+                    results[index].fail(error)
+        item.handed.ok([record.msg_id for record in records])
 
     def _signal_room(self) -> None:
         loop = self._loop
@@ -372,26 +419,24 @@ class Producer:
                 loop.call_soon_threadsafe(self._room.set)
 
 
-def _refused(record: PreparedRecord, report: Report, exc: Exception) -> None:
-    """Fail the send of a record librdkafka did not take."""
-    error = (
-        exc
-        if isinstance(exc, KafkaClientError)
-        else translate_error(exc, f"send of {record.msg_id} to {record.kafka_topic}")
-    )
-    if isinstance(report, AsyncReport) and report.on_exception is not None:
-        report.on_exception(error)
-    else:
-        logger.warning("send of %s failed: %s", record.msg_id, error)
+def _as_client_error(exc: BaseException, record: PreparedRecord | None = None) -> Any:
+    """``exc`` as the project's error for a failed send (unchanged if it is one)."""
+    if isinstance(exc, KafkaClientError) or not isinstance(exc, Exception):
+        return exc
+    context = "send" if record is None else f"send of {record.msg_id} to {record.kafka_topic}"
+    return translate_error(exc, context)
 
 
 def _expire(
-    future: asyncio.Future[SendResult], record: PreparedRecord, config: ClientConfig
+    handed: asyncio.Future[Any], futures: list[asyncio.Future[Any]], config: ClientConfig
 ) -> None:
-    if not future.done():
+    """Fail what is still waiting ``send_msg_timeout_ms`` plus the grace after the send."""
+    late = [f for f in (handed, *futures) if not f.done()]
+    for future in late:
         future.set_exception(
             SendTimeoutError(
-                f"send of {record.msg_id} to {record.kafka_topic}: no acknowledgement within "
-                f"{config.send_msg_timeout_ms} ms"
+                f"send: no acknowledgement within {config.send_msg_timeout_ms} ms"
+                if future is not handed
+                else f"send: not handed to Kafka within {config.send_msg_timeout_ms} ms"
             )
         )

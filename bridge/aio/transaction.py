@@ -62,13 +62,12 @@ class _OnLoop(TransactionListener):
         self._runner = runner
 
     def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
-        execution: _Execution = arg
+        # The asyncio front passes its argument with a cancel scope; a direct call of the
+        # threaded producer (``threaded``) passes the argument alone.
+        given, scope = (arg.arg, arg.scope) if isinstance(arg, _Execution) else (arg, None)
         execute = self.listener.execute_local_transaction  # type: ignore[attr-defined]
         result: TransactionStatus = call_listener(
-            self._runner,
-            lambda: execute(msg, execution.arg),
-            TransactionStatus.UNKNOWN,
-            execution.scope,
+            self._runner, lambda: execute(msg, given), TransactionStatus.UNKNOWN, scope
         )
         return result
 
