@@ -24,21 +24,15 @@ trace contexts, schema ids) is kept byte for byte through every copy (retry, DLQ
 transactions, replay). System properties are always text (:meth:`Message.get_property`).
 
 A message's trace context travels the same way, as W3C ``traceparent``/``tracestate``
-properties (:attr:`MessageConst.TRACE_PARENT`); with ``opentelemetry-api`` installed,
-:func:`send_span`, :func:`inject_trace_context` and :func:`process_span` make the producer's
-and the push consumer's spans (``docs/tracing.md``), and without it nothing of OpenTelemetry
-is imported.
+properties (:attr:`MessageConst.TRACE_PARENT`); :mod:`bridge.tracing` makes the spans.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Final, overload
+from collections.abc import Iterable, Mapping
+from typing import Final, overload
 
-from bridge.errors import InvalidDelayError, InvalidMessageError, InvalidPropertyError
+from bridge.errors import InvalidDelayError, InvalidMessageError
 from bridge.message_id import MessageIdGenerator, local_ipv4, now_ms
 from bridge.property_values import (
     PropertyValue,
@@ -51,15 +45,15 @@ from bridge.property_values import (
     property_text,
 )
 from topics.properties import (
+    DEAD_LETTER_PROPERTIES,
     DELAY_PROPERTIES,
     RESERVED_PROPERTIES,
     SYSTEM_PROPERTIES,
+    TRACE_PROPERTIES,
     USER_SETTABLE_PROPERTIES,
+    MessageConst,
     SystemPropertyName,
 )
-from topics.properties import MessageConst as _RocketMQNames
-
-_logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEAD_LETTER_PROPERTIES",
@@ -75,86 +69,14 @@ __all__ = [
     "MessageIdGenerator",
     "PropertyValue",
     "SystemPropertyName",
-    "TraceSpan",
-    "inject_trace_context",
     "is_unicode",
     "local_ipv4",
     "now_ms",
     "parse_count",
-    "process_span",
     "property_text",
-    "send_span",
-    "trace_carrier",
-    "tracing_active",
-    "tracing_available",
     "truncate_utf8",
 ]
 
-
-class MessageConst(_RocketMQNames):
-    """RocketMQ's property names (:class:`topics.properties.MessageConst`) and the ones the
-    bridge adds for tracing and dead-letter metadata (``docs/tracing.md``).
-
-    The trace names are W3C Trace Context's header names, lower case as the W3C and
-    OpenTelemetry's Kafka propagation write them: a user (or another Kafka client) may set
-    them, and every copy of the message (half message, commit, delay, retry, DLQ, replay)
-    keeps them byte for byte.
-
-    The dead-letter names are written by a push consumer on each retry and DLQ copy of a
-    message its listener failed (:mod:`bridge.consumer.send_back`).
-    """
-
-    TRACE_PARENT: Final = "traceparent"
-    """W3C ``traceparent``: ``00-<32 hex trace id>-<16 hex parent span id>-<2 hex flags>``."""
-    TRACE_STATE: Final = "tracestate"
-    """W3C ``tracestate``: vendor key-value pairs that travel with ``traceparent``."""
-
-    CONSUME_FAILURE: Final = "CONSUME_FAILURE"
-    """How the listener failed the message, last time: ``EXCEPTION`` (it raised; see the two
-    ``CONSUME_EXCEPTION_*`` properties), the status it returned without raising
-    (``RECONSUME_LATER``, ``SUSPEND_CURRENT_QUEUE_A_MOMENT``, ``NONE`` for ``None``),
-    ``ACK_INDEX`` (past the ``ack_index`` of a batch listener that returned
-    ``CONSUME_SUCCESS``, or an ``ack_index`` that is not an int), ``CONSUME_TIMEOUT`` (in its
-    listener longer than ``consume_timeout``) or ``NO_SUBSCRIPTION`` (a retry of a topic the
-    group no longer subscribes to)."""
-    CONSUME_EXCEPTION_CLASS: Final = "CONSUME_EXCEPTION_CLASS"
-    """The class of the exception the listener raised, ``module.QualifiedName`` (builtins
-    without module), at most :data:`FAILURE_MESSAGE_MAX_BYTES` bytes; absent when it did not
-    raise."""
-    CONSUME_EXCEPTION_MESSAGE: Final = "CONSUME_EXCEPTION_MESSAGE"
-    """``str()`` of that exception, at most :data:`FAILURE_MESSAGE_MAX_BYTES` bytes of UTF-8
-    (a longer one is cut and ends with ``...``); absent when it did not raise."""
-    CONSUMER_GROUP: Final = "CONSUMER_GROUP"
-    """The consumer group whose listener failed the message."""
-    ORIGIN_KAFKA_TOPIC: Final = "ORIGIN_KAFKA_TOPIC"
-    """The Kafka topic of the record the group first failed (the real topic's record, kept
-    through later retries; ``RETRY_TOPIC`` has its RocketMQ name)."""
-    ORIGIN_QUEUE_ID: Final = "ORIGIN_QUEUE_ID"
-    """That record's partition."""
-    ORIGIN_QUEUE_OFFSET: Final = "ORIGIN_QUEUE_OFFSET"
-    """That record's offset."""
-    ORIGIN_TIMESTAMP: Final = "ORIGIN_TIMESTAMP"
-    """That record's Kafka timestamp, epoch ms (the broker's append time where the topic keeps
-    it, else the born time)."""
-
-
-TRACE_PROPERTIES: Final = (MessageConst.TRACE_PARENT, MessageConst.TRACE_STATE)
-"""The W3C Trace Context properties."""
-
-DEAD_LETTER_PROPERTIES: Final = (
-    MessageConst.CONSUME_FAILURE,
-    MessageConst.CONSUME_EXCEPTION_CLASS,
-    MessageConst.CONSUME_EXCEPTION_MESSAGE,
-    MessageConst.CONSUMER_GROUP,
-    MessageConst.ORIGIN_KAFKA_TOPIC,
-    MessageConst.ORIGIN_QUEUE_ID,
-    MessageConst.ORIGIN_QUEUE_OFFSET,
-    MessageConst.ORIGIN_TIMESTAMP,
-)
-"""What a retry or DLQ copy records about the failure; a replay to the origin topic drops them
-(the replayed record is a new first delivery)."""
-
-_DEAD_LETTER_NAMES: Final = frozenset(DEAD_LETTER_PROPERTIES)
 
 FAILURE_MESSAGE_MAX_BYTES: Final = 1024
 """The most bytes (UTF-8) of an exception's class or message kept in a copy: 1 KiB."""
@@ -295,11 +217,7 @@ class Message:
     def user_properties(self) -> dict[str, PropertyValue]:
         """The properties the user set (not RocketMQ's system properties nor the bridge's
         dead-letter metadata; ``traceparent``/``tracestate`` are the user's)."""
-        return {
-            k: v
-            for k, v in self._properties.items()
-            if k not in RESERVED_PROPERTIES and k not in _DEAD_LETTER_NAMES
-        }
+        return {k: v for k, v in self._properties.items() if k not in RESERVED_PROPERTIES}
 
     def put_user_property(self, name: str, value: str | bytes | bytearray | memoryview) -> None:
         """Set a user property: text (valid Unicode) or bytes (kept as they are; a bytearray
@@ -316,13 +234,8 @@ class Message:
             and name
             and name not in RESERVED_PROPERTIES
             and name not in USER_SETTABLE_PROPERTIES
-            and name not in _DEAD_LETTER_NAMES
         ):
             self._properties[name] = value  # the common case, valid as it is
-        elif name in _DEAD_LETTER_NAMES:
-            raise InvalidPropertyError(
-                f"the property {name!r} is used by the system; choose another name"
-            )
         else:
             self._properties[name] = check_user_property(name, value)
 
@@ -600,226 +513,3 @@ class MessageExt(Message):
             f"queue_offset={self.queue_offset}, body={len(self.body)} bytes, keys={self.keys!r}, "
             f"tags={self.tags!r}, properties={self.properties!r})"
         )
-
-
-# --- tracing: OpenTelemetry when installed --------------------------------------------------
-_otel_modules: tuple[Any, Any] | None = None
-"""opentelemetry-api's ``trace`` and ``propagate`` modules, once looked for and found."""
-_otel_looked = False
-"""True once :func:`_opentelemetry` looked for them (set after ``_otel_modules``)."""
-
-
-def _opentelemetry() -> tuple[Any, Any] | None:
-    """opentelemetry-api's ``trace`` and ``propagate`` modules, or None when it is not
-    installed (then nothing of it is imported; looked for once, from any thread)."""
-    global _otel_modules, _otel_looked  # noqa: PLW0603 - a cache filled on first use
-    if not _otel_looked:
-        try:
-            from opentelemetry import propagate, trace  # noqa: PLC0415 - optional extra
-
-            _otel_modules = (trace, propagate)
-        except ImportError:
-            _otel_modules = None
-        _otel_looked = True
-    return _otel_modules
-
-
-_provider_set = False
-"""True once a tracer provider was found set up (it stays so)."""
-_provider_next_look = 0.0
-"""While none is set up: when to look again (monotonic seconds)."""
-_PROVIDER_LOOK_INTERVAL_S: Final = 1.0
-"""How often, at most, a tracer provider set up later is looked for, seconds (looking costs
-microseconds on every send and listener call otherwise)."""
-
-
-def _no_tracer_provider(trace: Any) -> bool:
-    """True while no tracer provider is set up (every span would be a no-op); one set up
-    later is seen within :data:`_PROVIDER_LOOK_INTERVAL_S`."""
-    global _provider_set, _provider_next_look  # noqa: PLW0603 - a cache filled on first use
-    if _provider_set:
-        return False
-    now = time.monotonic()
-    if now < _provider_next_look:
-        return True
-    if isinstance(
-        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
-    ):
-        _provider_next_look = now + _PROVIDER_LOOK_INTERVAL_S
-        return True
-    _provider_set = True
-    return False
-
-
-def tracing_active() -> bool:
-    """True if spans would be recorded: opentelemetry-api installed and a tracer provider set
-    up. Cheap: senders and listener calls check it before making a span."""
-    otel = _opentelemetry()
-    return otel is not None and not _no_tracer_provider(otel[0])
-
-
-def tracing_available() -> bool:
-    """True if opentelemetry-api is installed (the ``otel`` extra): producers then make send
-    spans and push consumers process spans."""
-    return _opentelemetry() is not None
-
-
-def trace_carrier(props: Mapping[str, PropertyValue]) -> dict[str, str]:
-    """The W3C Trace Context properties of ``props`` as text (what a propagator extracts)."""
-    out = {}
-    for name in TRACE_PROPERTIES:
-        value = props.get(name)
-        if value is not None:
-            out[name] = value if isinstance(value, str) else property_text(value)
-    return out
-
-
-_MESSAGING_SYSTEM: Final = "rocketmq"
-"""``messaging.system`` of the bridge's spans (it speaks RocketMQ's model)."""
-
-
-class TraceSpan:
-    """A span the bridge opened, or nothing (OpenTelemetry missing, or not wanted): what the
-    caller reports about the work it covers. Tracing never fails the work: an error of the
-    tracing library is logged and ignored."""
-
-    __slots__ = ("span",)
-
-    def __init__(self, span: Any = None) -> None:
-        self.span = span
-
-    def set_attribute(self, name: str, value: str | int) -> None:
-        """Set attribute ``name`` on the span, if there is one."""
-        if self.span is not None:
-            try:
-                self.span.set_attribute(name, value)
-            except Exception:
-                _logger.debug("tracing: setting %s failed", name, exc_info=True)
-
-    def failed(self, description: str, exc: BaseException | None = None) -> None:
-        """Mark the span failed (``description``), recording ``exc`` if given."""
-        if self.span is None:
-            return
-        try:
-            from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415 - optional extra
-
-            if exc is not None:
-                self.span.record_exception(exc)
-            self.span.set_status(Status(StatusCode.ERROR, description))
-        except Exception:
-            _logger.debug("tracing: marking a span failed failed", exc_info=True)
-
-
-def inject_trace_context(msg: Message) -> None:
-    """Write the current trace context into ``msg`` as ``traceparent`` (and ``tracestate``)
-    if OpenTelemetry is installed, a valid span is current and ``msg`` has no
-    ``traceparent`` yet (one the user or another client set is kept as it is)."""
-    if MessageConst.TRACE_PARENT in msg._properties:
-        return
-    otel = _opentelemetry()
-    if otel is None:
-        return
-    trace, propagate = otel
-    carrier: dict[str, str] = {}
-    try:
-        if not trace.get_current_span().get_span_context().is_valid:
-            return  # nothing to write (the common case without a span): skip the propagator
-        propagate.inject(carrier)
-    except Exception:
-        _logger.warning("tracing: writing the trace context failed", exc_info=True)
-        return
-    for name in TRACE_PROPERTIES:
-        value = carrier.get(name)
-        if isinstance(value, str):
-            msg.put_system_property(name, value)
-
-
-@contextlib.contextmanager
-def _current_span(start: Callable[[], Any]) -> Iterator[TraceSpan]:
-    """Run the block in the span context manager ``start()`` makes; if making or entering it
-    fails, without a span (logged): tracing never fails the work."""
-    with contextlib.ExitStack() as stack:
-        try:
-            span = stack.enter_context(start())
-        except Exception:
-            _logger.warning("tracing: starting a span failed", exc_info=True)
-            span = None
-        yield TraceSpan(span)
-
-
-@contextlib.contextmanager
-def send_span(msg: Message) -> Iterator[TraceSpan]:
-    """A producer span (``<topic> send``, child of the current span) around a send of
-    ``msg``, current while it runs so that :func:`inject_trace_context` writes its context
-    into the message; only when OpenTelemetry is installed and ``msg`` has no ``traceparent``
-    yet (a message that already carries one is sent in its trace, without a span). Without a
-    tracer provider set up there is no span (a valid current context, say one a framework
-    took from an incoming request, is still written by :func:`inject_trace_context`)."""
-    otel = _opentelemetry()
-    if otel is None or MessageConst.TRACE_PARENT in msg._properties or _no_tracer_provider(otel[0]):
-        yield TraceSpan()
-        return
-    trace = otel[0]
-
-    def start() -> Any:
-        return trace.get_tracer("bridge").start_as_current_span(
-            f"{msg.topic} send",
-            kind=trace.SpanKind.PRODUCER,
-            attributes={
-                "messaging.system": _MESSAGING_SYSTEM,
-                "messaging.operation.type": "send",
-                "messaging.destination.name": str(msg.topic),
-            },
-        )
-
-    with _current_span(start) as span:
-        yield span
-
-
-@contextlib.contextmanager
-def process_span(msgs: list[MessageExt], group: str) -> Iterator[TraceSpan]:
-    """A consumer span (``<topic> process``) around a listener call on ``msgs``, whose parent
-    is the trace context the first message carries (a new trace if none) and which links the
-    others' contexts; nothing when OpenTelemetry is not installed or no tracer provider is
-    set up (every span would be a no-op: listener calls skip the cost)."""
-    otel = _opentelemetry()
-    if otel is None or not msgs:
-        yield TraceSpan()
-        return
-    trace, propagate = otel
-    if _no_tracer_provider(trace):
-        yield TraceSpan()
-        return
-
-    def start() -> Any:
-        parent = propagate.extract(trace_carrier(msgs[0]._properties))
-        links = []
-        for msg in msgs[1:]:
-            carrier = trace_carrier(msg._properties)
-            if carrier:
-                context = trace.get_current_span(propagate.extract(carrier)).get_span_context()
-                if context.is_valid:
-                    links.append(trace.Link(context))
-        first = msgs[0]
-        attributes: dict[str, str | int] = {
-            "messaging.system": _MESSAGING_SYSTEM,
-            "messaging.operation.type": "process",
-            "messaging.destination.name": str(first.topic),
-            "messaging.consumer.group.name": group,
-            "messaging.batch.message_count": len(msgs),
-            "messaging.message.id": first.msg_id,
-            "messaging.destination.partition.id": str(first.queue_id),
-            "messaging.kafka.offset": first.queue_offset,
-        }
-        return trace.get_tracer("bridge").start_as_current_span(
-            f"{first.topic} process",
-            context=parent,
-            kind=trace.SpanKind.CONSUMER,
-            links=links,
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        )
-
-    with _current_span(start) as span:
-        yield span

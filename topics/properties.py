@@ -46,6 +46,42 @@ class MessageConst:
     BODY_OMITTED_BYTES: Final = "BODY_OMITTED_BYTES"
     """Not a RocketMQ property: a parked copy kept without its body, too large to be kept whole
     (the body's size in bytes); such a copy is never replayed."""
+    TRACE_PARENT: Final = "traceparent"
+    """Not a RocketMQ property: W3C Trace Context's ``traceparent``
+    (``00-<32 hex trace id>-<16 hex parent span id>-<2 hex flags>``), lower case as the W3C and
+    OpenTelemetry's Kafka propagation write it. The user's (or another Kafka client's), kept
+    byte for byte through every copy (half message, commit, delay, retry, DLQ, replay)."""
+    TRACE_STATE: Final = "tracestate"
+    """Not a RocketMQ property: W3C Trace Context's ``tracestate``, the vendor key-value pairs
+    that travel with ``traceparent``."""
+    CONSUME_FAILURE: Final = "CONSUME_FAILURE"
+    """Dead-letter metadata (not a RocketMQ property), written by a push consumer on each retry
+    and DLQ copy: how the listener failed the message, last time: ``EXCEPTION`` (it raised; see
+    the two ``CONSUME_EXCEPTION_*`` properties), the status it returned without raising
+    (``RECONSUME_LATER``, ``SUSPEND_CURRENT_QUEUE_A_MOMENT``, ``NONE`` for ``None``),
+    ``ACK_INDEX`` (past the ``ack_index`` of a batch listener that returned
+    ``CONSUME_SUCCESS``, or an ``ack_index`` that is not an int), ``CONSUME_TIMEOUT`` (in its
+    listener longer than ``consume_timeout``) or ``NO_SUBSCRIPTION`` (a retry of a topic the
+    group no longer subscribes to)."""
+    CONSUME_EXCEPTION_CLASS: Final = "CONSUME_EXCEPTION_CLASS"
+    """Dead-letter metadata: the class of the exception the listener raised,
+    ``module.QualifiedName`` (builtins without module), at most 1024 bytes; absent when it did
+    not raise."""
+    CONSUME_EXCEPTION_MESSAGE: Final = "CONSUME_EXCEPTION_MESSAGE"
+    """Dead-letter metadata: ``str()`` of that exception, at most 1024 bytes of UTF-8 (a longer
+    one is cut and ends with ``...``); absent when it did not raise."""
+    CONSUMER_GROUP: Final = "CONSUMER_GROUP"
+    """Dead-letter metadata: the consumer group whose listener failed the message."""
+    ORIGIN_KAFKA_TOPIC: Final = "ORIGIN_KAFKA_TOPIC"
+    """Dead-letter metadata: the Kafka topic of the record the group first failed (the real
+    topic's record, kept through later retries; ``RETRY_TOPIC`` has its RocketMQ name)."""
+    ORIGIN_QUEUE_ID: Final = "ORIGIN_QUEUE_ID"
+    """Dead-letter metadata: that record's partition."""
+    ORIGIN_QUEUE_OFFSET: Final = "ORIGIN_QUEUE_OFFSET"
+    """Dead-letter metadata: that record's offset."""
+    ORIGIN_TIMESTAMP: Final = "ORIGIN_TIMESTAMP"
+    """Dead-letter metadata: that record's Kafka timestamp, epoch ms (the broker's append time
+    where the topic keeps it, else the born time)."""
 
     KEY_SEPARATOR: Final = " "
 
@@ -61,10 +97,30 @@ DELAY_PROPERTIES: Final = (
 USER_SETTABLE_PROPERTIES: Final = frozenset({MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS})
 """System names RocketMQ users set through ``putUserProperty`` all the same."""
 
+TRACE_PROPERTIES: Final = (MessageConst.TRACE_PARENT, MessageConst.TRACE_STATE)
+"""The W3C Trace Context properties: the user's (or another Kafka client's), text or bytes like
+any user property, and kept through every copy."""
+
+DEAD_LETTER_PROPERTIES: Final = (
+    MessageConst.CONSUME_FAILURE,
+    MessageConst.CONSUME_EXCEPTION_CLASS,
+    MessageConst.CONSUME_EXCEPTION_MESSAGE,
+    MessageConst.CONSUMER_GROUP,
+    MessageConst.ORIGIN_KAFKA_TOPIC,
+    MessageConst.ORIGIN_QUEUE_ID,
+    MessageConst.ORIGIN_QUEUE_OFFSET,
+    MessageConst.ORIGIN_TIMESTAMP,
+)
+"""What a retry or DLQ copy records about the failure; a replay to the origin topic drops them
+(the replayed record is a new first delivery)."""
+
 RESERVED_PROPERTIES: Final = frozenset(
     v
     for k, v in vars(MessageConst).items()
-    if k.isupper() and k != "KEY_SEPARATOR" and v not in USER_SETTABLE_PROPERTIES
+    if k.isupper()
+    and k != "KEY_SEPARATOR"
+    and v not in USER_SETTABLE_PROPERTIES
+    and v not in TRACE_PROPERTIES
 )
 """Names a user property may not take (RocketMQ's ``putUserProperty`` refuses them too)."""
 
@@ -98,6 +154,14 @@ SystemPropertyName = Literal[
     "DELIVERY_ATTEMPTS",
     "DELIVERY_ERROR",
     "BODY_OMITTED_BYTES",
+    "CONSUME_FAILURE",
+    "CONSUME_EXCEPTION_CLASS",
+    "CONSUME_EXCEPTION_MESSAGE",
+    "CONSUMER_GROUP",
+    "ORIGIN_KAFKA_TOPIC",
+    "ORIGIN_QUEUE_ID",
+    "ORIGIN_QUEUE_OFFSET",
+    "ORIGIN_TIMESTAMP",
 ]
 """The values of :data:`SYSTEM_PROPERTIES` as a type: ``get_property(MessageConst.X)`` is
 ``str | None``."""

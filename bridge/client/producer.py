@@ -54,15 +54,8 @@ from bridge.errors import (
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_producer, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
-from bridge.message import (
-    Message,
-    MessageIdGenerator,
-    TraceSpan,
-    inject_trace_context,
-    local_ipv4,
-    send_span,
-    tracing_active,
-)
+from bridge.message import Message, MessageIdGenerator, local_ipv4
+from bridge.tracing import TraceSpan, inject_trace_context, send_span, tracing_active
 from topics.catalog import SystemTopic
 from topics.naming import validate_user_group
 
@@ -80,7 +73,7 @@ _NO_SPAN: contextlib.nullcontext[TraceSpan] = contextlib.nullcontext(TraceSpan()
 
 
 def _span(msg: Message) -> AbstractContextManager[TraceSpan]:
-    """The send span of ``msg`` (:func:`bridge.message.send_span`) when OpenTelemetry records
+    """The send span of ``msg`` (:func:`bridge.tracing.send_span`) when OpenTelemetry records
     spans, else nothing."""
     return send_span(msg) if tracing_active() else _NO_SPAN
 

@@ -29,15 +29,8 @@ from bridge.consumer.model import (
 from bridge.consumer.process_queue import ProcessQueue
 from bridge.consumer.quarantine import Quarantine
 from bridge.consumer.retry_policy import RetryPolicy
-from bridge.message import (
-    FAILURE_MESSAGE_MAX_BYTES,
-    MessageConst,
-    MessageExt,
-    TraceSpan,
-    process_span,
-    tracing_active,
-    truncate_utf8,
-)
+from bridge.message import FAILURE_MESSAGE_MAX_BYTES, MessageConst, MessageExt, truncate_utf8
+from bridge.tracing import TraceSpan, process_span, tracing_active
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +44,7 @@ _NO_SPAN: contextlib.nullcontext[TraceSpan] = contextlib.nullcontext(TraceSpan()
 
 def _span(msgs: list[MessageExt], group: str) -> AbstractContextManager[TraceSpan]:
     """The process span of a listener call on ``msgs`` when OpenTelemetry records spans
-    (:func:`bridge.message.process_span`), else nothing."""
+    (:func:`bridge.tracing.process_span`), else nothing."""
     return process_span(msgs, group) if tracing_active() else _NO_SPAN
 
 

@@ -118,7 +118,8 @@ def test_without_opentelemetry_nothing_of_it_is_imported_and_the_context_still_t
 import sys
 sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
 from bridge.consumer.consumption import leading_successes
-from bridge.message import Message, MessageExt, inject_trace_context, tracing_available
+from bridge.message import Message, MessageExt
+from bridge.tracing import inject_trace_context, tracing_available
 m = Message("t", b"x", properties={"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"})
 inject_trace_context(m)
 plain = Message("t", b"x")

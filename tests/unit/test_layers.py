@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.property_values",
             "bridge.message_id",
             "bridge.message",
+            "bridge.tracing",
             "bridge.lifecycle",
         ),
     ),
