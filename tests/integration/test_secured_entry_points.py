@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -316,3 +317,51 @@ def test_a_principal_missing_one_acl_gets_a_typed_error_naming_it_and_nothing_is
     create_acls(check, [missing_write])
     assert listener.cli("app2", ns, "send", topic, "now").startswith("SEND_OK")
     assert bodies(check, topic, 2) == ["now"]
+
+
+def test_bridge_broker_secured_from_the_command_line(tmp_path: Path) -> None:
+    """``bridge broker --secured``: users from a file and the environment, never the command
+    line; the printed client files grant ACLs, send over SASL_SSL and consume over mTLS."""
+    alice, bob = f"alice-{secrets.token_urlsafe(12)}", f"bob-{secrets.token_urlsafe(12)}"
+    users = tmp_path / "users.properties"
+    users.write_text(f"alice={alice}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BRIDGE_", "KAFKA_"))}
+    env["BRIDGE_SCRAM_USERS"] = f"bob={bob}"
+    command = [
+        sys.executable, "-m", "bridge.cli", "broker", "--secured", "--port", "0",
+        "--data-dir", str(tmp_path / "kafka"), "--scram-users-file", str(users),
+        "--tls-client", "carol",
+    ]  # fmt: skip
+    log = tmp_path / "broker.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT
+        )
+    try:
+        wait_until(lambda: "client properties" in log.read_text(), timeout_s=180, interval_s=0.5)
+        printed = log.read_text()
+        sasl = printed.split("SASL_SSL (SCRAM-SHA-512)")[1].split()[0]
+        mtls = printed.split("SSL (mTLS)")[1].split()[0]
+        clients = tmp_path / "kafka" / "clients"
+        assert str(clients) in printed and str(tmp_path / "kafka" / "tls" / "ca.pem") in printed
+        files = {p.stem: p for p in clients.glob("*.properties")}
+        assert set(files) == {"alice", "bob", "carol-mtls", f"{BROKER_PRINCIPAL}-mtls"}
+        ns = f"ns{uuid.uuid4().hex[:8]}"
+        topic = f"cli-{ns}"
+        via = Listener("sasl_ssl", sasl, files, mtls)
+        via.cli(
+            BROKER_PRINCIPAL, ns, "acls", "apply", "--topic", topic, "--producer", "bob",
+            "--consumer", f"cg-{ns}=carol", "--operator", "alice",
+        )  # fmt: skip
+        assert f"created {topic}" in via.cli("alice", ns, "topics", "create", "--topic", topic)
+        assert via.cli("bob", ns, "send", topic, "hello").startswith("SEND_OK")
+        by_cert = Listener("mtls", mtls, files, mtls)
+        read = by_cert.cli("carol", ns, "consume", topic, "--group", f"cg-{ns}", "--count", "1")
+        assert "body=b'hello'" in read
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    text = log.read_text()
+    for password in (alice, bob):
+        assert password not in text
+        assert password not in " ".join(command)
