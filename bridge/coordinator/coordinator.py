@@ -288,6 +288,14 @@ class Coordinator(Startable):
                 len(created),
                 self.config.client.namespace,
             )
+            limits = self.config.trust_limits
+            if not (limits.topics.allows_all and limits.producer_groups.allows_all):
+                logger.info(
+                    "coordinator %s: writes to topics %s only, for producer groups %s only",
+                    self.config.coordinator_id,
+                    limits.topics,
+                    limits.producer_groups,
+                )
             for service in self.services:
                 service.start()
             self._status.start()
