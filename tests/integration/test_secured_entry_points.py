@@ -44,6 +44,7 @@ from bridge.errors import SendAuthorizationError
 from bridge.kafka.acls import create_acls
 from bridge.kafka.admin import TopicAdmin
 from bridge.runtime.local_kafka import BROKER_PRINCIPAL, LocalKafka, LocalKafkaConfig
+from spark_jobs import dlq_report, transaction_audit
 from spark_jobs.common import kafka_security_options, spark_session
 from spark_jobs.ingest import IngestConfig, start_ingest
 from tests.conftest import REPO_ROOT, wait_until
@@ -178,7 +179,7 @@ def bodies(config: ClientConfig, topic: str, count: int) -> list[str]:
 
 
 def test_every_feature_with_exactly_the_acls_bridge_acls_apply_grants(
-    listener: Listener, spark: SparkSession, tmp_path: Path
+    listener: Listener, spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ns = f"ns{uuid.uuid4().hex[:8]}"
     topic, txg, cg = f"orders-{ns}", f"txg-{ns}", f"cg-{ns}"
@@ -262,6 +263,12 @@ def test_every_feature_with_exactly_the_acls_bridge_acls_apply_grants(
     assert query.exception() is None
     landed = sorted(bytes(r["body"]).decode() for r in spark.read.parquet(str(table)).collect())
     assert landed == ["committed", "delayed", "doomed", "plain", "timer"]
+    # The reports read the system, retry and DLQ topics with the settings of the environment.
+    monkeypatch.setenv("BRIDGE_COMMAND_CONFIG", str(listener.file("spark")))
+    dead = [r for r in dlq_report.dlq_report(spark, listener.servers, ns) if r.kind == "dlq"]
+    assert [(r.group, r.origin_topic, r.count) for r in dead] == [(cg, topic, 1)]
+    [audited] = transaction_audit.transaction_audit(spark, listener.servers, ns)
+    assert (audited.producer_group, audited.committed, audited.pending) == (txg, 1, 0)
 
 
 def test_a_principal_missing_one_acl_gets_a_typed_error_naming_it_and_nothing_is_lost(
