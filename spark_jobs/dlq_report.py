@@ -19,7 +19,7 @@ import sys
 import types
 import typing
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,9 @@ if __package__ in (None, ""):  # spark-submit runs the file as a script
 
 from spark_jobs.common import (
     add_common_arguments,
+    add_security_argument,
     decode_messages,
+    kafka_security_options,
     print_table,
     spark_session,
     write_bar_chart,
@@ -55,10 +57,17 @@ class DlqRow:
     count: int
 
 
-def dlq_report(spark: SparkSession, bootstrap_servers: str, namespace: str) -> list[DlqRow]:
-    """Compute the report (see the module docstring)."""
+def dlq_report(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    namespace: str,
+    security: Mapping[str, str] | None = None,
+) -> list[DlqRow]:
+    """Compute the report (see the module docstring); ``security``: the Kafka source's
+    ``kafka.`` options (:func:`spark_jobs.common.kafka_security_options`; None: from the
+    environment)."""
     pattern = group_topics_pattern(namespace)
-    records = read_pattern(spark, bootstrap_servers, pattern).cache()
+    records = read_pattern(spark, bootstrap_servers, pattern, security=security).cache()
     topics = [r["topic"] for r in records.select("topic").distinct().collect()]
     if not topics:
         return []
@@ -157,10 +166,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="spark_jobs.dlq_report")
     add_common_arguments(parser)
+    add_security_argument(parser)
     parser.add_argument("--chart", type=Path, default=Path("reports/dlq.html"))
     args = parser.parse_args(argv)
     spark = spark_session("bridge-dlq-report", jars=args.jars, master=args.master)
-    rows = dlq_report(spark, args.bootstrap_servers, args.namespace)
+    rows = dlq_report(
+        spark,
+        args.bootstrap_servers,
+        args.namespace,
+        kafka_security_options(args.command_config),
+    )
     report(rows, args.chart)
     for path in write_report_data(spark, rows, DlqRow, args.chart):
         print(f"data: {path}")

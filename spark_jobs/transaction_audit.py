@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,14 @@ from pyspark.sql import functions as F
 if __package__ in (None, ""):  # spark-submit runs the file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spark_jobs.common import add_common_arguments, print_table, spark_session, write_bar_chart
+from spark_jobs.common import (
+    add_common_arguments,
+    add_security_argument,
+    kafka_security_options,
+    print_table,
+    spark_session,
+    write_bar_chart,
+)
 from spark_jobs.dlq_report import write_report_data
 from spark_jobs.system_topics import decode_avro, read_topic
 from topics.catalog import SystemTopic
@@ -49,13 +56,20 @@ class AuditRow:
 
 
 def transaction_audit(
-    spark: SparkSession, bootstrap_servers: str, namespace: str
+    spark: SparkSession,
+    bootstrap_servers: str,
+    namespace: str,
+    security: Mapping[str, str] | None = None,
 ) -> list[AuditRow]:
-    """Compute the audit (see the module docstring)."""
+    """Compute the audit (see the module docstring); ``security``: the Kafka source's
+    ``kafka.`` options (:func:`spark_jobs.common.kafka_security_options`; None: from the
+    environment)."""
 
     def read(topic: SystemTopic, schema: str) -> DataFrame:
         kafka_topic = system_topic(topic.value, namespace)
-        return decode_avro(read_topic(spark, bootstrap_servers, kafka_topic), schema)
+        return decode_avro(
+            read_topic(spark, bootstrap_servers, kafka_topic, security=security), schema
+        )
 
     props = F.col("properties")
     tid = F.coalesce(props[MessageConst.TRANSACTION_ID], F.col("msg_id"))
@@ -189,10 +203,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(prog="spark_jobs.transaction_audit")
     add_common_arguments(parser)
+    add_security_argument(parser)
     parser.add_argument("--chart", type=Path, default=Path("reports/transactions.html"))
     args = parser.parse_args(argv)
     spark = spark_session("bridge-transaction-audit", jars=args.jars, master=args.master)
-    rows = transaction_audit(spark, args.bootstrap_servers, args.namespace)
+    rows = transaction_audit(
+        spark,
+        args.bootstrap_servers,
+        args.namespace,
+        kafka_security_options(args.command_config),
+    )
     report(rows, args.chart)
     for path in write_report_data(spark, rows, AuditRow, args.chart):
         print(f"data: {path}")
