@@ -129,16 +129,22 @@ class _Send:
         self,
         msgs: list[Message],
         partition: int,
-        handed: _Pending,
+        handed: _Pending | None,
         results: list[_Pending] | None,
     ) -> None:
         self.msgs = msgs
         self.partition = partition
         self.handed = handed
-        """Resolved with the message ids once every record was handed over, or with the
-        error that stopped them all (a message that is not valid: none was sent)."""
+        """Oneway sends: resolved with the message ids once every record was handed over, or
+        with the error that stopped them all (a message that is not valid: none was sent)."""
         self.results = results
-        """Resolved with each one's :class:`SendResult` or error; None for oneway sends."""
+        """Other sends: resolved with each one's :class:`SendResult` or error, or all with
+        the error that stopped them (none was sent); None for oneway sends."""
+
+    def fail(self, error: BaseException) -> None:
+        """Fail every outcome of these messages with ``error``."""
+        for pending in self.results or ([self.handed] if self.handed is not None else []):
+            pending.fail(error)
 
 
 class Producer:
@@ -314,12 +320,14 @@ class Producer:
         loop, completions = self._require_running()
         if not msgs:
             return []
-        handed: asyncio.Future[list[str]] = loop.create_future()
+        # A oneway send awaits its hand-over; the others await their results, which carry
+        # a refusal before sending too (every one of them fails with it).
+        handed: asyncio.Future[list[str]] | None = loop.create_future() if oneway else None
         futures = [] if oneway else [loop.create_future() for _ in msgs]
         item = _Send(
             msgs,
             partition,
-            _Pending(completions, handed),
+            None if handed is None else _Pending(completions, handed),
             None if oneway else [_Pending(completions, f) for f in futures],
         )
         if self._enqueued - self._handed >= self._max_queued:
@@ -330,14 +338,13 @@ class Producer:
             self._wake.set()
         timer = loop.call_later(self._timeout_s, _expire, handed, futures, self.config)
         try:
-            ids = await handed
-            if oneway:
-                return ids
+            if handed is not None:
+                return await handed
             outcomes: list[Any] = []
             for future in futures:
                 try:
                     outcomes.append(await future)
-                except KafkaClientError as exc:
+                except KafkaClientError as exc:  # the send failed; a refusal is raised
                     outcomes.append(exc)
             return outcomes
         finally:
@@ -372,7 +379,7 @@ class Producer:
                 try:
                     self._hand_over(item)
                 except BaseException as exc:  # never lose the thread; the send fails
-                    item.handed.fail(exc)
+                    item.fail(exc)
                 self._handed += len(item.msgs)
                 if self._room_wanted:
                     self._room_wanted = False
@@ -387,7 +394,7 @@ class Producer:
         try:
             records = [producer.prepare(msg, item.partition) for msg in item.msgs]
         except Exception as exc:  # a typed error naming the problem: nothing is sent
-            item.handed.fail(exc)
+            item.fail(exc)
             return
         results = item.results
         for index, record in enumerate(records):
@@ -410,7 +417,8 @@ class Producer:
                     logger.warning("oneway send of %s failed: %s", record.msg_id, error)
                 else:
                     results[index].fail(error)
-        item.handed.ok([record.msg_id for record in records])
+        if item.handed is not None:
+            item.handed.ok([record.msg_id for record in records])
 
     def _signal_room(self) -> None:
         loop = self._loop
@@ -428,10 +436,12 @@ def _as_client_error(exc: BaseException, record: PreparedRecord | None = None) -
 
 
 def _expire(
-    handed: asyncio.Future[Any], futures: list[asyncio.Future[Any]], config: ClientConfig
+    handed: asyncio.Future[Any] | None,
+    futures: list[asyncio.Future[Any]],
+    config: ClientConfig,
 ) -> None:
     """Fail what is still waiting ``send_msg_timeout_ms`` plus the grace after the send."""
-    late = [f for f in (handed, *futures) if not f.done()]
+    late = [f for f in (*futures, handed) if f is not None and not f.done()]
     for future in late:
         future.set_exception(
             SendTimeoutError(

@@ -19,6 +19,7 @@ import asyncio
 import inspect
 import logging
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar, cast
 
@@ -76,6 +77,10 @@ class LoopRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         """Listener tasks running (loop thread only)."""
+        self._arriving: deque[_Call] = deque()
+        """Calls handed over by threads, for the loop to start."""
+        self._scheduled = False
+        """A start of the arriving calls is scheduled on the loop."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -101,13 +106,16 @@ class LoopRunner:
             return value
         loop = self.loop
         call = _Call(value, scope)
-        try:
-            loop.call_soon_threadsafe(self._begin, call)
-        except RuntimeError:  # the loop is closed
-            _discard(value)
-            raise IllegalStateError(
-                f"{self._owner}: the event loop is closed; the listener did not run"
-            ) from None
+        self._arriving.append(call)
+        if not self._scheduled:  # one wake-up of the loop for the calls arriving together
+            self._scheduled = True
+            try:
+                loop.call_soon_threadsafe(self._begin_arrived)
+            except RuntimeError:  # the loop is closed
+                _discard(value)
+                raise IllegalStateError(
+                    f"{self._owner}: the event loop is closed; the listener did not run"
+                ) from None
         while not call.done.acquire(timeout=WAIT_SLICE_S):
             if loop.is_closed():
                 _discard(value)
@@ -119,6 +127,12 @@ class LoopRunner:
         if call.error is not None:
             raise call.error
         return call.value
+
+    def _begin_arrived(self) -> None:
+        self._scheduled = False  # first: a call arriving from now on schedules another
+        arriving = self._arriving
+        while arriving:
+            self._begin(arriving.popleft())
 
     def _begin(self, call: _Call) -> None:
         task = self.loop.create_task(self._run(call))
