@@ -96,3 +96,21 @@ def test_push_consumer_example_retries_dead_letters_and_replays(
     assert "not for us" not in out
     assert any(line.startswith("DLQ of") and "1 message(s)" in line for line in lines), out
     assert "replayed 1 dead letter(s)" in out
+
+
+def test_async_service_example_ships_only_the_stored_orders(client_config: ClientConfig) -> None:
+    config = CoordinatorConfig(
+        client=client_config, coordinator_id="example-aio", transaction_partitions=2,
+        transaction_timeout_ms=1500, check_interval_ms=1000,
+    )  # fmt: skip
+    with Coordinator(config):
+        out = run_example("async_service", client_config.bootstrap_servers, client_config.namespace)
+    lines = out.splitlines()
+    assert "posted   order-1: COMMIT" in lines, out
+    assert "posted   order-2: ROLLBACK" in lines, out
+    assert "posted   order-3: UNKNOWN" in lines, out
+    assert "check    order-3: stored" in lines, out
+    assert sorted(line.split()[1] for line in lines if line.startswith("shipped ")) == [
+        "order-1", "order-3",
+    ]  # fmt: skip
+    assert "received order-2" not in lines, "a rolled-back order was delivered"
