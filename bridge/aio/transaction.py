@@ -163,7 +163,7 @@ class TransactionMQProducer:
     @property
     def state(self) -> ServiceState:
         """The producer's lifecycle state."""
-        return self._producer._lifecycle.state  # the threaded producer has no public state
+        return self._producer.state
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:

@@ -164,6 +164,11 @@ class TransactionMQProducer(Startable):
         return listener
 
     # --- lifecycle --------------------------------------------------------------------
+    @property
+    def state(self) -> ServiceState:
+        """The producer's lifecycle state."""
+        return self._lifecycle.state
+
     def start(self) -> None:
         """Start sending and answering checks. Raises without a listener."""
         self._require_listener()
