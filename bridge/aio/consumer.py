@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from bridge.aio.listeners import AsyncMessageListenerConcurrently, AsyncMessageListenerOrderly
-from bridge.aio.runner import LoopRunner, call_listener
+from bridge.aio.runner import AsyncClient, LoopRunner, call_listener
 from bridge.config import ClientConfig
 from bridge.consumer.config import PushConsumerConfig
 from bridge.consumer.counters import ConsumerStats
@@ -119,7 +118,7 @@ def on_loop(listener: object, runner: LoopRunner) -> object:
     return listener
 
 
-class PushConsumer:
+class PushConsumer(AsyncClient):
     """RocketMQ's push consumer for asyncio code.
 
     ``consumer = PushConsumer("group", bootstrap_servers=...)``,
@@ -222,15 +221,3 @@ class PushConsumer:
         done = asyncio.ensure_future(asyncio.to_thread(self._consumer.shutdown, timeout_ms))
         done.add_done_callback(lambda _: self._runner.cancel_all())
         await asyncio.shield(done)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.shutdown()

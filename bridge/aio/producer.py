@@ -28,9 +28,9 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from types import TracebackType
-from typing import Any, Final, Self, cast
+from typing import Any, Final, cast
 
+from bridge.aio.runner import AsyncClient
 from bridge.client.producer import Producer as ThreadedProducer
 from bridge.client.send_results import AsyncReport, SendResult, log_oneway_failure
 from bridge.codec import PreparedRecord
@@ -147,7 +147,7 @@ class _Send:
             pending.fail(error)
 
 
-class Producer:
+class Producer(AsyncClient):
     """RocketMQ's producer for asyncio code.
 
     ``async with Producer("group", bootstrap_servers="host:9092") as producer:`` then
@@ -244,18 +244,6 @@ class Producer:
         self._require_running()
         await self._wait_for_room(1)
         return await asyncio.to_thread(self._producer.flush, timeout_ms)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.shutdown()
 
     # --- sending -------------------------------------------------------------------------
     async def prepare(self, msg: Message, partition: int = -1) -> PreparedRecord:

@@ -21,7 +21,8 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar, cast
+from types import TracebackType
+from typing import Any, Final, Self, TypeVar, cast
 
 from bridge.errors import IllegalStateError
 
@@ -183,3 +184,26 @@ def call_listener(
     if scope is not None and scope.cancelled:
         return on_cancel
     return cast(Any, runner.resolve(call(), on_cancel, scope))
+
+
+class AsyncClient:
+    """``async with`` for the asyncio clients: :meth:`start` on entry, :meth:`shutdown` on
+    exit (an exception in the block included)."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def shutdown(self, timeout_ms: int | None = None) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()

@@ -25,10 +25,9 @@ from __future__ import annotations
 import asyncio
 import functools
 from concurrent.futures import ThreadPoolExecutor
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final
 
-from bridge.aio.runner import CancelScope, LoopRunner, call_listener
+from bridge.aio.runner import AsyncClient, CancelScope, LoopRunner, call_listener
 from bridge.config import ClientConfig
 from bridge.errors import IllegalStateError, InvalidArgumentError
 from bridge.lifecycle import ServiceState
@@ -86,7 +85,7 @@ def _complete(listener: object) -> bool:
     )
 
 
-class TransactionMQProducer:
+class TransactionMQProducer(AsyncClient):
     """RocketMQ's transactional producer for asyncio code.
 
     ``async with TransactionMQProducer("group", listener, bootstrap_servers=...) as p:``
@@ -184,18 +183,6 @@ class TransactionMQProducer:
         senders, self._senders = self._senders, None
         if senders is not None:
             senders.shutdown(wait=False)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.shutdown()
 
     # --- sending ---------------------------------------------------------------------------
     async def send_message_in_transaction(
