@@ -152,10 +152,16 @@ class PendingHalf:
     one counts in :attr:`check_times` so the message is parked in the end."""
     check_error: str | None = None
     """Why the last check could not be made (None when it was made)."""
-    pinned_offset: int | None = None
-    """Offset of the copy it was read from when another half message under its id came
-    (:attr:`HalfArrival.CONFLICT`): until it is decided, a restart reads from here, so that
-    it meets the transaction's own message before that one (None: no such message)."""
+    conflict_after: int = -1
+    """Offset of the last half message under its id that is not its own
+    (:attr:`HalfArrival.CONFLICT`) read after :attr:`offset` (-1: none). A restart from the
+    checkpoint, which is never past :attr:`offset`, meets this copy before it."""
+    pins: list[tuple[int, int]] = field(default_factory=list)
+    """(offset of an older copy, offset of the last conflicting half message read between it
+    and the next copy): a restart from past that copy up to that message would take the
+    conflicting one for the transaction, so the checkpoint stays at the copy while it would
+    fall there (:meth:`HalfPartition.checkpoint`). Dropped once the checkpoint is past the
+    message: a restart never reads it again."""
 
     def __post_init__(self) -> None:
         self.latest_offset = max(self.latest_offset, self.offset)
@@ -248,11 +254,11 @@ class HalfPartition:
         if current is not None and not same_message(current.message, msg):
             # Another message under a pending id (written by someone who knows the id): it
             # replaces nothing. The decision names its offset too, so that a restart that
-            # reads it again finds the transaction decided rather than pending with it; and
-            # until then a restart reads from the copy before it, to meet this one first.
+            # reads it again finds the transaction decided rather than pending with it. Once
+            # a newer copy is read past it, a restart that would read it reads from this copy
+            # instead, to meet the transaction's own message first (see checkpoint()).
             current.latest_offset = max(current.latest_offset, offset)
-            if current.pinned_offset is None:
-                current.pinned_offset = current.offset
+            current.conflict_after = max(current.conflict_after, offset)
             return HalfArrival.CONFLICT
         if current is not None and current.held:
             # Its commit is being done on its own, decided by an end request read after the
@@ -284,7 +290,11 @@ class HalfPartition:
         if current is not None:
             pending.check_failures = current.check_failures
             pending.check_error = current.check_error
-            pending.pinned_offset = current.pinned_offset
+            pending.pins = current.pins
+            if current.conflict_after >= 0:
+                # Another message lies between the copy read so far and this one: a restart
+                # from between them must read from that copy.
+                pending.pins.append((current.offset, current.conflict_after))
         self.pending[tid] = pending
         if current is None or (due, check_times) != (current.next_check_ms, current.check_times):
             # Not when that check is scheduled already (a put-back copy; a check copy stamped
@@ -410,17 +420,28 @@ class HalfPartition:
             self.mark_decided(transaction_id, offset)
 
     def checkpoint(self) -> int:
-        """The offset from which a restart must read again: the oldest undecided copy (for a
-        transaction with a conflicting half message, the copy before that one), or the read
-        position when nothing is undecided. Also forgets decisions older than it."""
-        checkpoint = min(
-            (
-                p.offset if p.pinned_offset is None else p.pinned_offset
-                for p in self.pending.values()
-            ),
-            default=self.position,
-        )
+        """The offset from which a restart must read again: the oldest undecided copy, or the
+        read position when nothing is undecided; but a restart that would read a half message
+        conflicting with a pending transaction (one at or after the checkpoint) reads from
+        that transaction's copy before it instead. Also forgets decisions older than it.
+
+        A conflicting message read after a transaction's current copy needs nothing (the
+        checkpoint is never past that copy); one read before it holds the checkpoint at the
+        copy before the message only while something older than the message is pending."""
+        checkpoint = min((p.offset for p in self.pending.values()), default=self.position)
         checkpoint = min(checkpoint, self.position)
+        pinned = [p for p in self.pending.values() if p.pins]
+        moved = True
+        while moved:  # each pin applied can bring another's conflicting message within reach
+            moved = False
+            for p in pinned:
+                for copy, conflict in p.pins:
+                    if copy < checkpoint <= conflict:
+                        checkpoint, moved = copy, True
+        for p in pinned:
+            # A restart from here on never reads those messages, and the checkpoint only
+            # moves forward (a failed Kafka transaction rebuilds the state): forget them.
+            p.pins = [pin for pin in p.pins if pin[1] >= checkpoint]
         if len(self._decided) > 1024:
             self._decided = {t: o for t, o in self._decided.items() if o >= checkpoint}
         if len(self._schedule) > 4 * len(self.pending) + 1024:

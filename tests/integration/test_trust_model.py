@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer as RawConsumer
 from confluent_kafka import Producer as RawProducer
+from confluent_kafka import TopicPartition
 
 from bridge import (
     ClientConfig,
@@ -243,6 +245,61 @@ def test_a_forged_half_message_neither_replaces_nor_loses_the_original(
         assert nothing_on(client_config, victim)
     sources = [q.source_offset for q in read_quarantine(client_config, timeout_ms=1000)]
     assert sources == [forged_offset], "only the different message is quarantined"
+
+
+def committed_half_offset(config: ClientConfig) -> int:
+    """The HALF partition 0 offset the transaction coordinators' group has committed (its
+    checkpoint: where a restart reads again)."""
+    half = TopicCatalog(namespace=config.namespace).topic(SystemTopic.HALF)
+    group = f"{config.namespace}.coordinator.transaction"
+    raw = RawConsumer({"bootstrap.servers": config.bootstrap_servers, "group.id": group})
+    try:
+        return int(raw.committed([TopicPartition(half, 0)], 10)[0].offset)
+    finally:
+        raw.close()
+
+
+class CommitAll(TransactionListener):
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        return C
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        return C
+
+
+def test_a_forged_half_message_with_a_long_immunity_and_a_conflicting_one_hold_no_checkpoint(
+    client_config: ClientConfig, coordinator: Coordinator, topic: str
+) -> None:
+    """A writer of HALF writes its own half message, asking for a 72 h immunity, and a
+    different one under the same id. The checkpoint stays before the first only until its
+    put-back copy (a check interval on) is read back past the second: then it moves on, and a
+    restart reads neither again."""
+    forger = Forger(client_config)
+    with TransactionMQProducer(GROUP, CommitAll(), config=client_config) as producer:
+        producer.send_message_in_transaction(Message(topic, b"warm"), None)
+        wait_until(lambda: committed_half_offset(client_config) > 0, timeout_s=30)
+        tid = f"forged-{uuid.uuid4().hex}"
+        props = {
+            MessageConst.TRANSACTION_PREPARED: "true",
+            MessageConst.PRODUCER_GROUP: GROUP,
+            MessageConst.REAL_TOPIC: topic,
+            MessageConst.REAL_QUEUE_ID: "-1",
+            MessageConst.TRANSACTION_ID: tid,
+            MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: tid,
+            MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: str(72 * 3600),
+        }
+        first = forger.write(encode_envelope(tid, b"a", props, now_ms(), "10.6.6.6"), tid, 0)
+        second = forger.write(encode_envelope(tid, b"b", props, now_ms(), "10.6.6.6"), tid, 0)
+        for i in range(5):
+            producer.send_message_in_transaction(Message(topic, f"m{i}".encode()), None)
+        assert bodies(client_config, topic, 6, idle_ms=500) == [
+            *(f"m{i}" for i in range(5)),
+            "warm",
+        ]
+        wait_until(lambda: committed_half_offset(client_config) > second, timeout_s=30)
+        # The second one is set aside; the first is still undecided (its check is 72 h away).
+        quarantined = [q.source_offset for q in read_quarantine(client_config, timeout_ms=1000)]
+        assert quarantined == [second] and first < second
 
 
 # --- topics outside allowed_topics ------------------------------------------------------------

@@ -179,6 +179,124 @@ def test_a_different_message_while_the_commit_is_applied_on_its_own_is_a_conflic
     assert pending_of(state).message.body == b"created" and pending_of(state).latest_offset == 2
 
 
+def test_a_conflicting_message_holds_the_checkpoint_only_until_a_copy_is_read_past_it() -> None:
+    """A writer of HALF with its own half message (a 72 h immunity) and a second, different
+    one under its id: once the put-back copy is read back past the second one, a restart from
+    there never reads it, and the checkpoint (and the decisions kept) moves on."""
+    policy = CheckPolicy(transaction_timeout_ms=6_000, check_interval_ms=60_000)
+    state = HalfPartition(0, policy)
+    immunity: dict[str, PropertyValue] = {MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS: "259200"}
+    assert state.on_half(0, T0, b"h", half("x", props=immunity), now_ms=T0) is HalfArrival.NEW
+    other = half("x", body=b"other", props=immunity)
+    assert state.on_half(1, T0, b"f", other, now_ms=T0) is HalfArrival.CONFLICT
+    assert state.checkpoint() == 0  # a restart from 1 would take the other one for x
+    for i in range(2, 2000):
+        state.on_half(2 * i, T0, b"", half(f"g{i}"), now_ms=T0)
+        decided = state.on_end(2 * i + 1, f"g{i}", "orders-tx")
+        assert decided is not None
+        state.resolve(decided)
+    assert state.checkpoint() == 0  # x's own copy at 0 is still the one read
+    (put_back,) = state.put_backs_due(T0 + 60_000, 10)
+    assert put_back.transaction_id == "x"
+    copy = half("x", props=immunity)
+    assert state.on_half(5000, T0 + 60_000, b"h", copy, now_ms=T0 + 60_000) is HalfArrival.COPY
+    assert state.checkpoint() == 5000
+    assert state.decided_count < 1024  # the decisions before the checkpoint are forgotten
+    assert pending_of(state, "x").message.body == b"created"
+
+
+def test_a_pin_holds_while_anything_pending_lies_before_the_conflicting_message() -> None:
+    state = HalfPartition(0, POLICY)
+    state.on_half(0, T0, b"", half("x"), now_ms=T0)
+    state.on_half(1, T0, b"", half("y"), now_ms=T0)
+    assert state.on_half(2, T0, b"", half("x", body=b"other"), now_ms=T0) is HalfArrival.CONFLICT
+    copy = half("x", props={MessageConst.TRANSACTION_CHECK_TIMES: "1"})
+    assert state.on_half(3, T0, b"", copy, now_ms=T0) is HalfArrival.COPY
+    # y at 1 lies before the conflicting message at 2: read from 1, a restart would meet it
+    # before x's copy at 3, so it reads from x's copy at 0.
+    assert state.checkpoint() == 0
+    decided = state.on_end(4, "y", "orders-tx")
+    assert decided is not None
+    state.resolve(decided)
+    assert state.checkpoint() == 3
+    assert pending_of(state, "x").pins == []  # never needed again
+    # A later conflicting message needs nothing: a restart reads x's copy at 3 before it.
+    assert state.on_half(5, T0, b"", half("x", body=b"again"), now_ms=T0) is HalfArrival.CONFLICT
+    assert state.checkpoint() == 3
+
+
+def test_a_conflicting_message_after_every_copy_keeps_the_checkpoint_one_copy_behind() -> None:
+    state = HalfPartition(0, POLICY)
+    state.on_half(0, T0, b"", half("x"), now_ms=T0)
+    offset = 1
+    for checks in range(1, 6):
+        other = half("x", body=f"other{checks}".encode())
+        assert state.on_half(offset, T0, b"", other, now_ms=T0) is HalfArrival.CONFLICT
+        copy = half("x", props={MessageConst.TRANSACTION_CHECK_TIMES: str(checks)})
+        assert state.on_half(offset + 1, T0, b"", copy, now_ms=T0) is HalfArrival.COPY
+        assert state.checkpoint() == offset + 1  # the copy just read: past every other one
+        offset += 2
+    assert state.on_half(offset, T0, b"", half("x", body=b"last"), now_ms=T0) is (
+        HalfArrival.CONFLICT
+    )
+    assert state.checkpoint() == offset - 1
+
+
+def test_pins_that_bring_each_others_conflicts_within_reach_all_apply() -> None:
+    state = HalfPartition(0, POLICY)
+    first: dict[str, PropertyValue] = {MessageConst.TRANSACTION_CHECK_TIMES: "1"}
+    state.on_half(0, T0, b"", half("a"), now_ms=T0)
+    state.on_half(1, T0, b"", half("b"), now_ms=T0)
+    assert state.on_half(2, T0, b"", half("a", body=b"o"), now_ms=T0) is HalfArrival.CONFLICT
+    assert state.on_half(3, T0, b"", half("a", props=first), now_ms=T0) is HalfArrival.COPY
+    assert state.on_half(4, T0, b"", half("b", body=b"o"), now_ms=T0) is HalfArrival.CONFLICT
+    assert state.on_half(5, T0, b"", half("b", props=first), now_ms=T0) is HalfArrival.COPY
+    # Unpinned: 3 (a's copy), before b's conflicting message at 4: b's pin, 1. That is before
+    # a's conflicting message at 2: a's pin, 0.
+    assert state.checkpoint() == 0
+
+
+@PROPERTY
+@given(
+    script=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["copy", "other", "end"])),
+        max_size=25,
+    )
+)
+def test_a_restart_from_the_checkpoint_meets_each_pending_message_before_any_other(
+    script: list[tuple[str, str]],
+) -> None:
+    """Whatever the order of copies, conflicting messages and decisions: the first half
+    message a restart from the checkpoint reads under a pending id is that transaction's own
+    (the one the live state holds), never a conflicting one."""
+    state = HalfPartition(0, POLICY)
+    log: list[tuple[str, MessageExt | None]] = []
+
+    def append(tid: str, msg: MessageExt | None) -> int:
+        log.append((tid, msg))
+        return len(log) - 1
+
+    for tid in "abc":
+        state.on_half(append(tid, half(tid)), T0, b"", half(tid), now_ms=T0)
+    checks = dict.fromkeys("abc", 0)
+    for tid, what in script:
+        if what == "end":
+            decided = state.on_end(append(tid, None), tid, "orders-tx")
+            if decided is not None:
+                state.resolve(decided)
+            continue
+        if what == "copy":
+            checks[tid] += 1
+            msg = half(tid, props={MessageConst.TRANSACTION_CHECK_TIMES: str(checks[tid])})
+        else:
+            msg = half(tid, body=b"other")
+        state.on_half(append(tid, msg), T0, b"", msg, now_ms=T0)
+        checkpoint = state.checkpoint()
+        for pending in state.pending.values():
+            first = next(m for t, m in log[checkpoint:] if t == pending.transaction_id)
+            assert first is not None and same_message(first, pending.message)
+
+
 VALUES = st.one_of(st.text(max_size=4), st.binary(max_size=4))
 CHANGES = st.fixed_dictionaries(
     {},
