@@ -6,7 +6,7 @@ import click
 from rich.table import Table
 
 from bridge.cli_common import bootstrap_option, client_config, console
-from bridge.cli_output import emit_json, json_option, message_json, require_broker
+from bridge.cli_output import NotFoundError, emit_json, json_option, message_json
 from bridge.client.producer import Producer
 from bridge.client.reader import read_messages
 from bridge.config import ClientConfig
@@ -211,9 +211,17 @@ def consume(  # noqa: PLR0917 - click passes every option as a parameter
     as_json: bool,
 ) -> None:
     """Print committed messages of TOPIC... (RocketMQ names, e.g. %DLQ%my_group); --json: one
-    object per message with every property (binary ones in base64) and the body."""
+    object per message with every property (binary ones in base64) and the body. A TOPIC
+    that does not exist: exit status 4, naming it."""
     config = client_config(ctx, bootstrap_servers)
-    require_broker(config)
+    existing = TopicAdmin(config).list_topics(include_internal=True)  # fails at once if down
+    missing = [
+        f"{name} (Kafka topic {kafka})" if kafka != name else name
+        for name in topics_
+        if (kafka := to_kafka_topic(name, config.namespace)) not in existing
+    ]
+    if missing:
+        raise NotFoundError(f"no such topic: {', '.join(missing)}")
     for msg in read_messages(
         config,
         list(topics_),

@@ -144,6 +144,36 @@ def test_every_read_command_prints_json_lines(
         assert proc.stdout == "" and proc.stderr.startswith("Error: "), proc.stderr
 
 
+def test_consume_of_a_topic_that_does_not_exist_exits_4_naming_it(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    ns = ["--namespace", client_config.namespace]
+    b = ["-b", client_config.bootstrap_servers]
+    there, absent = unique("there"), unique("absent")
+    TopicAdmin(client_config).ensure_topics([TopicSpec(there, 1)])
+    for args in (["consume", *b, absent], ["consume", *b, there, absent, "%DLQ%nobody"]):
+        proc = run(*ns, *args, "--timeout-ms", "1000")
+        assert proc.returncode == EXIT_NOT_FOUND, (args, proc.stdout, proc.stderr)
+        assert proc.stdout == "" and proc.stderr.startswith("Error: "), proc.stderr
+        assert absent in proc.stderr and there not in proc.stderr, proc.stderr
+    assert "%DLQ%nobody (Kafka topic " in proc.stderr, proc.stderr
+    assert json_lines(*ns, "consume", *b, there, "--timeout-ms", "500") == []
+
+
+def test_delays_status_before_anything_was_delayed_shows_none_waiting(
+    client_config: ClientConfig,
+) -> None:
+    ns = ["--namespace", client_config.namespace]  # its own: no SCHEDULE nor timer topic yet
+    queues = json_lines(*ns, "delays", "status", "-b", client_config.bootstrap_servers)
+    policy = client_config.delay_policy
+    assert [(q["kind"], q["index"]) for q in queues] == [
+        ("level", level) for level in range(1, policy.level_count + 1)
+    ] + [("tier", tier) for tier in range(policy.tier_count)]
+    assert {(q["pending"], q["next_due_ms"]) for q in queues} == {(0, None)}
+    text = run(*ns, "delays", "status", "-b", client_config.bootstrap_servers)
+    assert text.returncode == 0 and text.stdout.rstrip().endswith("0 waiting"), text
+
+
 READ_COMMANDS = [
     ["topics", "list"],
     ["consume", "orders"],
