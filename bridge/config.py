@@ -292,6 +292,22 @@ class ClientConfig:
 
 ALLOW_ALL: Final = "*"
 """The pattern that matches every name (the default of every name limit)."""
+_GLOB_CHARS: Final = frozenset("*?[]!")
+_NAME_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+_NAME_RULES: Final = {
+    "topic": (
+        _NAME_CHARS,
+        "patterns take Kafka topic names (letters, digits, '.', '_', '-'), e.g. "
+        "<namespace>.RETRY.<group> (rmq.RETRY.<group> in the default namespace) for a retry "
+        "topic, not %RETRY%<group>",
+    ),
+    "producer group": (
+        _NAME_CHARS | frozenset("%|"),
+        "patterns take producer group names (letters, digits, '.', '_', '-', '%', '|')",
+    ),
+}
+"""What a pattern of each kind of name may hold, besides the glob characters, and the hint
+an error gives."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,10 +321,18 @@ class NamePatterns:
     """Where the patterns come from, e.g. ``allowed_topics (BRIDGE_ALLOWED_TOPICS)``: every
     refusal names it."""
     patterns: tuple[str, ...] = (ALLOW_ALL,)
+    kind: str = "topic"
+    """The names matched: ``topic`` (Kafka topic names) or ``producer group``."""
 
     def __post_init__(self) -> None:
         if not self.patterns:
             raise InvalidArgumentError(f"{self.setting} must name at least one pattern")
+        if self.kind not in _NAME_RULES:
+            raise InvalidArgumentError(
+                f"{self.setting}: patterns of {self.kind!r} names; expected one of "
+                f"{sorted(_NAME_RULES)}"
+            )
+        legal, hint = _NAME_RULES[self.kind]
         for pattern in self.patterns:
             if (
                 not isinstance(pattern, str)
@@ -320,12 +344,20 @@ class NamePatterns:
                     f"{self.setting}: {pattern!r} is not a pattern (a non-empty glob without "
                     "spaces, control characters or commas)"
                 )
+            stray = sorted({c for c in pattern if c not in legal and c not in _GLOB_CHARS})
+            if stray:
+                # It could never match: no name holds these (a RocketMQ name, e.g. %RETRY%g).
+                raise InvalidArgumentError(
+                    f"{self.setting}: {pattern!r} can never match: no {self.kind} name holds "
+                    f"{''.join(stray)!r}; {hint} (glob characters: * ? [ ] !)"
+                )
 
     @classmethod
-    def parse(cls, setting: str, text: str) -> NamePatterns:
-        """From comma-separated ``text`` (spaces around each pattern are ignored). Raises
+    def parse(cls, setting: str, text: str, kind: str = "topic") -> NamePatterns:
+        """From comma-separated ``text`` (spaces around each pattern are ignored) of
+        ``kind`` names (``topic`` or ``producer group``). Raises
         :class:`InvalidArgumentError` naming ``setting`` when a pattern is empty or holds a
-        space or a control character, or when there is none."""
+        space, a control character or a character no such name has, or when there is none."""
         if not isinstance(text, str):
             raise InvalidArgumentError(f"{setting} must be a string of patterns, got {text!r}")
         parts = [part.strip() for part in text.split(",")]
@@ -333,7 +365,7 @@ class NamePatterns:
             raise InvalidArgumentError(
                 f"{setting} must be comma-separated patterns without empty ones, got {text!r}"
             )
-        return cls(setting, tuple(parts))
+        return cls(setting, tuple(parts), kind)
 
     @property
     def allows_all(self) -> bool:
@@ -368,7 +400,9 @@ class TrustLimits:
     topics: NamePatterns = NamePatterns(ALLOWED_TOPICS_SETTING)
     """Kafka names of the real topics (retry topics ``<ns>.RETRY.<group>`` included) the
     coordinator may write."""
-    producer_groups: NamePatterns = NamePatterns(ALLOWED_PRODUCER_GROUPS_SETTING)
+    producer_groups: NamePatterns = NamePatterns(
+        ALLOWED_PRODUCER_GROUPS_SETTING, kind="producer group"
+    )
     """Producer groups whose half messages are checked (their check topic created) and
     committed."""
 
@@ -377,7 +411,7 @@ class TrustLimits:
         """From the settings' comma-separated texts."""
         return cls(
             NamePatterns.parse(ALLOWED_TOPICS_SETTING, topics),
-            NamePatterns.parse(ALLOWED_PRODUCER_GROUPS_SETTING, producer_groups),
+            NamePatterns.parse(ALLOWED_PRODUCER_GROUPS_SETTING, producer_groups, "producer group"),
         )
 
 

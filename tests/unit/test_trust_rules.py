@@ -432,6 +432,29 @@ def test_a_malformed_pattern_list_is_refused_naming_the_setting(text: str) -> No
         CoordinatorConfig(coordinator_id="c", allowed_producer_groups=text)
 
 
+@pytest.mark.parametrize(
+    ("topics", "stray"),
+    [("%RETRY%billing", "%"), ("orders,%DLQ%*", "%"), ("a/b", "/"), ("o:*", ":")],
+)
+def test_a_topic_pattern_no_kafka_topic_name_can_match_is_refused(topics: str, stray: str) -> None:
+    with pytest.raises(InvalidArgumentError) as refused:
+        CoordinatorConfig(coordinator_id="c", allowed_topics=topics)
+    text = str(refused.value)
+    assert text.startswith(ALLOWED_TOPICS_SETTING + ": "), text
+    assert f"no topic name holds {stray!r}" in text, text
+    assert "rmq.RETRY.<group>" in text and "not %RETRY%<group>" in text, text
+
+
+def test_producer_group_patterns_take_the_characters_group_names_have() -> None:
+    config = CoordinatorConfig(coordinator_id="c", allowed_producer_groups="%SYS%|tx-*,[!x]?.g_1")
+    assert config.trust_limits.producer_groups.allows("%SYS%|tx-orders")
+    with pytest.raises(InvalidArgumentError, match=r"allowed_producer_groups.*no producer group"):
+        CoordinatorConfig(coordinator_id="c", allowed_producer_groups="orders/tx")
+    # Every character a Kafka topic name can hold, and the glob ones, are accepted.
+    limits = NamePatterns.parse(ALLOWED_TOPICS_SETTING, "aZ09._-*?[]!")
+    assert limits.patterns == ("aZ09._-*?[]!",)
+
+
 def test_patterns_must_be_text() -> None:
     with pytest.raises(InvalidArgumentError, match="allowed_topics"):
         CoordinatorConfig(coordinator_id="c", allowed_topics=["orders"])  # type: ignore[arg-type]
