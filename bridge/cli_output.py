@@ -160,27 +160,62 @@ LOG_FORMATS: Final = ("text", "json")
 _STANDARD_RECORD_FIELDS: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
+def _text(value: object) -> str:
+    """``str(value)``; its ``repr`` when that raises; its type when both raise."""
+    for show in (str, repr):
+        try:
+            return show(value)
+        except Exception:  # a log line must not fail on a value
+            continue
+    return f"<unprintable {type(value).__name__}>"
+
+
 class JsonLogFormatter(logging.Formatter):
     """One JSON object per log record: ``ts`` (ISO 8601, UTC, ms), ``epoch_ms``, ``level``,
-    ``logger``, ``thread``, ``message``, ``exception`` (the traceback, when there is one) and
-    any ``extra`` fields."""
+    ``logger``, ``thread``, ``message``, ``exception`` (the traceback, when there is one),
+    ``stack`` (with ``stack_info=True``) and any ``extra`` fields. A line is never lost: a
+    value JSON cannot hold (a cycle, a dict with keys that are not text, a ``__str__`` that
+    raises) is written as its ``repr``, and a message whose arguments do not fit its format as
+    the format and the arguments."""
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        try:
+            message = record.getMessage()
+        except Exception:  # e.g. log.info("%d", "x"): keep what was logged
+            message = f"{_text(record.msg)} % {_text(record.args)}"
         out: dict[str, Any] = {
             "ts": f"{ts}.{int(record.msecs):03d}Z",
             "epoch_ms": int(record.created * 1000),
             "level": record.levelname,
             "logger": record.name,
             "thread": record.threadName,
-            "message": record.getMessage(),
+            "message": message,
         }
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
         for name, value in vars(record).items():
             if name not in _STANDARD_RECORD_FIELDS and not name.startswith("_"):
                 out[name] = value
-        return json.dumps(out, default=str, ensure_ascii=False)
+        try:
+            return json.dumps(out, default=_text, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):
+            safe = {k: _jsonable(v) for k, v in out.items()}
+            return json.dumps(safe, default=_text, ensure_ascii=False)
+
+
+def _jsonable(value: object) -> object:
+    """``value`` when JSON can hold it, else its ``repr`` (as text)."""
+    try:
+        json.dumps(value, default=_text, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        try:
+            return repr(value)
+        except Exception:  # a log line must not fail on a value
+            return f"<unprintable {type(value).__name__}>"
+    return value
 
 
 def configure_logging(verbose: int, log_format: str) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
+from typing import Any
 
 import pytest
 
+from bridge.cli_output import JsonLogFormatter
 from bridge.config import ClientConfig
 from bridge.coordinator import CoordinatorConfig
 from bridge.errors import IllegalStateError, InvalidArgumentError
@@ -291,3 +295,62 @@ def test_secret_kafka_properties_never_appear_in_a_config_repr() -> None:
         for value in secrets.values():
             assert value not in text
     assert "bootstrap_servers='127.0.0.1:9092'" in repr(config)
+
+
+# --- JSON log lines ---------------------------------------------------------------------------
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    def __repr__(self) -> str:
+        return "<Unprintable>"
+
+
+def _json_line(msg: str, *args: object, **kwargs: Any) -> dict[str, object]:
+    """What :class:`JsonLogFormatter` writes for one warning logged with ``kwargs``."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    logger = logging.getLogger("test.json_logs")
+    handler = Collect()
+    handler.setFormatter(JsonLogFormatter())
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning(msg, *args, **kwargs)
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+    (line,) = lines
+    out = json.loads(line)
+    assert isinstance(out, dict)
+    return out
+
+
+def test_a_json_log_line_keeps_the_stack_of_stack_info() -> None:
+    out = _json_line("where am I", stack_info=True)
+    assert out["message"] == "where am I"
+    stack = out["stack"]
+    assert isinstance(stack, str) and stack.startswith("Stack (most recent call last):")
+    assert "test_a_json_log_line_keeps_the_stack_of_stack_info" in stack
+
+
+def test_a_json_log_line_is_written_whatever_the_values_hold() -> None:
+    cycle: list[object] = []
+    cycle.append(cycle)
+    out = _json_line(
+        "order %s",
+        "o-1",
+        extra={"cycle": cycle, "keys": {(1, 2): "tuple key"}, "odd": _Unprintable(), "n": 3},
+    )
+    assert out["message"] == "order o-1" and out["n"] == 3  # what JSON holds stays as it is
+    assert out["cycle"] == "[[...]]"
+    assert out["keys"] == "{(1, 2): 'tuple key'}"
+    assert out["odd"] == "<Unprintable>"
+    bad_args = _json_line("%d items", "many")
+    assert bad_args["message"] == "%d items % ('many',)"
