@@ -84,8 +84,10 @@ FAILURE_MESSAGE_MAX_BYTES: Final = 1024
 
 def truncate_utf8(text: str, max_bytes: int = FAILURE_MESSAGE_MAX_BYTES) -> str:
     """``text`` if its UTF-8 encoding fits in ``max_bytes`` bytes, else its longest prefix that
-    fits together with ``...`` (never a broken character; a lone surrogate becomes ``?``)."""
-    encoded = text.encode("utf-8", "replace")
+    fits together with ``...`` (never a broken character; a lone surrogate becomes ``?``).
+    Only the first ``max_bytes + 1`` characters are encoded (each is at least a byte): a huge
+    text costs no more than a short one."""
+    encoded = text[: max(max_bytes, 0) + 1].encode("utf-8", "replace")
     if len(encoded) <= max_bytes:
         return encoded.decode("utf-8")
     return encoded[: max(max_bytes - 3, 0)].decode("utf-8", "ignore") + "..."

@@ -6,6 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from bridge.codec import decode_envelope, decode_headers
 from bridge.config import ClientConfig
 from bridge.consumer.consumption import Failure, leading_successes, record_failure
@@ -44,6 +47,48 @@ def test_a_long_exception_message_is_cut_to_one_kib_of_utf8() -> None:
     assert len(cut.encode()) <= FAILURE_MESSAGE_MAX_BYTES
     assert truncate_utf8("short") == "short"
     assert truncate_utf8("a\udc80b") == "a?b"
+
+
+def _cut_whole(text: str, max_bytes: int) -> str:
+    """The rule, from the text's whole UTF-8 encoding."""
+    encoded = text.encode("utf-8", "replace")
+    if len(encoded) <= max_bytes:
+        return encoded.decode("utf-8")
+    return encoded[: max(max_bytes - 3, 0)].decode("utf-8", "ignore") + "..."
+
+
+@settings(max_examples=500, derandomize=True, database=None, deadline=None)
+@given(
+    text=st.text(
+        alphabet=st.one_of(st.characters(), st.sampled_from(["a", "é", "€", "😀", "\udc80"])),
+        max_size=40,
+    ),
+    max_bytes=st.integers(-2, 60),
+)
+def test_a_cut_is_the_longest_prefix_that_fits_whatever_the_text(text: str, max_bytes: int) -> None:
+    cut = truncate_utf8(text, max_bytes)
+    assert cut == _cut_whole(text, max_bytes)
+    if len(text.encode("utf-8", "replace")) <= max_bytes:
+        assert cut == text.encode("utf-8", "replace").decode("utf-8")
+    else:
+        assert cut.endswith("...") and len(cut.encode()) <= max(max_bytes, 3)
+
+
+class _WholeText(str):
+    """A text that must never be encoded whole (slices of it are plain ``str``)."""
+
+    __slots__ = ()
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        raise AssertionError(f"the whole {len(self)}-character text was encoded")
+
+
+def test_only_the_head_of_a_huge_exception_message_is_encoded() -> None:
+    huge = _WholeText("€" * 10_000_000 + "end")
+    cut = truncate_utf8(huge)
+    assert cut == "€" * ((FAILURE_MESSAGE_MAX_BYTES - 3) // 3) + "..."
+    assert truncate_utf8(_WholeText("short")) == "short"
+    assert truncate_utf8(_WholeText("")) == ""
 
 
 def test_the_exception_a_listener_raised_travels_in_the_retry_and_dlq_copies() -> None:
