@@ -299,7 +299,7 @@ _NAME_RULES: Final = {
         _NAME_CHARS,
         "patterns take Kafka topic names (letters, digits, '.', '_', '-'), e.g. "
         "<namespace>.RETRY.<group> (rmq.RETRY.<group> in the default namespace) for a retry "
-        "topic, not %RETRY%<group>",
+        "topic, not %RETRY%<group>; `bridge topics map NAME` prints a name's Kafka name",
     ),
     "producer group": (
         _NAME_CHARS | frozenset("%|"),
