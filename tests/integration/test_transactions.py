@@ -36,7 +36,7 @@ from topics.catalog import SystemTopic, TopicCatalog
 
 pytestmark = pytest.mark.broker
 
-FAST: dict[str, int] = {
+FAST: dict[str, Any] = {
     "transaction_partitions": 2,
     "transaction_timeout_ms": 1500,
     "check_interval_ms": 1000,
@@ -75,7 +75,7 @@ class Scripted(TransactionListener):
         return self._answer(self.check.get(body, U))
 
 
-def coordinator_config(client: ClientConfig, **overrides: int) -> CoordinatorConfig:
+def coordinator_config(client: ClientConfig, **overrides: Any) -> CoordinatorConfig:
     return CoordinatorConfig(
         client=client, coordinator_id=f"c-{uuid.uuid4().hex[:8]}", **{**FAST, **overrides}
     )
