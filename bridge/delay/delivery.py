@@ -18,6 +18,8 @@ from bridge.delay.isolation import Unit, attempt_count, located
 from bridge.delay.routing import SEND_ID_HEADER
 from bridge.kafka.batch_writer import TransactionBatch
 from bridge.kafka.transactional import DELIVERY_ATTEMPTS
+from bridge.message import now_ms
+from bridge.observability.metrics import active_metrics
 
 if TYPE_CHECKING:
     from bridge.delay.service import FifoDelayService
@@ -145,9 +147,15 @@ class Delivery:
             assert batch.failure is not None
             self._svc.isolation.blame(units, batch, owners, batch.failure)
             return False
+        metrics = active_metrics()
         for unit in units:
             self._svc.isolation.settled((unit.held.partition, unit.held.offset))
             self._svc.delivered += unit.real
+            if metrics is not None and unit.real:
+                ns, kind = self._svc.client.namespace, self._svc.kind
+                metrics.delay_deliveries.labels(ns, kind).inc()
+                late_ms = max(now_ms() - self._svc.due_at(unit.held), 0)
+                metrics.delay_lateness.labels(ns, kind).observe(late_ms / 1000)
             self._svc.moved_aside += unit.aside
             if unit.duplicate:
                 self._svc.duplicates += 1

@@ -246,6 +246,8 @@ class CheckBack:
         )
         self._svc.write_op(state, pending, OpAction.DISCARD, batch)
         state.resolve(pending)
+        ns = self._svc.client.namespace
+        self._svc.count(batch, lambda m: m.parked.labels(ns, "check_failed").inc())
 
     def _check_or_discard(
         self, state: HalfPartition, pending: PendingHalf, now: int, batch: HalfBatch
@@ -351,6 +353,14 @@ class CheckBack:
         )
         self._svc.write_op(state, pending, OpAction.DISCARD, batch)
         state.resolve(pending)
+        if refused is not None:
+            reason = "refused"
+        elif pending.check_times >= self._svc.policy.transaction_check_max:
+            reason = "check_max"
+        else:
+            reason = "too_old"
+        ns = self._svc.client.namespace
+        self._svc.count(batch, lambda m: m.parked.labels(ns, reason).inc())
 
     def _put_back(self, state: HalfPartition, pending: PendingHalf, batch: HalfBatch) -> None:
         """Copy ``pending`` unchanged to the end of its partition (no check request), so its
@@ -379,6 +389,8 @@ class CheckBack:
             message=copy,
         )
         batch.put(topic, request.encode(), key=tid.encode())
+        ns = self._svc.client.namespace
+        self._svc.count(batch, lambda m: m.checks_sent.labels(ns, group).inc())
         logger.info(
             "transaction %s (group %s): check %d of %d",
             tid,

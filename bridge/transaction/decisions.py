@@ -21,7 +21,8 @@ from bridge.errors import BridgeError, WireFormatError
 from bridge.kafka.quarantine import quarantine_copy
 from bridge.kafka.transactional import is_permanent_delivery_error
 from bridge.lifecycle import FatalServiceError
-from bridge.message import MessageExt, now_ms
+from bridge.message import MessageConst, MessageExt, now_ms
+from bridge.observability.metrics import BridgeMetrics, active_metrics
 from bridge.transaction.half_batch import HalfBatch
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
@@ -136,6 +137,10 @@ class Decisions:
     ) -> None:
         if end.status is TransactionStatus.UNKNOWN:
             state.on_other(offset)
+            metrics = active_metrics()
+            if metrics is not None and end.from_transaction_check:
+                ns = self._svc.client.namespace
+                metrics.check_answers.labels(ns, end.producer_group, end.status.value).inc()
             logger.debug("transaction %s: UNKNOWN from %s", end.transaction_id, end.producer_id)
             return
         current = state.pending.get(end.transaction_id)
@@ -167,6 +172,9 @@ class Decisions:
             return
         # Decided by its producer: no check of it is needed any more, on its own or not.
         self._svc.checks.forget(end.transaction_id)
+        self._svc.count(
+            batch, lambda m: _count_decision(m, self._svc.client.namespace, end, pending)
+        )
         if end.status is TransactionStatus.COMMIT:
             self._apply_commit(state, pending, batch)
         else:
@@ -211,3 +219,17 @@ class Decisions:
         batch.add_real(tid, state.partition, real)
         self._svc.write_op(state, pending, OpAction.COMMIT, batch)
         state.resolve(pending)
+
+
+def _count_decision(
+    metrics: BridgeMetrics, namespace: str, end: EndTransaction, pending: PendingHalf
+) -> None:
+    """The metrics of a decision applied: commit or rollback per real topic, the time since
+    the half message was sent (ms), and the answer when it answered a check."""
+    msg = pending.message
+    topic = str(msg.get_property(MessageConst.REAL_TOPIC) or msg.topic)
+    decided = metrics.commits if end.status is TransactionStatus.COMMIT else metrics.rollbacks
+    decided.labels(namespace, topic).inc()
+    metrics.finish_latency.labels(namespace).observe(max(now_ms() - pending.born_ms, 0))
+    if end.from_transaction_check:
+        metrics.check_answers.labels(namespace, end.producer_group, end.status.value).inc()

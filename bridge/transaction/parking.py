@@ -226,6 +226,8 @@ class Parking:
         batch = HalfBatch()
         batch.put(self._svc.catalog.topic(SystemTopic.CHECK_MAX), parked, key=tid.encode())
         self._svc.write_op(state, pending, OpAction.DISCARD, batch)
+        ns = self._svc.client.namespace
+        self._svc.count(batch, lambda m: m.parked.labels(ns, "undeliverable").inc())
         if not self._svc._commit_alone(batch):
             if batch.in_doubt:
                 self._reread(state, tid)
