@@ -20,6 +20,7 @@ from bridge.kafka.batch_writer import TransactionBatch
 from bridge.kafka.transactional import DELIVERY_ATTEMPTS
 from bridge.message import now_ms
 from bridge.observability.metrics import active_metrics
+from topics.catalog import SystemTopic
 
 if TYPE_CHECKING:
     from bridge.delay.service import FifoDelayService
@@ -156,6 +157,13 @@ class Delivery:
                 metrics.delay_deliveries.labels(ns, kind).inc()
                 late_ms = max(now_ms() - self._svc.due_at(unit.held), 0)
                 metrics.delay_lateness.labels(ns, kind).observe(late_ms / 1000)
+            elif (
+                metrics is not None
+                and unit.record is not None
+                and unit.record.kafka_topic
+                == (self._svc.config.catalog.topic(SystemTopic.QUARANTINE))
+            ):
+                metrics.quarantined.labels(self._svc.client.namespace, "delay").inc()
             self._svc.moved_aside += unit.aside
             if unit.duplicate:
                 self._svc.duplicates += 1

@@ -110,6 +110,8 @@ class Decisions:
                 self._shrink_quarantine.discard(where)
 
         batch.add_record(copy, refused)
+        ns = self._svc.client.namespace
+        self._svc.count(batch, lambda m: m.quarantined.labels(ns, "transaction").inc())
         state.on_other(record.offset())
 
     def _conflict(
