@@ -33,13 +33,11 @@ from bridge.consumer.admin import (
     write_back,
 )
 from bridge.consumer.send_back import ReplayTarget
-from bridge.delay.admin import QueueStatus, delay_status
-from bridge.kafka.admin import TopicAdmin
+from bridge.delay.admin import delay_status
 from bridge.kafka.quarantine import read_quarantine, replay_quarantined
 from bridge.message import MessageConst, MessageExt, property_text
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import OpAction
-from topics.catalog import SystemTopic, TopicCatalog
 
 
 @click.group()
@@ -197,7 +195,7 @@ def delays_status(ctx: click.Context, bootstrap_servers: str | None, as_json: bo
     the next of each is due (--json: every level and tier, kind, index, delay_ms, pending,
     next_due_ms)."""
     config = _read_config(ctx, bootstrap_servers)
-    queues = _delay_queues(config)
+    queues = delay_status(config)
     if as_json:
         for q in queues:
             emit_json(q)
@@ -213,25 +211,6 @@ def delays_status(ctx: click.Context, bootstrap_servers: str | None, as_json: bo
             f"{q.kind} {q.index:>2} ({_human_ms(q.delay_ms):>6}) {q.pending:>9} {bar:<30} {due}"
         )
     console.print(f"{sum(q.pending for q in queues)} waiting")
-
-
-def _delay_queues(config: ClientConfig) -> list[QueueStatus]:
-    """Every delay level and timer tier: none waiting when neither the SCHEDULE nor the timer
-    topic exists yet (nothing was ever delayed in this namespace)."""
-    catalog = TopicCatalog(namespace=config.namespace)
-    existing = TopicAdmin(config).list_topics(include_internal=True)
-    if any(catalog.topic(t) in existing for t in (SystemTopic.SCHEDULE, SystemTopic.TIMER)):
-        return delay_status(config)
-    policy = config.delay_policy
-    levels = [
-        QueueStatus("level", level, delay, 0, None)
-        for level, delay in enumerate(policy.level_delays_ms, start=1)
-    ]
-    tiers = [
-        QueueStatus("tier", tier, policy.tier_delay_ms(tier), 0, None)
-        for tier in range(policy.tier_count)
-    ]
-    return levels + tiers
 
 
 def _human_ms(ms: int) -> str:

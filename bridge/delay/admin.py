@@ -12,6 +12,7 @@ from confluent_kafka import TopicPartition
 from bridge.codec import decode_headers
 from bridge.config import ClientConfig
 from bridge.delay.routing import TIMER_ROUTING_HEADER
+from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer, read_record_at
 from bridge.kafka.quarantine import read_headers
 from topics.catalog import SystemTopic, TopicCatalog
@@ -33,6 +34,14 @@ class QueueStatus:
     """When the oldest one is due, epoch ms; for a timer tier, when it leaves the tier."""
 
 
+def _delay_ms(config: ClientConfig, kind: str, partition: int) -> int:
+    """The delay of SCHEDULE partition ``partition`` (a level) or of timer tier ``partition``."""
+    policy = config.delay_policy
+    if kind == "level":
+        return policy.level_delays_ms[partition]
+    return policy.tier_delay_ms(partition)
+
+
 def _deliver_ms(record: Any) -> int | None:
     """A timer record's delivery time from its routing header, or None (no such header,
     headers unreadable or the value not a number: the tier's own time is shown)."""
@@ -45,15 +54,25 @@ def _deliver_ms(record: Any) -> int | None:
 
 
 def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueStatus]:
-    """The state of every delay level and timer tier of ``config.namespace``."""
+    """The state of every delay level and timer tier of ``config.namespace``; a level or tier
+    whose topic does not exist yet (nothing was delayed that way) has none waiting."""
     catalog = TopicCatalog(namespace=config.namespace)
     policy = config.delay_policy
+    existing = TopicAdmin(config).list_topics(include_internal=True)
     out: list[QueueStatus] = []
     for kind, system, count in (
         ("level", SystemTopic.SCHEDULE, policy.level_count),
         ("tier", SystemTopic.TIMER, policy.tier_count),
     ):
         topic = catalog.topic(system)
+        if topic not in existing:
+            out.extend(
+                QueueStatus(
+                    kind, i + 1 if kind == "level" else i, _delay_ms(config, kind, i), 0, None
+                )
+                for i in range(count)
+            )
+            continue
         service = "schedule" if system is SystemTopic.SCHEDULE else "timer"
         consumer = new_consumer(
             config,
@@ -69,11 +88,7 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
             for tp in committed:
                 low, high = consumer.get_watermark_offsets(tp, timeout=timeout_ms / 1000)
                 start = tp.offset if tp.offset >= 0 else low
-                delay = (
-                    policy.level_delays_ms[tp.partition]
-                    if kind == "level"
-                    else policy.tier_delay_ms(tp.partition)
-                )
+                delay = _delay_ms(config, kind, tp.partition)
                 next_due = None
                 pending = max(high - start, 0)
                 if start < high:

@@ -28,7 +28,7 @@ from bridge.consumer import ConsumeFromWhere, ConsumeStatus, PushConsumer
 from bridge.kafka.admin import TopicAdmin
 from bridge.runtime.local_kafka import free_port
 from tests.conftest import wait_until
-from topics.catalog import TopicSpec
+from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
 
 pytestmark = pytest.mark.broker
 
@@ -172,6 +172,20 @@ def test_delays_status_before_anything_was_delayed_shows_none_waiting(
     assert {(q["pending"], q["next_due_ms"]) for q in queues} == {(0, None)}
     text = run(*ns, "delays", "status", "-b", client_config.bootstrap_servers)
     assert text.returncode == 0 and text.stdout.rstrip().endswith("0 waiting"), text
+
+
+def test_delays_status_with_only_the_schedule_topic_shows_the_timer_tiers_empty(
+    client_config: ClientConfig,
+) -> None:
+    """A namespace where delay levels were used but never a timer: the SCHEDULE topic exists,
+    the timer topic does not."""
+    catalog = TopicCatalog(namespace=client_config.namespace)
+    TopicAdmin(client_config).ensure_topics([catalog.spec(SystemTopic.SCHEDULE)])
+    ns = ["--namespace", client_config.namespace]
+    queues = json_lines(*ns, "delays", "status", "-b", client_config.bootstrap_servers)
+    tiers = [q for q in queues if q["kind"] == "tier"]
+    assert len(tiers) == client_config.delay_policy.tier_count
+    assert {(q["pending"], q["next_due_ms"]) for q in queues} == {(0, None)}
 
 
 READ_COMMANDS = [
