@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from bridge.client.producer import Producer
 from bridge.config import ClientConfig
@@ -106,6 +107,7 @@ class ConsumerContext:
 
 
 _SUCCESS = (ConsumeStatus.CONSUME_SUCCESS, ConsumeOrderlyStatus.SUCCESS)
+_Status = TypeVar("_Status")
 
 
 class _Timing:
@@ -117,8 +119,16 @@ class _Timing:
         self._success = metrics.process_time.labels(namespace, topic, group, "success")
         self._failure = metrics.process_time.labels(namespace, topic, group, "failure")
 
-    def record(self, started: float, ok: bool) -> None:
-        (self._success if ok else self._failure).observe((time.monotonic() - started) * 1000)
+    def call(self, listener: Callable[[], _Status]) -> _Status:
+        """``listener()``, recorded: a success status is ``success``, anything else (another
+        status, an exception) ``failure``."""
+        started, ok = time.monotonic(), False
+        try:
+            status = listener()
+            ok = status in _SUCCESS
+            return status
+        finally:
+            (self._success if ok else self._failure).observe((time.monotonic() - started) * 1000)
 
 
 class _TimedConcurrently(MessageListenerConcurrently):
@@ -129,13 +139,7 @@ class _TimedConcurrently(MessageListenerConcurrently):
     def consume_message(
         self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
     ) -> ConsumeStatus:
-        started, ok = time.monotonic(), False
-        try:
-            status = self._inner.consume_message(msgs, context)
-            ok = status in _SUCCESS
-            return status
-        finally:
-            self._timing.record(started, ok)
+        return self._timing.call(lambda: self._inner.consume_message(msgs, context))
 
 
 class _TimedOrderly(MessageListenerOrderly):
@@ -146,24 +150,12 @@ class _TimedOrderly(MessageListenerOrderly):
     def consume_message(
         self, msgs: list[MessageExt], context: ConsumeOrderlyContext
     ) -> ConsumeOrderlyStatus:
-        started, ok = time.monotonic(), False
-        try:
-            status = self._inner.consume_message(msgs, context)
-            ok = status in _SUCCESS
-            return status
-        finally:
-            self._timing.record(started, ok)
+        return self._timing.call(lambda: self._inner.consume_message(msgs, context))
 
 
 def _timed_callback(callback: MessageCallback, timing: _Timing) -> MessageCallback:
     def timed(msg: MessageExt) -> ConsumeStatus | ConsumeOrderlyStatus | None:
-        started, ok = time.monotonic(), False
-        try:
-            result = callback(msg)
-            ok = result in _SUCCESS
-            return result
-        finally:
-            timing.record(started, ok)
+        return timing.call(lambda: callback(msg))
 
     return timed
 
