@@ -127,12 +127,32 @@ class Acl:
         }
 
 
-def principal(name: str) -> str:
-    """``User:<name>`` (a name given with a type, ``User:alice``, is kept)."""
-    name = name.strip()
-    if not name or any(c.isspace() for c in name) or name.endswith(":"):
-        raise InvalidArgumentError(f"invalid principal {name!r}: expected User:<name> or <name>")
-    return name if ":" in name else f"User:{name}"
+def principal(name: str, role: str = "") -> str:
+    """``User:<name>`` (a name given with a type, ``User:alice``, is kept). Inner blanks are
+    allowed (an mTLS principal is a DN: ``User:CN=svc,O=Acme Inc``); an empty name, leading or
+    trailing blanks, and any ``*`` (Kafka's wildcard principal: every user) are refused with an
+    :class:`InvalidArgumentError` naming ``role`` when given."""
+    for_role = f" for the {role} role" if role else ""
+    kind, sep, bare = name.partition(":")
+    if not sep:
+        kind, bare = "User", name
+    if "*" in name:
+        raise InvalidArgumentError(
+            f"invalid principal {name!r}{for_role}: '*' would grant the role's ACLs to every "
+            "user; name one principal"
+        )
+    if (
+        not bare
+        or not kind
+        or bare != bare.strip()
+        or kind != kind.strip()
+        or any(c in "\r\n\t\f\v" for c in name)
+    ):
+        raise InvalidArgumentError(
+            f"invalid principal {name!r}{for_role}: expected User:<name> or <name> (not empty, "
+            "no leading or trailing blanks)"
+        )
+    return f"{kind}:{bare}"
 
 
 def topic_resource(topic: str) -> tuple[str, PatternType]:
@@ -172,20 +192,28 @@ class Deployment:
             topic_resource(topic)
         for group in (*self.transactional_producers, *self.consumers):
             validate_group(group)
-        for name in self._principals():
-            principal(name)
+        for role, name in self._principals():
+            principal(name, role)
 
-    def _principals(self) -> Iterable[str]:
-        yield from (p for p in (self.producer, self.coordinator, self.spark, self.operator) if p)
-        yield from self.transactional_producers.values()
-        yield from self.consumers.values()
+    def _principals(self) -> Iterable[tuple[str, str]]:
+        roles = {
+            "producer": self.producer,
+            "coordinator": self.coordinator,
+            "spark": self.spark,
+            "operator": self.operator,
+        }
+        yield from ((role, p) for role, p in roles.items() if p)
+        for group, p in self.transactional_producers.items():
+            yield f"transactional producer of {group}", p
+        for group, p in self.consumers.items():
+            yield f"consumer of {group}", p
 
 
 class _Grants:
     """Collects ACLs for one principal and role."""
 
     def __init__(self, who: str, role: str, out: list[Acl]) -> None:
-        self.who, self.role, self.out = principal(who), role, out
+        self.who, self.role, self.out = principal(who, role), role, out
 
     def topic(
         self, name: str, ops: Iterable[Operation], reason: str, prefixed: bool = False

@@ -107,7 +107,7 @@ def test_acls_are_sorted_and_unique() -> None:
     assert isinstance(acls[0], Acl)
 
 
-@pytest.mark.parametrize("bad", ["", "a b", "User:"])
+@pytest.mark.parametrize("bad", ["", "a\tb", "User:"])
 def test_bad_principals_are_refused(bad: str) -> None:
     with pytest.raises(InvalidArgumentError):
         principal(bad)
@@ -144,3 +144,27 @@ def test_bridge_acls_print_without_a_principal_is_an_error() -> None:
     out = CliRunner().invoke(cli, ["acls", "print", "--topic", "orders"])
     assert out.exit_code == 1
     assert "no principal given" in out.output
+
+
+@pytest.mark.parametrize("wild", ["*", "User:*", "svc*", "User:ad*min"])
+def test_a_wildcard_principal_is_refused_naming_the_role(wild: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="every user") as err:
+        Deployment(namespace="prod", topics=("orders",), consumers={"ship_cg": wild})
+    assert "consumer of ship_cg" in str(err.value)
+    with pytest.raises(InvalidArgumentError, match="operator"):
+        Deployment(namespace="prod", operator=wild)
+    with pytest.raises(InvalidArgumentError):
+        principal(wild)
+
+
+def test_a_distinguished_name_with_inner_blanks_is_a_principal() -> None:
+    assert principal("User:CN=svc,O=Acme Inc") == "User:CN=svc,O=Acme Inc"
+    assert principal("CN=svc,O=Acme Inc") == "User:CN=svc,O=Acme Inc"
+    acls = acls_for(Deployment(namespace="prod", topics=("orders",), producer="CN=svc,O=Acme Inc"))
+    assert {a.principal for a in acls} == {"User:CN=svc,O=Acme Inc"}
+
+
+@pytest.mark.parametrize("bad", [" ", " alice", "alice ", "User: alice", "User:alice ", ":x"])
+def test_empty_names_and_outer_blanks_are_refused(bad: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="leading or trailing blanks"):
+        principal(bad)
