@@ -151,7 +151,11 @@ class TransactionalService(ServiceThread):
         def failed(exc: KafkaException) -> None:
             metrics = active_metrics()
             if metrics is not None:
-                metrics.kafka_aborts.labels(self.client.namespace, self.kind).inc()
+                # A commit that failed in doubt may have completed: not an abort. Its
+                # after-commit actions (metric counts) are dropped all the same, since the
+                # bridge cannot tell; the in-doubt counter says how often that happened.
+                counter = metrics.kafka_in_doubt if batch.in_doubt else metrics.kafka_aborts
+                counter.labels(self.client.namespace, self.kind).inc()
             handler(exc)
 
         committed = write_batch(

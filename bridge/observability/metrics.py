@@ -14,6 +14,7 @@ disabled, so a disabled process pays one global read per event).
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Final
 
 from prometheus_client import (
@@ -257,7 +258,16 @@ class BridgeMetrics:
         )
         self.kafka_aborts = Counter(
             "bridge_kafka_transaction_aborts",
-            "Kafka transactions of a coordinator service that failed (aborted or fenced).",
+            "Kafka transactions of a coordinator service that failed (aborted or fenced; not "
+            "those in doubt, see bridge_kafka_transactions_in_doubt).",
+            ["namespace", "service"],
+            registry=r,
+        )
+        self.kafka_in_doubt = Counter(
+            "bridge_kafka_transactions_in_doubt",
+            "Kafka transactions of a coordinator service whose commit failed without saying "
+            "whether it completed (a timeout, a fatal error); the decisions and deliveries "
+            "they carried may be uncounted.",
             ["namespace", "service"],
             registry=r,
         )
@@ -313,6 +323,11 @@ class BridgeMetrics:
 
 _lock = threading.Lock()
 _active: BridgeMetrics | None = None
+_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, BridgeMetrics] = (
+    weakref.WeakKeyDictionary()
+)
+"""The :class:`BridgeMetrics` made in each caller's registry: a registry holds one set of the
+bridge's metrics, so enabling again in it (after :func:`disable_metrics`) reuses them."""
 
 
 def enable_metrics(
@@ -320,14 +335,26 @@ def enable_metrics(
 ) -> BridgeMetrics:
     """Turn recording on in this process and return the active :class:`BridgeMetrics`.
 
-    The first call creates it (in ``registry``, e.g. ``prometheus_client.REGISTRY`` to serve it
-    with the rest of an application's metrics; by default a registry of its own); later calls
-    return the same one. ``namespace`` labels the client metrics (default ``rmq``).
+    With ``registry`` (e.g. ``prometheus_client.REGISTRY``, to serve the bridge's metrics
+    with the rest of an application's), the bridge's metrics in that registry become the
+    active ones: made there by the first call, reused by every later one (also after
+    :func:`disable_metrics`). Without it, the active metrics are kept if any, else they are
+    made in a registry of their own. ``namespace`` labels the client metrics (default
+    ``rmq``); a call that names one sets it on the metrics it returns, also when they exist
+    already (a later call's namespace wins; the series recorded so far keep theirs).
     """
     global _active  # noqa: PLW0603 - the process-wide switch
     with _lock:
-        if _active is None:
-            _active = BridgeMetrics(registry, namespace=namespace or "rmq")
+        if registry is not None:
+            metrics = _by_registry.get(registry)
+            if metrics is None:
+                metrics = BridgeMetrics(registry, namespace=namespace or "rmq")
+                _by_registry[registry] = metrics
+            _active = metrics
+        elif _active is None:
+            _active = BridgeMetrics(namespace=namespace or "rmq")
+        if namespace is not None:
+            _active.namespace = namespace
         return _active
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -13,6 +14,9 @@ from typing import Any, Final
 from bridge.observability.metrics import BridgeMetrics
 
 logger = logging.getLogger(__name__)
+
+_INSTANCE_SUFFIX: Final = re.compile(r"#(?:producer|consumer)-\d+$")
+"""librdkafka's numbering of the clients of a process, appended to ``client.id``."""
 
 STATISTICS_INTERVAL_MS: Final = 5_000
 """How often librdkafka reports statistics to a client made while metrics are on, ms."""
@@ -77,6 +81,13 @@ def summarize_stats(text: str) -> StatsSummary:
     )
 
 
+def client_label(name: str) -> str:
+    """The ``client`` label of librdkafka's ``name`` of a client: its ``client.id`` without
+    the instance suffix (``orders#producer-3`` -> ``orders``), which grows with each client
+    the process makes."""
+    return _INSTANCE_SUFFIX.sub("", name) or name
+
+
 def record_stats(
     metrics: BridgeMetrics,
     summary: StatsSummary,
@@ -84,8 +95,10 @@ def record_stats(
     namespace: str | None = None,
 ) -> None:
     """Set the gauges of ``summary``; a consumer's lag is labelled with ``group`` and
-    ``namespace`` (default: the metrics' own)."""
-    client = summary.client
+    ``namespace`` (default: the metrics' own). The ``client`` label is the client's
+    ``client.id`` (:func:`client_label`), so a client made again (a coordinator's producer
+    replaced after fencing) sets the same series instead of adding new ones."""
+    client = client_label(summary.client)
     for broker, seconds in summary.broker_rtt_s.items():
         metrics.broker_rtt.labels(client, broker).set(seconds)
     metrics.client_errors.labels(client).set(summary.request_errors)

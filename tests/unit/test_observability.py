@@ -41,6 +41,7 @@ from bridge.observability import (
 from bridge.observability.metrics import message_type
 from bridge.observability.rdkafka_stats import (
     STATISTICS_INTERVAL_MS,
+    client_label,
     record_stats,
     statistics_overrides,
     summarize_stats,
@@ -134,7 +135,7 @@ def test_librdkafka_statistics_are_summarized() -> None:
 
 def test_statistics_become_gauges(metrics: BridgeMetrics) -> None:
     record_stats(metrics, summarize_stats(json.dumps(STATS)), group="g1")
-    client = "orders-producer#producer-1"
+    client = "orders-producer"  # the client.id, without librdkafka's instance number
     assert value(metrics, "bridge_kafka_producer_queue_messages", client=client) == 7
     assert value(metrics, "bridge_kafka_producer_queue_bytes", client=client) == 2048
     rtt = value(metrics, "bridge_kafka_broker_rtt_seconds", client=client, broker="127.0.0.1:9092")
@@ -152,7 +153,25 @@ def test_statistics_are_only_asked_for_while_metrics_are_on(metrics: BridgeMetri
     assert overrides["statistics.interval.ms"] == STATISTICS_INTERVAL_MS
     overrides["stats_cb"]("not json")  # never raises
     overrides["stats_cb"](json.dumps(STATS))
-    assert value(metrics, "bridge_kafka_client_request_errors", client=str(STATS["name"])) == 6
+    assert value(metrics, "bridge_kafka_client_request_errors", client="orders-producer") == 6
+
+
+def test_a_client_made_again_sets_the_same_series(metrics: BridgeMetrics) -> None:
+    # Each client a process makes gets the next instance number; a coordinator's producers
+    # are made again after fencing, so labelling by the number would add series forever.
+    for instance, queued in ((1, 7), (2, 3), (3, 1)):
+        report = {**STATS, "name": f"orders-producer#producer-{instance}", "msg_cnt": queued}
+        record_stats(metrics, summarize_stats(json.dumps(report)))
+    queue = [
+        sample.labels
+        for family in metrics.registry.collect()
+        if family.name == "bridge_kafka_producer_queue_messages"
+        for sample in family.samples
+    ]
+    assert queue == [{"client": "orders-producer"}]
+    assert value(metrics, "bridge_kafka_producer_queue_messages", client="orders-producer") == 1
+    assert client_label("a#b#consumer-12") == "a#b"
+    assert client_label("#producer-1") == "#producer-1"
 
 
 def test_enable_returns_one_instance_until_disabled() -> None:
@@ -162,6 +181,26 @@ def test_enable_returns_one_instance_until_disabled() -> None:
     assert enable_metrics() is first and active_metrics() is first
     disable_metrics()
     assert active_metrics() is None
+
+
+def test_enabling_again_in_a_registry_reuses_its_metrics() -> None:
+    # As with prometheus_client.REGISTRY: the bridge's metrics are registered in it once.
+    registry = CollectorRegistry()
+    disable_metrics()
+    try:
+        first = enable_metrics(registry)
+        disable_metrics()
+        again = enable_metrics(registry)
+        assert again is first and active_metrics() is first
+        # Another registry makes its own metrics the active ones.
+        other = enable_metrics(CollectorRegistry())
+        assert other is not first and active_metrics() is other
+        # A namespace named later is honoured, not silently dropped.
+        assert enable_metrics(registry, namespace="ns2") is first
+        assert first.namespace == "ns2"
+        assert enable_metrics(namespace="ns3").namespace == "ns3"
+    finally:
+        disable_metrics()
 
 
 def get(url: str) -> tuple[int, str]:

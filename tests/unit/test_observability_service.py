@@ -18,10 +18,12 @@ from bridge.observability import BridgeMetrics, disable_metrics, enable_metrics
 
 
 class _Producer:
-    """Commits, or fails the commit while :attr:`fail` is set."""
+    """Commits, or fails the commit while :attr:`fail` is set (an abort) or :attr:`in_doubt`
+    is (a timeout: the commit may have completed)."""
 
     def __init__(self) -> None:
         self.fail = False
+        self.in_doubt = False
         self.aborts = 0
 
     def begin_transaction(self) -> None:
@@ -31,8 +33,12 @@ class _Producer:
         pass
 
     def commit_transaction(self, timeout: float) -> None:
-        if self.fail:
+        if self.in_doubt:  # the commit's outcome is unknown
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out"))
+        if self.fail:
+            raise KafkaException(
+                KafkaError(KafkaError._FENCED, "producer fenced", txn_requires_abort=True)
+            )
 
     def abort_transaction(self, timeout: float) -> None:
         self.aborts += 1
@@ -78,6 +84,19 @@ def test_counted_once_when_the_batch_commits_and_never_when_it_fails(
     labels = {"namespace": "unitns", "service": "timer"}
     assert value(metrics, "bridge_kafka_transactions_total", **labels) == 2
     assert value(metrics, "bridge_kafka_transaction_aborts_total", **labels) == 1
+
+
+def test_a_commit_in_doubt_is_not_counted_as_an_abort(metrics: BridgeMetrics) -> None:
+    service = _Service()
+    batch = TransactionBatch()
+    service.count(batch, lambda m: m.delay_deliveries.labels("unitns", "timer").inc())
+    service.producer.in_doubt = True
+    assert not service.write(batch)
+    assert batch.in_doubt
+    labels = {"namespace": "unitns", "service": "timer"}
+    assert value(metrics, "bridge_kafka_transactions_in_doubt_total", **labels) == 1
+    assert value(metrics, "bridge_kafka_transaction_aborts_total", **labels) == 0
+    assert value(metrics, "bridge_delay_deliveries_total", namespace="unitns", kind="timer") == 0
 
 
 def test_nothing_is_kept_while_metrics_are_off() -> None:
