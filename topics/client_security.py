@@ -84,10 +84,13 @@ class ClientPropertyError(InvalidArgumentError):
     """A client property cannot be used or mapped; :attr:`property` names it. The message
     never holds the property's value."""
 
-    def __init__(self, name: str, reason: str, source: str = "") -> None:
+    def __init__(self, name: str, reason: str, source: str = "", *, shown: str = "") -> None:
         where = f" ({source})" if source else ""
-        super().__init__(f"client property {name!r}{where}: {reason}")
+        what = shown or f"client property {name!r}"
+        super().__init__(f"{what}{where}: {reason}")
         self.property = name
+        self.reason = reason
+        self.shown = shown
 
 
 def is_secret(name: str) -> bool:
@@ -110,24 +113,44 @@ def masked(settings: Mapping[str, str]) -> dict[str, str]:
 # --- properties files ------------------------------------------------------------------------
 
 _ESCAPES: Final = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+_LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
+"""Java's line terminators in a properties file (and only these: unlike str.splitlines,
+U+0085, U+2028, U+000B, U+000C and U+001C-U+001E are not line breaks)."""
+_PROPERTY_NAME: Final = re.compile(r"(?=.{1,64}$)[a-z][a-z0-9_-]*(?:\.[a-z0-9_-]+)+")
+"""What a client property's name looks like (lower case, dotted, at most 64 characters); any
+other unknown key is not printed: it may be a line of a pasted PEM key (base64 has no dots) or
+the tail of a value broken over lines."""
 
 
-def _logical_lines(text: str) -> Iterator[str]:
-    """The logical lines of a properties file: comments and blank lines dropped, lines ending
-    in an odd number of backslashes joined with the next (its leading blanks stripped)."""
+class Properties(dict[str, str]):
+    """A properties file's key/value pairs and, in :attr:`lines`, the line (1-based) each
+    key's last value starts on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: dict[str, int] = {}
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(first line number, logical line) of a properties file: comments and blank lines
+    dropped, lines ending in an odd number of backslashes joined with the next (its leading
+    blanks stripped)."""
     pending = ""
-    for raw in text.splitlines():
+    start = 0
+    for number, raw in enumerate(_LINE_BREAK.split(text), 1):
         line = raw.lstrip(" \t\f")
         if not pending and (not line or line[0] in "#!"):
             continue
+        if not pending:
+            start = number
         trailing = len(line) - len(line.rstrip("\\"))
         if trailing % 2 == 1:
             pending += line[:-1]
             continue
-        yield pending + line
+        yield start, pending + line
         pending = ""
     if pending:
-        yield pending
+        yield start, pending
 
 
 def _unescape(text: str) -> str:
@@ -146,15 +169,16 @@ def _unescape(text: str) -> str:
             continue
         out.append(_ESCAPES.get(nxt, nxt))
         i += 2
-    return "".join(out)
+    # \uXXXX pairs are UTF-16 surrogates (as Java writes characters above U+FFFF): join them.
+    return "".join(out).encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
 
 
-def parse_properties(text: str) -> dict[str, str]:
+def parse_properties(text: str) -> Properties:
     """The key/value pairs of a Java ``.properties`` text (``key=value``, ``key: value`` or
     ``key value``; ``#``/``!`` comments; backslash continuations and escapes; a repeated key's
-    last value wins)."""
-    out: dict[str, str] = {}
-    for line in _logical_lines(text):
+    last value wins; lines end at ``\\r\\n``, ``\\r`` or ``\\n`` only, as in Java)."""
+    out = Properties()
+    for number, line in _logical_lines(text):
         i = 0
         while i < len(line):
             if line[i] == "\\":
@@ -167,11 +191,13 @@ def parse_properties(text: str) -> dict[str, str]:
         rest = rest.lstrip(" \t\f")
         if rest[:1] in ("=", ":"):
             rest = rest[1:].lstrip(" \t\f")
-        out[_unescape(key)] = _unescape(rest)
+        name = _unescape(key)
+        out[name] = _unescape(rest)
+        out.lines[name] = number
     return out
 
 
-def read_properties_file(path: str | Path) -> dict[str, str]:
+def read_properties_file(path: str | Path) -> Properties:
     """The properties of the file at ``path`` (:func:`parse_properties`); an unreadable file is
     an :class:`InvalidArgumentError` naming it."""
     try:
@@ -192,8 +218,24 @@ _JAAS_TOKEN: Final = re.compile(
 )
 
 
-def _jaas_tokens(text: str) -> list[tuple[str, str]]:
-    tokens: list[tuple[str, str]] = []
+# Escapes in a quoted JAAS value, as Java's StreamTokenizer (which Kafka's JaasConfig uses)
+# reads them: these letters, an octal \ooo, and any other character as itself.
+_JAAS_ESCAPES: Final = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+_JAAS_ESCAPE: Final = re.compile(r"\\(?:([0-3][0-7]{0,2}|[4-7][0-7]?)|(.))", re.S)
+
+
+def _jaas_unquote(quoted: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        if m.group(1):
+            return chr(int(m.group(1), 8))
+        return _JAAS_ESCAPES.get(m.group(2), m.group(2))
+
+    return _JAAS_ESCAPE.sub(one, quoted)
+
+
+def _jaas_tokens(text: str) -> list[tuple[str, str, int]]:
+    """(kind, value, line number in ``text``) of each token of a JAAS config."""
+    tokens: list[tuple[str, str, int]] = []
     pos = 0
     while pos < len(text):
         if not text[pos:].strip():
@@ -204,8 +246,8 @@ def _jaas_tokens(text: str) -> list[tuple[str, str]]:
         kind = m.lastgroup or ""
         value = m.group(kind)
         if kind == "quoted":
-            value = re.sub(r"\\(.)", r"\1", value[1:-1], flags=re.S)
-        tokens.append((kind, value))
+            value = _jaas_unquote(value[1:-1])
+        tokens.append((kind, value, text.count("\n", 0, m.start(kind)) + 1))
         pos = m.end()
     return tokens
 
@@ -213,7 +255,9 @@ def _jaas_tokens(text: str) -> list[tuple[str, str]]:
 def parse_jaas_login(text: str) -> tuple[str, dict[str, str]]:
     """(login module class, options) of a one-module ``sasl.jaas.config`` such as
     ``...ScramLoginModule required username="alice" password="...";``. Errors name the
-    property and the module or option, never a value."""
+    property and the module or option, never a value, nor the name of an option that follows
+    the start of a ``password`` option (an unquoted password with a blank would turn its tail
+    into an option): those errors give the line of the JAAS config instead."""
     tokens = _jaas_tokens(text)
     if len(tokens) < 3 or tokens[0][0] != "word" or tokens[1][0] != "word":
         raise ClientPropertyError(
@@ -223,13 +267,23 @@ def parse_jaas_login(text: str) -> tuple[str, dict[str, str]]:
     if flag.lower() not in ("required", "requisite", "sufficient", "optional"):
         raise ClientPropertyError("sasl.jaas.config", "the login module's flag must be 'required'")
     options: dict[str, str] = {}
+    after_password = False
     rest = tokens[2:]
     while rest and rest[0][0] != "semi":
         if len(rest) < 3 or rest[0][0] != "word" or rest[1][0] != "eq":
             raise ClientPropertyError("sasl.jaas.config", "expected key=value options")
+        name = rest[0][1]
         if rest[2][0] not in ("word", "quoted"):
-            raise ClientPropertyError("sasl.jaas.config", f"option {rest[0][1]!r} has no value")
-        options[rest[0][1]] = rest[2][1]
+            shown = f"line {rest[0][2]} of the JAAS config" if after_password else repr(name)
+            raise ClientPropertyError("sasl.jaas.config", f"option {shown} has no value")
+        if after_password and (name in options or name not in _LOGIN_OPTIONS):
+            raise ClientPropertyError(
+                "sasl.jaas.config",
+                f"an option on line {rest[0][2]} of the JAAS config follows the password and "
+                "is not supported or repeated (quote a password holding blanks or '=')",
+            )
+        after_password = after_password or name == "password"
+        options[name] = rest[2][1]
         rest = rest[3:]
     if not rest or len(rest) != 1:
         raise ClientPropertyError(
@@ -238,12 +292,17 @@ def parse_jaas_login(text: str) -> tuple[str, dict[str, str]]:
     return module, options
 
 
+_LOGIN_OPTIONS: Final = ("username", "password")
+
+
 def jaas_login(module: str, username: str, password: str) -> str:
-    """A ``sasl.jaas.config`` value for ``module`` with a username and password (quoted, ``\\``
-    and ``"`` escaped)."""
+    """A ``sasl.jaas.config`` value for ``module`` with a username and password (quoted;
+    ``\\``, ``"``, line breaks and tabs escaped, which Java's tokenizer reads back)."""
 
     def quote(value: str) -> str:
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        value = value.replace("\\", "\\\\").replace('"', '\\"')
+        value = value.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+        return '"' + value + '"'
 
     return f"{module} required username={quote(username)} password={quote(password)};"
 
@@ -391,14 +450,44 @@ def to_librdkafka(props: Mapping[str, str], source: str = "") -> dict[str, str]:
     librdkafka cannot honour, is a :class:`ClientPropertyError` naming it (``source``, e.g.
     the file, is named too)."""
     try:
-        return _to_librdkafka(props)
+        return _to_librdkafka(props, source)
     except ClientPropertyError as exc:
-        if not source:
+        if not source or exc.shown:  # a shown place already names the source
             raise
-        raise ClientPropertyError(exc.property, str(exc).split(": ", 1)[1], source) from None
+        raise ClientPropertyError(exc.property, exc.reason, source) from None
 
 
-def _to_librdkafka(props: Mapping[str, str]) -> dict[str, str]:
+_JAVA_BLANKS: Final = "".join(chr(c) for c in range(0x21))
+"""What Java's String.trim strips (every character up to and including the space)."""
+
+
+def _unknown(name: str, props: Mapping[str, str], source: str) -> ClientPropertyError:
+    reason = (
+        "unknown or not supported here; supported: security.protocol, sasl.mechanism, "
+        "sasl.jaas.config (SCRAM or PLAIN), ssl.truststore.* (PEM), ssl.keystore.* "
+        "(PKCS12 or PEM), ssl.key.password, librdkafka's sasl.*/ssl.* names and "
+        "client tuning shared by both clients"
+    )
+    if _PROPERTY_NAME.fullmatch(name):
+        return ClientPropertyError(name, reason)
+    # Not a property's name: likely a line of a pasted PEM key or the tail of a value broken
+    # over lines (a secret); name where it is, never what it holds.
+    lines = getattr(props, "lines", {})
+    where = f"line {lines[name]}" if name in lines else "a line"
+    in_file = f" of {source}" if source else " of the client properties"
+    return ClientPropertyError(
+        "",
+        "not a property name (a value broken over lines? continue a line with '\\'); its "
+        "text is not shown",
+        shown=f"{where}{in_file}",
+    )
+
+
+def _to_librdkafka(props: Mapping[str, str], source: str = "") -> dict[str, str]:
+    # Java trims the values of its settings (ConfigDef); a secret's value is kept as written
+    # (a JAAS quoted value keeps its blanks; librdkafka's sasl.password is not Java's).
+    original = props
+    props = {k: v if is_secret(k) else v.strip(_JAVA_BLANKS) for k, v in props.items()}
     out: dict[str, str] = {}
     for name, value in props.items():
         if name == "bootstrap.servers":
@@ -408,13 +497,7 @@ def _to_librdkafka(props: Mapping[str, str]) -> dict[str, str]:
         if name in _JAVA_ONLY:
             continue
         if name not in COMMON_PROPERTIES and name not in LIBRDKAFKA_SECURITY:
-            raise ClientPropertyError(
-                name,
-                "unknown or not supported here; supported: security.protocol, sasl.mechanism, "
-                "sasl.jaas.config (SCRAM or PLAIN), ssl.truststore.* (PEM), ssl.keystore.* "
-                "(PKCS12 or PEM), ssl.key.password, librdkafka's sasl.*/ssl.* names and "
-                "client tuning shared by both clients",
-            )
+            raise _unknown(name, original, source)
         if name == "security.protocol":
             protocol = value.strip().upper()
             if protocol not in _PROTOCOLS:
@@ -556,13 +639,23 @@ def client_settings(
     return settings
 
 
+def _java_unicode_escape(m: re.Match[str]) -> str:
+    """``\\uXXXX`` for the matched character (two, a UTF-16 surrogate pair, above U+FFFF)."""
+    units = m.group(0).encode("utf-16-be", "surrogatepass")
+    return "".join(f"\\u{units[i] << 8 | units[i + 1]:04x}" for i in range(0, len(units), 2))
+
+
 def format_properties(props: Mapping[str, str]) -> str:
     """``props`` as a Java ``.properties`` text that :func:`parse_properties` (and Java) reads
-    back to the same pairs."""
+    back to the same pairs. The text is ASCII: every other character, and every control
+    character but tab, line feed, carriage return and form feed (escaped as ``\\t`` etc.), is
+    written ``\\uXXXX`` (UTF-16), since Java's ``Properties.load`` (Kafka's
+    ``--command-config``) reads ISO-8859-1."""
 
     def escape(text: str, key: bool) -> str:
         out = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
         out = out.replace("\t", "\\t").replace("\f", "\\f")
+        out = re.sub(r"[^\x20-\x7e]", _java_unicode_escape, out)
         if key:
             out = re.sub(r"([=: #!])", r"\\\1", out)
         elif out.startswith((" ", "#", "!")):
