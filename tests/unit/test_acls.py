@@ -168,3 +168,11 @@ def test_a_distinguished_name_with_inner_blanks_is_a_principal() -> None:
 def test_empty_names_and_outer_blanks_are_refused(bad: str) -> None:
     with pytest.raises(InvalidArgumentError, match="leading or trailing blanks"):
         principal(bad)
+
+
+def test_bridge_acls_print_refuses_a_wildcard_principal() -> None:
+    out = CliRunner().invoke(
+        cli, ["--namespace", "prod", "acls", "print", "--topic", "orders", "--spark", "User:*"]
+    )
+    assert out.exit_code == 1
+    assert "spark role" in out.output and "every user" in out.output
