@@ -12,7 +12,7 @@ to a topic outside ``allowed_topics``, or of a producer group outside
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from confluent_kafka import KafkaError
 
@@ -140,7 +140,15 @@ class Decisions:
         if end.status is TransactionStatus.UNKNOWN:
             state.on_other(offset)
             metrics = active_metrics()
-            if metrics is not None and end.from_transaction_check:
+            current = state.pending.get(end.transaction_id)
+            if (
+                metrics is not None
+                and end.from_transaction_check
+                and current is not None
+                and current.producer_group == end.producer_group
+            ):
+                # Counted only for a pending transaction of that group: any name a HALF
+                # writer puts in an UNKNOWN would otherwise become a series of its own.
                 ns = self._svc.client.namespace
                 metrics.check_answers.labels(ns, end.producer_group, end.status.value).inc()
             logger.debug("transaction %s: UNKNOWN from %s", end.transaction_id, end.producer_id)
@@ -174,8 +182,9 @@ class Decisions:
             return
         # Decided by its producer: no check of it is needed any more, on its own or not.
         self._svc.checks.forget(end.transaction_id)
+        topic = self._topic_label(pending)
         self._svc.count(
-            batch, lambda m: _count_decision(m, self._svc.client.namespace, end, pending)
+            batch, lambda m: _count_decision(m, self._svc.client.namespace, end, pending, topic)
         )
         if end.status is TransactionStatus.COMMIT:
             self._apply_commit(state, pending, batch)
@@ -183,6 +192,20 @@ class Decisions:
             self._svc.write_op(state, pending, OpAction.ROLLBACK, batch)
             state.resolve(pending)
         logger.debug("transaction %s: %s", end.transaction_id, end.status.value)
+
+    def _topic_label(self, pending: PendingHalf) -> str:
+        """The ``topic`` label of ``pending``'s decision: its real topic, or
+        :data:`NOT_ALLOWED_TOPIC` when the coordinator would not write there (outside
+        ``allowed_topics``, or no Kafka topic can be named from it), so a HALF writer cannot
+        make series of names it chooses."""
+        msg = pending.message
+        try:
+            kafka_topic = committed_record(msg, self._svc.catalog.namespace).kafka_topic
+        except (BridgeError, ValueError):
+            return NOT_ALLOWED_TOPIC
+        if self._svc.limits.topics.refusal("topic", kafka_topic) is not None:
+            return NOT_ALLOWED_TOPIC
+        return str(msg.get_property(MessageConst.REAL_TOPIC) or msg.topic)
 
     def _apply_commit(self, state: HalfPartition, pending: PendingHalf, batch: HalfBatch) -> None:
         """Commit ``pending`` in ``batch``, or set it aside to be committed on its own when its
@@ -223,13 +246,20 @@ class Decisions:
         state.resolve(pending)
 
 
+NOT_ALLOWED_TOPIC: Final = "(not allowed)"
+"""The ``topic`` label of a decision whose real topic the coordinator refuses."""
+
+
 def _count_decision(
-    metrics: BridgeMetrics, namespace: str, end: EndTransaction, pending: PendingHalf
+    metrics: BridgeMetrics,
+    namespace: str,
+    end: EndTransaction,
+    pending: PendingHalf,
+    topic: str,
 ) -> None:
-    """The metrics of a decision applied: commit or rollback per real topic, the time since
-    the half message was sent (ms), and the answer when it answered a check."""
-    msg = pending.message
-    topic = str(msg.get_property(MessageConst.REAL_TOPIC) or msg.topic)
+    """The metrics of a decision applied: commit or rollback per real topic (``topic``, see
+    :meth:`Decisions._topic_label`), the time since the half message was sent (ms), and the
+    answer when it answered a check."""
     decided = metrics.commits if end.status is TransactionStatus.COMMIT else metrics.rollbacks
     decided.labels(namespace, topic).inc()
     metrics.finish_latency.labels(namespace).observe(max(now_ms() - pending.born_ms, 0))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer as RawProducer
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -40,9 +41,12 @@ from bridge.consumer import (
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.coordinator.health import serve_coordinator_metrics
 from bridge.lifecycle import FatalServiceError, ServiceThread
+from bridge.message import now_ms
 from bridge.observability import BridgeMetrics, disable_metrics, enable_metrics
 from bridge.runtime.node_config import free_port
+from bridge.transaction.model import EndTransaction
 from tests.conftest import REPO_ROOT, wait_until
+from topics.catalog import SystemTopic, TopicCatalog
 
 pytestmark = pytest.mark.broker
 
@@ -341,6 +345,68 @@ class Breakable(ServiceThread):
     def run_once(self) -> None:
         if self.fail.is_set():
             raise FatalServiceError("broken on purpose")
+
+
+class Commits(TransactionListener):
+    """Commits every transaction."""
+
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        return TransactionStatus.COMMIT
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        return TransactionStatus.COMMIT
+
+
+def test_a_half_writer_cannot_make_series_of_its_own_names(
+    metrics: BridgeMetrics, config: ClientConfig, unique: Any
+) -> None:
+    """A refused real topic is labelled ``(not allowed)``; an UNKNOWN check answer for no
+    pending transaction of its group is not counted (writing HALF does not add series)."""
+    ns = config.namespace
+    allowed, outside = unique("allowed"), unique("outside")
+    forged_groups = [f"forged_{i}_{uuid.uuid4().hex[:6]}" for i in range(3)]
+    narrow = CoordinatorConfig(
+        client=config,
+        coordinator_id=f"m-{uuid.uuid4().hex[:8]}",
+        transaction_partitions=1,
+        transaction_timeout_ms=1500,
+        check_interval_ms=1000,
+        session_timeout_ms=6000,
+        allowed_topics=f"{allowed}",
+    )
+    half = TopicCatalog(namespace=ns).topic(SystemTopic.HALF)
+    raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
+    with Coordinator(narrow):
+        # UNKNOWN answers naming groups and transactions that are not pending; read before
+        # the transactions below (one HALF partition, in order).
+        for group in forged_groups:
+            tid = uuid.uuid4().hex
+            end = EndTransaction(
+                tid, tid, group, TransactionStatus.UNKNOWN, True, "forger-1", now_ms()
+            )
+            raw.produce(half, end.encode(), tid.encode(), partition=0)
+        assert raw.flush(10) == 0
+        with TransactionMQProducer(unique("txg").replace("-", "_"), Commits(), config=config) as tx:
+            tx.send_message_in_transaction(Message(outside, b"outside"), None)
+            tx.send_message_in_transaction(Message(allowed, b"inside"), None)
+
+            def counted() -> bool:
+                get = metrics.registry.get_sample_value
+                commits = "rocketmq_commit_messages_total"
+                return (get(commits, {"namespace": ns, "topic": allowed}) or 0) == 1 and (
+                    get(commits, {"namespace": ns, "topic": "(not allowed)"}) or 0
+                ) == 1
+
+            wait_until(counted, timeout_s=60)
+    labels = [
+        sample.labels
+        for family in metrics.registry.collect()
+        if family.name in ("rocketmq_commit_messages", "bridge_transaction_check_answers")
+        for sample in family.samples
+        if sample.labels.get("namespace") == ns
+    ]
+    assert not [x for x in labels if x.get("topic") == outside], labels
+    assert not [x for x in labels if x.get("producer_group") in forged_groups], labels
 
 
 def test_health_endpoints_follow_a_service_failure(
