@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
@@ -121,9 +122,13 @@ class _Pending:
 
 class _Send:
     """Messages for the sender thread: prepared there (all of them before any is sent), then
-    handed to librdkafka, each with its own outcome."""
+    handed to librdkafka, each with its own outcome.
 
-    __slots__ = ("handed", "msgs", "oneway", "partition", "results")
+    Once the caller was given an outcome without them (the send timed out or was cancelled),
+    the rest are never handed over: :meth:`abandon` (on the loop) and :meth:`claim` (on the
+    sender thread, before each record) decide under ``lock`` which came first."""
+
+    __slots__ = ("abandoned", "claimed", "handed", "lock", "msgs", "partition", "results")
 
     def __init__(
         self,
@@ -140,6 +145,25 @@ class _Send:
         self.results = results
         """Other sends: resolved with each one's :class:`SendResult` or error, or all with
         the error that stopped them (none was sent); None for oneway sends."""
+        self.lock = threading.Lock()
+        self.abandoned = False
+        """The caller has its outcome (timeout, cancellation): nothing more is handed over."""
+        self.claimed = 0
+        """Records the sender thread took to hand to librdkafka so far."""
+
+    def claim(self) -> bool:
+        """Sender thread: take the next record to hand over; False once abandoned."""
+        with self.lock:
+            if self.abandoned:
+                return False
+            self.claimed += 1
+            return True
+
+    def abandon(self) -> int:
+        """Loop: hand nothing more over; return how many records were taken already."""
+        with self.lock:
+            self.abandoned = True
+            return self.claimed
 
     def fail(self, error: BaseException) -> None:
         """Fail every outcome of these messages with ``error``."""
@@ -227,16 +251,26 @@ class Producer(AsyncClient):
         self._producer.prepare(Message("warm-up", b"-", delay_time_level=1))
 
     async def shutdown(self, timeout_ms: int | None = None) -> None:
-        """Hand what is queued to librdkafka, then wait up to ``timeout_ms`` (default
-        ``send_msg_timeout_ms``) for outstanding sends, and stop; the waits run on a worker
-        thread. Idempotent."""
+        """Stop taking sends, wait up to ``timeout_ms`` (default ``send_msg_timeout_ms``) in
+        all for the sends already handed to librdkafka, and stop; the waits run on a worker
+        thread. Idempotent.
+
+        Sends not handed over yet (queued for the sender thread, or waiting for room) fail
+        with :class:`IllegalStateError` and are never sent."""
+        timeout = self.config.send_msg_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = time.monotonic() + max(timeout, 0) / 1000
         sender = self._sender
         if sender is not None:
             self._stopping = True
+            self._room.set()  # sends waiting for room fail instead of waiting forever
             self._wake.set()
-            await asyncio.to_thread(sender.join)
+            await asyncio.to_thread(sender.join, max(deadline - time.monotonic(), 0.0))
             self._sender = None
-        await asyncio.to_thread(self._producer.shutdown, timeout_ms)
+            # Still alive: stuck handing one record to a full local queue (at most
+            # send_msg_timeout_ms); it fails every other one it finds.
+            self._fail_outbox()
+        remaining_ms = max(int((deadline - time.monotonic()) * 1000), 0)
+        await asyncio.to_thread(self._producer.shutdown, remaining_ms)
 
     async def flush(self, timeout_ms: int | None = None) -> int:
         """Wait for the sends queued so far (on a worker thread); return how many are still
@@ -261,8 +295,8 @@ class Producer(AsyncClient):
         ``partition`` picks a partition (-1: the key decides). Raises the same typed errors
         as the threaded producer: :class:`InvalidMessageError` and the others for a message
         that is not valid (nothing is sent), :class:`SendError` (:class:`SendTimeoutError`
-        on timeout) after. Cancelling the awaiting task does not take back a send already
-        handed over.
+        on timeout) after. A send that times out or is cancelled before the sender thread
+        handed it to librdkafka is never sent; one already handed over is not taken back.
         """
         [result] = await self._send([msg], partition, oneway=False)
         if isinstance(result, BaseException):
@@ -320,11 +354,12 @@ class Producer(AsyncClient):
         )
         if self._enqueued - self._handed >= self._max_queued:
             await self._wait_for_room(self._max_queued)
+            self._require_running()  # shutdown may have begun while waiting
         self._outbox.append(item)
         self._enqueued += len(msgs)
         if not self._wake.is_set():
             self._wake.set()
-        timer = loop.call_later(self._timeout_s, _expire, handed, futures, self.config)
+        timer = loop.call_later(self._timeout_s, _expire, item, handed, futures, self.config)
         try:
             if handed is not None:
                 return await handed
@@ -337,6 +372,7 @@ class Producer(AsyncClient):
             return outcomes
         finally:
             timer.cancel()
+            item.abandon()  # the caller has its outcome: what was not handed over never is
             for future in futures:  # left behind by an error or a cancellation
                 if not future.done():
                     future.cancel()
@@ -349,6 +385,8 @@ class Producer(AsyncClient):
         The sender thread signals after each item it handed on while a waiter wants room
         (``_room_wanted``), and the waiter looks again after asking, so no signal is lost."""
         while self._enqueued - self._handed >= limit:
+            if self._stopping:
+                raise IllegalStateError(f"producer {self.group} is shutting down")
             self._room.clear()
             self._room_wanted = True
             if self._enqueued - self._handed < limit:  # handed on meanwhile
@@ -365,7 +403,10 @@ class Producer(AsyncClient):
             while outbox:
                 item = outbox.popleft()
                 try:
-                    self._hand_over(item)
+                    if self._stopping:  # shutting down: what is queued is not sent
+                        item.fail(self._not_sent())
+                    else:
+                        self._hand_over(item)
                 except BaseException as exc:  # never lose the thread; the send fails
                     item.fail(exc)
                 self._handed += len(item.msgs)
@@ -379,6 +420,8 @@ class Producer(AsyncClient):
         """Prepare every message of ``item`` (the first that is not valid fails them all,
         none sent), then hand each record to librdkafka."""
         producer = self._producer
+        if item.abandoned:  # timed out or cancelled while queued: never sent
+            return
         try:
             records = [producer.prepare(msg, item.partition) for msg in item.msgs]
         except Exception as exc:  # a typed error naming the problem: nothing is sent
@@ -386,6 +429,8 @@ class Producer(AsyncClient):
             return
         results = item.results
         for index, record in enumerate(records):
+            if not item.claim():  # timed out or cancelled: the caller was told; not sent
+                return
             if results is None:
                 report: Report = log_oneway_failure
             else:
@@ -408,6 +453,19 @@ class Producer(AsyncClient):
         if item.handed is not None:
             item.handed.ok([record.msg_id for record in records])
 
+    def _not_sent(self) -> IllegalStateError:
+        return IllegalStateError(f"producer {self.group} is shutting down: send not handed over")
+
+    def _fail_outbox(self) -> None:
+        """Fail every send still queued for the sender thread (it stopped, or will take no
+        more)."""
+        while True:
+            try:
+                item = self._outbox.popleft()
+            except IndexError:
+                return
+            item.fail(self._not_sent())
+
     def _signal_room(self) -> None:
         loop = self._loop
         if loop is not None:
@@ -424,17 +482,28 @@ def _as_client_error(exc: BaseException, record: PreparedRecord | None = None) -
 
 
 def _expire(
+    item: _Send,
     handed: asyncio.Future[Any] | None,
     futures: list[asyncio.Future[Any]],
     config: ClientConfig,
 ) -> None:
-    """Fail what is still waiting ``send_msg_timeout_ms`` plus the grace after the send."""
-    late = [f for f in (*futures, handed) if f is not None and not f.done()]
-    for future in late:
-        future.set_exception(
+    """Fail what is still waiting ``send_msg_timeout_ms`` plus the grace after the send; a
+    record not handed to librdkafka by then never is."""
+    taken = item.abandon()
+    timeout = config.send_msg_timeout_ms
+    for index, future in enumerate(futures):
+        if not future.done():
+            future.set_exception(
+                SendTimeoutError(
+                    f"send: no acknowledgement within {timeout} ms (it may still be delivered)"
+                    if index < taken
+                    else f"send: not handed to Kafka within {timeout} ms, never sent"
+                )
+            )
+    if handed is not None and not handed.done():
+        handed.set_exception(
             SendTimeoutError(
-                f"send: no acknowledgement within {config.send_msg_timeout_ms} ms"
-                if future is not handed
-                else f"send: not handed to Kafka within {config.send_msg_timeout_ms} ms"
+                f"send: not handed to Kafka within {timeout} ms"
+                + (" (it may still be delivered)" if taken else ", never sent")
             )
         )
