@@ -107,6 +107,8 @@ def test_python_clients_at_debug_level_log_no_secret(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
+    # A CLI run in this process earlier (bridge.cli without -v) quiets librdkafka's logger.
+    caplog.set_level(logging.DEBUG, logger="bridge.kafka.rdkafka")
     ns, topic = granted
     texts: dict[str, str] = {}
     raised: list[BaseException] = []

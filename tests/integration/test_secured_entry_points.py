@@ -86,7 +86,9 @@ def client_files(broker: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = spark_session("bridge-secured-tests", master="local[1]")
+    # One JVM serves every test module's session and the first one fixes its class path:
+    # every module asks for the Delta Lake jars too, whichever runs first.
+    session = spark_session("bridge-secured-tests", master="local[1]", delta=True)
     session.conf.set("spark.sql.shuffle.partitions", "1")
     yield session
     session.stop()

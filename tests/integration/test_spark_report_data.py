@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.spark]
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = spark_session("bridge-report-data-tests", master="local[1]")
+    # One JVM serves every test module's session and the first one fixes its class path:
+    # every module asks for the Delta Lake jars too, whichever runs first.
+    session = spark_session("bridge-report-data-tests", master="local[1]", delta=True)
     yield session
     session.stop()
 
