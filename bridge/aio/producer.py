@@ -493,17 +493,18 @@ def _expire(
     timeout = config.send_msg_timeout_ms
     for index, future in enumerate(futures):
         if not future.done():
+            where = f"send to {item.msgs[index].topic}"
             future.set_exception(
                 SendTimeoutError(
-                    f"send: no acknowledgement within {timeout} ms (it may still be delivered)"
+                    f"{where}: no acknowledgement within {timeout} ms (it may still be delivered)"
                     if index < taken
-                    else f"send: not handed to Kafka within {timeout} ms, never sent"
+                    else f"{where}: not handed to Kafka within {timeout} ms, never sent"
                 )
             )
     if handed is not None and not handed.done():
         handed.set_exception(
             SendTimeoutError(
-                f"send: not handed to Kafka within {timeout} ms"
+                f"send to {item.msgs[0].topic}: not handed to Kafka within {timeout} ms"
                 + (" (it may still be delivered)" if taken else ", never sent")
             )
         )

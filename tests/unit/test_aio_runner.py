@@ -250,7 +250,9 @@ def test_an_unreachable_broker_fails_each_send_with_a_timeout() -> None:
             "g", bootstrap_servers="127.0.0.1:1", send_msg_timeout_ms=1000
         ) as producer:
             started = time.monotonic()
-            with pytest.raises(SendTimeoutError, match=r"send of \w+ to orders"):
+            # librdkafka's report ("send of <id> to orders: ...") or, when the hand-over to
+            # librdkafka came late on a busy machine, the front's own timer ("send to orders").
+            with pytest.raises(SendTimeoutError, match=r"send (of \w+ )?to orders"):
                 await producer.send(Message("orders", b"x"))
             assert time.monotonic() - started < 1.0 + 1.0 + 1.0  # the timeout, grace, slack
             results = await producer.send_batch([Message("orders", b"y")] * 3)
