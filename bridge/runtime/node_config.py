@@ -197,16 +197,25 @@ def node_state(config: LocalKafkaConfig, remembered: Mapping[str, Any]) -> dict[
         "proxied_advertised_port": config.proxied_advertised_port,
         "ssl_port": config.ssl_port,
     }
-    for name in PORT_FIELDS:
-        if name.startswith("proxied") and not config.proxied:
-            continue
-        if name == "ssl_port" and not config.secured:
-            continue
+    wanted = [
+        name
+        for name in PORT_FIELDS
+        if not (name.startswith("proxied") and not config.proxied)
+        and not (name == "ssl_port" and not config.secured)
+    ]
+    for name in wanted:
         # An explicitly configured port wins over the remembered one.
         if configured[name]:
             state[name] = configured[name]
-        elif name not in state:
-            state[name] = free_port()
+    taken = {state[name] for name in wanted if state.get(name)}
+    for name in wanted:
+        if not state.get(name):
+            # Each listener its own port: the kernel may hand out a port just released again.
+            port = free_port()
+            while port in taken:
+                port = free_port()
+            taken.add(port)
+            state[name] = port
     if config.cluster_id is not None:
         state["cluster_id"] = config.cluster_id
     elif "cluster_id" not in state:

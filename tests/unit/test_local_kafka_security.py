@@ -107,3 +107,18 @@ def test_client_settings_need_a_secured_broker_and_a_known_certificate(tmp_path:
     assert scram["sasl.mechanism"] == "SCRAM-SHA-512"
     with pytest.raises(InvalidArgumentError, match="no certificate for 'dave'"):
         secured.client_settings("dave")
+
+
+def test_each_listener_gets_its_own_port_when_the_kernel_hands_one_out_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """free_port() releases its port at once, so two calls can return the same one (a CI run
+    once formatted a secured broker with two listeners on one port)."""
+    from bridge.runtime import node_config
+
+    handed = iter([41000, 41000, 41000, 41001, 41001, 41002])
+    monkeypatch.setattr(node_config, "free_port", lambda: next(handed))
+    config = LocalKafkaConfig(data_dir=tmp_path, secured=True, scram_users={"a": "a-long-password"})
+    state = node_config.node_state(config, {})
+    ports = [state["port"], state["controller_port"], state["ssl_port"]]
+    assert sorted(ports) == [41000, 41001, 41002]
