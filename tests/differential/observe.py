@@ -23,6 +23,18 @@ ROCKETMQ_PUSHED = ROCKETMQ_PULLED | {"CONSUME_START_TIME"}
 """Set by RocketMQ's push consumer on each message it hands to a listener."""
 BRIDGE_ONLY = frozenset({"BORN_HOST"})
 """The producer's address: a field of RocketMQ's message, a header of the bridge's record."""
+FAILURE_METADATA = frozenset(
+    {
+        "CONSUMER_GROUP",
+        "CONSUME_FAILURE",
+        "ORIGIN_KAFKA_TOPIC",
+        "ORIGIN_QUEUE_ID",
+        "ORIGIN_QUEUE_OFFSET",
+        "ORIGIN_TIMESTAMP",
+    }
+)
+"""The bridge's dead-letter metadata on a retry or DLQ copy of a message the listener failed by
+returning a status (no exception, so no CONSUME_EXCEPTION_*): RocketMQ records none of it."""
 
 
 def run_both(

@@ -21,6 +21,7 @@ from tests.differential.bridge_side import BridgeEnv, Event
 from tests.differential.conftest import MEASURED
 from tests.differential.observe import (
     BRIDGE_ONLY,
+    FAILURE_METADATA,
     ROCKETMQ_BROKER,
     ROCKETMQ_PULLED,
     ROCKETMQ_PUSHED,
@@ -333,7 +334,7 @@ def test_retried_messages_differ_only_as_documented(retries: dict[str, list[Even
     # RocketMQ's retry copy went through SCHEDULE_TOPIC_XXXX and keeps DELAY and REAL_*; its
     # reconsume count is a message field, the bridge's a property (Kafka records have none).
     assert only_rmq == ROCKETMQ_BROKER | ROCKETMQ_PUSHED | {"DELAY", "REAL_TOPIC", "REAL_QID"}
-    assert only_bridge == BRIDGE_ONLY | {"RECONSUME_TIME", "MAX_RECONSUME_TIMES"}
+    assert only_bridge == BRIDGE_ONLY | {"RECONSUME_TIME", "MAX_RECONSUME_TIMES"} | FAILURE_METADATA
     assert r_try["props"]["REAL_TOPIC"].startswith("%RETRY%")
     # ORIGIN_MESSAGE_ID: RocketMQ's broker writes the original's offset message id; the
     # bridge the original's message id (UNIQ_KEY), as RocketMQ's client-side send-back does.
@@ -342,7 +343,7 @@ def test_retried_messages_differ_only_as_documented(retries: dict[str, list[Even
     r_dead, b_dead = of(rmq, "dlq")[0], of(bridge, "dlq")[0]
     only_rmq, only_bridge = prop_diff(r_dead, b_dead)
     assert only_rmq == ROCKETMQ_BROKER | ROCKETMQ_PULLED | {"DELAY", "REAL_TOPIC", "REAL_QID"}
-    assert only_bridge == BRIDGE_ONLY | {"RECONSUME_TIME", "MAX_RECONSUME_TIMES"}
+    assert only_bridge == BRIDGE_ONLY | {"RECONSUME_TIME", "MAX_RECONSUME_TIMES"} | FAILURE_METADATA
 
 
 # --- orderly consumption with a failing message -------------------------------------------
@@ -387,12 +388,13 @@ def test_orderly_messages_differ_only_as_documented(orderly: dict[str, list[Even
     r_again, b_again = attempts(rmq)["m2"][1], attempts(bridge)["m2"][1]
     only_rmq, only_bridge = prop_diff(r_again, b_again)
     # An orderly retry happens in place: RocketMQ counts it in the message's field only (its
-    # orderly consumer sets no CONSUME_START_TIME).
+    # orderly consumer sets no CONSUME_START_TIME); the bridge's message says how the last
+    # attempt failed.
     assert only_rmq == ROCKETMQ_BROKER | ROCKETMQ_PULLED
-    assert only_bridge == BRIDGE_ONLY | {"RECONSUME_TIME"}
+    assert only_bridge == BRIDGE_ONLY | {"RECONSUME_TIME", "CONSUME_FAILURE"}
     only_rmq, only_bridge = prop_diff(of(rmq, "dlq")[0], of(bridge, "dlq")[0])
     assert only_rmq == ROCKETMQ_BROKER | ROCKETMQ_PULLED | {"DELAY"}
-    assert only_bridge == BRIDGE_ONLY
+    assert only_bridge == BRIDGE_ONLY | FAILURE_METADATA
 
 
 # --- broadcasting with a failure ---------------------------------------------------------
