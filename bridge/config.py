@@ -25,12 +25,12 @@ from bridge.delay_policy import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy
 from bridge.errors import InvalidArgumentError
 from bridge.settings import env_values, require_int
 from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
+from topics.client_security import ENV_KAFKA_PREFIX, NOT_CLIENT_ENV, kafka_env_properties
 from topics.naming import DEFAULT_NAMESPACE, validate_namespace
 
 DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
 ENV_BOOTSTRAP_SERVERS = "KAFKA_BOOTSTRAP_SERVERS"
 ENV_PREFIX = "BRIDGE_"
-ENV_KAFKA_PREFIX = "BRIDGE_KAFKA_"
 
 _SENT_ONCE = "always idempotent, always acks=all"
 
@@ -156,9 +156,6 @@ PROTECTED_KAFKA_PROPERTIES: Mapping[str, tuple[str, str]] = MappingProxyType(
 # commit names its offsets), retries and max.in.flight (librdkafka refuses values that break
 # idempotence when the client is made), client.id, session.timeout.ms and other tuning.
 
-# Coordinator settings whose environment names start with BRIDGE_KAFKA_ (not client properties).
-_COORDINATOR_KAFKA_ENV = frozenset({"BRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS"})
-
 
 def kafka_env_name(name: str) -> str:
     """The environment variable that sets librdkafka property ``name``."""
@@ -171,7 +168,7 @@ def _refuse_protected(kafka: Mapping[str, str]) -> None:
         if protected is not None:
             why, instead = protected
             env = kafka_env_name(name)
-            source = "" if env in _COORDINATOR_KAFKA_ENV else f" ({env})"
+            source = "" if env in NOT_CLIENT_ENV else f" ({env})"
             raise InvalidArgumentError(
                 f"kafka property {name!r}{source} cannot be set: {why}; instead: {instead}"
             )
@@ -282,12 +279,7 @@ class ClientConfig:
             ),
             skip=("kafka",),
         )
-        kafka = {
-            key[len(ENV_KAFKA_PREFIX) :].lower().replace("_", "."): raw
-            for key, raw in env.items()
-            if key.startswith(ENV_KAFKA_PREFIX) and key not in _COORDINATOR_KAFKA_ENV
-        }
-        return cls(**values, kafka=kafka)  # type: ignore[arg-type]
+        return cls(**values, kafka=kafka_env_properties(env))  # type: ignore[arg-type]
 
 
 ALLOW_ALL: Final = "*"

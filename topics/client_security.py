@@ -28,8 +28,8 @@ from topics.errors import InvalidArgumentError
 ENV_KAFKA_PREFIX: Final = "BRIDGE_KAFKA_"
 ENV_COMMAND_CONFIG: Final = "BRIDGE_COMMAND_CONFIG"
 """The environment variable naming a client properties file (the ``--command-config``)."""
-# BRIDGE_KAFKA_ variables that are coordinator settings, not client properties.
-_NOT_CLIENT_ENV: Final = frozenset({"BRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS"})
+NOT_CLIENT_ENV: Final = frozenset({"BRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS"})
+"""``BRIDGE_KAFKA_`` variables that are coordinator settings, not client properties."""
 
 SCRAM_MECHANISMS: Final = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 SCRAM_LOGIN_MODULE: Final = "org.apache.kafka.common.security.scram.ScramLoginModule"
@@ -622,7 +622,7 @@ def kafka_env_properties(environ: Mapping[str, str]) -> dict[str, str]:
     return {
         key[len(ENV_KAFKA_PREFIX) :].lower().replace("_", "."): value
         for key, value in environ.items()
-        if key.startswith(ENV_KAFKA_PREFIX) and key not in _NOT_CLIENT_ENV
+        if key.startswith(ENV_KAFKA_PREFIX) and key not in NOT_CLIENT_ENV
     }
 
 
