@@ -1,5 +1,6 @@
-"""Delayed delivery: timer lateness at a steady rate, a burst due in one second, coordinator
-memory with a million pending timers, and recovery after SIGKILL.
+"""Delayed delivery: timer lateness on an idle system (a few hundred timers of random delays)
+and at a steady rate, a burst due in one second, coordinator memory with a million pending
+timers, and recovery after SIGKILL.
 
 The coordinator runs as its own process, with 100 ms timer precision. Lateness is measured
 on the broker's clock: the real topic stores the append time, compared with the due time the
@@ -26,6 +27,9 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer, producer_config
 from topics.catalog import TopicSpec
 
+IDLE_TIMERS = int(os.environ.get("BENCH_IDLE_TIMERS", "200"))
+IDLE_DELAY_MS = (1000, 8000)
+"""The idle row's timers are due a random 1 to 8 s after they are sent."""
 STEADY_RATE_PER_S = int(os.environ.get("BENCH_STEADY_RATE", "5000"))
 STEADY_SECONDS = 10
 BURST = int(os.environ.get("BENCH_BURST", "500000"))
@@ -85,7 +89,40 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
-def _steady(config: ClientConfig) -> None:
+def _idle(config: ClientConfig) -> Row:
+    """Timers of random delays sent at once on an otherwise idle system: how late each is
+    beside its neighbours' (the precision is the baseline: none should be later)."""
+    topic = _stamped(config, f"bench-idle-{uuid.uuid4().hex[:6]}")
+    rng = random.Random(16)
+    with Producer("bench_idle", config=config) as producer:
+        for _ in range(IDLE_TIMERS):
+            due = time.time_ns() // 1_000_000 + rng.randint(*IDLE_DELAY_MS)
+            msg = Message(topic, str(due))
+            msg.set_deliver_time_ms(due)
+            producer.send_async(msg)
+        producer.flush(30_000)
+    late = _lateness(config, topic, IDLE_TIMERS, IDLE_DELAY_MS[1] + 30_000)
+    precision = config.timer_precision_ms
+    over = sum(1 for v in late if v >= precision)
+    early = sum(1 for v in late if v < 0)
+    print(
+        f"timer lateness of {IDLE_TIMERS} timers due in {IDLE_DELAY_MS[0] // 1000}-"
+        f"{IDLE_DELAY_MS[1] // 1000} s on an idle system ({precision} ms precision): "
+        f"p50 {_pct(late, 0.5):.0f} ms, p99 {_pct(late, 0.99):.0f} ms, "
+        f"max {max(late, default=0)} ms, {over} at or over the precision, "
+        f"early {early}, delivered {len(late)}/{IDLE_TIMERS}"
+    )
+    return Row(
+        f"{IDLE_TIMERS} idle timers: p99 lateness",
+        "ms",
+        _pct(late, 0.99),
+        precision,
+        "the timer precision",
+        higher_is_better=False,
+    )
+
+
+def _steady(config: ClientConfig) -> Row:
     topic = _stamped(config, f"bench-steady-{uuid.uuid4().hex[:6]}")
     count = STEADY_RATE_PER_S * STEADY_SECONDS
     with Producer("bench_steady", config=config) as producer:
@@ -105,6 +142,14 @@ def _steady(config: ClientConfig) -> None:
         f"p50 {_pct(late, 0.5):.0f} ms, p99 {_pct(late, 0.99):.0f} ms, "
         f"max {max(late, default=0)} ms, "
         f"early {early}, delivered {len(late)}/{count}"
+    )
+    return Row(
+        f"timers at {STEADY_RATE_PER_S}/s: p99 lateness",
+        "ms",
+        _pct(late, 0.99),
+        config.timer_precision_ms,
+        "the timer precision",
+        higher_is_better=False,
     )
 
 
@@ -216,8 +261,7 @@ def run(bootstrap: str) -> list[Row]:
     coordinator = _coordinator(config, "bench")
     try:
         _await_coordinator(config)
-        _steady(config)
-        rows = [_burst(config)]
+        rows = [_idle(config), _steady(config), _burst(config)]
     finally:
         coordinator.terminate()
         coordinator.wait(30)
