@@ -28,7 +28,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from bridge.codec import PreparedRecord, decode_envelope, decode_headers, real_record
+from bridge.codec import PreparedRecord, decode_envelope, decode_headers, delivery_record
 from bridge.config import NamePatterns, TrustLimits
 from bridge.delay.delivery import Delivery
 from bridge.delay.fetch import RECORD_ERRORS, Fetcher, Headers, Held
@@ -179,9 +179,11 @@ class FifoDelayService(TransactionalService):
         return int(held.record.timestamp()[1]) + self.partition_delay_ms(held.partition)
 
     def deliver(self, held: Held) -> tuple[PreparedRecord, bool]:
-        """The real-topic record of a delayed message that is due."""
-        msg = decode_envelope(held.record.value())
-        return real_record(msg, self.config.catalog.namespace, REMOVED_ON_DELIVERY), True
+        """The real-topic record of a delayed message that is due (built from the envelope's
+        fields: no message object on the way, see :func:`delivery_record`)."""
+        return delivery_record(
+            held.record.value(), self.config.catalog.namespace, REMOVED_ON_DELIVERY
+        ), True
 
 
 class ScheduleDeliveryService(FifoDelayService):
