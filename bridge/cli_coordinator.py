@@ -1,5 +1,6 @@
 """``bridge coordinator`` and ``bridge health``: run the coordinator (with its metrics and health
-endpoint on ``--metrics-port``), ask whether it runs."""
+endpoint on ``--metrics-port``; ``--processes N`` runs N coordinator processes under one
+command, see :mod:`bridge.coordinator.processes`), ask whether it runs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from dataclasses import asdict
 
 import click
 
-from bridge.cli_common import bootstrap_option, client_config, console, stop_on_signals
+from bridge.cli_common import (
+    COMMAND_CONFIG_KEY,
+    bootstrap_option,
+    client_config,
+    console,
+    stop_on_signals,
+)
 from bridge.cli_output import emit_json, json_option
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.coordinator.health import (
@@ -16,8 +23,18 @@ from bridge.coordinator.health import (
     coordinator_health,
     serve_coordinator_metrics,
 )
+from bridge.coordinator.processes import (
+    ENV_PROCESSES,
+    MAX_PROCESSES,
+    CoordinatorProcesses,
+    child_specs,
+    current_environment,
+    parse_processes,
+)
+from bridge.kafka.admin import TopicAdmin
 from bridge.observability import DEFAULT_METRICS_HOST, ENV_METRICS_HOST, ENV_METRICS_PORT
 from bridge.observability.server import parse_port
+from topics.client_security import ENV_COMMAND_CONFIG
 
 
 def _port(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -25,6 +42,58 @@ def _port(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         return parse_port(value, f"--metrics-port ({ENV_METRICS_PORT})")
     except ValueError as exc:  # InvalidArgumentError is a ValueError too
         raise click.BadParameter(str(exc)) from exc
+
+
+def _processes(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
+    try:
+        return parse_processes(value)
+    except ValueError as exc:  # InvalidArgumentError is a ValueError too
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _run_processes(
+    ctx: click.Context, config: CoordinatorConfig, count: int, metrics_port: int | None
+) -> None:
+    """Run ``count`` coordinator processes until SIGINT/SIGTERM or until one ends by itself
+    (then raise why). Their settings are this command's: the environment, plus what the
+    command line said (bootstrap servers, namespace, ``--command-config``, ``-v``, the log
+    format)."""
+    root = ctx.find_root()
+    obj = ctx.obj or {}
+    overrides = {
+        "KAFKA_BOOTSTRAP_SERVERS": config.client.bootstrap_servers,
+        "BRIDGE_NAMESPACE": config.client.namespace,
+        "BRIDGE_LOG_FORMAT": str(root.params.get("log_format") or "text"),
+    }
+    command_config = obj.get(COMMAND_CONFIG_KEY)
+    if command_config:
+        overrides[ENV_COMMAND_CONFIG] = os.path.abspath(command_config)
+    verbose = int(root.params.get("verbose") or 0)
+    specs = child_specs(
+        count,
+        config.coordinator_id,
+        current_environment(),
+        root_args=["-v"] * verbose,
+        overrides=overrides,
+        metrics_port=metrics_port,
+    )
+    # Once here rather than in each child at the same time: a broker out of reach fails the
+    # command at once (exit 3), as with one process.
+    TopicAdmin(config.client).ensure_system_topics(config.catalog)
+    group = CoordinatorProcesses(specs)
+    with stop_on_signals() as stop:
+        group.start()
+        ids = ", ".join(f"{c.spec.coordinator_id} (pid {c.process.pid})" for c in group.children)
+        console.print(f"{count} coordinator processes running: {ids}; Ctrl-C stops all")
+        if metrics_port:
+            console.print(
+                f"metrics and health of process i on port {metrics_port}+i-1 "
+                f"({metrics_port}-{metrics_port + count - 1})"
+            )
+        try:
+            group.run_until(stop)
+        finally:
+            group.stop()
 
 
 @click.command()
@@ -38,12 +107,26 @@ def _port(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
     help=f"Serve /metrics, /healthz and /readyz over HTTP on this port (env {ENV_METRICS_PORT}; "
     f"address {DEFAULT_METRICS_HOST} unless {ENV_METRICS_HOST} says otherwise).",
 )
+@click.option(
+    "--processes",
+    envvar=ENV_PROCESSES,
+    default=None,
+    callback=_processes,
+    metavar="N",
+    help=f"Run N coordinator processes (1-{MAX_PROCESSES}; env {ENV_PROCESSES}; default 1), "
+    "ids <coordinator id>-1 ... -N, sharing the system topics' partitions; they stop together "
+    "on Ctrl-C or SIGTERM, and one that ends by itself stops the others (exit 1). With "
+    "--metrics-port P, process i serves on P+i-1.",
+)
 @click.pass_context
 def coordinator(
-    ctx: click.Context, bootstrap_servers: str | None, metrics_port: int | None
+    ctx: click.Context, bootstrap_servers: str | None, metrics_port: int | None, processes: int
 ) -> None:
     """Run only the coordinator (against configured Kafka) in the foreground."""
     config = CoordinatorConfig.from_env().with_client(client_config(ctx, bootstrap_servers))
+    if processes > 1:
+        _run_processes(ctx, config, processes, metrics_port)
+        return
     running = Coordinator(config)
     endpoint: CoordinatorEndpoint | None = None
     if metrics_port is not None:
