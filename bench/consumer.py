@@ -3,8 +3,10 @@
 Every run reads the same topic (4 partitions, 100-byte bodies) from the start with a new
 consumer group and stops when every message is done: consumed, or (for the failing ones)
 safely sent back to the retry topic. Time runs from the first message handed over (group
-join and topic set-up excluded, for both). Baseline: a raw confluent-kafka consumer of the same
-topic (``read_committed``, manual commits) that calls a trivial handler per record. The
+join and topic set-up excluded, for both). Baselines: a raw confluent-kafka consumer of the
+same topic (``read_committed``, manual commits every 5 s) that calls a trivial handler per
+record, and a plain at-least-once poll loop that calls the benchmark's own listener on each
+confluent-kafka ``Message`` and commits asynchronously after each poll. The
 coordinator runs as its own process; the first retry waits at delay level 3 (10 s), and its
 end-to-end delay is measured from the failure to the redelivery.
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 from bench.delays import _await_coordinator, _coordinator
 from bench.harness import Row, interleaved_rates, print_rows
-from bridge import ClientConfig, ConsumeFromWhere, ConsumeStatus, Message, MessageExt, Producer
+from bridge import ClientConfig, ConsumeFromWhere, ConsumeStatus, Message, Producer
 from bridge.consumer import PushConsumer
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer
@@ -69,6 +71,63 @@ def _raw(config: ClientConfig, topic: str) -> tuple[int, float]:
     return handled, elapsed
 
 
+def _raw_listener_loop(config: ClientConfig, topic: str) -> tuple[int, float]:
+    """A plain at-least-once Kafka loop: poll, call the listener on each record (the
+    confluent-kafka ``Message`` itself, as a Kafka user would), then commit the poll's
+    positions asynchronously. The listener is the one ``_ours`` runs with nothing failing."""
+    consumer = new_consumer(config, f"bench-loop-{uuid.uuid4().hex[:8]}", "bench-loop")
+    first: list[float] = []
+    listener = _listener(first, failing=False)
+    handled = 0
+    consumer.subscribe([topic])
+    while handled < MESSAGES:
+        records = consumer.consume(num_messages=500, timeout=0.1)
+        for record in records:
+            if record.error() is not None:
+                continue
+            if listener(record) is not ConsumeStatus.CONSUME_SUCCESS:  # pragma: no cover
+                raise RuntimeError("the listener failed a record")
+            handled += 1
+        if records:
+            consumer.commit(asynchronous=True)
+    elapsed = time.perf_counter() - first[0]
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    return handled, elapsed
+
+
+def _listener(
+    first: list[float],
+    *,
+    failing: bool,
+    failed_at: dict[str, float] | None = None,
+    back: list[float] | None = None,
+) -> Callable[[Any], ConsumeStatus]:
+    """The benchmark's listener: notes when the first message came (``first``); when
+    ``failing``, fails one message in :data:`FAIL_EVERY` once (noting when in ``failed_at``)
+    and notes in ``back`` each first retry's delay (s). Without ``failing`` it reads nothing
+    of the message, so a raw loop can call it with a confluent-kafka ``Message``."""
+    lock = threading.Lock()
+
+    def listener(msg: Any) -> ConsumeStatus:
+        if not first:
+            first.append(time.perf_counter())
+        if not failing:
+            return ConsumeStatus.CONSUME_SUCCESS
+        assert failed_at is not None and back is not None
+        if msg.reconsume_times:  # back from the retry topic
+            with lock:
+                back.append(time.monotonic() - failed_at[msg.msg_id])
+            return ConsumeStatus.CONSUME_SUCCESS
+        if msg.queue_offset % FAIL_EVERY == 0:
+            with lock:
+                failed_at[msg.msg_id] = time.monotonic()
+            return ConsumeStatus.RECONSUME_LATER
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    return listener
+
+
 def _ours(
     config: ClientConfig,
     topic: str,
@@ -81,24 +140,8 @@ def _ours(
     the failed ones to come back and put each first retry's delay (s) in it."""
     failed_at: dict[str, float] = {}
     back: list[float] = []
-    lock = threading.Lock()
     first: list[float] = []
-
-    def listener(msg: MessageExt) -> ConsumeStatus:
-        if not first:
-            first.append(time.perf_counter())
-        if not failing:
-            return ConsumeStatus.CONSUME_SUCCESS
-        if msg.reconsume_times:  # back from the retry topic
-            with lock:
-                back.append(time.monotonic() - failed_at[msg.msg_id])
-            return ConsumeStatus.CONSUME_SUCCESS
-        if msg.queue_offset % FAIL_EVERY == 0:
-            with lock:
-                failed_at[msg.msg_id] = time.monotonic()
-            return ConsumeStatus.RECONSUME_LATER
-        return ConsumeStatus.CONSUME_SUCCESS
-
+    listener = _listener(first, failing=failing, failed_at=failed_at, back=back)
     consumer = PushConsumer(
         f"bench_ours_{uuid.uuid4().hex[:8]}",
         config=config,
@@ -136,6 +179,7 @@ def run(bootstrap: str) -> None:
         _fill(config, topic)
         measures: dict[str, Callable[[], tuple[int, float]]] = {
             "raw": lambda: _raw(config, topic),
+            "loop": lambda: _raw_listener_loop(config, topic),
             "ours": lambda: _ours(config, topic, failing=False),
             "ours_fail": lambda: _ours(config, topic, failing=True),
             "ours_batch": lambda: _ours(config, topic, failing=False, batch=32),
@@ -149,6 +193,13 @@ def run(bootstrap: str) -> None:
     level3_s = config.delay_policy.level_delays_ms[2] / 1000
     rows = [
         Row("consume, 0% failing", "msg/s", rates["ours"], rates["raw"], "raw confluent-kafka"),
+        Row(
+            "consume, 0% failing (vs loop)",
+            "msg/s",
+            rates["ours"],
+            rates["loop"],
+            "raw poll loop + listener + commit",
+        ),
         Row(
             "consume, 10% failing once",
             "msg/s",
