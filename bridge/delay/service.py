@@ -28,12 +28,18 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from bridge.codec import PreparedRecord, decode_envelope, decode_headers, delivery_record
+from bridge.codec import (
+    PreparedRecord,
+    decode_envelope,
+    decode_headers,
+    delivery_record,
+    new_tuple,
+)
 from bridge.config import NamePatterns, TrustLimits
 from bridge.delay.delivery import Delivery
 from bridge.delay.fetch import RECORD_ERRORS, Fetcher, Headers, Held
 from bridge.delay.isolation import Isolation
-from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER
+from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER, timer_tier_count
 from bridge.delay_policy import DelayPolicy
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.service import ServiceConfig, TransactionalService
@@ -230,7 +236,9 @@ class TimerService(FifoDelayService):
 
     def process(self, held: Held, now: int) -> tuple[PreparedRecord, bool]:
         deliver_ms = self._deliver_ms(held)
-        tier = self.policy.route(deliver_ms, now, self.policy.tier_count)
+        policy = self.policy
+        tiers = timer_tier_count(policy.timer_precision_ms, policy.timer_max_delay_ms)
+        tier = policy.route(deliver_ms, now, tiers)
         if tier is None:
             return self.deliver(held)
         # A hop is the coordinator's own copy, written once in a Kafka transaction: without
@@ -239,13 +247,17 @@ class TimerService(FifoDelayService):
             (k, v) for k, v in held.headers if k not in (TIMER_ROUTING_HEADER, SEND_ID_HEADER)
         ]
         headers.append((TIMER_ROUTING_HEADER, str(deliver_ms).encode()))
-        hop = PreparedRecord(
-            self.topic,
-            held.record.key(),
-            held.record.value(),
-            headers,
-            f"{self.topic}-{held.partition}-{held.offset}",
-            0,
-            tier,
+        record = held.record
+        hop = new_tuple(
+            PreparedRecord,
+            (
+                self.topic,
+                record.key(),
+                record.value(),
+                headers,
+                f"{self.topic}-{held.partition}-{held.offset}",
+                0,
+                tier,
+            ),
         )
         return hop, False
