@@ -5,11 +5,17 @@ the same run and broker:
 * plain ``Producer.send_sync`` with the same number of sending threads (a transactional send
   is synchronous too: the half message must be stored before the local transaction runs);
 * the naive approach: one Kafka transaction per message (begin, produce, commit).
+
+The three are measured in turn, ``BENCH_TX_ROUNDS`` (3) rounds of ``BENCH_TX_SECONDS`` (4 s)
+each, so that drift on a shared machine hits all alike; the median of each is reported, and
+the per-round ratios. Commit-to-visible latency is measured over
+``BENCH_TX_LATENCY_MESSAGES`` (400) messages sent at 100/s.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -38,7 +44,10 @@ from topics.catalog import TopicCatalog, TopicSpec
 
 THREADS = 4
 SECONDS = 8.0
-LATENCY_MESSAGES = 400
+"""How long :func:`_threads_rate` sends, s (``bench.rocketmq`` uses it too)."""
+ROUND_SECONDS = float(os.environ.get("BENCH_TX_SECONDS", "4"))
+ROUNDS = int(os.environ.get("BENCH_TX_ROUNDS", "3"))
+LATENCY_MESSAGES = int(os.environ.get("BENCH_TX_LATENCY_MESSAGES", "400"))
 LATENCY_RATE_PER_S = 100
 FIRST_CHECKS = 40
 TIMEOUT_MS = 6000
@@ -66,10 +75,11 @@ class _CheckTimes(TransactionListener):
         return TransactionStatus.COMMIT
 
 
-def _threads_rate(send_one: Any) -> float:
-    """Messages per second over ``SECONDS`` with ``THREADS`` threads calling ``send_one(i)``."""
+def _threads_rate(send_one: Any, seconds: float | None = None) -> float:
+    """Messages per second over ``seconds`` (default :data:`SECONDS`) with ``THREADS``
+    threads calling ``send_one(slot, i)``."""
     counts = [0] * THREADS
-    deadline = time.monotonic() + SECONDS
+    deadline = time.monotonic() + (SECONDS if seconds is None else seconds)
 
     def work(slot: int) -> None:
         i = 0
@@ -87,7 +97,8 @@ def _threads_rate(send_one: Any) -> float:
     return sum(counts) / (time.monotonic() - started)
 
 
-def _naive_rate(config: ClientConfig, topic: str) -> float:
+def _naive_sender(config: ClientConfig, topic: str) -> Any:
+    """``send(slot, i)``: one Kafka transaction per message, a producer per thread."""
     producers = []
     for slot in range(THREADS):
         raw = RawProducer(
@@ -102,7 +113,7 @@ def _naive_rate(config: ClientConfig, topic: str) -> float:
         raw.produce(topic, b"x" * 100)
         raw.commit_transaction(30)
 
-    return _threads_rate(send)
+    return send
 
 
 def _coordinator(config: ClientConfig) -> subprocess.Popen[bytes]:
@@ -172,33 +183,53 @@ def run(bootstrap: str) -> list[Row]:
     rows: list[Row] = []
     try:
         topic = f"bench-tx-{uuid.uuid4().hex[:6]}"
-        with Producer("bench_plain", config=config) as plain:
+        naive = _naive_sender(config, topic)
+        rates: dict[str, list[float]] = {"plain": [], "naive": [], "tx": []}
+        with (
+            Producer("bench_plain", config=config) as plain,
+            TransactionMQProducer("bench_tx", _Commit(), config=config) as producer,
+        ):
             plain.send_sync(Message(topic, b"warm"))
-            plain_rate = _threads_rate(lambda s, i: plain.send_sync(Message(topic, b"x" * 100)))
-        naive = _naive_rate(config, topic)
-        with TransactionMQProducer("bench_tx", _Commit(), config=config) as producer:
             producer.send_message_in_transaction(Message(topic, b"warm"))
-            tx_rate = _threads_rate(
-                lambda s, i: producer.send_message_in_transaction(Message(topic, b"x" * 100))
-            )
+            for _ in range(ROUNDS):
+                rates["plain"].append(
+                    _threads_rate(
+                        lambda s, i: plain.send_sync(Message(topic, b"x" * 100)), ROUND_SECONDS
+                    )
+                )
+                rates["naive"].append(_threads_rate(naive, ROUND_SECONDS))
+                rates["tx"].append(
+                    _threads_rate(
+                        lambda s, i: producer.send_message_in_transaction(
+                            Message(topic, b"x" * 100)
+                        ),
+                        ROUND_SECONDS,
+                    )
+                )
             latencies = _visible_latencies(config, f"{topic}-lat", producer)
+        median = {name: statistics.median(values) for name, values in rates.items()}
         rows += [
             Row(
                 f"transactional msg/s ({THREADS} threads)",
                 "msg/s",
-                tx_rate,
-                plain_rate,
+                median["tx"],
+                median["plain"],
                 "plain send_sync, same threads",
             ),
             Row(
                 f"transactional msg/s ({THREADS} threads)",
                 "msg/s",
-                tx_rate,
-                naive,
+                median["tx"],
+                median["naive"],
                 "one Kafka transaction per message",
             ),
         ]
         print_rows("Transactional messages (ratio = ours / baseline)", rows)
+        ratios = [t / p for t, p in zip(rates["tx"], rates["plain"], strict=True)]
+        print(
+            f"transactional / plain per round ({ROUNDS} rounds of {ROUND_SECONDS:.0f} s): "
+            + ", ".join(f"{r:.2f}" for r in ratios)
+        )
         print(
             f"commit-to-visible at {LATENCY_RATE_PER_S}/s: p50 {_pct(latencies, 0.5):.1f} ms, "
             f"p99 {_pct(latencies, 0.99):.1f} ms, "

@@ -79,6 +79,10 @@ class TransactionService(TransactionalService):
         """Owned HALF partitions whose state is to be rebuilt from Kafka first."""
         self._offsets_dirty = False
         """A commit applied on its own moved a checkpoint: the next batch commits offsets."""
+        self._committed: dict[int, int] = {}
+        """HALF partition -> the checkpoint this service last committed for it (only
+        partitions whose last commit it knows: cleared on a rebalance, a recovery and a failed
+        Kafka transaction)."""
         self.committed_transactions = 0
         """How many Kafka transactions this service committed (for tests and metrics)."""
         self.targets = Targets(config.client, self.name, lambda: self.timeout_s)
@@ -122,6 +126,7 @@ class TransactionService(TransactionalService):
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self._to_recover.add(tp.partition)
+        self._committed.clear()
         logger.info(
             "%s: assigned HALF partitions %s", self.name, [tp.partition for tp in partitions]
         )
@@ -133,6 +138,7 @@ class TransactionService(TransactionalService):
             self._to_recover.discard(p)
         self.parking.revoke(revoked)
         self.checks.clear()
+        self._committed.clear()
         logger.info("%s: revoked HALF partitions %s", self.name, sorted(revoked))
 
     def on_stop(self) -> None:
@@ -145,6 +151,7 @@ class TransactionService(TransactionalService):
         if consumer is None or not self.producer_ready():
             return
         if self._to_recover:
+            self._committed.clear()
             self.recovery.recover(sorted(self._to_recover))
         first = consumer.poll(_POLL_TIMEOUT_S)
         records = [first] if first is not None else []
@@ -199,8 +206,16 @@ class TransactionService(TransactionalService):
     def _commit(self, batch: HalfBatch) -> bool:
         """Write ``batch`` and every owned partition's checkpoint in one Kafka transaction.
         False when it failed: the state is rebuilt and the commits that made it fail are set
-        aside."""
+        aside.
+
+        A batch without records whose checkpoints are those committed last (half messages
+        read, nothing decided: the oldest undecided one holds each checkpoint where it was)
+        writes nothing: such a Kafka transaction would commit the same offsets again, and
+        while it runs a decision read after it waits."""
         if not batch.dirty or self._consumer is None:
+            return True
+        if not batch.records and self._unmoved():
+            self._offsets_dirty = False
             return True
         self._offsets_dirty = False
         producer = self._producer
@@ -216,14 +231,13 @@ class TransactionService(TransactionalService):
                 # not left pending on the abort (the rebuild would wait for them to settle).
                 raise KafkaException(failed)
 
+        sent: list[TopicPartition] = []
+
         def checkpoints() -> list[TopicPartition]:
             # After a purge (the transaction failed as a whole, e.g. a partition it could not
             # add) sending them raises the transaction's own error, which names the cause.
-            return [
-                TopicPartition(self._half, p, state.checkpoint())
-                for p, state in self._partitions.items()
-                if p not in self._to_recover
-            ]
+            sent[:] = self._checkpoints()
+            return sent
 
         def unless_lost(_: TransactionBatch) -> None:
             if failed is not None:
@@ -240,9 +254,24 @@ class TransactionService(TransactionalService):
         ):
             self.parking.set_aside_culprits(batch)
             return False
+        self._committed = {tp.partition: tp.offset for tp in sent}
         self.committed_transactions += 1
         self.parking.failures = 0
         return True
+
+    def _checkpoints(self) -> list[TopicPartition]:
+        """Where a restart must read each owned, recovered HALF partition again."""
+        return [
+            TopicPartition(self._half, p, state.checkpoint())
+            for p, state in self._partitions.items()
+            if p not in self._to_recover
+        ]
+
+    def _unmoved(self) -> bool:
+        """True when every owned, recovered partition's checkpoint is the one this service
+        committed last (and no other partition's commit is known)."""
+        current = {tp.partition: tp.offset for tp in self._checkpoints()}
+        return bool(current) and current == self._committed
 
     def _commit_alone(self, batch: HalfBatch) -> bool:
         """Write ``batch`` in a Kafka transaction of its own (no offsets). False when it
@@ -261,6 +290,7 @@ class TransactionService(TransactionalService):
 
     def _transaction_failed(self, exc: KafkaException) -> None:
         self.transaction_failed(exc)
+        self._committed.clear()
         # State was changed optimistically: rebuild it from what Kafka committed.
         self._to_recover.update(self._partitions)
         self._partitions.clear()
