@@ -35,7 +35,6 @@ from bridge.message import (
     Message,
     MessageConst,
     MessageExt,
-    PropertyValue,
     now_ms,
 )
 from topics.naming import (
@@ -89,20 +88,10 @@ def origin_topic(msg: MessageExt) -> str:
 def _copy(msg: MessageExt, topic: str, dropped: frozenset[str] = frozenset()) -> Message:
     # Any body, empty included: unlike a send, a copy is never refused.
     copy = Message(topic, msg.body, keys=msg.keys, tags=msg.tags)
-    not_copied = _NOT_COPIED | dropped if dropped else _NOT_COPIED
-    # The properties in one pass, as put_system_property would store each (runs once per
-    # failed message: the per-call cost of the setter showed in the consumer's profile).
-    copy._properties = {
-        name: value if type(value) is str or type(value) is bytes else _stored(value)
-        for name, value in msg._properties.items()
-        if name not in not_copied
-    }
+    for name, value in msg.properties.items():
+        if name not in _NOT_COPIED and name not in dropped:
+            copy.put_system_property(name, value)
     return copy
-
-
-def _stored(value: PropertyValue) -> PropertyValue:
-    """``value`` as :meth:`Message.put_system_property` stores it."""
-    return bytes(value) if isinstance(value, bytearray | memoryview) else value
 
 
 def _put_origin(copy: Message, msg: MessageExt) -> None:
@@ -139,7 +128,7 @@ def send_back_record(
     )
     copy.put_system_property(MessageConst.MAX_RECONSUME_TIMES, str(max_reconsume_times))
     copy.put_system_property(MessageConst.CONSUMER_GROUP, group)
-    if copy.get_property(MessageConst.ORIGIN_KAFKA_TOPIC) is None:
+    if MessageConst.ORIGIN_KAFKA_TOPIC not in copy.properties:
         _put_origin(copy, msg)
     born_ms = msg.born_timestamp_ms or now_ms()
     if route.to_dlq:
