@@ -123,8 +123,7 @@ class Delivery:
             return self._svc.isolation.replace_refused(units[owners[at]], record, exc, now)
 
         def positions() -> list[TopicPartition]:
-            offsets = {unit.held.partition: unit.held.offset + 1 for unit in units}
-            return [TopicPartition(self._svc.topic, p, o) for p, o in offsets.items()]
+            return self._svc.fetcher.positions([unit.held for unit in units])
 
         def patience(_: TransactionBatch) -> None:
             slow = self._unacknowledged(units, batch, owners)
@@ -148,6 +147,7 @@ class Delivery:
             assert batch.failure is not None
             self._svc.isolation.blame(units, batch, owners, batch.failure)
             return False
+        self._svc.fetcher.committed([unit.held for unit in units])
         metrics = active_metrics()
         for unit in units:
             self._svc.isolation.settled((unit.held.partition, unit.held.offset))

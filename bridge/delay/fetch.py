@@ -1,6 +1,18 @@
 """How the delay services read their FIFO partitions: each partition from its committed
-offset; when the head record is not due yet, what was fetched is held and the partition paused
-until the head is due. So memory holds at most a batch per partition, whatever is waiting.
+offset; when the head record's wait in the partition is not over, what was fetched is held and
+the partition paused until it is. So memory holds at most a batch per partition (and a final
+window, below), whatever is waiting.
+
+The final window: a timer whose wait in its tier is over but whose exact time is less than the
+hold window away (:meth:`~bridge.delay_policy.DelayPolicy.exit_time_ms`) waits in memory, in a
+heap by delivery time, and is delivered when its time comes, out of offset order; the records
+behind it in its partition go on meanwhile. So a timer's lateness does not depend on its
+neighbours'. The committed offset of a partition stays at the smallest record not done; the
+records above it that are done (delivered out of order) are named in the offset commit's
+metadata, in the same Kafka transaction as their delivery, and skipped when the partition is
+read again from its committed offset (G5: a crash at any point delivers each message once).
+The metadata stays small because the records not done below the highest done one are few
+(:data:`_OUT_OF_ORDER_MAX`); past that, a partition waits in order as before.
 
 After a failed transaction or a new assignment, a partition is read again from its committed
 offset, and nothing of it is taken before that seek succeeded.
@@ -8,6 +20,7 @@ offset, and nothing of it is taken before that seek succeeded.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections import deque
@@ -34,6 +47,44 @@ Headers = list[tuple[str, bytes | None]]
 Key = tuple[int, int]
 """(partition, offset) of a fetched record."""
 
+_WINDOW_MAX = 2000
+"""At most this many records of one partition wait in the final window; more wait in order at
+the head of their partition (memory stays bounded in a burst due at one time)."""
+_OUT_OF_ORDER_MAX = 256
+"""A partition takes a record past lower ones not done (in the window, or named not done in
+the committed metadata) only while fewer than this many are: they are what the offset
+metadata lists, so it stays far below the broker's ``offset.metadata.max.bytes`` (4096)."""
+METADATA_MAX_CHARS: Final = 3500
+"""The longest offset metadata written, characters (the broker refuses more than its
+``offset.metadata.max.bytes``, 4096 by default)."""
+_METADATA_VERSION: Final = "w1"
+
+
+def encode_done(base: int, high: int, undone: list[int]) -> str | None:
+    """The offset metadata of a partition committed at ``base`` whose records below ``high``
+    are all done but ``undone`` (sorted, each above ``base``): ``w1:<high - base>:<u - base>,...``
+    (decimal). None when nothing above ``base`` is done."""
+    if high <= base + 1 and not undone:
+        return None
+    return f"{_METADATA_VERSION}:{high - base}:" + ",".join(str(u - base) for u in undone)
+
+
+def decode_done(base: int, metadata: str | None) -> tuple[int, set[int]]:
+    """(high, the offsets not done) from the offset metadata of a partition committed at
+    ``base`` (see :func:`encode_done`): records at ``base`` or above and below ``high`` that
+    are not named are done. (0, empty) for no metadata or metadata not written here."""
+    if not metadata or not metadata.startswith(_METADATA_VERSION + ":"):
+        return 0, set()
+    try:
+        _, span, listed = metadata.split(":", 2)
+        undone = {base + int(u) for u in listed.split(",") if u}
+        high = base + int(span)
+    except ValueError:
+        raise WireFormatError(f"offset metadata {metadata[:80]!r} is malformed") from None
+    if high <= base or any(not base < u < high for u in undone):
+        raise WireFormatError(f"offset metadata {metadata[:80]!r} is out of range")
+    return high, undone | {base}
+
 
 @dataclass(slots=True)
 class Held:
@@ -46,6 +97,12 @@ class Held:
     header_error: str | None
     """Why the headers could not be read (then ``headers`` is empty)."""
     due_ms: int = 0
+    """When it is due, epoch ms (its exact time, for a timer in its final window)."""
+    fifo_ms: int = 0
+    """When its wait in its partition is over, epoch ms (then the records behind it may pass
+    it); at most ``due_ms``."""
+    exact_ms: int | None = None
+    """A timer's delivery time, epoch ms (None: a delay level, or unreadable)."""
     send_key: tuple[int, bytes] | None = None
     """Identifies its send (see :func:`_send_key`), once it is due."""
 
@@ -57,52 +114,212 @@ class Fetcher:
     def __init__(self, service: FifoDelayService) -> None:
         self._svc = service
         self._held: dict[int, deque[Held]] = {}
-        """Fetched records not due yet, per partition, in offset order (at most a batch)."""
+        """Fetched records whose wait in their partition is not over, per partition, in offset
+        order (at most a batch)."""
+        self._window: list[tuple[int, int, int, Held]] = []
+        """Heap of (due, partition, offset, record): timers whose wait in their partition is
+        over, waiting for their exact time (the final window)."""
+        self._waiting: dict[int, set[int]] = {}
+        """Partition -> offsets of its records in the window."""
+        self._taken: dict[int, set[int]] = {}
+        """Partition -> offsets taken to be delivered, not committed yet."""
+        self._high: dict[int, int] = {}
+        """Partition -> every record below this offset is done but the ones not done (the
+        window, taken, and :attr:`_restored`); 0: none done past the committed offset."""
+        self._restored: dict[int, set[int]] = {}
+        """Partition -> offsets the committed metadata names not done, not delivered since."""
+        self._blocked: set[int] = set()
+        """Partitions whose head's wait is over but which wait in order for the window."""
         self._paused: set[int] = set()
         self._next_offset: dict[int, int | None] = {}
         """Assigned partitions -> the next offset to take; None until a seek to the committed
         offset succeeded (after an assignment or a failed transaction)."""
         self._reposition_after = 0.0
+        self._pending_high: dict[int, int] = {}
+        """What :attr:`_high` becomes once the transaction being written commits."""
+        self.in_order = False
+        """Out-of-order delivery is off (set when offset metadata would not fit)."""
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         """Newly assigned ``partitions``: records fetched before this assignment may already
         sit in the batch being read, so nothing of them is taken before a seek to their
         committed offsets."""
         for tp in partitions:
+            self._forget(tp.partition)
             self._next_offset[tp.partition] = None
-            self._held.pop(tp.partition, None)
-            self._paused.discard(tp.partition)
         self._reposition_after = 0.0
 
     def revoke(self, revoked: set[int]) -> None:
         """Forget the partitions ``revoked``."""
         for partition in revoked:
+            self._forget(partition)
             self._next_offset.pop(partition, None)
-            self._held.pop(partition, None)
-            self._paused.discard(partition)
+
+    def _forget(self, partition: int) -> None:
+        """Drop what is held and known of ``partition`` (read again from its committed
+        offset, or no longer ours)."""
+        self._held.pop(partition, None)
+        self._paused.discard(partition)
+        self._blocked.discard(partition)
+        for known in (self._waiting, self._taken, self._high, self._restored):
+            known.pop(partition, None)
+        if any(entry[1] == partition for entry in self._window):
+            self._window = [entry for entry in self._window if entry[1] != partition]
+            heapq.heapify(self._window)
 
     def next_due(self) -> int | None:
-        """When the earliest held record is due, epoch ms (None: nothing held)."""
-        return min((held[0].due_ms for held in self._held.values() if held), default=None)
+        """When the earliest record is due or may leave its place, epoch ms (None: nothing
+        held)."""
+        heads = (
+            held[0].due_ms if self.in_order else held[0].fifo_ms
+            for partition, held in self._held.items()
+            if held and partition not in self._blocked
+        )
+        window = self._window[0][0] if self._window else None
+        first = min(heads, default=None)
+        if window is None:
+            return first
+        return window if first is None else min(first, window)
 
     def due(self, now: int) -> tuple[list[Held], list[int]]:
-        """Take the held records due at ``now`` (epoch ms), in order per partition; pause the
-        partitions whose head is not due, and return the paused ones now empty (to be
-        fetched again)."""
-        due: list[Held] = []
+        """Take the records due at ``now`` (epoch ms), in offset order per partition: heads
+        whose wait is over (a timer not at its exact time yet goes to the window) and
+        window records whose time has come; pause the partitions whose head stays, and
+        return the paused ones now empty (to be fetched again)."""
+        taken: dict[int, list[Held]] = {}
+        window = self._window
+        while window and window[0][0] <= now:
+            _, partition, offset, record = heapq.heappop(window)
+            self._waiting[partition].discard(offset)
+            taken.setdefault(partition, []).append(record)
         resume = []
+        exit_time = self._svc.policy.exit_time_ms
         for partition, held in list(self._held.items()):
-            while held and held[0].due_ms <= now:
-                due.append(held.popleft())
+            self._blocked.discard(partition)
+            waiting = self._waiting.setdefault(partition, set())
+            lowest = min(waiting, default=None)
+            # Offsets the committed metadata names not done: those below the head are in the
+            # window or taken in this pass; the others count in the metadata still.
+            restored = sorted(self._restored.get(partition, ()))
+            passed = 0
+            out = taken.setdefault(partition, [])
+            while held and held[0].fifo_ms <= now:
+                head = held[0]
+                while passed < len(restored) and restored[passed] < head.offset:
+                    passed += 1
+                due_ms = head.due_ms
+                if head.exact_ms is not None and due_ms <= now:
+                    # Taken late (a busy coordinator): a timer close to its time waits for it
+                    # here rather than hop to a tier that would make it later.
+                    due_ms = exit_time(now, head.exact_ms)
+                if due_ms > now:
+                    if self.in_order:
+                        break  # waits at the head for its time
+                    if len(waiting) >= _WINDOW_MAX:
+                        self._blocked.add(partition)
+                        break
+                    head.due_ms = due_ms
+                    heapq.heappush(window, (due_ms, partition, head.offset, head))
+                    waiting.add(head.offset)
+                    if lowest is None or head.offset < lowest:
+                        lowest = head.offset
+                elif (
+                    lowest is not None
+                    and lowest < head.offset
+                    and len(waiting) + len(restored) - passed >= _OUT_OF_ORDER_MAX
+                ):
+                    self._blocked.add(partition)  # in order until the window drains
+                    break
+                else:
+                    out.append(head)
+                held.popleft()
             if held and partition not in self._paused:
-                # The head is not due: stop fetching this partition until it is (it is FIFO,
-                # so nothing behind it is due either); what was fetched waits here.
+                # The head stays: stop fetching this partition until it may leave (FIFO: the
+                # records behind it wait longer in the partition); what was fetched waits here.
                 self.pause([TopicPartition(self._svc.topic, partition)])
             elif not held:
                 del self._held[partition]
                 if partition in self._paused:
                     resume.append(partition)
+        due: list[Held] = []
+        for partition, records in taken.items():
+            if not records:
+                continue
+            if len(records) > 1:
+                records.sort(key=lambda h: h.offset)
+            self._taken.setdefault(partition, set()).update(h.offset for h in records)
+            due += records
         return due, resume
+
+    def positions(self, done: list[Held]) -> list[TopicPartition]:
+        """The offsets to commit with the Kafka transaction that delivers ``done``: per
+        partition, the smallest offset not done, and in the metadata which records above it
+        are (see :func:`encode_done`). Raises ``KafkaException`` when the metadata would not
+        fit (the transaction fails and is read again; the fetcher then keeps to offset
+        order)."""
+        offsets: dict[int, set[int]] = {}
+        for record in done:
+            offsets.setdefault(record.partition, set()).add(record.offset)
+        out = []
+        self._pending_high = {}
+        for partition, committing in offsets.items():
+            open_ = (
+                self._waiting.get(partition, set())
+                | (self._taken.get(partition, set()) - committing)
+                | (self._restored.get(partition, set()) - committing)
+            )
+            queue = self._held.get(partition)
+            if queue:
+                nxt = queue[0].offset
+            else:
+                expected = self._next_offset.get(partition)
+                nxt = max(committing) + 1 if expected is None else expected
+            base = min(min(open_, default=nxt), nxt)
+            high = max(self._high.get(partition, 0), max(committing) + 1)
+            metadata = None
+            if high > base + 1:
+                undone = sorted(u for u in open_ if base < u < high)
+                metadata = encode_done(base, high, undone)
+                if metadata is not None and len(metadata) > METADATA_MAX_CHARS:
+                    # Not expected (the records not done below ``high`` are bounded): the
+                    # transaction fails, is read again, and this service keeps to offset
+                    # order from now on.
+                    self.in_order = True
+                    logger.error(
+                        "%s: offset metadata of partition %d too long; delivering in order",
+                        self._svc.name,
+                        partition,
+                    )
+                    raise KafkaException(
+                        KafkaError(
+                            KafkaError._STATE,
+                            f"offset metadata of partition {partition} would be "
+                            f"{len(metadata)} characters: delivering in order",
+                        )
+                    )
+            self._pending_high[partition] = high if high > base + 1 else 0
+            tp = TopicPartition(self._svc.topic, partition, base)
+            if metadata is not None:
+                tp = TopicPartition(self._svc.topic, partition, base, metadata)
+            out.append(tp)
+        return out
+
+    def committed(self, done: list[Held]) -> None:
+        """The Kafka transaction that delivered ``done`` (with :meth:`positions`) committed."""
+        for held in done:
+            partition = held.partition
+            taken = self._taken.get(partition)
+            if taken is not None:
+                taken.discard(held.offset)
+            restored = self._restored.get(partition)
+            if restored is not None:
+                restored.discard(held.offset)
+                if not restored:
+                    del self._restored[partition]
+        for partition, high in self._pending_high.items():
+            if partition in self._next_offset:
+                self._high[partition] = high
+        self._pending_high = {}
 
     def fetch_again(self, consumer: Consumer, partitions: list[int]) -> None:
         """Fetch ``partitions`` again from where they were taken up to."""
@@ -112,8 +329,9 @@ class Fetcher:
                 self.resume(consumer, TopicPartition(self._svc.topic, partition, expected))
 
     def accept(self, record: Any) -> None:
-        """Keep a fetched record, unless it is stale: of a partition no longer (or newly)
-        assigned and not repositioned yet, or from before the last seek."""
+        """Keep a fetched record, unless it is stale (of a partition no longer (or newly)
+        assigned and not repositioned yet, or from before the last seek) or delivered already
+        (named done in the committed metadata)."""
         error = record.error()
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
@@ -130,15 +348,23 @@ class Fetcher:
             self._svc.dropped += 1
             return
         self._next_offset[partition] = offset + 1
+        if offset < self._high.get(partition, 0) and offset not in self._restored.get(
+            partition, ()
+        ):
+            self._svc.done_before += 1  # delivered out of order before the last restart
+            return
         headers, header_error = read_headers(record)
         held = Held(record, partition, offset, headers, header_error)
-        held.due_ms = self._svc.due_at(held)
+        self._svc.place(held)
         self._held.setdefault(partition, deque()).append(held)
 
     def rewind_all(self) -> None:
         """After a failed transaction: forget what was fetched and read every owned partition
         again from its committed offset."""
-        self._held.clear()
+        for known in (self._held, self._waiting, self._taken, self._high, self._restored):
+            known.clear()
+        self._window.clear()
+        self._blocked.clear()
         for partition in self._next_offset:
             self._next_offset[partition] = None
         self._reposition_after = 0.0
@@ -146,9 +372,10 @@ class Fetcher:
             self.reposition(self._svc._consumer)
 
     def reposition(self, consumer: Consumer) -> None:
-        """Seek the partitions waiting for it to their committed offsets. A partition whose
-        committed offset cannot be read now is paused and waits (nothing of it is taken), so
-        no later batch can commit past what a failed one left undone."""
+        """Seek the partitions waiting for it to their committed offsets (and note which
+        records above it the metadata says are done). A partition whose committed offset
+        cannot be read now is paused and waits (nothing of it is taken), so no later batch can
+        commit past what a failed one left undone."""
         pending = [p for p, expected in self._next_offset.items() if expected is None]
         if not pending or time.monotonic() < self._reposition_after:
             return
@@ -168,10 +395,21 @@ class Fetcher:
         for tp in committed:
             if tp.error is not None or tp.partition not in self._next_offset:
                 continue
-            self._held.pop(tp.partition, None)
+            self._forget(tp.partition)
+            try:
+                high, undone = decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else (0, set())
+            except WireFormatError as exc:
+                # Only this code writes the metadata of this group: unreadable, it cannot be
+                # trusted to say what was delivered, so the partition waits (loudly).
+                logger.error("%s: partition %d: %s", self._svc.name, tp.partition, exc)
+                self.pause([TopicPartition(self._svc.topic, tp.partition)])
+                continue
             start = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             if self.resume(consumer, TopicPartition(self._svc.topic, tp.partition, start)):
                 self._next_offset[tp.partition] = max(tp.offset, 0)
+                if high:
+                    self._high[tp.partition] = high
+                    self._restored[tp.partition] = undone
         if any(expected is None for expected in self._next_offset.values()):
             self._reposition_after = time.monotonic() + _REPOSITION_RETRY_S
 

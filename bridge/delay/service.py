@@ -80,6 +80,9 @@ class FifoDelayService(TransactionalService):
         """Fetched records thrown away to be read again (stale after a rebalance or rewind)."""
         self.duplicates = 0
         """Second copies of one send, consumed without a delivery."""
+        self.done_before = 0
+        """Fetched records skipped because the committed offset metadata says they were
+        delivered already (out of order, before a restart or a failed transaction)."""
         self.fetcher = Fetcher(self)
         self.isolation = Isolation(self)
         self.delivery = Delivery(self)
@@ -184,6 +187,12 @@ class FifoDelayService(TransactionalService):
         """When ``held`` is due, epoch ms: a fixed time after it was stored."""
         return int(held.record.timestamp()[1]) + self.partition_delay_ms(held.partition)
 
+    def place(self, held: Held) -> None:
+        """Set when the fetched ``held`` may leave its place in its partition
+        (:attr:`Held.fifo_ms`) and when it is due (:attr:`Held.due_ms`): both its
+        :meth:`due_at`."""
+        held.fifo_ms = held.due_ms = self.due_at(held)
+
     def deliver(self, held: Held) -> tuple[PreparedRecord, bool]:
         """The real-topic record of a delayed message that is due (built from the envelope's
         fields: no message object on the way, see :func:`delivery_record`)."""
@@ -218,14 +227,25 @@ class TimerService(FifoDelayService):
         return self.policy.tier_delay_ms(partition)
 
     def due_at(self, held: Held) -> int:
-        """Out of its tier, a record close to its time waits here for the exact time rather
-        than another hop (records behind it, FIFO, wait at most the hold window more)."""
+        """Out of its tier, a record close to its time waits in memory for the exact time
+        rather than another hop (in the final window: the records behind it go on)."""
         tier_due = super().due_at(held)
         try:
             deliver_ms = self._deliver_ms(held)
         except RECORD_ERRORS:
             return tier_due  # process() quarantines it
         return self.policy.exit_time_ms(tier_due, deliver_ms)
+
+    def place(self, held: Held) -> None:
+        """A timer may leave its tier partition when its tier wait is over
+        (:attr:`Held.fifo_ms`), and is due then or, within the hold window of its time, at
+        its time (:attr:`Held.due_ms`, :meth:`DelayPolicy.exit_time_ms`)."""
+        held.fifo_ms = held.due_ms = tier_due = super().due_at(held)
+        try:
+            held.exact_ms = self._deliver_ms(held)
+        except RECORD_ERRORS:
+            return  # process() quarantines it
+        held.due_ms = self.policy.exit_time_ms(tier_due, held.exact_ms)
 
     @staticmethod
     def _deliver_ms(held: Held) -> int:
