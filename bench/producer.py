@@ -4,11 +4,18 @@ Baselines, measured in the same run with the same client settings (idempotent, a
 linger 5 ms, murmur2 partitioner):
 * ``raw same record``: confluent-kafka producing exactly the record ours produces (value, key,
   and the ``UNIQ_KEY``/``BORN_HOST``/``TAGS`` headers): the cost of our Python layer;
-* ``raw bare``: confluent-kafka producing the value alone: what our record format costs too.
+* ``raw bare``: confluent-kafka producing the value alone: what our record format costs too;
+* for ``send_batch`` (batches of :data:`BATCH_SIZES` messages): per batch, confluent-kafka
+  producing the same records, then ``flush()`` waiting for every delivery report.
+
+Every raw produce loop waits on a full local queue (``BufferError``: serve reports, retry).
+``BENCH_PRODUCER_MESSAGES`` (100,000) messages per measurement, ``BENCH_PRODUCER_RUNS`` (5)
+interleaved rounds; ``python -m bench producer``.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from typing import Any
@@ -22,9 +29,11 @@ from bridge.message import MessageIdGenerator
 
 RawHeaders = list[tuple[str, str | bytes | None]]
 
-ASYNC_MESSAGES = 100_000
+ASYNC_MESSAGES = int(os.environ.get("BENCH_PRODUCER_MESSAGES", "100000"))
 SYNC_MESSAGES = 1_000
-RUNS = 5
+RUNS = int(os.environ.get("BENCH_PRODUCER_RUNS", "5"))
+BATCH_SIZES = (100, 1_000)
+"""Messages per ``send_batch``."""
 
 
 class _Counter:
@@ -37,6 +46,66 @@ class _Counter:
             self.count += 1
 
 
+def _produce_when_room(
+    raw: RawProducer, topic: str, body: bytes, headers: RawHeaders | None, done: Any
+) -> None:
+    """``raw.produce`` after it raised ``BufferError`` (the local queue is full): serve
+    delivery reports and retry until there is room. The loops call ``produce`` inline and
+    this only on that error, so the baselines pay nothing for it otherwise."""
+    while True:
+        raw.poll(0.01)
+        try:
+            raw.produce(topic, body, headers=headers, on_delivery=done)
+            return
+        except BufferError:
+            continue
+
+
+class _Reports:
+    """Delivery reports of raw batches: served by ``flush()`` on the producing thread."""
+
+    def __init__(self) -> None:
+        self.acked = 0
+        self.failed: list[Any] = []
+
+    def __call__(self, err: Any, _kmsg: Any) -> None:
+        if err is None:
+            self.acked += 1
+        else:
+            self.failed.append(err)
+
+
+def _raw_batches(raw: RawProducer, topic: str, body: bytes, batch: int) -> int:
+    reports = _Reports()
+    ids = MessageIdGenerator()
+    batches = max(ASYNC_MESSAGES // batch, 1)
+    for _ in range(batches):
+        for _ in range(batch):
+            headers: RawHeaders = [
+                ("UNIQ_KEY", ids.next_id().encode()),
+                ("BORN_HOST", b"127.0.0.1"),
+                ("TAGS", b"T"),
+            ]
+            try:
+                raw.produce(topic, body, headers=headers, on_delivery=reports)
+            except BufferError:
+                _produce_when_room(raw, topic, body, headers, reports)
+        raw.flush(60)
+    if reports.acked != batches * batch or reports.failed:
+        raise RuntimeError(f"raw: {reports.acked} of {batches * batch} acknowledged")
+    return batches * batch
+
+
+def _ours_batches(producer: Producer, topic: str, body: bytes, batch: int) -> int:
+    batches = max(ASYNC_MESSAGES // batch, 1)
+    for _ in range(batches):
+        results = producer.send_batch([Message(topic, body, tags="T") for _ in range(batch)])
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            raise RuntimeError(f"ours: {len(failed)} of {batch} failed, {failed[0]}")
+    return batches * batch
+
+
 def _raw_async(raw: RawProducer, topic: str, body: bytes, with_headers: bool) -> int:
     done = _Counter()
     ids = MessageIdGenerator()
@@ -46,12 +115,10 @@ def _raw_async(raw: RawProducer, topic: str, body: bytes, with_headers: bool) ->
             if with_headers
             else None
         )
-        while True:
-            try:
-                raw.produce(topic, body, headers=headers, on_delivery=done)
-                break
-            except BufferError:
-                raw.poll(0.01)
+        try:
+            raw.produce(topic, body, headers=headers, on_delivery=done)
+        except BufferError:
+            _produce_when_room(raw, topic, body, headers, done)
         raw.poll(0)
     raw.flush(60)
     if done.count != ASYNC_MESSAGES:
@@ -78,7 +145,10 @@ def _raw_sync(raw: RawProducer, topic: str, body: bytes) -> int:
             ("BORN_HOST", b"127.0.0.1"),
             ("TAGS", b"T"),
         ]
-        raw.produce(topic, body, headers=headers)
+        try:
+            raw.produce(topic, body, headers=headers)
+        except BufferError:
+            _produce_when_room(raw, topic, body, headers, None)
         raw.flush(10)
     return SYNC_MESSAGES
 
@@ -95,23 +165,34 @@ def _measure_size(raw: RawProducer, producer: Producer, size: int) -> list[Row]:
     # Warm up both clients (connections, idempotent producer id, topic metadata).
     _raw_sync(raw, topic, body)
     _ours_sync(producer, topic, body)
-    rates = interleaved_rates(
-        RUNS,
-        {
-            "raw same": lambda: timed(lambda: _raw_async(raw, topic, body, True)),
-            "raw bare": lambda: timed(lambda: _raw_async(raw, topic, body, False)),
-            "ours": lambda: timed(lambda: _ours_async(producer, topic, body)),
-            "raw sync": lambda: timed(lambda: _raw_sync(raw, topic, body)),
-            "ours sync": lambda: timed(lambda: _ours_sync(producer, topic, body)),
-        },
-    )
+    measures = {
+        "raw same": lambda: timed(lambda: _raw_async(raw, topic, body, True)),
+        "raw bare": lambda: timed(lambda: _raw_async(raw, topic, body, False)),
+        "ours": lambda: timed(lambda: _ours_async(producer, topic, body)),
+        "raw sync": lambda: timed(lambda: _raw_sync(raw, topic, body)),
+        "ours sync": lambda: timed(lambda: _ours_sync(producer, topic, body)),
+    }
+    for batch in BATCH_SIZES:
+        measures[f"raw batch {batch}"] = _bind(_raw_batches, raw, topic, body, batch)
+        measures[f"ours batch {batch}"] = _bind(_ours_batches, producer, topic, body, batch)
+    rates = interleaved_rates(RUNS, measures)
     name = f"send_async {size} B"
     return [
         Row(name, "msg/s", rates["ours"], rates["raw same"], "raw produce, same record"),
         Row(name, "msg/s", rates["ours"], rates["raw bare"], "raw produce, value only"),
+        *(
+            Row(f"send_batch {batch} x {size} B", "msg/s", rates[f"ours batch {batch}"],
+                rates[f"raw batch {batch}"], "raw produce+flush per batch, same records")
+            for batch in BATCH_SIZES
+        ),
         Row(f"send_sync {size} B", "msg/s", rates["ours sync"], rates["raw sync"],
             "raw produce+flush, same record"),
     ]  # fmt: skip
+
+
+def _bind(fn: Any, *args: Any) -> Any:
+    """A measurement of ``fn(*args)`` (a count), timed."""
+    return lambda: timed(lambda: fn(*args))
 
 
 def run(bootstrap: str) -> list[Row]:

@@ -16,9 +16,11 @@ context travels in the message (``docs/tracing.md``). Without it nothing is impo
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -33,6 +35,7 @@ from bridge.client.send_checks import (
 )
 from bridge.client.send_results import (
     AsyncReport,
+    BatchReports,
     OnException,
     OnSuccess,
     SendResult,
@@ -40,10 +43,11 @@ from bridge.client.send_results import (
     SyncWaiter,
     log_oneway_failure,
 )
-from bridge.codec import PreparedRecord, plain_record
+from bridge.codec import PreparedRecord, new_tuple, plain_record
 from bridge.config import ClientConfig
 from bridge.delay.routing import delayed_record, without_delay
 from bridge.errors import (
+    InvalidArgumentError,
     InvalidMessageError,
     InvalidPropertyError,
     KafkaClientError,
@@ -54,7 +58,8 @@ from bridge.errors import (
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_producer, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
-from bridge.message import Message, MessageIdGenerator, local_ipv4
+from bridge.message import Message, MessageConst, MessageIdGenerator, PropertyValue, local_ipv4
+from bridge.observability.metrics import active_metrics
 from bridge.tracing import TraceSpan, inject_trace_context, send_span, tracing_active
 from topics.catalog import SystemTopic
 from topics.naming import validate_user_group
@@ -68,8 +73,38 @@ _REPORTS_EVERY_SENDS = 32
 the GIL around, so serving after every send costs more than the reports themselves."""
 _SYNC_FLUSH_SLICE_S = 0.005
 """A sync send waits in flush() slices this long, seconds (flush skips linger.ms)."""
+_KAFKA_TOPICS_KEPT = 4096
+"""Topics whose Kafka name a producer keeps, at most (the map starts again beyond)."""
+_REPORT_GRACE_S = 1.0
+"""A sync or batch send waits this long past ``send_msg_timeout_ms`` for librdkafka's report
+of a message it failed at that timeout, seconds."""
+_UNIQ_KEY = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+_BORN_HOST = MessageConst.BORN_HOST
+_TAGS = MessageConst.TAGS
+_TRACE_PARENT = MessageConst.TRACE_PARENT
 _NO_SPAN: contextlib.nullcontext[TraceSpan] = contextlib.nullcontext(TraceSpan())
 """What a send runs in without OpenTelemetry (costs nothing)."""
+
+
+def _message_list(msgs: Iterable[Message]) -> list[Message]:
+    """The messages of a batch as a list; :class:`InvalidArgumentError` for one message or
+    something that is not iterable (each item is checked by ``prepare``)."""
+    if type(msgs) is list:
+        return msgs
+    if isinstance(msgs, Message) or not isinstance(msgs, Iterable):
+        raise InvalidArgumentError(
+            f"a batch is an iterable of Messages, got {type(msgs).__name__}"
+            + (" (send one message with send_sync)" if isinstance(msgs, Message) else "")
+        )
+    return list(msgs)
+
+
+def _trace_carrier() -> dict[str, PropertyValue]:
+    """What :func:`bridge.tracing.inject_trace_context` writes into a message now (the
+    current trace context; nothing without a valid current span)."""
+    probe = Message("-", b"-")
+    inject_trace_context(probe)
+    return probe._properties
 
 
 def _span(msg: Message) -> AbstractContextManager[TraceSpan]:
@@ -116,6 +151,8 @@ class Producer(Startable):
         self._max_message_bytes = self.config.max_message_bytes
         self._namespace = self.config.namespace
         self._partition_counts = PartitionCounts(self.config)
+        self._kafka_topics: dict[str, str] = {}
+        """Topic -> Kafka topic of the topics sent to (:meth:`_kafka_topic`)."""
         self._sends_unserved = 0
         """Asynchronous sends since reports were last served (approximate across threads)."""
         self._running = False
@@ -211,7 +248,7 @@ class Producer(Startable):
         if not isinstance(msg, Message):
             raise InvalidMessageError(f"expected a Message, got {type(msg).__name__}")
         inject_trace_context(msg)
-        body = msg.body
+        body = msg._body
         if not body:
             raise InvalidMessageError("the message body length is zero")
         if len(body) > self._max_message_bytes:
@@ -219,25 +256,35 @@ class Producer(Startable):
         topic = msg.topic
         if type(topic) is not str:
             raise InvalidMessageError(f"the topic must be a string, got {type(topic).__name__}")
-        kafka_topic = kafka_topic_for(topic, self._namespace)
+        kafka_topic = self._kafka_topics.get(topic)
+        if kafka_topic is None:
+            kafka_topic = self._kafka_topic(topic)
         if partition != -1:
             self._partition_counts.check(self._kafka, topic, kafka_topic, partition)
         born_ms = time.time_ns() // 1_000_000
         msg_id = self._ids.next_id(born_ms)
         try:
             props, keys, tags = msg._properties, msg._keys, msg.tags
-            if props or keys or (tags and len(tags) > TAGS_ALWAYS_FIT):
-                # Characters are 4 UTF-8 bytes at most: only a block that might be too large
-                # is measured exactly.
-                chars = len(tags or "") + len(keys) + 2 * len(props)
-                for key in keys:
-                    chars += len(key)
-                for name, value in props.items():
-                    chars += len(name) + len(value)
-                if chars * 4 + OWN_HEADERS_BYTES > MAX_PROPERTIES_BYTES:
-                    size = properties_size(msg)
-                    if size > MAX_PROPERTIES_BYTES:
-                        raise properties_too_large(size)
+            if not props and not keys and (not tags or len(tags) <= TAGS_ALWAYS_FIT):
+                # The common case (no properties, so no delay, nor keys), built here: the
+                # record plain_record would build, without its calls.
+                headers = [(_UNIQ_KEY, msg_id.encode()), (_BORN_HOST, self._born_host)]
+                if tags:
+                    headers.append((_TAGS, tags.encode()))
+                return new_tuple(
+                    PreparedRecord, (kafka_topic, None, body, headers, msg_id, born_ms, partition)
+                )
+            # Properties, keys or long tags. Characters are 4 UTF-8 bytes at most: only a
+            # block that might be too large is measured exactly.
+            chars = len(tags or "") + len(keys) + 2 * len(props)
+            for key in keys:
+                chars += len(key)
+            for name, value in props.items():
+                chars += len(name) + len(value)
+            if chars * 4 + OWN_HEADERS_BYTES > MAX_PROPERTIES_BYTES:
+                size = properties_size(msg)
+                if size > MAX_PROPERTIES_BYTES:
+                    raise properties_too_large(size)
             if msg.is_delayed:
                 delayed = delayed_record(
                     msg,
@@ -256,6 +303,89 @@ class Producer(Startable):
             # name what it is. Diagnosing only on failure keeps valid sends free of it.
             msg.check_wire()
             raise
+
+    def _kafka_topic(self, topic: str) -> str:
+        """:func:`kafka_topic_for` (which raises for a topic no message may go to), kept in
+        this producer's own map of the topics it sent to (cheaper than the shared cache)."""
+        kafka_topic = kafka_topic_for(topic, self._namespace)
+        if len(self._kafka_topics) >= _KAFKA_TOPICS_KEPT:
+            self._kafka_topics.clear()
+        self._kafka_topics[topic] = kafka_topic
+        return kafka_topic
+
+    def prepare_batch(self, msgs: Iterable[Message], partition: int = -1) -> list[PreparedRecord]:
+        """:meth:`prepare` for every message of ``msgs``, in order, with what they share done
+        once: the trace context looked up, each topic mapped and its ``partition`` checked,
+        tags encoded, the clock read (every 1,024 messages: records of one batch share their
+        born time). The first message that is not valid raises its typed error (see
+        :meth:`prepare`); nothing is sent here.
+        """
+        batch = _message_list(msgs)
+        if not batch:
+            return []
+        carrier = _trace_carrier()
+        if carrier:  # a valid span is current: its context goes into every message, as one by one
+            for msg in batch:
+                if isinstance(msg, Message) and _TRACE_PARENT not in msg._properties:
+                    for name, value in carrier.items():
+                        msg.put_system_property(name, value)
+        records: list[PreparedRecord] = []
+        append = records.append
+        prepare = self.prepare
+        next_id = self._ids.next_id
+        host = self._born_host
+        max_bytes = self._max_message_bytes
+        kafka_topics = self._kafka_topics
+        last_topic: object = None
+        kafka_topic = ""
+        last_tags: object = None
+        tags_header = ("", b"")
+        checked: set[str] = set()
+        born_ms = 0
+        for index, msg in enumerate(batch):
+            if not index & 1023:
+                born_ms = time.time_ns() // 1_000_000
+            # Anything but a plain message with a body and at most short tags (properties,
+            # keys, a delay, a subclass, a value to refuse) is prepared one by one.
+            if type(msg) is not Message or msg._properties or msg._keys:
+                append(prepare(msg, partition))
+                continue
+            body = msg._body
+            if not body or len(body) > max_bytes:
+                append(prepare(msg, partition))  # raises the error naming the problem
+                continue
+            topic = msg.topic
+            if topic is not last_topic:
+                if type(topic) is not str:
+                    append(prepare(msg, partition))  # raises
+                    continue
+                kafka_topic = kafka_topics.get(topic) or self._kafka_topic(topic)
+                if partition != -1 and topic not in checked:
+                    self._partition_counts.check(self._kafka, topic, kafka_topic, partition)
+                    checked.add(topic)
+                last_topic = topic
+            tags = msg.tags
+            msg_id = next_id(born_ms)
+            if not tags:
+                headers = [(_UNIQ_KEY, msg_id.encode()), (_BORN_HOST, host)]
+            else:
+                if tags is not last_tags:
+                    if type(tags) is not str or len(tags) > TAGS_ALWAYS_FIT:
+                        append(prepare(msg, partition))  # measured, or the error raised
+                        continue
+                    try:
+                        tags_header = (_TAGS, tags.encode())
+                    except UnicodeEncodeError:
+                        append(prepare(msg, partition))  # raises the error naming them
+                        continue
+                    last_tags = tags
+                headers = [(_UNIQ_KEY, msg_id.encode()), (_BORN_HOST, host), tags_header]
+            append(
+                new_tuple(
+                    PreparedRecord, (kafka_topic, None, body, headers, msg_id, born_ms, partition)
+                )
+            )
+        return records
 
     def _ensure_system_topics(self) -> None:
         """Create the system topics (idempotent) before the first record to one of them, so
@@ -387,6 +517,113 @@ class Producer(Startable):
                 results.append((waiter.partition, waiter.offset))
         return results
 
+    def send_batch(
+        self, msgs: Iterable[Message], *, partition: int = -1
+    ) -> list[SendResult | KafkaClientError]:
+        """Send ``msgs`` together and wait once for every acknowledgement; return, in order,
+        each one's :class:`SendResult` or the error it failed with (:class:`SendError`,
+        :class:`SendTimeoutError`, ``BrokerUnreachableError``, ...). RocketMQ's
+        ``send(Collection<Message>)``, with these rules:
+
+        * Every message is checked first (:meth:`prepare_batch`): one that is not valid raises
+          its typed error and none is sent.
+        * The messages may go to several topics, and may be delayed (delay level or timer):
+          each goes where a single send of it goes. (RocketMQ refuses several topics, delays
+          and ``%RETRY%`` topics in a batch because it stores a batch as one message in one
+          queue; here each message is a Kafka record of its own.)
+        * Each message has its own outcome: one that fails does not stop the others. Each is
+          placed by its key as a single send is; ``partition`` puts all of them in that
+          partition (-1: the key decides), in order, as RocketMQ's one queue does.
+        * No bound on the batch's total size (RocketMQ's is ``maxMessageSize``, 4 MiB, the
+          size of its one message): each message is bounded by ``max_message_bytes``, and
+          librdkafka makes its own requests.
+        * Bounded by ``send_msg_timeout_ms``: a message handed to librdkafka is acknowledged
+          or failed within it (plus a second for the report); if librdkafka's local queue
+          stays full that long, that message and those after it fail with
+          :class:`SendTimeoutError` without being sent.
+
+        Transactional messages are sent one by one with
+        ``TransactionMQProducer.send_message_in_transaction``.
+        """
+        if not self._running:
+            self._lifecycle.require_running()
+        batch = _message_list(msgs)
+        if tracing_active():
+            records = []
+            for msg in batch:
+                with send_span(msg) as span:
+                    record = self.prepare(msg, partition)
+                    span.set_attribute("messaging.message.id", record.msg_id)
+                records.append(record)
+        else:
+            records = self.prepare_batch(batch, partition)
+        return self._send_batch(records, [msg.topic for msg in batch])
+
+    def _send_batch(
+        self, records: list[PreparedRecord], topics: list[str]
+    ) -> list[SendResult | KafkaClientError]:
+        """Hand ``records`` (of messages to ``topics``) to librdkafka and wait for their
+        reports: see :meth:`send_batch`."""
+        count = len(records)
+        if not count:
+            return []
+        if not self._system_topics_ready and any(
+            record.kafka_topic in self._system_topics for record in records
+        ):
+            self._ensure_system_topics()
+        timeout_ms = self.config.send_msg_timeout_ms
+        reports = BatchReports(
+            records, topics, time.monotonic() if active_metrics() is not None else None
+        )
+        report, outcomes = reports.report, reports.outcomes
+        produce = self._kafka.produce
+        stalled: SendTimeoutError | None = None
+        self._senders_active = True  # the delivery thread leaves the reports to this one
+        for index, record in enumerate(records):
+            if stalled is not None:
+                outcomes[index] = SendTimeoutError(
+                    f"send of {record.msg_id} to {record.kafka_topic}: not handed to Kafka, "
+                    f"never sent (the local queue stayed full for {timeout_ms} ms)"
+                )
+                continue
+            kafka_topic, key, value, headers, _, born_ms, partition = record
+            callback = functools.partial(report, index)
+            try:
+                produce(
+                    kafka_topic,
+                    value,
+                    key,
+                    partition=partition,
+                    on_delivery=callback,
+                    timestamp=born_ms,
+                    headers=headers,
+                )
+            except BufferError:  # the local queue is full: wait for room, as a single send
+                try:
+                    self._produce(record, partition, callback)
+                except SendTimeoutError as exc:
+                    outcomes[index] = stalled = exc
+                except KafkaClientError as exc:
+                    outcomes[index] = exc
+            except Exception as exc:  # KafkaException: unknown partition, ...
+                outcomes[index] = translate_error(
+                    exc, f"send of {record.msg_id} to {record.kafka_topic}"
+                )
+        # flush() sends at once instead of waiting linger.ms, and serves delivery reports on
+        # this thread (the delivery thread serves some too).
+        flush = self._kafka.flush
+        deadline = time.monotonic() + timeout_ms / 1000 + _REPORT_GRACE_S
+        done = 0
+        while True:
+            done = reports.reported(done)
+            if done == count:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            flush(min(remaining, _SYNC_FLUSH_SLICE_S))
+        return reports.results(timeout_ms)
+
     def send_record_async(self, record: PreparedRecord, partition: int, callback: Any) -> None:
         """Send a prepared record; ``callback(err, kafka_message)`` gets the delivery report."""
         self._lifecycle.require_running()
@@ -410,14 +647,42 @@ class Producer(Startable):
         """
         if not self._running:
             self._lifecycle.require_running()
-        with _span(msg) as span:
+        if tracing_active():
+            with send_span(msg) as span:
+                record = self.prepare(msg, partition)
+                span.set_attribute("messaging.message.id", record.msg_id)
+                self._produce(
+                    record,
+                    record.partition,
+                    AsyncReport(
+                        record.msg_id, msg.topic, record.kafka_topic, on_success, on_exception
+                    ),
+                )
+        else:
             record = self.prepare(msg, partition)
-            span.set_attribute("messaging.message.id", record.msg_id)
-            self._produce(
-                record,
-                record.partition,
-                AsyncReport(record.msg_id, msg.topic, record.kafka_topic, on_success, on_exception),
+            report = AsyncReport.of(
+                record.msg_id,
+                msg.topic,
+                record.kafka_topic,
+                on_success,
+                on_exception,
+                time.monotonic(),
             )
+            if not self._system_topics_ready and record.kafka_topic in self._system_topics:
+                self._ensure_system_topics()
+            try:  # _produce's first attempt, inlined
+                self._kafka.produce(
+                    record.kafka_topic,
+                    record.value,
+                    record.key,
+                    partition=record.partition,
+                    on_delivery=report,
+                    timestamp=record.born_timestamp_ms,
+                    headers=record.headers,
+                )
+                self._senders_active = True
+            except Exception:  # a full queue waited for, or the error translated
+                self._produce(record, record.partition, report)
         self._serve_reports()
         return record.msg_id
 

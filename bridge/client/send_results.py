@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError
 
-from bridge.codec import new_tuple
-from bridge.errors import KafkaClientError
+from bridge.codec import PreparedRecord, new_tuple
+from bridge.errors import KafkaClientError, SendTimeoutError
 from bridge.kafka.clients import translate_error
 from bridge.observability.metrics import active_metrics, message_type
 
@@ -88,45 +88,137 @@ class SyncWaiter:
         self.event.set()
 
 
-class AsyncReport:
-    """The delivery report handler of one ``send_async``.
+class AsyncReport(tuple[str, str, str, OnSuccess | None, OnException | None, float]):
+    """The delivery report handler of one ``send_async``: ``(msg_id, topic, kafka_topic,
+    on_success, on_exception, started)``, called with librdkafka's report.
 
     One small object per message in flight and nothing else: confluent-kafka keeps it until
     the report arrives, and a closure (function, cells, captured record) would keep several
-    objects per message alive for the garbage collector to walk through.
+    objects per message alive for the garbage collector to walk through. A tuple, so the
+    producer builds it in C (:meth:`of`).
     """
 
-    __slots__ = ("kafka_topic", "msg_id", "on_exception", "on_success", "started", "topic")
+    __slots__ = ()
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         msg_id: str,
         topic: str,
         kafka_topic: str,
         on_success: OnSuccess | None,
         on_exception: OnException | None,
-    ) -> None:
-        self.msg_id = msg_id
-        self.topic = topic
-        self.kafka_topic = kafka_topic
-        self.on_success = on_success
-        self.on_exception = on_exception
-        self.started = time.monotonic()
+    ) -> AsyncReport:
+        return new_tuple(
+            cls, (msg_id, topic, kafka_topic, on_success, on_exception, time.monotonic())
+        )
+
+    @staticmethod
+    def of(  # noqa: PLR0917 - the handler's fields, in order
+        msg_id: str,
+        topic: str,
+        kafka_topic: str,
+        on_success: OnSuccess | None,
+        on_exception: OnException | None,
+        started: float,
+    ) -> AsyncReport:
+        """The handler, built without a Python-level constructor (``started``: when the
+        send began, monotonic s, for ``rocketmq_send_cost_time``)."""
+        return new_tuple(
+            AsyncReport, (msg_id, topic, kafka_topic, on_success, on_exception, started)
+        )
 
     def __call__(self, err: KafkaError | None, kmsg: Any) -> None:
-        record_send(self.started, err, kmsg)
+        msg_id, topic, kafka_topic, on_success, on_exception, started = self
+        if active_metrics() is not None:
+            record_send(started, err, kmsg)
         try:
             if err is not None:
-                error = translate_error(err, f"send of {self.msg_id} to {self.kafka_topic}")
-                if self.on_exception is not None:
-                    self.on_exception(error)
+                error = translate_error(err, f"send of {msg_id} to {kafka_topic}")
+                if on_exception is not None:
+                    on_exception(error)
                 else:
                     logger.warning("async send failed: %s", error)
-            elif self.on_success is not None:
-                stored = (SendStatus.SEND_OK, self.msg_id, kmsg.offset(), self.topic)
-                self.on_success(new_tuple(SendResult, (*stored, kmsg.partition())))
+            elif on_success is not None:
+                on_success(
+                    new_tuple(
+                        SendResult,
+                        (SendStatus.SEND_OK, msg_id, kmsg.offset(), topic, kmsg.partition()),
+                    )
+                )
         except Exception:
-            logger.exception("send callback for %s raised", self.msg_id)
+            logger.exception("send callback for %s raised", msg_id)
+
+
+class BatchReports:
+    """The delivery reports of one ``send_batch``, each stored at its message's index.
+
+    A report handler per message is ``functools.partial(reports.report, index)``: one small
+    C object, and the batch's shared state (ids, topics) is kept once here.
+    """
+
+    __slots__ = ("outcomes", "records", "started", "topics")
+
+    def __init__(
+        self, records: Sequence[PreparedRecord], topics: Sequence[str], started: float | None
+    ) -> None:
+        self.records = records
+        self.topics = topics
+        """The topics the messages were sent to, as the caller named them."""
+        self.started = started
+        """When the batch was handed over, monotonic s, when metrics record send costs."""
+        self.outcomes: list[SendResult | KafkaError | KafkaClientError | None] = [None] * len(
+            records
+        )
+        """Per message: its result, librdkafka's error, a refusal before librdkafka took it,
+        or None while no report came."""
+
+    def report(self, index: int, err: KafkaError | None, kmsg: Any) -> None:
+        """The delivery report of message ``index``."""
+        if self.started is not None:
+            record_send(self.started, err, kmsg)
+        if err is None:
+            self.outcomes[index] = new_tuple(
+                SendResult,
+                (
+                    SendStatus.SEND_OK,
+                    self.records[index].msg_id,
+                    kmsg.offset(),
+                    self.topics[index],
+                    kmsg.partition(),
+                ),
+            )
+        else:
+            self.outcomes[index] = err
+
+    def reported(self, start: int) -> int:
+        """The index of the first message from ``start`` on without an outcome (the count
+        when every one has one)."""
+        outcomes = self.outcomes
+        count = len(outcomes)
+        while start < count and outcomes[start] is not None:
+            start += 1
+        return start
+
+    def results(self, timeout_ms: int) -> list[SendResult | KafkaClientError]:
+        """Each message's :class:`SendResult` or error, in order; a message without a report
+        fails with :class:`SendTimeoutError` (no acknowledgement within ``timeout_ms``)."""
+        out: list[SendResult | KafkaClientError] = []
+        for index, outcome in enumerate(self.outcomes):
+            if isinstance(outcome, SendResult | KafkaClientError):
+                out.append(outcome)
+                continue
+            record = self.records[index]
+            context = f"send of {record.msg_id} to {record.kafka_topic}"
+            if outcome is None:
+                out.append(
+                    SendTimeoutError(
+                        f"{context}: no acknowledgement within {timeout_ms} ms (it may still "
+                        "be delivered)"
+                    )
+                )
+            else:
+                out.append(translate_error(outcome, context))
+        return out
 
 
 def log_oneway_failure(err: KafkaError | None, kmsg: Any) -> None:
