@@ -27,6 +27,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from bridge.client.producer import Producer, SendStatus
+from bridge.client.send_checks import PartitionCounts, kafka_topic_for
 from bridge.codec import PreparedRecord, decode_envelope, encode_envelope
 from bridge.config import ClientConfig
 from bridge.errors import IllegalStateError, InvalidArgumentError, WireFormatError
@@ -40,6 +41,7 @@ from bridge.transaction.model import (
     TransactionListener,
     TransactionStatus,
 )
+from bridge.transaction.sender import HalfSender
 from topics.catalog import SystemTopic, TopicCatalog
 from topics.naming import transaction_check_group, validate_user_group
 
@@ -116,10 +118,14 @@ class TransactionMQProducer(Startable):
             )
         self.group = group
         self.listener = listener
+        # Checks and builds each message (never started: the half messages and end requests
+        # go through the sender below).
         self._producer = Producer(
             group, bootstrap_servers=bootstrap_servers, namespace=namespace, config=config
         )
         self.config = self._producer.config
+        self._sender = HalfSender(self.config, group)
+        self._partition_counts = PartitionCounts(self.config)
         # The check consumers' group is <namespace>.transaction-check.<group>: the group name
         # must not be one of the bridge's own.
         validate_user_group(group, self.config.namespace)
@@ -174,10 +180,14 @@ class TransactionMQProducer(Startable):
         self._require_listener()
         self._lifecycle.transition(ServiceState.RUNNING)
         try:
-            TopicAdmin(self.config).ensure_topics(
-                [self.catalog.check_topic_spec(self.group, self._check_partitions)]
+            admin = TopicAdmin(self.config)
+            admin.ensure_topics([self.catalog.check_topic_spec(self.group, self._check_partitions)])
+            # Any HALF partition count works for writing; the coordinator owns that choice.
+            admin.ensure_topics(
+                [self.catalog.spec(SystemTopic.HALF), self.catalog.spec(SystemTopic.OP)],
+                strict=False,
             )
-            self._producer.start()
+            self._sender.start()
         except BaseException:
             self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
             raise
@@ -244,6 +254,7 @@ class TransactionMQProducer(Startable):
                 timeout,
                 ", ".join(f"{tid} {state}" for tid, state in abandoned),
             )
+        self._sender.shutdown(timeout)
         self._producer.shutdown(timeout)
         self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
 
@@ -263,8 +274,16 @@ class TransactionMQProducer(Startable):
         """
         listener = self._require_listener()
         self._lifecycle.require_running()
-        # Validates topic, body, size and the partition's range; assigns the id.
+        # Validates topic, body and size; assigns the id. Then the partition's range, from the
+        # sender's metadata.
         prepared = self._producer.prepare(msg, partition)
+        if partition != -1:
+            self._partition_counts.check(
+                self._sender.kafka,
+                msg.topic,
+                kafka_topic_for(msg.topic, self.config.namespace),
+                partition,
+            )
         tid = prepared.msg_id
         props = dict(msg.wire_properties())
         props.pop(MessageConst.DELAY_TIME_LEVEL, None)
@@ -284,7 +303,7 @@ class TransactionMQProducer(Startable):
         half = PreparedRecord(
             self._half_topic, tid.encode(), envelope, [], tid, prepared.born_timestamp_ms
         )
-        half_partition, half_offset = self._producer.send_record_sync(half)
+        half_partition, half_offset = self._sender.send_sync(half, half.partition)
         logger.debug("transaction %s: half stored at %d@%d", tid, half_partition, half_offset)
 
         ext = decode_envelope(envelope, msg.topic)
@@ -317,7 +336,7 @@ class TransactionMQProducer(Startable):
                 # Not lost: the coordinator checks the transaction back.
                 logger.warning("transaction %s: end request not stored (%s)", tid, err.str())
 
-        self._producer.send_record_async(record, half_partition, delivered)
+        self._sender.send_async(record, half_partition, delivered)
 
     # --- check-back ---------------------------------------------------------------------------
     def _check_loop(self) -> None:
