@@ -161,24 +161,40 @@ def kafka_options(
     return options
 
 
+_HEADERS_AS_STRINGS = "array<struct<key:string,value:string>>"
+"""Kafka headers with their values as (UTF-8) strings: one cast, compiled with the rest of
+the projection (a ``transform`` lambda is evaluated row by row, outside Spark's generated
+code)."""
+
+
 def header_map(headers: Column) -> Column:
-    """Kafka headers (array of key/binary value) as a map of strings."""
-    return F.map_from_entries(
-        F.transform(
-            F.coalesce(headers, F.array()),
-            lambda h: F.struct(h["key"].alias("key"), h["value"].cast("string").alias("value")),
-        )
-    )
+    """Kafka headers (array of key/binary value) as a map of strings (a repeated name: the
+    last one wins, ``spark.sql.mapKeyDedupPolicy``)."""
+    return F.map_from_entries(F.coalesce(headers, F.array()).cast(_HEADERS_AS_STRINGS))
 
 
 def decode_messages(records: DataFrame) -> DataFrame:
     """Kafka source rows as messages: ``msg_id`` (``UNIQ_KEY``, else topic-partition-offset),
     ``topic``, ``partition``, ``offset``, ``key``, ``body``, ``tags``, ``keys``, ``properties``
     (the user's and system ones), ``born_host``, ``born_timestamp`` and ``store_timestamp``
-    (the record time when the topic stores append times), ``ingested_at``."""
-    props = header_map(F.col("headers"))
+    (the record time when the topic stores append times), ``ingested_at``.
+
+    The header map is built once per row, in a projection of its own (Spark keeps it apart
+    rather than building it again for each column that reads it); only ``properties`` needs a
+    lambda (``map_filter``), evaluated outside Spark's generated code."""
+    props = F.col("_props")
     create_time = F.col("timestampType") == F.lit(0)
-    return records.select(
+    with_props = records.select(
+        F.col("topic"),
+        F.col("partition"),
+        F.col("offset"),
+        F.col("key"),
+        F.col("value"),
+        F.col("timestamp"),
+        F.col("timestampType"),
+        header_map(F.col("headers")).alias("_props"),
+    )
+    return with_props.select(
         F.coalesce(
             props[HEADER_MSG_ID],
             F.concat_ws("-", F.col("topic"), F.col("partition"), F.col("offset")),
