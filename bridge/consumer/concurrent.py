@@ -10,7 +10,9 @@ result ignored.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from typing import ClassVar, Final, cast
 
@@ -21,6 +23,7 @@ from bridge.consumer.consumption import (
     record_failure,
     status_failure,
 )
+from bridge.consumer.context import ConsumerContext
 from bridge.consumer.counters import Count
 from bridge.consumer.model import (
     ConsumeConcurrentlyContext,
@@ -31,12 +34,14 @@ from bridge.consumer.model import (
     checked_delay_level,
 )
 from bridge.consumer.process_queue import ProcessQueue
+from bridge.consumer.quarantine import Quarantine
 from bridge.message import MessageExt
 
 logger = logging.getLogger(__name__)
 
 _MAX_REQUESTS_PER_TASK: Final = 64
-"""Most consume requests one pool task runs in a row."""
+"""Most consume requests in one chunk of the backlog (a pool task runs a chunk's requests in a
+row, then sends its failed messages back together)."""
 _EXPIRY_CHECK_S: Final = 1.0
 """How often, at most, messages in listeners are checked against ``consume_timeout``, s."""
 _CONSUME_TIMEOUT_DELAY_LEVEL: Final = 3
@@ -54,10 +59,25 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
     _next_expiry_check = 0.0
     """When :meth:`expire_overdue` looks next (monotonic seconds)."""
 
+    def __init__(self, context: ConsumerContext, quarantine: Quarantine) -> None:
+        super().__init__(context, quarantine)
+        self._backlog: deque[tuple[ProcessQueue, list[list[MessageExt]]]] = deque()
+        """Chunks of consume requests not taken by a pool thread yet, oldest first."""
+        self._drainers = 0
+        """Pool tasks taking chunks from the backlog now (at most ``consume_thread_count``)."""
+        self._drainers_lock = threading.Lock()
+
     def submit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         """Cut ``msgs`` into consume requests (up to ``consume_message_batch_max_size``
-        messages of one topic each) and hand them to the pool in chunks: the pool's cost is
-        paid per chunk, and chunks stay small enough to keep every thread busy."""
+        messages of one topic each), in chunks small enough to keep every thread busy, and
+        queue the chunks for the pool threads.
+
+        A pool task takes chunks one after another until none is left, so a thread goes on
+        with the next chunk without waiting to be handed it (with the GIL, every hand-over
+        between threads costs a switch interval, 5 ms, when the others are busy: a task per
+        chunk made the poll thread and the listeners wait for each other); tasks are added
+        while there are more chunks waiting than tasks taking them, up to
+        ``consume_thread_count``."""
         settings = self._context.settings
         size = settings.consume_message_batch_max_size
         requests: list[list[MessageExt]] = []
@@ -70,9 +90,46 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         if batch:
             requests.append(batch)
         per_task = min(_MAX_REQUESTS_PER_TASK, -(-len(requests) // settings.consume_thread_count))
-        pool = self._context.pool
+        backlog = self._backlog
         for i in range(0, len(requests), per_task):
-            pool.submit(self._consume_requests, pq, requests[i : i + per_task])
+            backlog.append((pq, requests[i : i + per_task]))
+        self._add_drainers()
+
+    def _add_drainers(self) -> None:
+        """Start pool tasks for the chunks waiting, up to ``consume_thread_count`` running."""
+        limit = self._context.settings.consume_thread_count
+        with self._drainers_lock:
+            added = min(limit - self._drainers, len(self._backlog))
+            if added <= 0:
+                return
+            self._drainers += added
+        pool = self._context.pool
+        for started in range(added):
+            try:
+                pool.submit(self._drain)
+            except BaseException:  # the pool is shut down: the consumer stops
+                with self._drainers_lock:
+                    self._drainers -= added - started
+                raise
+
+    def _drain(self) -> None:
+        """A pool task: run the backlog's chunks, oldest first, until none is left."""
+        backlog = self._backlog
+        try:
+            while True:
+                try:
+                    pq, requests = backlog.popleft()
+                except IndexError:
+                    with self._drainers_lock:
+                        if backlog:
+                            continue  # queued after the look: submit() counted this task
+                        self._drainers -= 1
+                        return
+                self._consume_requests(pq, requests)
+        except BaseException:  # pragma: no cover - _consume_requests handles what it can
+            with self._drainers_lock:
+                self._drainers -= 1
+            raise
 
     def _redeliver(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         self.submit(pq, msgs)

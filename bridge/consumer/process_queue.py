@@ -61,7 +61,10 @@ class ProcessQueue:
         """By offset, in offset order (see :meth:`put`)."""
         self._bytes = 0
         self._highest = -1
-        self._lock = threading.Condition()
+        self._mutex = threading.RLock()
+        """Guards the state; taken directly (a C call) on the paths every message takes."""
+        self._lock = threading.Condition(self._mutex)
+        """The same lock, to wait on (:meth:`wait_idle`) and for :attr:`lock`."""
         self._running = 0
         self._in_call: dict[int, _Held] = {}
         """Held messages a listener call is running, by offset."""
@@ -88,7 +91,7 @@ class ProcessQueue:
         """Hold ``msgs``; ``pending`` also queues them for an orderly task. ``sizes`` are their
         sizes in bytes (default: :func:`message_size`), ``records`` what :meth:`record_of`
         returns for them."""
-        with self._lock:
+        with self._mutex:
             held = self._held
             last = next(reversed(held)) if held else -1
             for i, msg in enumerate(msgs):
@@ -109,12 +112,12 @@ class ProcessQueue:
 
     def skip(self, offset: int) -> None:
         """Record an offset that needs no work (filtered out, quarantined)."""
-        with self._lock:
+        with self._mutex:
             self._highest = max(self._highest, offset)
 
     def remove(self, offsets: Iterable[int]) -> None:
         """Mark messages done."""
-        with self._lock:
+        with self._mutex:
             for offset in offsets:
                 held = self._held.pop(offset, None)
                 if held is not None:
@@ -123,12 +126,12 @@ class ProcessQueue:
 
     def holds(self, offset: int) -> bool:
         """True if the message at ``offset`` is held (received and not done)."""
-        with self._lock:
+        with self._mutex:
             return offset in self._held
 
     def record_of(self, offset: int) -> object:
         """The record given to :meth:`put` with the message at ``offset``; None if none."""
-        with self._lock:
+        with self._mutex:
             held = self._held.get(offset)
             return held.record if held is not None else None
 
@@ -136,7 +139,7 @@ class ProcessQueue:
         """A copy of the message at ``offset`` was refused for a reason that will not go away
         (too large, not authorized, ...): how many times so far, this one included; 0 if the
         message is not held (done meanwhile)."""
-        with self._lock:
+        with self._mutex:
             held = self._held.get(offset)
             if held is None:
                 return 0
@@ -145,7 +148,7 @@ class ProcessQueue:
 
     def commit_offset(self) -> int | None:
         """The offset to commit (the next to read), or None if nothing was received."""
-        with self._lock:
+        with self._mutex:
             if self._held:
                 return next(iter(self._held))
             return self._highest + 1 if self._highest >= 0 else None
@@ -168,7 +171,7 @@ class ProcessQueue:
     def start(self, call: object, msgs: Iterable[MessageExt], now: float) -> None:
         """``call`` (any object that identifies one listener call) runs ``msgs`` from ``now``
         (monotonic seconds)."""
-        with self._lock:
+        with self._mutex:
             for msg in msgs:
                 held = self._held.get(msg.queue_offset)
                 if held is not None:
@@ -191,7 +194,7 @@ class ProcessQueue:
     def _end_call(self, call: object, msgs: Iterable[MessageExt]) -> list[MessageExt]:
         """Detach from ``call`` the messages of ``msgs`` it still runs; return them, in the
         order given (none once the queue is released)."""
-        with self._lock:
+        with self._mutex:
             ended: list[MessageExt] = []
             for msg in msgs:
                 held = self._held.get(msg.queue_offset)
@@ -207,7 +210,7 @@ class ProcessQueue:
         """Messages whose listener call started more than ``timeout_s`` before ``now``
         (monotonic seconds), oldest offset first; they are taken from their calls, so those
         calls' results for them will not count. They stay held."""
-        with self._lock:
+        with self._mutex:
             late = sorted(
                 (o for o, h in self._in_call.items() if now - h.since > timeout_s),
             )
@@ -218,7 +221,7 @@ class ProcessQueue:
     # --- running work ---------------------------------------------------------------------
     def begin(self) -> bool:
         """Count a listener task as running; False (and nothing counted) once dropped."""
-        with self._lock:
+        with self._mutex:
             if self.dropped:
                 return False
             self._running += 1
@@ -238,12 +241,12 @@ class ProcessQueue:
 
     def drop(self) -> None:
         """Start no new work (revoked, or the consumer stops)."""
-        with self._lock:
+        with self._mutex:
             self.dropped = True
 
     def release(self) -> None:
         """The consumer gave the partition up: results of calls still running are ignored."""
-        with self._lock:
+        with self._mutex:
             self.dropped = True
             self.released = True
 
@@ -271,16 +274,16 @@ class ProcessQueue:
 
     def take(self, count: int) -> list[MessageExt]:
         """Up to ``count`` pending messages, oldest first (orderly)."""
-        with self._lock:
+        with self._mutex:
             n = min(count, len(self._pending))
             return [self._pending.popleft() for _ in range(n)]
 
     def enqueue(self, msgs: Iterable[MessageExt]) -> None:
         """Queue held messages for an orderly task, in order (see :meth:`put`)."""
-        with self._lock:
+        with self._mutex:
             self._pending.extend(msgs)
 
     def put_back(self, msgs: list[MessageExt]) -> None:
         """Return messages taken by :meth:`take` to the head, in order (orderly retry)."""
-        with self._lock:
+        with self._mutex:
             self._pending.extendleft(reversed(msgs))
