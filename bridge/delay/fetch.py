@@ -197,7 +197,6 @@ class Fetcher:
         for partition, held in list(self._held.items()):
             self._blocked.discard(partition)
             waiting = self._waiting.setdefault(partition, set())
-            lowest = min(waiting, default=None)
             # Offsets the committed metadata names not done: those below the head are in the
             # window or taken in this pass; the others count in the metadata still.
             restored = sorted(self._restored.get(partition, ()))
@@ -221,14 +220,11 @@ class Fetcher:
                     head.due_ms = due_ms
                     heapq.heappush(window, (due_ms, partition, head.offset, head))
                     waiting.add(head.offset)
-                    if lowest is None or head.offset < lowest:
-                        lowest = head.offset
-                elif (
-                    lowest is not None
-                    and lowest < head.offset
-                    and len(waiting) + len(restored) - passed >= _OUT_OF_ORDER_MAX
-                ):
-                    self._blocked.add(partition)  # in order until the window drains
+                elif waiting and len(waiting) + len(restored) - passed >= _OUT_OF_ORDER_MAX:
+                    # Taking it past the window's records (all came out of this partition
+                    # before it, so lie below it) would name too many not done in the offset
+                    # metadata: in order until the window drains.
+                    self._blocked.add(partition)
                     break
                 else:
                     out.append(head)
