@@ -6,7 +6,9 @@ send never duplicates a record. Every send is bounded by ``send_msg_timeout_ms``
 :meth:`Producer.prepare` checks what can be checked before sending, each with a typed error
 naming the problem: argument types and text that is not valid Unicode, delays, the body size
 and the size of properties, keys and tags, Kafka's internal and the bridge's system topics,
-and an explicit partition against the topic's partition count.
+and an explicit partition against the topic's partition count. :meth:`Producer.send_batch`
+(RocketMQ's batch send) checks every message of a batch first (:meth:`Producer.prepare_batch`,
+which does what the messages share once), then hands them all to librdkafka and waits once.
 
 Tracing: a send runs in an OpenTelemetry ``<topic> send`` span when ``opentelemetry-api`` is
 installed (the ``otel`` extra) and the message carries no ``traceparent`` yet; the span's
@@ -20,7 +22,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -99,6 +101,17 @@ def _message_list(msgs: Iterable[Message]) -> list[Message]:
     return list(msgs)
 
 
+def _encodable(text: str) -> bool:
+    """True if ``text`` encodes as UTF-8 (no lone surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _trace_carrier() -> dict[str, PropertyValue]:
     """What :func:`bridge.tracing.inject_trace_context` writes into a message now (the
     current trace context; nothing without a valid current span)."""
@@ -114,7 +127,8 @@ def _span(msg: Message) -> AbstractContextManager[TraceSpan]:
 
 
 class Producer(Startable):
-    """Sends messages to real topics: ``send_sync``, ``send_async`` and ``send_oneway``.
+    """Sends messages to real topics: ``send_sync``, ``send_async``, ``send_oneway`` and
+    ``send_batch``.
 
     ``Producer("group", bootstrap_servers="host:9092")`` or ``Producer("group",
     config=ClientConfig.from_env())``; keyword arguments win over ``config``. Call
@@ -321,6 +335,12 @@ class Producer(Startable):
         :meth:`prepare`); nothing is sent here.
         """
         batch = _message_list(msgs)
+        return list(self._records(batch, self._check_batch(batch, partition), partition))
+
+    def _check_batch(self, batch: list[Message], partition: int) -> list[PreparedRecord | None]:
+        """Check every message of ``batch`` as :meth:`prepare` does, raising the first typed
+        error; per message, None for a plain message (a body, at most short tags) that
+        :meth:`_records` builds, else the record :meth:`prepare` built for it."""
         if not batch:
             return []
         carrier = _trace_carrier()
@@ -329,35 +349,27 @@ class Producer(Startable):
                 if isinstance(msg, Message) and _TRACE_PARENT not in msg._properties:
                     for name, value in carrier.items():
                         msg.put_system_property(name, value)
-        records: list[PreparedRecord] = []
-        append = records.append
+        prepared: list[PreparedRecord | None] = [None] * len(batch)
         prepare = self.prepare
-        next_id = self._ids.next_id
-        host = self._born_host
         max_bytes = self._max_message_bytes
         kafka_topics = self._kafka_topics
         last_topic: object = None
-        kafka_topic = ""
         last_tags: object = None
-        tags_header = ("", b"")
         checked: set[str] = set()
-        born_ms = 0
         for index, msg in enumerate(batch):
-            if not index & 1023:
-                born_ms = time.time_ns() // 1_000_000
-            # Anything but a plain message with a body and at most short tags (properties,
-            # keys, a delay, a subclass, a value to refuse) is prepared one by one.
+            # Anything else (properties, keys, a delay, a subclass, a value to refuse) is
+            # prepared one by one; prepare raises the error naming a problem.
             if type(msg) is not Message or msg._properties or msg._keys:
-                append(prepare(msg, partition))
+                prepared[index] = prepare(msg, partition)
                 continue
             body = msg._body
             if not body or len(body) > max_bytes:
-                append(prepare(msg, partition))  # raises the error naming the problem
+                prepared[index] = prepare(msg, partition)
                 continue
             topic = msg.topic
             if topic is not last_topic:
                 if type(topic) is not str:
-                    append(prepare(msg, partition))  # raises
+                    prepared[index] = prepare(msg, partition)
                     continue
                 kafka_topic = kafka_topics.get(topic) or self._kafka_topic(topic)
                 if partition != -1 and topic not in checked:
@@ -365,27 +377,50 @@ class Producer(Startable):
                     checked.add(topic)
                 last_topic = topic
             tags = msg.tags
+            if tags and tags is not last_tags:
+                if type(tags) is not str or len(tags) > TAGS_ALWAYS_FIT or not _encodable(tags):
+                    prepared[index] = prepare(msg, partition)  # measured, or refused
+                    continue
+                last_tags = tags
+        return prepared
+
+    def _records(
+        self, batch: list[Message], prepared: list[PreparedRecord | None], partition: int
+    ) -> Iterator[PreparedRecord]:
+        """The record of each message of a checked batch (:meth:`_check_batch`), in order,
+        each built when asked for: a batch being sent never holds all its records at once,
+        for the garbage collector to walk through again and again."""
+        next_id = self._ids.next_id
+        host = self._born_host
+        kafka_topics = self._kafka_topics
+        last_topic: object = None
+        kafka_topic = ""
+        last_tags: object = None
+        tags_header = ("", b"")
+        born_ms = 0
+        for index, msg in enumerate(batch):
+            if not index & 1023:
+                born_ms = time.time_ns() // 1_000_000
+            record = prepared[index]
+            if record is not None:
+                yield record
+                continue
+            topic = msg.topic
+            if topic is not last_topic:
+                kafka_topic = kafka_topics.get(topic) or self._kafka_topic(topic)
+                last_topic = topic
+            tags = msg.tags
             msg_id = next_id(born_ms)
             if not tags:
                 headers = [(_UNIQ_KEY, msg_id.encode()), (_BORN_HOST, host)]
             else:
                 if tags is not last_tags:
-                    if type(tags) is not str or len(tags) > TAGS_ALWAYS_FIT:
-                        append(prepare(msg, partition))  # measured, or the error raised
-                        continue
-                    try:
-                        tags_header = (_TAGS, tags.encode())
-                    except UnicodeEncodeError:
-                        append(prepare(msg, partition))  # raises the error naming them
-                        continue
+                    tags_header = (_TAGS, tags.encode())
                     last_tags = tags
                 headers = [(_UNIQ_KEY, msg_id.encode()), (_BORN_HOST, host), tags_header]
-            append(
-                new_tuple(
-                    PreparedRecord, (kafka_topic, None, body, headers, msg_id, born_ms, partition)
-                )
+            yield new_tuple(
+                PreparedRecord, (kafka_topic, None, msg._body, headers, msg_id, born_ms, partition)
             )
-        return records
 
     def _ensure_system_topics(self) -> None:
         """Create the system topics (idempotent) before the first record to one of them, so
@@ -549,70 +584,70 @@ class Producer(Startable):
             self._lifecycle.require_running()
         batch = _message_list(msgs)
         if tracing_active():
-            records = []
+            prepared: list[PreparedRecord | None] = []
             for msg in batch:
                 with send_span(msg) as span:
                     record = self.prepare(msg, partition)
                     span.set_attribute("messaging.message.id", record.msg_id)
-                records.append(record)
+                prepared.append(record)
         else:
-            records = self.prepare_batch(batch, partition)
-        return self._send_batch(records, [msg.topic for msg in batch])
+            prepared = self._check_batch(batch, partition)
+        return self._send_batch(batch, prepared, partition)
 
     def _send_batch(
-        self, records: list[PreparedRecord], topics: list[str]
+        self, batch: list[Message], prepared: list[PreparedRecord | None], partition: int
     ) -> list[SendResult | KafkaClientError]:
-        """Hand ``records`` (of messages to ``topics``) to librdkafka and wait for their
-        reports: see :meth:`send_batch`."""
-        count = len(records)
-        if not count:
+        """Hand the records of ``batch`` (checked: ``prepared``) to librdkafka and wait for
+        their reports: see :meth:`send_batch`."""
+        if not batch:
             return []
         if not self._system_topics_ready and any(
-            record.kafka_topic in self._system_topics for record in records
+            record is not None and record.kafka_topic in self._system_topics for record in prepared
         ):
             self._ensure_system_topics()
         timeout_ms = self.config.send_msg_timeout_ms
-        reports = BatchReports(
-            records, topics, time.monotonic() if active_metrics() is not None else None
-        )
+        reports = BatchReports(batch, time.monotonic() if active_metrics() is not None else None)
         report, outcomes = reports.report, reports.outcomes
+        msg_ids, kafka_topics = reports.msg_ids, reports.kafka_topics
         produce = self._kafka.produce
+        partial = functools.partial
         stalled: SendTimeoutError | None = None
         self._senders_active = True  # the delivery thread leaves the reports to this one
-        for index, record in enumerate(records):
+        for index, record in enumerate(self._records(batch, prepared, partition)):
+            kafka_topic, key, value, headers, msg_id, born_ms, record_partition = record
+            msg_ids[index] = msg_id
+            kafka_topics[index] = kafka_topic
             if stalled is not None:
                 outcomes[index] = SendTimeoutError(
-                    f"send of {record.msg_id} to {record.kafka_topic}: not handed to Kafka, "
-                    f"never sent (the local queue stayed full for {timeout_ms} ms)"
+                    f"send of {msg_id} to {kafka_topic}: not handed to Kafka, never sent (the "
+                    f"local queue stayed full for {timeout_ms} ms)"
                 )
                 continue
-            kafka_topic, key, value, headers, _, born_ms, partition = record
-            callback = functools.partial(report, index)
+            callback = partial(report, index)
             try:
                 produce(
                     kafka_topic,
                     value,
                     key,
-                    partition=partition,
+                    partition=record_partition,
                     on_delivery=callback,
                     timestamp=born_ms,
                     headers=headers,
                 )
             except BufferError:  # the local queue is full: wait for room, as a single send
                 try:
-                    self._produce(record, partition, callback)
+                    self._produce(record, record_partition, callback)
                 except SendTimeoutError as exc:
                     outcomes[index] = stalled = exc
                 except KafkaClientError as exc:
                     outcomes[index] = exc
             except Exception as exc:  # KafkaException: unknown partition, ...
-                outcomes[index] = translate_error(
-                    exc, f"send of {record.msg_id} to {record.kafka_topic}"
-                )
+                outcomes[index] = translate_error(exc, f"send of {msg_id} to {kafka_topic}")
         # flush() sends at once instead of waiting linger.ms, and serves delivery reports on
         # this thread (the delivery thread serves some too).
         flush = self._kafka.flush
         deadline = time.monotonic() + timeout_ms / 1000 + _REPORT_GRACE_S
+        count = len(batch)
         done = 0
         while True:
             done = reports.reported(done)

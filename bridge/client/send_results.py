@@ -8,13 +8,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from confluent_kafka import KafkaError
 
-from bridge.codec import PreparedRecord, new_tuple
+from bridge.codec import new_tuple
 from bridge.errors import KafkaClientError, SendTimeoutError
 from bridge.kafka.clients import translate_error
+from bridge.message import Message
 from bridge.observability.metrics import active_metrics, message_type
 
 logger = logging.getLogger(__name__)
@@ -153,40 +154,34 @@ class BatchReports:
     """The delivery reports of one ``send_batch``, each stored at its message's index.
 
     A report handler per message is ``functools.partial(reports.report, index)``: one small
-    C object, and the batch's shared state (ids, topics) is kept once here.
+    C object. A report stores two numbers (partition, offset), not a result object: a batch
+    in flight holds as few objects as it can for the garbage collector to walk through.
     """
 
-    __slots__ = ("outcomes", "records", "started", "topics")
+    __slots__ = ("kafka_topics", "msg_ids", "msgs", "outcomes", "partitions", "started")
 
-    def __init__(
-        self, records: Sequence[PreparedRecord], topics: Sequence[str], started: float | None
-    ) -> None:
-        self.records = records
-        self.topics = topics
-        """The topics the messages were sent to, as the caller named them."""
+    def __init__(self, msgs: Sequence[Message], started: float | None) -> None:
+        count = len(msgs)
+        self.msgs = msgs
+        """The messages sent, for the topics as the caller named them."""
+        self.msg_ids = [""] * count
+        self.kafka_topics = [""] * count
+        """Where each record went (set as it is handed over)."""
         self.started = started
         """When the batch was handed over, monotonic s, when metrics record send costs."""
-        self.outcomes: list[SendResult | KafkaError | KafkaClientError | None] = [None] * len(
-            records
-        )
-        """Per message: its result, librdkafka's error, a refusal before librdkafka took it,
-        or None while no report came."""
+        self.outcomes: list[int | KafkaError | KafkaClientError | None] = [None] * count
+        """Per message: its offset once stored, librdkafka's error, a refusal before
+        librdkafka took it, or None while no report came."""
+        self.partitions = [-1] * count
 
     def report(self, index: int, err: KafkaError | None, kmsg: Any) -> None:
         """The delivery report of message ``index``."""
         if self.started is not None:
             record_send(self.started, err, kmsg)
         if err is None:
-            self.outcomes[index] = new_tuple(
-                SendResult,
-                (
-                    SendStatus.SEND_OK,
-                    self.records[index].msg_id,
-                    kmsg.offset(),
-                    self.topics[index],
-                    kmsg.partition(),
-                ),
-            )
+            self.partitions[index] = kmsg.partition()  # first: an outcome means both are set
+            offset = kmsg.offset()
+            self.outcomes[index] = -1 if offset is None else offset
         else:
             self.outcomes[index] = err
 
@@ -203,21 +198,35 @@ class BatchReports:
         """Each message's :class:`SendResult` or error, in order; a message without a report
         fails with :class:`SendTimeoutError` (no acknowledgement within ``timeout_ms``)."""
         out: list[SendResult | KafkaClientError] = []
+        append = out.append
+        msg_ids, msgs, partitions = self.msg_ids, self.msgs, self.partitions
         for index, outcome in enumerate(self.outcomes):
-            if isinstance(outcome, SendResult | KafkaClientError):
-                out.append(outcome)
-                continue
-            record = self.records[index]
-            context = f"send of {record.msg_id} to {record.kafka_topic}"
-            if outcome is None:
-                out.append(
-                    SendTimeoutError(
-                        f"{context}: no acknowledgement within {timeout_ms} ms (it may still "
-                        "be delivered)"
+            if type(outcome) is int:
+                append(
+                    new_tuple(
+                        SendResult,
+                        (
+                            SendStatus.SEND_OK,
+                            msg_ids[index],
+                            outcome,
+                            msgs[index].topic,
+                            partitions[index],
+                        ),
                     )
                 )
+            elif isinstance(outcome, KafkaClientError):
+                append(outcome)
             else:
-                out.append(translate_error(outcome, context))
+                context = f"send of {msg_ids[index]} to {self.kafka_topics[index]}"
+                if outcome is None:
+                    append(
+                        SendTimeoutError(
+                            f"{context}: no acknowledgement within {timeout_ms} ms (it may "
+                            "still be delivered)"
+                        )
+                    )
+                else:  # librdkafka's error (the int case, stored, is handled above)
+                    append(translate_error(cast(KafkaError, outcome), context))
         return out
 
 

@@ -105,7 +105,13 @@ def _with(topic: object = "orders", tags: object = None, body: object = b"x") ->
     return msg
 
 
-@settings(max_examples=300, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     topic=st.one_of(
         st.sampled_from(["orders", "__consumer_offsets", "SCHEDULE_TOPIC_XXXX", "bad topic!"]),
