@@ -133,6 +133,14 @@ class Delivery:
                 )
 
         def failed(failure: KafkaException) -> None:
+            error = failure.args[0] if failure.args else None
+            if (
+                isinstance(error, KafkaError)
+                and error.code() == KafkaError.OFFSET_METADATA_TOO_LARGE
+            ):
+                # A broker whose offset.metadata.max.bytes is below what the final window
+                # writes: deliver in offset order from now on rather than fail again.
+                self._svc.fetcher.keep_order(error.str())
             self._svc.transaction_failed(failure)
             producer.poll(0)  # the reports of what the abort purged
 

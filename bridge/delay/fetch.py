@@ -12,7 +12,8 @@ records above it that are done (delivered out of order) are named in the offset 
 metadata, in the same Kafka transaction as their delivery, and skipped when the partition is
 read again from its committed offset (G5: a crash at any point delivers each message once).
 The metadata stays small because the records not done below the highest done one are few
-(:data:`_OUT_OF_ORDER_MAX`); past that, a partition waits in order as before.
+(:data:`_OUT_OF_ORDER_MAX`, which also bounds the window of a partition); past that, a
+partition waits in order as before.
 
 After a failed transaction or a new assignment, a partition is read again from its committed
 offset, and nothing of it is taken before that seek succeeded.
@@ -47,13 +48,15 @@ Headers = list[tuple[str, bytes | None]]
 Key = tuple[int, int]
 """(partition, offset) of a fetched record."""
 
-_WINDOW_MAX = 2000
-"""At most this many records of one partition wait in the final window; more wait in order at
-the head of their partition (memory stays bounded in a burst due at one time)."""
 _OUT_OF_ORDER_MAX = 256
-"""A partition takes a record past lower ones not done (in the window, or named not done in
-the committed metadata) only while fewer than this many are: they are what the offset
-metadata lists, so it stays far below the broker's ``offset.metadata.max.bytes`` (4096)."""
+"""A partition puts a record in the final window, or takes a record past lower ones not done,
+only while fewer than this many of its records are not done out of order: in the window,
+taken from it in this pass, or named not done in the committed metadata. They are all the
+offset metadata can list, so it stays below :data:`METADATA_MAX_CHARS` (256 offsets of up to
+12 digits each), and at most this many records of a partition wait in the window (memory
+stays bounded in a burst due at one time: the rest wait in order at the head)."""
+_MALFORMED_LOG_S = 60.0
+"""A partition whose committed offset metadata cannot be read says so at most this often, s."""
 METADATA_MAX_CHARS: Final = 3500
 """The longest offset metadata written, characters (the broker refuses more than its
 ``offset.metadata.max.bytes``, 4096 by default)."""
@@ -280,12 +283,7 @@ class Fetcher:
                     # Not expected (the records not done below ``high`` are bounded): the
                     # transaction fails, is read again, and this service keeps to offset
                     # order from now on.
-                    self.in_order = True
-                    logger.error(
-                        "%s: offset metadata of partition %d too long; delivering in order",
-                        self._svc.name,
-                        partition,
-                    )
+                    self.keep_order(f"{len(metadata)} characters of offset metadata")
                     raise KafkaException(
                         KafkaError(
                             KafkaError._STATE,
@@ -299,6 +297,14 @@ class Fetcher:
                 tp = TopicPartition(self._svc.topic, partition, base, metadata)
             out.append(tp)
         return out
+
+    def keep_order(self, why: str) -> None:
+        """Deliver in offset order from now on (no final window): the offset metadata that
+        out-of-order delivery needs cannot be written (``why``). What was committed with
+        metadata before is still honoured."""
+        if not self.in_order:
+            logger.error("%s: %s; timers are delivered in offset order", self._svc.name, why)
+        self.in_order = True
 
     def committed(self, done: list[Held]) -> None:
         """The Kafka transaction that delivered ``done`` (with :meth:`positions`) committed."""
