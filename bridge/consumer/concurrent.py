@@ -20,10 +20,11 @@ from bridge.consumer.consumption import (
     BatchListener,
     Consumption,
     Failure,
+    leading_successes,
     record_failure,
     status_failure,
 )
-from bridge.consumer.context import ConsumerContext
+from bridge.consumer.context import ConsumerContext, MessageCallback
 from bridge.consumer.counters import Count
 from bridge.consumer.model import (
     ConsumeConcurrentlyContext,
@@ -204,7 +205,6 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         settled: set[int] | None = None
         added = 0
         try:
-            context = ConsumeConcurrentlyContext(MessageQueue(msgs[0].topic, pq.partition))
             sub = self._context.subscriptions.get(msgs[0].topic)
             if sub is None:
                 # A retry of a topic no longer subscribed to: keep it, in the DLQ.
@@ -214,13 +214,19 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                     msgs[0].topic,
                     len(msgs),
                 )
-                context.delay_level_when_next_consume = -1
                 record_failure(msgs, Failure.NO_SUBSCRIPTION)
-                done = 0
-            else:
+                done, level = 0, -1
+            elif isinstance(sub.listener, MessageListenerConcurrently):
+                context = ConsumeConcurrentlyContext(MessageQueue(msgs[0].topic, pq.partition))
                 done = self._call_listener(sub.listener, msgs, context)
+                level = self._delay_level(context, msgs) if done < len(msgs) else 0
+            else:
+                # A callable (subscribe() refuses an orderly listener here) has no context to
+                # set: its failures take the default level.
+                callback = cast(MessageCallback, sub.listener)
+                done = leading_successes(callback, msgs, self._context.group)
+                level = 0
             head, tail = msgs[:done], msgs[done:]
-            level = self._delay_level(context, msgs) if tail else 0
             settled = pq.settle(call, msgs)
             if len(settled) < len(msgs):
                 # Sent back past consume_timeout, or the partition was given up.
