@@ -217,7 +217,7 @@ class Fetcher:
                 if due_ms > now:
                     if self.in_order:
                         break  # waits at the head for its time
-                    if len(waiting) >= _WINDOW_MAX:
+                    if len(waiting) >= _OUT_OF_ORDER_MAX:
                         self._blocked.add(partition)
                         break
                     head.due_ms = due_ms
