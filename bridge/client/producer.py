@@ -169,6 +169,9 @@ class Producer(Startable):
         """Topic -> Kafka topic of the topics sent to (:meth:`_kafka_topic`)."""
         self._sends_unserved = 0
         """Asynchronous sends since reports were last served (approximate across threads)."""
+        self._batches_waiting = 0
+        """Batches being sent (``send_batch``) whose threads serve the reports."""
+        self._batches_lock = threading.Lock()
         self._running = False
         """Mirrors ``state is RUNNING`` for a cheap check on every send."""
 
@@ -228,12 +231,17 @@ class Producer(Startable):
         # takes the GIL once per report, so serving each as it arrives here would hand the GIL
         # back and forth for every message); while senders are busy this thread serves what
         # waits once per interval, so no report waits longer than that for the next sends.
+        # While a batch waits for its reports, its thread serves every report (flush()):
+        # this thread serving some too would only hand the GIL back and forth.
         kafka = self._kafka
         while not self._stop_polling.is_set():
-            if self._senders_active:
+            if self._batches_waiting:
+                self._stop_polling.wait(_POLL_INTERVAL_S)
+            elif self._senders_active:
                 self._senders_active = False
                 self._stop_polling.wait(_POLL_INTERVAL_S)
-                kafka.poll(0)
+                if not self._batches_waiting:
+                    kafka.poll(0)
             else:
                 kafka.poll(_POLL_INTERVAL_S)
 
@@ -607,12 +615,30 @@ class Producer(Startable):
             self._ensure_system_topics()
         timeout_ms = self.config.send_msg_timeout_ms
         reports = BatchReports(batch, time.monotonic() if active_metrics() is not None else None)
+        with self._batches_lock:
+            self._batches_waiting += 1
+        try:
+            self._hand_over_and_wait(batch, prepared, partition, reports)
+        finally:
+            with self._batches_lock:
+                self._batches_waiting -= 1
+        return reports.results(timeout_ms)
+
+    def _hand_over_and_wait(
+        self,
+        batch: list[Message],
+        prepared: list[PreparedRecord | None],
+        partition: int,
+        reports: BatchReports,
+    ) -> None:
+        """Hand each record of a batch to librdkafka, then serve reports until every one
+        came or ``send_msg_timeout_ms`` (plus the grace) passed since the last hand-over."""
+        timeout_ms = self.config.send_msg_timeout_ms
         report, outcomes = reports.report, reports.outcomes
         msg_ids, kafka_topics = reports.msg_ids, reports.kafka_topics
         produce = self._kafka.produce
         partial = functools.partial
         stalled: SendTimeoutError | None = None
-        self._senders_active = True  # the delivery thread leaves the reports to this one
         for index, record in enumerate(self._records(batch, prepared, partition)):
             kafka_topic, key, value, headers, msg_id, born_ms, record_partition = record
             msg_ids[index] = msg_id
@@ -657,7 +683,6 @@ class Producer(Startable):
             if remaining <= 0:
                 break
             flush(min(remaining, _SYNC_FLUSH_SLICE_S))
-        return reports.results(timeout_ms)
 
     def send_record_async(self, record: PreparedRecord, partition: int, callback: Any) -> None:
         """Send a prepared record; ``callback(err, kafka_message)`` gets the delivery report."""
