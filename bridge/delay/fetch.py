@@ -131,6 +131,16 @@ class Fetcher:
         window, taken, and :attr:`_restored`); 0: none done past the committed offset."""
         self._restored: dict[int, set[int]] = {}
         """Partition -> offsets the committed metadata names not done, not delivered since."""
+        self._unseen: dict[int, deque[int]] = {}
+        """Partition -> its :attr:`_restored` offsets not fetched yet since the last seek, in
+        order: one that a higher fetched offset passes is no record (a transaction marker, or
+        an aborted record, named by metadata of an older release) and is dropped."""
+        self._ordered: set[int] = set()
+        """Partitions delivering in offset order (no final window) because their offset
+        metadata would not fit; each goes back to the window once nothing of it is not done
+        out of order (its window drained and its committed metadata lists nothing)."""
+        self._malformed_logged: dict[int, float] = {}
+        """Partition -> when its unreadable offset metadata was last logged, monotonic s."""
         self._blocked: set[int] = set()
         """Partitions whose head's wait is over but which wait in order for the window."""
         self._paused: set[int] = set()
@@ -141,7 +151,8 @@ class Fetcher:
         self._pending_high: dict[int, int] = {}
         """What :attr:`_high` becomes once the transaction being written commits."""
         self.in_order = False
-        """Out-of-order delivery is off (set when offset metadata would not fit)."""
+        """Out-of-order delivery is off for every partition (set when the broker refuses the
+        offset metadata)."""
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         """Newly assigned ``partitions``: records fetched before this assignment may already
@@ -157,6 +168,8 @@ class Fetcher:
         for partition in revoked:
             self._forget(partition)
             self._next_offset.pop(partition, None)
+            self._ordered.discard(partition)
+            self._malformed_logged.pop(partition, None)
 
     def _forget(self, partition: int) -> None:
         """Drop what is held and known of ``partition`` (read again from its committed
@@ -164,7 +177,7 @@ class Fetcher:
         self._held.pop(partition, None)
         self._paused.discard(partition)
         self._blocked.discard(partition)
-        for known in (self._waiting, self._taken, self._high, self._restored):
+        for known in (self._waiting, self._taken, self._high, self._restored, self._unseen):
             known.pop(partition, None)
         if any(entry[1] == partition for entry in self._window):
             self._window = [entry for entry in self._window if entry[1] != partition]
@@ -174,7 +187,7 @@ class Fetcher:
         """When the earliest record is due or may leave its place, epoch ms (None: nothing
         held)."""
         heads = (
-            held[0].due_ms if self.in_order else held[0].fifo_ms
+            held[0].due_ms if self.in_order or partition in self._ordered else held[0].fifo_ms
             for partition, held in self._held.items()
             if held and partition not in self._blocked
         )
@@ -200,30 +213,37 @@ class Fetcher:
         for partition, held in list(self._held.items()):
             self._blocked.discard(partition)
             waiting = self._waiting.setdefault(partition, set())
-            # Offsets the committed metadata names not done: those below the head are in the
-            # window or taken in this pass; the others count in the metadata still.
-            restored = sorted(self._restored.get(partition, ()))
-            passed = 0
+            # Offsets the committed metadata names not done (those below the head are in the
+            # window or taken in this pass, the others count in the metadata still), the
+            # window's and those taken from it in this pass (a later transaction of this pass
+            # may leave them not done): what the offset metadata may have to list.
+            restored = self._restored.get(partition, ())
             out = taken.setdefault(partition, [])
+            out_of_order = len(restored) + len(out)
+            in_order = self.in_order
+            if partition in self._ordered:
+                if waiting or restored:
+                    in_order = True
+                else:
+                    self._ordered.discard(partition)
+                    logger.info("%s: partition %d: final window again", self._svc.name, partition)
             while held and held[0].fifo_ms <= now:
                 head = held[0]
-                while passed < len(restored) and restored[passed] < head.offset:
-                    passed += 1
                 due_ms = head.due_ms
                 if head.exact_ms is not None and due_ms <= now:
                     # Taken late (a busy coordinator): a timer close to its time waits for it
                     # here rather than hop to a tier that would make it later.
                     due_ms = exit_time(now, head.exact_ms)
                 if due_ms > now:
-                    if self.in_order:
+                    if in_order:
                         break  # waits at the head for its time
-                    if len(waiting) >= _OUT_OF_ORDER_MAX:
+                    if len(waiting) + out_of_order >= _OUT_OF_ORDER_MAX:
                         self._blocked.add(partition)
                         break
                     head.due_ms = due_ms
                     heapq.heappush(window, (due_ms, partition, head.offset, head))
                     waiting.add(head.offset)
-                elif waiting and len(waiting) + len(restored) - passed >= _OUT_OF_ORDER_MAX:
+                elif waiting and len(waiting) + out_of_order >= _OUT_OF_ORDER_MAX:
                     # Taking it past the window's records (all came out of this partition
                     # before it, so lie below it) would name too many not done in the offset
                     # metadata: in order until the window drains.
@@ -273,17 +293,39 @@ class Fetcher:
             else:
                 expected = self._next_offset.get(partition)
                 nxt = max(committing) + 1 if expected is None else expected
+            known_high = self._high.get(partition, 0)
+            if nxt < known_high:
+                # Read again up to a record the metadata calls done (or a transaction marker
+                # among them): the next record not done is the first one named not done from
+                # there, or ``known_high``. A done record committed as the base would be read
+                # as not done (delivered twice); a marker would stay the base for good.
+                nxt = min(
+                    (
+                        u
+                        for u in self._restored.get(partition, ())
+                        if u >= nxt and u not in committing
+                    ),
+                    default=known_high,
+                )
             base = min(min(open_, default=nxt), nxt)
-            high = max(self._high.get(partition, 0), max(committing) + 1)
+            high = max(known_high, max(committing) + 1)
             metadata = None
             if high > base + 1:
                 undone = sorted(u for u in open_ if base < u < high)
                 metadata = encode_done(base, high, undone)
                 if metadata is not None and len(metadata) > METADATA_MAX_CHARS:
                     # Not expected (the records not done below ``high`` are bounded): the
-                    # transaction fails, is read again, and this service keeps to offset
-                    # order from now on.
-                    self.keep_order(f"{len(metadata)} characters of offset metadata")
+                    # transaction fails, the partition is read again and keeps to offset
+                    # order until nothing of it is done out of order.
+                    if partition not in self._ordered:
+                        self._ordered.add(partition)
+                        logger.error(
+                            "%s: partition %d: %d characters of offset metadata; its timers "
+                            "are delivered in offset order until its final window drains",
+                            self._svc.name,
+                            partition,
+                            len(metadata),
+                        )
                     raise KafkaException(
                         KafkaError(
                             KafkaError._STATE,
@@ -320,7 +362,9 @@ class Fetcher:
                     del self._restored[partition]
         for partition, high in self._pending_high.items():
             if partition in self._next_offset:
-                self._high[partition] = high
+                # Never lowered: the records below it are done but those still named not done
+                # (a commit with no metadata moved the base up to or past it).
+                self._high[partition] = max(high, self._high.get(partition, 0))
         self._pending_high = {}
 
     def fetch_again(self, consumer: Consumer, partitions: list[int]) -> None:
@@ -350,6 +394,9 @@ class Fetcher:
             self._svc.dropped += 1
             return
         self._next_offset[partition] = offset + 1
+        unseen = self._unseen.get(partition)
+        if unseen:
+            self._pass_unseen(partition, unseen, offset)
         if offset < self._high.get(partition, 0) and offset not in self._restored.get(
             partition, ()
         ):
@@ -360,10 +407,38 @@ class Fetcher:
         self._svc.place(held)
         self._held.setdefault(partition, deque()).append(held)
 
+    def _pass_unseen(self, partition: int, unseen: deque[int], offset: int) -> None:
+        """``offset`` of ``partition`` was fetched: the offsets named not done below it that
+        were never fetched are no records (read_committed skips transaction markers and
+        aborted records) and are forgotten, so that none stays the committed offset."""
+        restored = self._restored.get(partition, set())
+        while unseen and unseen[0] < offset:
+            missing = unseen.popleft()
+            restored.discard(missing)
+            logger.info(
+                "%s: partition %d: offset %d named not done is no record; skipped",
+                self._svc.name,
+                partition,
+                missing,
+            )
+        if unseen and unseen[0] == offset:
+            unseen.popleft()
+        if not unseen:
+            del self._unseen[partition]
+        if not restored:
+            self._restored.pop(partition, None)
+
     def rewind_all(self) -> None:
         """After a failed transaction: forget what was fetched and read every owned partition
         again from its committed offset."""
-        for known in (self._held, self._waiting, self._taken, self._high, self._restored):
+        for known in (
+            self._held,
+            self._waiting,
+            self._taken,
+            self._high,
+            self._restored,
+            self._unseen,
+        ):
             known.clear()
         self._window.clear()
         self._blocked.clear()
@@ -402,18 +477,45 @@ class Fetcher:
                 high, undone = decode_done(tp.offset, tp.metadata) if tp.offset >= 0 else (0, set())
             except WireFormatError as exc:
                 # Only this code writes the metadata of this group: unreadable, it cannot be
-                # trusted to say what was delivered, so the partition waits (loudly).
-                logger.error("%s: partition %d: %s", self._svc.name, tp.partition, exc)
+                # trusted to say what was delivered, so the partition waits (loudly, once a
+                # minute); the others go on.
+                self._malformed(tp, exc)
                 self.pause([TopicPartition(self._svc.topic, tp.partition)])
                 continue
+            self._malformed_logged.pop(tp.partition, None)
             start = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             if self.resume(consumer, TopicPartition(self._svc.topic, tp.partition, start)):
                 self._next_offset[tp.partition] = max(tp.offset, 0)
                 if high:
                     self._high[tp.partition] = high
                     self._restored[tp.partition] = undone
+                    self._unseen[tp.partition] = deque(sorted(undone))
         if any(expected is None for expected in self._next_offset.values()):
             self._reposition_after = time.monotonic() + _REPOSITION_RETRY_S
+
+    def _malformed(self, tp: TopicPartition, exc: WireFormatError) -> None:
+        """Log that partition ``tp`` waits for its unreadable offset metadata (at most once
+        per :data:`_MALFORMED_LOG_S`), and how an operator clears it."""
+        now = time.monotonic()
+        last = self._malformed_logged.get(tp.partition)
+        if last is not None and now - last < _MALFORMED_LOG_S:
+            return
+        self._malformed_logged[tp.partition] = now
+        logger.error(
+            "%s: partition %d of %s waits: %s. To clear it, stop every coordinator and run "
+            "kafka-consumer-groups.sh --bootstrap-server <brokers> --group %s "
+            "--topic %s:%d --reset-offsets --to-offset %d --execute (records of it delivered "
+            "out of order after offset %d may then be delivered again)",
+            self._svc.name,
+            tp.partition,
+            self._svc.topic,
+            exc,
+            self._svc.group_id,
+            self._svc.topic,
+            tp.partition,
+            tp.offset,
+            tp.offset,
+        )
 
     def pause(self, tps: list[TopicPartition]) -> None:
         """Stop fetching the partitions of ``tps`` (what was fetched stays held)."""
