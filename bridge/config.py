@@ -207,7 +207,8 @@ class ClientConfig:
     message_delay_level: str = DEFAULT_MESSAGE_DELAY_LEVEL
     """RocketMQ's ``messageDelayLevel``: the delay of each level, e.g. ``"1s 5s 10s 30s 1m"``."""
     timer_precision_ms: int = 1000
-    """RocketMQ 5's ``timerPrecisionMs`` (100, 200, 500 or 1000): timers are late by less."""
+    """RocketMQ 5's ``timerPrecisionMs`` (100, 200, 500 or 1000): the shortest
+    tier's wait, ms."""
     timer_max_delay_ms: int = 3 * 86_400_000
     """RocketMQ 5's ``timerMaxDelaySec`` in ms (3 days; up to 400 days): longer is an error."""
     # --- connection, continued ------------------------------------------------------------

@@ -12,7 +12,8 @@ of each partition matters and memory stays bounded however many messages wait:
 * a timer message hops through the tiers of ``rmq_sys_wheel_timer``: tier ``k`` waits
   ``precision * 2**k``. At each hop the message goes to the largest tier that does not pass
   its delivery time, so it is never early, reaches its time in about log2(delay / precision)
-  hops, and is late by less than the precision.
+  hops; its last hop lands before its time and it waits the rest in memory, so it is late
+  by the time its delivery takes to write.
 """
 
 from __future__ import annotations
