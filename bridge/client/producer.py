@@ -58,7 +58,7 @@ from bridge.errors import (
     SendTimeoutError,
 )
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_producer, translate_error
+from bridge.kafka.clients import new_producer, produce_record, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageConst, MessageIdGenerator, PropertyValue, local_ipv4
 from bridge.observability.metrics import active_metrics
@@ -405,10 +405,11 @@ class Producer(Startable):
         kafka_topic = ""
         last_tags: object = None
         tags_header = ("", b"")
-        born_ms = 0
         for index, msg in enumerate(batch):
-            if not index & 1023:
-                born_ms = time.time_ns() // 1_000_000
+            # The clock for every record: a hand-over may have waited for room in the local
+            # queue meanwhile, and an old millisecond with the shared 16-bit counter could
+            # repeat an id (and date the record too early).
+            born_ms = time.time_ns() // 1_000_000
             record = prepared[index]
             if record is not None:
                 yield record
@@ -454,35 +455,16 @@ class Producer(Startable):
     def _produce(self, record: PreparedRecord, partition: int, callback: Any) -> None:
         if not self._system_topics_ready and record.kafka_topic in self._system_topics:
             self._ensure_system_topics()
-        deadline = 0.0
-        while True:
-            try:
-                self._kafka.produce(
-                    record.kafka_topic,
-                    record.value,
-                    record.key,
-                    partition=partition,
-                    on_delivery=callback,
-                    timestamp=record.born_timestamp_ms,
-                    headers=record.headers,
-                )
-                self._senders_active = True
-                return
-            except BufferError:
-                # The local queue is full: let deliveries drain, within the send timeout.
-                now = time.monotonic()
-                if not deadline:
-                    deadline = now + self.config.send_msg_timeout_ms / 1000
-                elif now >= deadline:
-                    raise SendTimeoutError(
-                        f"send of {record.msg_id} to {record.kafka_topic}: local queue full for "
-                        f"{self.config.send_msg_timeout_ms} ms"
-                    ) from None
-                self._kafka.poll(0.01)
-            except Exception as exc:  # KafkaException: unknown partition, bad config, ...
-                raise translate_error(
-                    exc, f"send of {record.msg_id} to {record.kafka_topic}"
-                ) from exc
+        # A full local queue: let deliveries drain, within the send timeout.
+        produce_record(
+            self._kafka,
+            record,
+            partition,
+            callback,
+            timeout_ms=self.config.send_msg_timeout_ms,
+            wait_full=lambda: self._kafka.poll(0.01),
+        )
+        self._senders_active = True
 
     def send_sync(self, msg: Message, *, partition: int = -1) -> SendResult:
         """Send and wait for the broker's acknowledgement (at most ``send_msg_timeout_ms``).

@@ -9,7 +9,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -26,6 +26,9 @@ from bridge.errors import (
 )
 from bridge.observability.metrics import active_metrics
 from bridge.observability.rdkafka_stats import STATISTICS_INTERVAL_MS, stats_callback
+
+if TYPE_CHECKING:
+    from bridge.codec import PreparedRecord
 
 rdkafka_logger = logging.getLogger("bridge.kafka.rdkafka")
 
@@ -265,3 +268,44 @@ def translate_error(
         if default is KafkaClientError:
             return AuthorizationError(text, kafka_error)
     return default(text, kafka_error)
+
+
+def produce_record(
+    kafka: Any,
+    record: PreparedRecord,
+    partition: int,
+    callback: Any,
+    *,
+    timeout_ms: int,
+    wait_full: Callable[[], object],
+) -> None:
+    """Hand ``record`` to ``kafka`` (a confluent-kafka ``Producer``; ``partition`` -1: its key
+    decides). While the local queue is full, call ``wait_full`` (which lets deliveries drain)
+    and try again, for at most ``timeout_ms`` (ms); then raise :class:`SendTimeoutError`. Any
+    other refusal (unknown partition, bad config) is raised as :func:`translate_error` types
+    it."""
+    deadline = 0.0
+    while True:
+        try:
+            kafka.produce(
+                record.kafka_topic,
+                record.value,
+                record.key,
+                partition=partition,
+                on_delivery=callback,
+                timestamp=record.born_timestamp_ms,
+                headers=record.headers,
+            )
+            return
+        except BufferError:
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + timeout_ms / 1000
+            elif now >= deadline:
+                raise SendTimeoutError(
+                    f"send of {record.msg_id} to {record.kafka_topic}: local queue full for "
+                    f"{timeout_ms} ms"
+                ) from None
+            wait_full()
+        except Exception as exc:  # KafkaException: unknown partition, bad config, ...
+            raise translate_error(exc, f"send of {record.msg_id} to {record.kafka_topic}") from exc
