@@ -262,3 +262,34 @@ def test_a_local_queue_full_for_the_send_timeout_fails_the_rest_unsent() -> None
     assert "Message timed out" in str(results[0])
     assert "local queue full for 1000 ms" in str(results[1])
     assert "never sent" in str(results[2])
+
+
+class OtherSendsWhileFull(ProduceLog):
+    """A client whose local queue is full once, at the second record, while other threads
+    take ``taken`` message ids of the same producer; then there is room again."""
+
+    def __init__(self, producer: Producer, taken: int) -> None:
+        super().__init__(producer._kafka)
+        self.producer = producer
+        self.taken = taken
+        self.stalled = False
+
+    def produce(self, topic: str, value: bytes, *args: Any, **kwargs: Any) -> None:
+        if len(self.values) == 1 and not self.stalled:
+            self.stalled = True
+            for _ in range(self.taken):
+                self.producer._ids.next_id()
+            raise BufferError("Local: Queue full")
+        super().produce(topic, value, *args, **kwargs)
+
+
+def test_ids_stay_unique_when_a_hand_over_waits_while_other_sends_take_ids() -> None:
+    # The 16-bit counter goes round once while the second message waits for room: a record
+    # built after the wait with the batch's old millisecond would repeat the first one's id.
+    with Producer("pg", config=nowhere(send_msg_timeout_ms=1000)) as producer:
+        producer._kafka = log = OtherSendsWhileFull(producer, taken=65_534)
+        results = producer.send_batch([Message("orders", f"m{i}".encode()) for i in range(3)])
+        producer._kafka.purge()
+    assert log.stalled
+    ids = [str(r).split("send of ")[1].split()[0] for r in results]
+    assert len(set(ids)) == 3, ids
