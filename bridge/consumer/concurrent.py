@@ -9,6 +9,7 @@ result ignored.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -127,9 +128,13 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                         self._drainers -= 1
                         return
                 self._consume_requests(pq, requests)
-        except BaseException:  # pragma: no cover - _consume_requests handles what it can
+        except BaseException:  # _consume_requests handles what it can (SystemExit, ...)
             with self._drainers_lock:
                 self._drainers -= 1
+            # The chunks still queued must not wait for the next submit(): another task runs
+            # them (unless the pool is shut down, then the consumer stops anyway).
+            with contextlib.suppress(BaseException):
+                self._add_drainers()
             raise
 
     def _redeliver(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:

@@ -106,3 +106,32 @@ def test_every_message_is_consumed_once_whatever_the_threads_interleave() -> Non
     assert set(counts.values()) == {1}, "no message twice"
     assert all(pq.held == 0 and pq.commit_offset() == 2000 for pq in queues)
     assert consumer.stats().consumed == total
+
+
+class _Abort(BaseException):
+    """What escapes a listener past ``Exception`` (``SystemExit``, a cancellation, ...)."""
+
+
+def test_a_listener_escaping_with_a_base_exception_leaves_no_chunk_stranded() -> None:
+    seen: list[int] = []
+
+    def listener(msg: MessageExt) -> ConsumeStatus:
+        if msg.queue_offset == 0:
+            raise _Abort()
+        seen.append(msg.queue_offset)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer, consumption = _consumption(listener, 1)
+    pool = ThreadPoolExecutor(1)
+    consumer._context.executor = pool
+    try:
+        pq = ProcessQueue("t", 0)
+        msgs = _messages(0, 200)
+        pq.put(msgs)
+        consumption.submit(pq, msgs)
+        # The chunk whose listener escaped ends there (its messages stay held, so the offset
+        # is never committed past them); every other chunk still reaches the listener.
+        wait_until(lambda: 199 in seen, timeout_s=10)
+        assert not consumption._backlog
+    finally:
+        pool.shutdown(wait=True)
