@@ -282,7 +282,7 @@ def envelope_fields(data: bytes | None) -> dict[str, Any]:
     version) is decoded by the registry, which names the problem.
     """
     if data is not None and data[:2] == SINGLE_OBJECT_MARKER:
-        writer = _envelope_writers().get(data[2:HEADER_LENGTH])
+        writer = _envelope_writers().get(bytes(data[2:HEADER_LENGTH]))
         if writer is not None:
             stream = io.BytesIO(data)
             stream.seek(HEADER_LENGTH)

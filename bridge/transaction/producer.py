@@ -30,7 +30,12 @@ from bridge.client.producer import Producer, SendStatus
 from bridge.client.send_checks import PartitionCounts, kafka_topic_for
 from bridge.codec import PreparedRecord, decode_envelope, encode_envelope
 from bridge.config import ClientConfig
-from bridge.errors import IllegalStateError, InvalidArgumentError, WireFormatError
+from bridge.errors import (
+    IllegalStateError,
+    InvalidArgumentError,
+    KafkaClientError,
+    WireFormatError,
+)
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
@@ -336,7 +341,13 @@ class TransactionMQProducer(Startable):
                 # Not lost: the coordinator checks the transaction back.
                 logger.warning("transaction %s: end request not stored (%s)", tid, err.str())
 
-        self._sender.send_async(record, half_partition, delivered)
+        try:
+            self._sender.send_async(record, half_partition, delivered)
+        except (IllegalStateError, KafkaClientError) as exc:
+            # A shutdown or a full queue after the local transaction ended: its outcome stands
+            # and is not the caller's error (a retry would send a second message); the
+            # coordinator checks the transaction back, as for an end request not stored.
+            logger.warning("transaction %s: end request not sent (%s)", tid, exc)
 
     # --- check-back ---------------------------------------------------------------------------
     def _check_loop(self) -> None:

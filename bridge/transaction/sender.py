@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any, Final
 
 from bridge.client.send_results import SyncWaiter
 from bridge.codec import PreparedRecord
 from bridge.config import ClientConfig
 from bridge.errors import SendTimeoutError
-from bridge.kafka.clients import new_producer, translate_error
+from bridge.kafka.clients import new_producer, produce_record, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState
 
 logger = logging.getLogger(__name__)
@@ -87,38 +86,22 @@ class HalfSender:
     def _serve_reports(self) -> None:
         kafka = self._kafka
         while not self._stop.is_set():
-            kafka.poll(_REPORT_WAIT_S)
+            try:
+                kafka.poll(_REPORT_WAIT_S)
+            except Exception:  # a thread that died would leave every send to time out
+                logger.exception("%s: serving delivery reports failed", self._client_id)
 
     def _produce(self, record: PreparedRecord, partition: int, callback: Any) -> None:
         self._lifecycle.require_running()
-        deadline = 0.0
-        while True:
-            try:
-                self._kafka.produce(
-                    record.kafka_topic,
-                    record.value,
-                    record.key,
-                    partition=partition,
-                    on_delivery=callback,
-                    timestamp=record.born_timestamp_ms,
-                    headers=record.headers,
-                )
-                return
-            except BufferError:
-                # The local queue is full: the delivery thread drains it, within the timeout.
-                now = time.monotonic()
-                if not deadline:
-                    deadline = now + self._config.send_msg_timeout_ms / 1000
-                elif now >= deadline:
-                    raise SendTimeoutError(
-                        f"send of {record.msg_id} to {record.kafka_topic}: local queue full for "
-                        f"{self._config.send_msg_timeout_ms} ms"
-                    ) from None
-                self._stop.wait(_FULL_QUEUE_WAIT_S)
-            except Exception as exc:  # KafkaException: unknown partition, bad config, ...
-                raise translate_error(
-                    exc, f"send of {record.msg_id} to {record.kafka_topic}"
-                ) from exc
+        # A full local queue: the delivery thread drains it, within the send timeout.
+        produce_record(
+            self._kafka,
+            record,
+            partition,
+            callback,
+            timeout_ms=self._config.send_msg_timeout_ms,
+            wait_full=lambda: self._stop.wait(_FULL_QUEUE_WAIT_S),
+        )
 
     def send_sync(self, record: PreparedRecord, partition: int) -> tuple[int, int]:
         """Send ``record`` and wait for its acknowledgement (at most ``send_msg_timeout_ms``
