@@ -62,6 +62,7 @@ from bridge.kafka.clients import new_producer, produce_record, translate_error
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageConst, MessageIdGenerator, PropertyValue, local_ipv4
 from bridge.observability.metrics import active_metrics
+from bridge.property_values import is_unicode
 from bridge.tracing import TraceSpan, inject_trace_context, send_span, tracing_active
 from topics.catalog import SystemTopic
 from topics.naming import validate_user_group
@@ -99,17 +100,6 @@ def _message_list(msgs: Iterable[Message]) -> list[Message]:
             + (" (send one message with send_sync)" if isinstance(msgs, Message) else "")
         )
     return list(msgs)
-
-
-def _encodable(text: str) -> bool:
-    """True if ``text`` encodes as UTF-8 (no lone surrogate)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _trace_carrier() -> dict[str, PropertyValue]:
@@ -386,7 +376,7 @@ class Producer(Startable):
                 last_topic = topic
             tags = msg.tags
             if tags and tags is not last_tags:
-                if type(tags) is not str or len(tags) > TAGS_ALWAYS_FIT or not _encodable(tags):
+                if type(tags) is not str or len(tags) > TAGS_ALWAYS_FIT or not is_unicode(tags):
                     prepared[index] = prepare(msg, partition)  # measured, or refused
                     continue
                 last_tags = tags
