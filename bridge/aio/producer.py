@@ -432,7 +432,7 @@ class Producer(AsyncClient):
             if not item.claim():  # timed out or cancelled: the caller was told; not sent
                 return
             if results is None:
-                report: Report = log_oneway_failure
+                report: Report | AsyncReport = log_oneway_failure
             else:
                 pending = results[index]
                 report = AsyncReport(
