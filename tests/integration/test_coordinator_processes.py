@@ -6,6 +6,7 @@ with the other stopped."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -35,13 +36,13 @@ def config(kafka_bootstrap: str, namespace: str) -> ClientConfig:
 
 
 def _two_free_ports() -> int:
-    """A port P with P and P+1 free (now)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        if port >= 65535:
-            continue
+    """A port P with P and P+1 free (now), below the kernel's range for outgoing connections:
+    a port from that range (bind to 0) can be taken by any client's connection before the
+    second child binds it (a CI run lost P+1 to one)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, min(low, 65_535) - 1)
         with socket.socket() as a, socket.socket() as b:
             try:
                 a.bind(("127.0.0.1", port))
