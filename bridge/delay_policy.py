@@ -75,6 +75,9 @@ class DelayPolicy:
     timer_max_delay_ms: int = 3 * 86_400_000
     """RocketMQ 5's ``timerMaxDelaySec`` (3 days); up to 400 days is accepted."""
     level_delays_ms: tuple[int, ...] = field(init=False)
+    tier_count: int = field(init=False, repr=False, compare=False)
+    """How many timer tiers (= timer topic partitions) the maximum delay needs; computed once
+    (every hop of the timer service routes with it)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "level_delays_ms", parse_delay_levels(self.message_delay_level))
@@ -88,6 +91,10 @@ class DelayPolicy:
                 f"timer_max_delay_ms must be between the precision and 400 days, "
                 f"got {self.timer_max_delay_ms}"
             )
+        count = 1
+        while self.timer_precision_ms * 2 ** (count - 1) * 2 <= self.timer_max_delay_ms:
+            count += 1
+        object.__setattr__(self, "tier_count", count)
 
     @property
     def level_count(self) -> int:
@@ -97,14 +104,6 @@ class DelayPolicy:
     def clamp_level(self, level: int) -> int:
         """RocketMQ's rule: a level above the maximum is the maximum; 0 or below is none (0)."""
         return 0 if level <= 0 else min(level, self.level_count)
-
-    @property
-    def tier_count(self) -> int:
-        """How many timer tiers (= timer topic partitions) the maximum delay needs."""
-        count = 1
-        while self.timer_precision_ms * 2 ** (count - 1) * 2 <= self.timer_max_delay_ms:
-            count += 1
-        return count
 
     def tier_delay_ms(self, tier: int) -> int:
         """How long a message waits in timer tier ``tier``."""

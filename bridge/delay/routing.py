@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from functools import lru_cache
 
 from bridge.codec import PreparedRecord, encode_envelope
 from bridge.config import ClientConfig
-from bridge.delay.model import DelayPolicy, InvalidDelayError
+from bridge.delay.model import InvalidDelayError
 from bridge.message import DELAY_PROPERTIES, Message, MessageConst, PropertyValue, property_text
 from topics.catalog import SystemTopic
 from topics.naming import system_topic
@@ -19,15 +18,6 @@ SEND_ID_HEADER = "BRIDGE_SEND_ID"
 for SCHEDULE or the timer topic. Two records with one send id are one send stored twice by the
 client library, which the delay services deliver once; the coordinator's own copies (hops,
 back-offs) are written in Kafka transactions and carry none."""
-
-
-@lru_cache(maxsize=16)
-def timer_tier_count(timer_precision_ms: int, timer_max_delay_ms: int) -> int:
-    """:attr:`DelayPolicy.tier_count` of these settings, remembered: the timer service routes
-    every hop with it, and the property computes it afresh (a loop over the tiers)."""
-    return DelayPolicy(
-        timer_precision_ms=timer_precision_ms, timer_max_delay_ms=timer_max_delay_ms
-    ).tier_count
 
 
 def _send_id() -> tuple[str, bytes]:

@@ -39,7 +39,7 @@ from bridge.config import NamePatterns, TrustLimits
 from bridge.delay.delivery import Delivery
 from bridge.delay.fetch import RECORD_ERRORS, Fetcher, Headers, Held
 from bridge.delay.isolation import Isolation
-from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER, timer_tier_count
+from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER
 from bridge.delay_policy import DelayPolicy
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.service import ServiceConfig, TransactionalService
@@ -259,10 +259,11 @@ class TimerService(FifoDelayService):
         return int(raw)
 
     def process(self, held: Held, now: int) -> tuple[PreparedRecord, bool]:
-        deliver_ms = self._deliver_ms(held)
+        # place() read the delivery time when the record was fetched (None: unreadable then,
+        # so reading it again raises and the record is quarantined).
+        deliver_ms = held.exact_ms if held.exact_ms is not None else self._deliver_ms(held)
         policy = self.policy
-        tiers = timer_tier_count(policy.timer_precision_ms, policy.timer_max_delay_ms)
-        tier = policy.route(deliver_ms, now, tiers)
+        tier = policy.route(deliver_ms, now, policy.tier_count)
         if tier is None:
             return self.deliver(held)
         # A hop is the coordinator's own copy, written once in a Kafka transaction: without
