@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -44,6 +44,7 @@ STOP_GRACE_S: Final = 30.0
 """How long the children may take to stop after SIGTERM before they are killed, s."""
 _WATCH_S = 0.2
 _PR_SET_PDEATHSIG = 1
+_MAX_PORT: Final = 65535
 
 
 def parse_processes(value: str | int | None) -> int:
@@ -86,7 +87,14 @@ def child_specs(  # noqa: PLR0917 - what one command line says about its childre
     ``python -m bridge.cli <root_args> coordinator`` with ``base_env`` plus ``overrides``,
     the id ``<coordinator_id>-<i>`` (i from 1), one process (never a group of its own) and,
     when ``metrics_port`` is set, the port ``metrics_port + i - 1`` (0 stays 0: any free
-    port)."""
+    port); a range past port 65535 raises :class:`InvalidArgumentError` before any child
+    starts."""
+    if metrics_port and metrics_port + count - 1 > _MAX_PORT:
+        raise InvalidArgumentError(
+            f"--metrics-port {metrics_port} with --processes {count} needs ports up to "
+            f"{metrics_port + count - 1}, past {_MAX_PORT}: choose a port at most "
+            f"{_MAX_PORT - count + 1}"
+        )
     specs = []
     for i in range(1, count + 1):
         child_id = f"{coordinator_id}-{i}"
@@ -102,13 +110,21 @@ def child_specs(  # noqa: PLR0917 - what one command line says about its childre
     return specs
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask Linux to send this process SIGTERM when its parent dies (no orphans)."""
+def _pdeathsig_call() -> Callable[[], None] | None:
+    """A function that asks Linux to send the calling process SIGTERM when its parent dies
+    (no orphans), or None where there is no ``prctl``. Looked up here, in the parent: loading
+    a library between fork and exec can deadlock on a lock another thread held at the fork."""
+    if sys.platform != "linux":
+        return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+
+    def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    return die_with_parent
 
 
 @dataclass(slots=True)
@@ -137,12 +153,13 @@ class CoordinatorProcesses:
 
     def start(self) -> None:
         """Start every child (stopping those started already if one cannot start)."""
+        die_with_parent = _pdeathsig_call()
         try:
             for spec in self.specs:
                 process = subprocess.Popen(
                     spec.argv,
                     env=spec.env,
-                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
+                    preexec_fn=die_with_parent,  # noqa: PLW1509
                     start_new_session=True,
                 )
                 self.children.append(Child(spec, process))

@@ -164,3 +164,12 @@ def test_children_die_with_a_killed_command(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_metrics_port_range_past_65535_is_refused_before_any_child_starts() -> None:
+    with pytest.raises(InvalidArgumentError, match="65535"):
+        child_specs(3, "c", {}, metrics_port=65534)
+    assert [s.env["BRIDGE_METRICS_PORT"] for s in child_specs(2, "c", {}, metrics_port=65534)] == [
+        "65534",
+        "65535",
+    ]
