@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import logging
 import operator
+import threading
 from collections.abc import Mapping, Sequence
 from functools import cache, lru_cache
 from typing import Any, Final, NamedTuple
@@ -177,16 +178,43 @@ def message_from_record(
             headers = read_headers(record)
         except MalformedRecordError as exc:
             logger.warning("%s; shown without its headers", exc)
-    props = decode_headers(headers)
     topic = kafka_topic
     if catalog is not None:
         try:
             topic = catalog.parse(kafka_topic).rocketmq_name
         except InvalidTopicNameError:
             topic = kafka_topic
+    return received_message(record, topic, kafka_topic, record.partition(), headers)
+
+
+def _header_properties(headers: RawHeaders | None) -> dict[str, PropertyValue]:
+    """:func:`decode_headers`, inlined for the list of bytes values confluent-kafka gives:
+    this runs for every record consumed."""
+    if not headers:
+        return {}
+    if type(headers) is not list:
+        return decode_headers(headers)
+    props: dict[str, PropertyValue] = {}
+    for name, value in headers:
+        if type(value) is bytes:
+            try:
+                props[name] = value.decode()
+            except UnicodeDecodeError:
+                props[name] = value
+        else:
+            props[name] = header_value(value)
+    return props
+
+
+def received_message(
+    record: Any, topic: str, kafka_topic: str, partition: int, headers: RawHeaders | None
+) -> MessageExt:
+    """:func:`message_from_record` once the caller knows the record's RocketMQ ``topic``, its
+    ``kafka_topic`` and ``partition`` and read its ``headers`` (the push consumer, which
+    knows the first three for a whole partition's share of a poll): one call per record."""
+    props = _header_properties(headers)
     ts_type, ts = record.timestamp()
-    partition = record.partition()
-    offset = record.offset()
+    offset: int = record.offset()
     uniq = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
     if uniq:
         msg_id = uniq if type(uniq) is str else property_text(uniq)
@@ -204,6 +232,120 @@ def message_from_record(
         store_timestamp_ms=ts if ts_type == _TIMESTAMP_LOG_APPEND_TIME else None,
         kafka_topic=kafka_topic,
     )
+
+
+_SLOTS: Final = {
+    name: cls.__dict__[name]
+    for cls, names in (
+        (Message, ("_properties", "_keys", "tags")),
+        (MessageExt, ("msg_id", "born_host")),
+    )
+    for name in names
+}
+"""The slots of a received message that come from its headers, by name (their descriptors)."""
+_DECODE_LOCK: Final = threading.Lock()
+
+
+def _decoded(name: str) -> property:
+    """A slot of :class:`_Undecoded` that decodes the headers on first use."""
+    slot = _SLOTS[name]
+
+    def get(msg: _Undecoded) -> Any:
+        msg._decode()
+        return slot.__get__(msg, MessageExt)
+
+    def put(msg: _Undecoded, value: Any) -> None:
+        msg._decode()
+        slot.__set__(msg, value)
+
+    return property(get, put, doc=f"``{name}``, decoded from the headers on first use.")
+
+
+class _Undecoded(MessageExt):
+    """A consumed message whose headers are decoded when first read (properties, keys, tags,
+    message id, born host), not when it is received: a listener that reads only the body,
+    topic and offsets pays nothing for them (:attr:`reconsume_times` reads its one header).
+    Until then the ``_properties`` slot holds the record's headers (a list, or None);
+    decoding fills every slot as :func:`received_message` would, then makes the message a
+    plain :class:`MessageExt` (the same slots, so nothing is copied and later reads cost what
+    they cost on any message). Safe when threads read it at once: the slots are filled under
+    a lock before the class changes."""
+
+    __slots__ = ()
+
+    _properties = _decoded("_properties")
+    _keys = _decoded("_keys")
+    tags = _decoded("tags")
+    msg_id = _decoded("msg_id")
+    born_host = _decoded("born_host")
+
+    @property
+    def reconsume_times(self) -> int:
+        """:attr:`MessageExt.reconsume_times`, read from its one header while the others
+        are not decoded (listeners often look at it first)."""
+        headers = _SLOTS["_properties"].__get__(self, MessageExt)
+        if type(headers) is dict:  # decoded meanwhile (by another thread)
+            return parse_count(headers.get(MessageConst.RECONSUME_TIME)) or 0
+        raw: bytes | None = None
+        for name, value in headers or ():
+            if name == MessageConst.RECONSUME_TIME:
+                raw = value  # a repeated header: the last one counts, as decoded
+        return parse_count(header_value(raw)) or 0
+
+    def _decode(self) -> None:
+        with _DECODE_LOCK:
+            if type(self) is not _Undecoded:
+                return  # another thread decoded it meanwhile
+            headers = _SLOTS["_properties"].__get__(self, MessageExt)
+            props = _header_properties(headers)
+            raw_keys = props.get(MessageConst.KEYS)
+            keys: list[str] = []
+            if raw_keys:
+                text = raw_keys if type(raw_keys) is str else property_text(raw_keys)
+                keys = [k for k in text.split(MessageConst.KEY_SEPARATOR) if k]
+            tags = props.get(MessageConst.TAGS)
+            host = props.get(MessageConst.BORN_HOST, "")
+            uniq = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+            if uniq:
+                msg_id = uniq if type(uniq) is str else property_text(uniq)
+            else:
+                msg_id = f"{self.kafka_topic}-{self.queue_id}-{self.queue_offset}"
+            _SLOTS["_properties"].__set__(self, props)
+            _SLOTS["_keys"].__set__(self, keys)
+            _SLOTS["tags"].__set__(
+                self, tags if tags is None or type(tags) is str else property_text(tags)
+            )
+            _SLOTS["msg_id"].__set__(self, msg_id)
+            _SLOTS["born_host"].__set__(self, host if type(host) is str else property_text(host))
+            self.__class__ = MessageExt  # type: ignore[assignment]
+
+
+_new_undecoded = _Undecoded.__new__
+_TOPIC_SLOT: Final = Message.__dict__["topic"]
+_BODY_SLOT: Final = Message.__dict__["_body"]
+
+
+def undecoded_message(
+    record: Any, topic: str, kafka_topic: str, partition: int, headers: RawHeaders | None
+) -> MessageExt:
+    """:func:`received_message`, with the headers decoded only when the message's properties,
+    keys, tags, id or born host are first read (see :class:`_Undecoded`). The push consumer
+    hands these to listeners. ``headers`` other than confluent-kafka's list are decoded at
+    once."""
+    if headers is not None and type(headers) is not list:
+        return received_message(record, topic, kafka_topic, partition, headers)
+    msg = _new_undecoded(_Undecoded)
+    _TOPIC_SLOT.__set__(msg, topic)
+    value = record.value()
+    _BODY_SLOT.__set__(msg, value if value is not None else b"")
+    _SLOTS["_properties"].__set__(msg, headers)
+    msg.kafka_topic = kafka_topic
+    msg.queue_id = partition
+    msg.queue_offset = record.offset()
+    ts_type, ts = record.timestamp()
+    msg.born_timestamp_ms = ts if ts is not None and ts >= 0 else 0
+    msg.store_timestamp_ms = ts if ts_type == _TIMESTAMP_LOG_APPEND_TIME else None
+    return msg
 
 
 ENVELOPE_TEXT_ONLY_VERSION = 1

@@ -35,17 +35,27 @@ from bridge.consumer.model import (
     checked_ack_index,
     checked_delay_level,
 )
-from bridge.consumer.process_queue import ProcessQueue
+from bridge.consumer.process_queue import ProcessQueue, Run
 from bridge.consumer.quarantine import Quarantine
 from bridge.message import MessageExt
+from bridge.tracing import tracing_active
 
 logger = logging.getLogger(__name__)
 
 _MAX_REQUESTS_PER_TASK: Final = 64
 """Most consume requests in one chunk of the backlog (a pool task runs a chunk's requests in a
 row, then sends its failed messages back together)."""
+_CHUNK_TARGET_S: Final = 0.002
+"""A chunk holds at least as many messages as the listener runs in this long, by its measured
+durations, seconds: a fast listener runs many messages per task (see
+:meth:`ConcurrentConsumption.submit`)."""
+_DURATION_WEIGHT: Final = 0.25
+"""The weight of a chunk's measured listener durations in their moving average."""
 _EXPIRY_CHECK_S: Final = 1.0
 """How often, at most, messages in listeners are checked against ``consume_timeout``, s."""
+_SETTLE_S: Final = 0.01
+"""A task running messages one by one marks those consumed done at least this often, seconds
+(so the commit follows a slow listener)."""
 _CONSUME_TIMEOUT_DELAY_LEVEL: Final = 3
 """The delay level of a message sent back for running past ``consume_timeout`` (RocketMQ's
 ``cleanExpireMsg``)."""
@@ -63,38 +73,46 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
 
     def __init__(self, context: ConsumerContext, quarantine: Quarantine) -> None:
         super().__init__(context, quarantine)
-        self._backlog: deque[tuple[ProcessQueue, list[list[MessageExt]]]] = deque()
-        """Chunks of consume requests not taken by a pool thread yet, oldest first."""
+        self._backlog: deque[tuple[ProcessQueue, list[MessageExt]]] = deque()
+        """Chunks of messages not taken by a pool thread yet, oldest first."""
         self._drainers = 0
         """Pool tasks taking chunks from the backlog now (at most ``consume_thread_count``)."""
         self._drainers_lock = threading.Lock()
+        self._per_message_s = 0.0
+        """How long a per-message listener call takes, a moving average (s; 0: not measured
+        yet, or a batch listener): sizes the chunks (see :meth:`submit`)."""
 
     def submit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
-        """Cut ``msgs`` into consume requests (up to ``consume_message_batch_max_size``
-        messages of one topic each), in chunks small enough to keep every thread busy, and
-        queue the chunks for the pool threads.
+        """Cut ``msgs`` into chunks small enough to keep every thread busy and large enough
+        for a fast listener to run many messages per task, and queue the chunks for the pool
+        threads. A chunk is run as consume requests of up to ``consume_message_batch_max_size``
+        messages of one topic each (see :meth:`_consume_chunk`).
 
         A pool task takes chunks one after another until none is left, so a thread goes on
         with the next chunk without waiting to be handed it (with the GIL, every hand-over
         between threads costs a switch interval, 5 ms, when the others are busy: a task per
         chunk made the poll thread and the listeners wait for each other); tasks are added
         while there are more chunks waiting than tasks taking them, up to
-        ``consume_thread_count``."""
+        ``consume_thread_count``.
+
+        A chunk takes at least its share of ``msgs`` among the threads, and at least as many
+        messages as the listener runs in :data:`_CHUNK_TARGET_S` by the durations measured so
+        far (at most :data:`_MAX_REQUESTS_PER_TASK` requests): a slow listener (or one not
+        measured yet) gets every thread, a fast one few tasks of many messages each."""
         settings = self._context.settings
         size = settings.consume_message_batch_max_size
-        requests: list[list[MessageExt]] = []
-        batch: list[MessageExt] = []
-        for msg in msgs:
-            if batch and (len(batch) >= size or batch[0].topic != msg.topic):
-                requests.append(batch)
-                batch = []
-            batch.append(msg)
-        if batch:
-            requests.append(batch)
-        per_task = min(_MAX_REQUESTS_PER_TASK, -(-len(requests) // settings.consume_thread_count))
+        count = len(msgs)
+        requests = -(-count // size)
+        share = -(-requests // settings.consume_thread_count)
+        per_message_s = self._per_message_s
+        worth = 1 if per_message_s <= 0 else int(_CHUNK_TARGET_S / (per_message_s * size)) + 1
+        per_task = min(_MAX_REQUESTS_PER_TASK, max(share, worth)) * size
         backlog = self._backlog
-        for i in range(0, len(requests), per_task):
-            backlog.append((pq, requests[i : i + per_task]))
+        if per_task >= count:
+            backlog.append((pq, msgs))
+        else:
+            for i in range(0, count, per_task):
+                backlog.append((pq, msgs[i : i + per_task]))
         self._add_drainers()
 
     def _add_drainers(self) -> None:
@@ -120,14 +138,14 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         try:
             while True:
                 try:
-                    pq, requests = backlog.popleft()
+                    pq, msgs = backlog.popleft()
                 except IndexError:
                     with self._drainers_lock:
                         if backlog:
                             continue  # queued after the look: submit() counted this task
                         self._drainers -= 1
                         return
-                self._consume_requests(pq, requests)
+                self._consume_chunk(pq, msgs)
         except BaseException:  # _consume_requests handles what it can (SystemExit, ...)
             with self._drainers_lock:
                 self._drainers -= 1
@@ -170,12 +188,147 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
             record_failure(late, Failure.CONSUME_TIMEOUT)
             self.policy.fail(pq, late, [_CONSUME_TIMEOUT_DELAY_LEVEL] * len(late))
 
-    def _consume_requests(self, pq: ProcessQueue, requests: list[list[MessageExt]]) -> None:
+    def _consume_chunk(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Run a chunk of ``pq``'s messages: one by one through a per-message listener (one
+        message per request, no spans recorded: :meth:`_run_callables`), else as consume
+        requests (:meth:`_consume_requests`)."""
+        if self._context.settings.consume_message_batch_max_size == 1 and not tracing_active():
+            self._run_callables(pq, msgs)
+            return
+        size = self._context.settings.consume_message_batch_max_size
+        requests: list[list[MessageExt]] = []
+        batch: list[MessageExt] = []
+        for msg in msgs:
+            if batch and (len(batch) >= size or batch[0].topic != msg.topic):
+                requests.append(batch)
+                batch = []
+            batch.append(msg)
+        if batch:
+            requests.append(batch)
+        self._consume_requests(pq, requests)
+
+    def _run_callables(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Run ``msgs`` one by one, each a request of its own, with the bookkeeping done per
+        chunk rather than per message (:class:`~bridge.consumer.process_queue.Run`): the queue
+        learns which message is in the listener by one assignment, and what was consumed is
+        marked done in one step before the next call once :data:`_SETTLE_S` passed (so the
+        commit follows a slow listener), and at the end. A message of a batch listener
+        (``MessageListenerConcurrently``) or of a topic no longer subscribed goes through
+        :meth:`_consume_requests` alone. Failures are sent back together at the end, as
+        :meth:`_consume_requests` does."""
+        if not pq.begin():
+            return  # revoked or stopping: the messages stay uncommitted for the next owner
+        run = pq.open_run()
+        consumed = run.consumed
+        failed: list[MessageExt] = []
+        index = 0
+        group = self._context.group
+        try:
+            subscriptions = self._context.subscriptions
+            monotonic = time.monotonic
+            topic: str | None = None
+            callback: MessageCallback | None = None
+            began = settled_at = monotonic()
+            for msg in msgs:
+                if pq.dropped:
+                    break  # what is left stays held: redelivered to the next owner
+                if msg.topic != topic:
+                    topic = msg.topic
+                    sub = subscriptions.get(topic)
+                    callback = (
+                        None
+                        if sub is None or isinstance(sub.listener, MessageListenerConcurrently)
+                        else cast(MessageCallback, sub.listener)
+                    )
+                if callback is None:
+                    index += 1
+                    self._consume_requests(pq, [[msg]], begun=True)
+                    continue
+                now = monotonic()
+                if now - settled_at >= _SETTLE_S and len(consumed) > run.settled:
+                    settled_at = now
+                    self._count_done(pq, run)
+                run.current = (msg, now, len(consumed))
+                try:
+                    result = callback(msg)
+                except Exception as exc:
+                    logger.warning("listener raised on %s: a failure", msg.msg_id, exc_info=True)
+                    record_failure([msg], Failure.EXCEPTION, exc)
+                    failed.append(msg)
+                else:
+                    if result is ConsumeStatus.CONSUME_SUCCESS:
+                        consumed.append(msg)
+                    else:
+                        if result is None:
+                            logger.warning("listener returned None for %s: a failure", msg.msg_id)
+                        record_failure([msg], status_failure(result))
+                        failed.append(msg)
+                index += 1
+            run.current = None
+            if index:
+                spent = (monotonic() - began) / index
+                average = self._per_message_s
+                self._per_message_s = (
+                    spent if average <= 0 else average + _DURATION_WEIGHT * (spent - average)
+                )
+            failed = self._count_done(pq, run, failed)
+            try:
+                self.policy.fail(pq, failed, [0] * len(failed))
+            except Exception:
+                logger.exception(
+                    "push consumer %s: handling %d failed messages; consuming them again later",
+                    group,
+                    len(failed),
+                )
+                self.policy.retry_locally(pq, [m for m in failed if pq.holds(m.queue_offset)])
+        except Exception:
+            # Whatever was not accounted for is consumed again later, never held for ever.
+            back = pq.withdraw_run(run, consumed[run.settled :] + failed + msgs[index:])
+            logger.exception(
+                "push consumer %s: handling the listener results of %d messages failed; "
+                "consuming %d of them again later",
+                group,
+                len(msgs),
+                len(back),
+            )
+            if back:
+                self.policy.retry_locally(pq, back)
+        finally:
+            run.current = None
+            pq.close_run(run)
+            pq.end()
+
+    def _count_done(
+        self, pq: ProcessQueue, run: Run, failed: list[MessageExt] | None = None
+    ) -> list[MessageExt]:
+        """Mark what ``run`` consumed done and count it (:meth:`ProcessQueue.finish`); return
+        those of ``failed`` whose results still count. Late results ignored (taken past
+        ``consume_timeout``, or the partition given up) are logged."""
+        ignored = run.ignored
+        kept = pq.finish(run, failed or [])
+        done = run.done
+        if done > run.counted:
+            self._context.counters.add(Count.CONSUMED, done - run.counted)
+            run.counted = done
+        if run.ignored > ignored:
+            logger.warning(
+                "push consumer %s: ignoring the late listener results for %d messages of %s[%d]",
+                self._context.group,
+                run.ignored - ignored,
+                pq.topic,
+                pq.partition,
+            )
+        return kept
+
+    def _consume_requests(
+        self, pq: ProcessQueue, requests: list[list[MessageExt]], *, begun: bool = False
+    ) -> None:
         """Run the listener on each request, marking what it consumed done at once (so the
         commit follows a slow listener), then send every failed message back together. A
         request whose handling fails unexpectedly is consumed again later and never costs the
-        task's other requests."""
-        if not pq.begin():
+        task's other requests. ``begun``: the caller counted the task (:meth:`ProcessQueue.begin`)
+        and ends it."""
+        if not begun and not pq.begin():
             return  # revoked or stopping: the messages stay uncommitted for the next owner
         try:
             failed: list[MessageExt] = []
@@ -196,7 +349,8 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         except Exception:
             logger.exception("push consumer %s: consume request failed", self._context.group)
         finally:
-            pq.end()
+            if not begun:
+                pq.end()
 
     def _consume_request(
         self, pq: ProcessQueue, msgs: list[MessageExt], failed: list[MessageExt], levels: list[int]

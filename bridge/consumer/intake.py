@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from bridge.codec import message_from_record, read_headers
+from bridge.codec import read_headers, undecoded_message
 from bridge.consumer.context import ConsumerContext
 from bridge.consumer.counters import Count
 from bridge.consumer.process_queue import ProcessQueue
@@ -62,17 +62,6 @@ class Incoming:
         self.cut = False
         self.can_cut = True
 
-    @property
-    def full(self) -> bool:
-        return len(self.msgs) >= self.room_count or self.bytes >= self.room_bytes
-
-    def hold(self, msg: MessageExt, size: int, record: Any) -> None:
-        self.msgs.append(msg)
-        self.sizes.append(size)
-        self.records.append(record)
-        self.work.append(msg)
-        self.bytes += size
-
     def hold_poison(self, record: Any, reason: Exception) -> None:
         offset = record.offset()
         self.msgs.append(
@@ -108,11 +97,82 @@ class Intake:
 
     def sort(self, records: list[Any]) -> dict[Key, Incoming]:
         """Each partition's share of ``records``, each record handled on its own: one that
-        cannot be handled is to be quarantined with the reason, and the rest proceed."""
+        cannot be handled is to be quarantined with the reason, and the rest proceed.
+
+        What is the same for a partition (its queue and share, its topic's RocketMQ name, tag
+        filter and whether it is the retry topic) is looked up when the partition changes from
+        one record to the next, not per record: a poll brings runs of one partition."""
         batches: dict[Key, Incoming] = {}
+        queues = self._queues
+        last_topic: str | None = None
+        last_partition = -1
+        key: Key = ("", -1)
+        pq: ProcessQueue | None = None
+        incoming: Incoming | None = None
+        name = ""
+        tags: frozenset[str] | None = None
+        retry = False
         for record in records:
             try:
-                self._sort_one(record, batches)
+                error = record.error()
+                if error is not None:
+                    self._record_error(record, error)
+                    continue
+                kafka_topic: str = record.topic()
+                partition: int = record.partition()
+                if partition != last_partition or kafka_topic != last_topic:
+                    last_topic, last_partition = kafka_topic, partition
+                    key = (kafka_topic, partition)
+                    pq = queues.get(key)
+                    incoming = batches.get(key)
+                    name = self._topic_names.get(kafka_topic, kafka_topic)
+                    retry = kafka_topic == self._retry_kafka_topic
+                    sub = self._context.subscriptions.get(name)
+                    tags = (
+                        sub.filter.tags
+                        if sub is not None and not retry and sub.kafka_topic == kafka_topic
+                        else None
+                    )
+                if pq is None or pq.dropped:
+                    continue  # revoked meanwhile: the next owner reads it
+                if incoming is None:
+                    incoming = self._incoming(key, batches)
+                if incoming.cut or (
+                    (
+                        len(incoming.msgs) >= incoming.room_count
+                        or incoming.bytes >= incoming.room_bytes
+                    )
+                    and self._cut(record, incoming)
+                ):
+                    continue  # fetched again once the partition resumes
+                try:
+                    headers = read_headers(record)
+                except MalformedRecordError as exc:
+                    # A header name that is not UTF-8. The list confluent-kafka keeps
+                    # afterwards holds a NULL that crashes the process when read: never read
+                    # them again.
+                    reason = MalformedRecordError(f"{exc}; quarantined without them")
+                    incoming.hold_poison(Headerless(record), reason)
+                    continue
+                msg = undecoded_message(record, name, kafka_topic, partition, headers)
+                if retry:
+                    malformed = _retry_origin(msg)
+                    if malformed is not None:
+                        incoming.hold_poison(record, malformed)
+                        continue
+                elif tags is not None and msg.tags not in tags:
+                    pq.skip(msg.queue_offset)
+                    self._context.counters.add(Count.FILTERED)
+                    continue
+                size = len(msg.body)
+                if headers:
+                    for header, value in headers:
+                        size += len(header) + (len(value) if value is not None else 0)
+                incoming.msgs.append(msg)
+                incoming.sizes.append(size)
+                incoming.records.append(record)
+                incoming.work.append(msg)
+                incoming.bytes += size
             except Exception as exc:
                 self._isolate(record, exc, batches)
         return batches
@@ -153,45 +213,6 @@ class Intake:
         incoming.cut = True
         return True
 
-    def _sort_one(self, record: Any, batches: dict[Key, Incoming]) -> None:
-        error = record.error()
-        if error is not None:
-            self._record_error(record, error)
-            return
-        key = (record.topic(), record.partition())
-        pq = self._queues.get(key)
-        if pq is None or pq.dropped:
-            return  # revoked meanwhile: the next owner reads it
-        incoming = self._incoming(key, batches)
-        if incoming.cut or (incoming.full and self._cut(record, incoming)):
-            return  # fetched again once the partition resumes
-        try:
-            headers = read_headers(record)
-        except MalformedRecordError as exc:
-            # A header name that is not UTF-8. The list confluent-kafka keeps afterwards holds
-            # a NULL that crashes the process when read: never read them again.
-            reason = MalformedRecordError(f"{exc}; quarantined without them")
-            incoming.hold_poison(Headerless(record), reason)
-            return
-        msg = self._decode(record, headers)
-        if isinstance(msg, Exception):
-            incoming.hold_poison(record, msg)
-            return
-        sub = self._context.subscriptions.get(msg.topic)
-        if (
-            sub is not None
-            and record.topic() == sub.kafka_topic
-            and not sub.filter.matches(msg.tags)
-        ):
-            pq.skip(msg.queue_offset)
-            self._context.counters.add(Count.FILTERED)
-            return
-        size = len(msg.body)
-        if headers:
-            for name, value in headers:
-                size += len(name) + (len(value) if value is not None else 0)
-        incoming.hold(msg, size, record)
-
     def _isolate(self, record: Any, exc: Exception, batches: dict[Key, Incoming]) -> None:
         """``record`` raised while being received: quarantine it with the reason."""
         logger.warning(
@@ -222,24 +243,17 @@ class Intake:
             return
         logger.warning("push consumer %s: %s", group, error.str())
 
-    def _decode(
-        self, record: Any, headers: list[tuple[str, bytes | None]] | None
-    ) -> MessageExt | MalformedRecordError:
-        """The message of ``record`` (whose ``headers`` were read), or why it must be
-        quarantined (a malformed retry record)."""
-        msg = message_from_record(record, headers=headers)
-        msg.topic = self._topic_names.get(msg.kafka_topic, msg.kafka_topic)
-        if msg.kafka_topic != self._retry_kafka_topic:
-            return msg
-        origin = msg.get_property(MessageConst.RETRY_TOPIC)
-        times = msg.get_property(MessageConst.RECONSUME_TIME)
-        if not origin:
-            return MalformedRecordError("a retry record without RETRY_TOPIC")
-        if not isinstance(origin, str):
-            return MalformedRecordError(f"a retry record with RETRY_TOPIC={origin!r}, not text")
-        if parse_count(times) is None:
-            return MalformedRecordError(
-                f"a retry record with RECONSUME_TIME={times!r}, not a count"
-            )
-        msg.topic = origin
-        return msg
+
+def _retry_origin(msg: MessageExt) -> MalformedRecordError | None:
+    """Give a message read from the group's retry topic the topic it was first sent to
+    (``RETRY_TOPIC``); or why it must be quarantined instead (a malformed retry record)."""
+    origin = msg.get_property(MessageConst.RETRY_TOPIC)
+    times = msg.get_property(MessageConst.RECONSUME_TIME)
+    if not origin:
+        return MalformedRecordError("a retry record without RETRY_TOPIC")
+    if not isinstance(origin, str):
+        return MalformedRecordError(f"a retry record with RETRY_TOPIC={origin!r}, not text")
+    if parse_count(times) is None:
+        return MalformedRecordError(f"a retry record with RECONSUME_TIME={times!r}, not a count")
+    msg.topic = origin
+    return None

@@ -44,6 +44,36 @@ class _Held:
         self.refusals = 0
 
 
+class Run:
+    """One listener task running messages of a partition one after another (a per-message
+    listener, see :meth:`ProcessQueue.open_run`), with its bookkeeping kept by the task itself
+    instead of a locked step per message.
+
+    The task appends each message its listener consumed to ``consumed`` and, before each call,
+    sets ``current``: the message, since when (monotonic seconds) and how many messages
+    ``consumed`` held then (one assignment, atomic). :meth:`ProcessQueue.finish` marks what was
+    consumed done; :meth:`ProcessQueue.overdue`, taking a message from the run, first marks
+    done what the run had consumed before it, so a listener that never returns pins nothing
+    it finished."""
+
+    __slots__ = ("consumed", "counted", "current", "done", "ignored", "settled", "taken")
+
+    def __init__(self) -> None:
+        self.current: tuple[MessageExt, float, int] | None = None
+        self.consumed: list[MessageExt] = []
+        self.settled = 0
+        """``consumed[:settled]`` were marked done (those still held and not taken)."""
+        self.done = 0
+        """How many messages the run marked done."""
+        self.ignored = 0
+        """How many results of the run did not count (taken, or the queue released)."""
+        self.counted = 0
+        """How much of ``done`` the task counted (kept by the task)."""
+        self.taken: set[int] = set()
+        """Offsets :meth:`ProcessQueue.overdue` took from the run: their results do not
+        count."""
+
+
 def message_size(msg: MessageExt) -> int:
     """The bytes ``msg`` counts for while held: its body, and its property names and values (a
     text value counts one byte per character)."""
@@ -68,6 +98,8 @@ class ProcessQueue:
         self._running = 0
         self._in_call: dict[int, _Held] = {}
         """Held messages a listener call is running, by offset."""
+        self._runs: set[Run] = set()
+        """Tasks running messages one by one (:meth:`open_run`)."""
         self.dropped = False
         """Set when the partition is revoked or the consumer stops: start no new work."""
         self.released = False
@@ -91,24 +123,33 @@ class ProcessQueue:
         """Hold ``msgs``; ``pending`` also queues them for an orderly task. ``sizes`` are their
         sizes in bytes (default: :func:`message_size`), ``records`` what :meth:`record_of`
         returns for them."""
+        msgs = list(msgs)
+        if sizes is None:
+            sizes = [message_size(msg) for msg in msgs]
+        if records is None:
+            records = [None] * len(msgs)
         with self._mutex:
             held = self._held
             last = next(reversed(held)) if held else -1
-            for i, msg in enumerate(msgs):
-                size = sizes[i] if sizes is not None else message_size(msg)
+            added = 0
+            for msg, size, record in zip(msgs, sizes, records, strict=True):
                 offset = msg.queue_offset
-                old = held.pop(offset, None)
-                if old is not None:
-                    self._bytes -= old.size
-                held[offset] = _Held(msg, size, records[i] if records is not None else None)
-                self._bytes += size
-                if offset < last:
-                    # Kept in offset order: the commit offset is the first key.
-                    self._held = held = OrderedDict(sorted(held.items()))
-                last = next(reversed(held))
-                self._highest = max(self._highest, offset)
-                if pending:
-                    self._pending.append(msg)
+                if offset > last:  # the usual case: the next offsets of the partition
+                    held[offset] = _Held(msg, size, record)
+                    last = offset
+                else:
+                    old = held.pop(offset, None)
+                    if old is not None:
+                        added -= old.size
+                    held[offset] = _Held(msg, size, record)
+                    if offset < last:
+                        # Kept in offset order: the commit offset is the first key.
+                        self._held = held = OrderedDict(sorted(held.items()))
+                added += size
+            self._bytes += added
+            self._highest = max(self._highest, last)
+            if pending:
+                self._pending.extend(msgs)
 
     def skip(self, offset: int) -> None:
         """Record an offset that needs no work (filtered out, quarantined)."""
@@ -216,7 +257,77 @@ class ProcessQueue:
             )
             for offset in late:
                 self._in_call.pop(offset).call = None
+            for run in self._runs:
+                current = run.current
+                if current is None or now - current[1] <= timeout_s:
+                    continue
+                offset = current[0].queue_offset
+                if offset not in run.taken and offset in self._held:
+                    self._settle_run(run, current[2])
+                    run.taken.add(offset)
+                    late.append(offset)
+            late.sort()
             return [self._held[o].msg for o in late]
+
+    # --- runs: one task, messages one by one ----------------------------------------------
+    def open_run(self) -> Run:
+        """Register a task that runs messages one after another, noting the current one in
+        :attr:`Run.current` (instead of :meth:`start` per message: this costs one
+        assignment); :meth:`overdue` looks at it. End it with :meth:`close_run`."""
+        run = Run()
+        with self._mutex:
+            self._runs.add(run)
+        return run
+
+    def close_run(self, run: Run) -> None:
+        """The task of ``run`` ended."""
+        with self._mutex:
+            self._runs.discard(run)
+
+    def finish(self, run: Run, failed: list[MessageExt]) -> list[MessageExt]:
+        """Mark what ``run`` consumed done (:attr:`Run.done` counts them), and return those of
+        ``failed`` (messages its listener failed) whose results still count: held, not taken by
+        :meth:`overdue`, in the order given. Nothing counts once the queue is released (the
+        next owner has the messages)."""
+        with self._mutex:
+            if self.released:
+                run.ignored += len(run.consumed) - run.settled + len(failed)
+                run.settled = len(run.consumed)
+                return []
+            self._settle_run(run, len(run.consumed))
+            taken = run.taken
+            if taken and failed:
+                kept = [m for m in failed if m.queue_offset not in taken]
+                run.ignored += len(failed) - len(kept)
+                return kept
+            return failed
+
+    def _settle_run(self, run: Run, upto: int) -> None:
+        """Mark ``run.consumed[run.settled:upto]`` done (not those taken); hold the lock."""
+        held = self._held
+        taken = run.taken
+        done = 0
+        for msg in run.consumed[run.settled : upto]:
+            offset = msg.queue_offset
+            if offset in taken:
+                run.ignored += 1
+                continue
+            entry = held.pop(offset, None)
+            if entry is not None:
+                self._bytes -= entry.size
+                done += 1
+        run.settled = max(run.settled, upto)
+        run.done += done
+
+    def withdraw_run(self, run: Run, msgs: Iterable[MessageExt]) -> list[MessageExt]:
+        """Take back from ``run`` (whose results cannot be used) those of ``msgs`` still held
+        and not taken by :meth:`overdue`, in the order given; none once released."""
+        with self._mutex:
+            if self.released:
+                return []
+            return [
+                m for m in msgs if m.queue_offset not in run.taken and m.queue_offset in self._held
+            ]
 
     # --- running work ---------------------------------------------------------------------
     def begin(self) -> bool:

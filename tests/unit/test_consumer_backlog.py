@@ -67,8 +67,38 @@ def test_chunks_queued_while_the_tasks_run_start_no_more_tasks() -> None:
     assert consumption._drainers == 0, "every task ended once the backlog was empty"
     msgs = _messages(120, 8)
     pq.put(msgs)
+    consumption._per_message_s = 0.1  # a slow listener: its chunks spread over the threads
     consumption.submit(pq, msgs)
     assert len(pool.tasks) == 8, "new chunks once every task ended: new tasks"
+
+
+def test_a_fast_listener_runs_many_messages_per_task_a_slow_one_every_thread() -> None:
+    def listener(msg: MessageExt) -> ConsumeStatus:
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer, consumption = _consumption(listener, 4)
+    pool = _HeldPool()
+    consumer._context.executor = pool  # type: ignore[assignment]
+    pq = ProcessQueue("t", 0)
+    msgs = _messages(0, 40)
+    pq.put(msgs)
+    consumption.submit(pq, msgs)
+    assert [len(m) for _, m in consumption._backlog] == [10] * 4, "not measured yet: shared"
+    for task in pool.tasks:
+        task()
+    assert 0 < consumption._per_message_s < 0.001, "the listener's calls were measured"
+    msgs = _messages(40, 100)
+    pq.put(msgs)
+    consumption.submit(pq, msgs)
+    assert [len(m) for _, m in consumption._backlog] == [64, 36], "fast: full chunks"
+    for task in pool.tasks[4:]:
+        task()
+    assert pq.held == 0 and pq.commit_offset() == 140 and consumer.stats().consumed == 140
+    consumption._per_message_s = 0.01  # 10 ms a message
+    msgs = _messages(140, 40)
+    pq.put(msgs)
+    consumption.submit(pq, msgs)
+    assert [len(m) for _, m in consumption._backlog] == [10] * 4, "slow: every thread"
 
 
 def test_every_message_is_consumed_once_whatever_the_threads_interleave() -> None:

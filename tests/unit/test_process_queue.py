@@ -190,3 +190,51 @@ def test_refusals_are_counted_per_held_message_and_forgotten_with_it() -> None:
     assert pq.note_refusal(0) == 0, "done: nothing to count"
     pq.put([_msg(0)])
     assert pq.note_refusal(0) == 1
+
+
+def test_a_run_marks_what_it_consumed_done_in_one_step_and_counts_it() -> None:
+    pq = ProcessQueue("t", 0)
+    msgs = [_msg(o) for o in range(4)]
+    pq.put(msgs, sizes=[10] * 4)
+    run = pq.open_run()
+    run.consumed += msgs[:2]
+    assert pq.finish(run, [msgs[2]]) == [msgs[2]], "a failure still counts: sent back"
+    assert (pq.held, pq.held_bytes, run.done) == (2, 20, 2)
+    assert pq.commit_offset() == 2
+    run.consumed.append(msgs[3])
+    assert pq.finish(run, []) == []
+    assert (pq.held, run.done, run.settled) == (1, 3, 3), "each consumed message marked once"
+    pq.close_run(run)
+    assert pq.overdue(1e12, 0.0) == []
+
+
+def test_a_run_past_the_timeout_loses_its_current_message_and_pins_nothing_it_finished() -> None:
+    pq = ProcessQueue("t", 0)
+    msgs = [_msg(o) for o in range(5)]
+    pq.put(msgs)
+    run = pq.open_run()
+    run.consumed += msgs[:2]  # 0 and 1 consumed, not yet marked done...
+    run.current = (msgs[2], 100.0, 2)  # ...and 2 in the listener since t=100
+    assert pq.overdue(104.0, 5.0) == []
+    assert pq.overdue(106.0, 5.0) == [msgs[2]], "taken by the consume timeout"
+    assert pq.commit_offset() == 2, "what the run finished before it is done"
+    assert run.done == 2
+    assert pq.overdue(200.0, 5.0) == [], "taken once"
+    run.consumed.append(msgs[2])  # the listener returns at last: its result does not count
+    assert pq.finish(run, [msgs[3]]) == [msgs[3]]
+    assert pq.held == 3 and run.ignored == 1, "2 stays held until its copy is acknowledged"
+    assert pq.finish(run, [msgs[2]]) == [], "nor a failure of a taken message"
+    assert pq.withdraw_run(run, msgs) == [msgs[3], msgs[4]], "held and not taken"
+
+
+def test_a_released_queue_counts_no_result_of_a_run() -> None:
+    pq = ProcessQueue("t", 0)
+    msgs = [_msg(o) for o in range(3)]
+    pq.put(msgs)
+    run = pq.open_run()
+    run.consumed.append(msgs[0])
+    pq.release()
+    assert pq.finish(run, [msgs[1]]) == []
+    assert (pq.held, run.done, run.ignored) == (3, 0, 2)
+    assert pq.withdraw_run(run, msgs) == []
+    assert pq.commit_offset() == 0, "never committed past what the released run ran"

@@ -12,7 +12,9 @@ envelope are refused with a ``WireFormatError`` (the record goes to quarantine).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -27,6 +29,7 @@ from bridge.codec import (
     header_bytes,
     header_value,
     message_from_record,
+    undecoded_message,
 )
 from bridge.errors import (
     BridgeError,
@@ -145,6 +148,58 @@ def test_a_repeated_header_name_keeps_its_last_value(
     assert set(decoded) == set(last)
     for name, raw in last.items():
         assert header_bytes(decoded[name]) == (raw if raw is not None else b"")
+
+
+_FIRST_READS: dict[str, Callable[[MessageExt], object]] = {
+    "properties": lambda m: m.properties,
+    "get_property": lambda m: m.get_property(MessageConst.TAGS),
+    "keys": lambda m: m.keys,
+    "tags": lambda m: m.tags,
+    "msg_id": lambda m: m.msg_id,
+    "born_host": lambda m: m.born_host,
+    "reconsume_times": lambda m: m.reconsume_times,
+    "repr": repr,
+    "put_system_property": lambda m: m.put_system_property("X", "y"),
+    "set tags": lambda m: setattr(m, "tags", "T"),
+}
+"""Ways a listener may first touch a received message's decoded parts."""
+
+
+@PROPERTY
+@given(
+    headers=st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+                    MessageConst.KEYS,
+                    MessageConst.TAGS,
+                    MessageConst.BORN_HOST,
+                    MessageConst.RECONSUME_TIME,
+                    "trace-bin",
+                    "a",
+                ]
+            ),
+            st.one_of(st.none(), awkward_bytes, st.sampled_from([b"k1 k2", b" ", b"7"])),
+        ),
+        max_size=8,
+    ),
+    value=st.one_of(st.none(), st.binary(max_size=8)),
+    first=st.sampled_from(sorted(_FIRST_READS)),
+)
+def test_a_message_decoded_on_first_use_is_the_message_decoded_at_once(
+    headers: list[tuple[str, bytes | None]], value: bytes | None, first: str
+) -> None:
+    record = _Record("bc.orders", value, headers)
+    eager = message_from_record(record)
+    eager.topic = "orders"
+    lazy = undecoded_message(record, "orders", "bc.orders", 0, record.headers())
+    assert (lazy.body, lazy.queue_offset, lazy.topic) == (eager.body, 7, "orders")
+    assert _FIRST_READS[first](lazy) == _FIRST_READS[first](eager)
+    assert lazy == eager and repr(lazy) == repr(eager)
+    assert type(lazy) is MessageExt, "decoded once, a plain MessageExt from then on"
+    for name in ("msg_id", "born_host", "queue_id", "born_timestamp_ms", "kafka_topic"):
+        assert getattr(lazy, name) == getattr(eager, name), name
 
 
 @PROPERTY
@@ -357,3 +412,29 @@ def test_a_text_body_with_a_lone_surrogate_is_an_invalid_message() -> None:
         Message("orders", "ok\ud800")
     with pytest.raises(InvalidMessageError, match="surrogate"):
         Message("orders", b"x").set_body("\udfff")
+
+
+def test_threads_reading_one_undecoded_message_at_once_all_see_it_decoded() -> None:
+    headers = [(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, b"ID"), (MessageConst.TAGS, b"T")]
+    msgs = [
+        undecoded_message(_Record("t", b"x", headers), "t", "t", 0, headers) for _ in range(300)
+    ]
+    seen: list[tuple[str, str | None, int]] = []
+    start = threading.Barrier(4)
+
+    def read() -> None:
+        start.wait()
+        for msg in msgs:
+            seen.append((msg.msg_id, msg.tags, len(msg.properties)))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert set(seen) == {("ID", "T", 2)} and len(seen) == 1200
