@@ -8,6 +8,11 @@ import secrets
 import socket
 import time
 from datetime import UTC, datetime
+from typing import Final
+
+_HEX_BYTE: Final = tuple(f"{i:02X}" for i in range(256))
+"""Upper-case hex of each byte value: an id's counter is two lookups (formatting it with
+``:04X`` costs three times as much)."""
 
 
 def now_ms() -> int:
@@ -75,4 +80,5 @@ class MessageIdGenerator:
         ms, head = self._head
         if ms != now:
             head = self._head_for(now)
-        return f"{head}{next(self._counter) & 0xFFFF:04X}"
+        count = next(self._counter) & 0xFFFF
+        return f"{head}{_HEX_BYTE[count >> 8]}{_HEX_BYTE[count & 0xFF]}"
