@@ -19,6 +19,8 @@ _logger = logging.getLogger(__name__)
 
 _otel_modules: tuple[Any, Any] | None = None
 """opentelemetry-api's ``trace`` and ``propagate`` modules, once looked for and found."""
+_current_context: Callable[[], Mapping[str, object]] | None = None
+"""opentelemetry-api's ``context.get_current``, once found."""
 _otel_looked = False
 """True once :func:`_opentelemetry` looked for them (set after ``_otel_modules``)."""
 
@@ -26,11 +28,12 @@ _otel_looked = False
 def _opentelemetry() -> tuple[Any, Any] | None:
     """opentelemetry-api's ``trace`` and ``propagate`` modules, or None when it is not
     installed (then nothing of it is imported; looked for once, from any thread)."""
-    global _otel_modules, _otel_looked  # noqa: PLW0603 - a cache filled on first use
+    global _otel_modules, _current_context, _otel_looked  # noqa: PLW0603 - filled on first use
     if not _otel_looked:
         try:
-            from opentelemetry import propagate, trace  # noqa: PLC0415 - optional extra
+            from opentelemetry import context, propagate, trace  # noqa: PLC0415 - optional extra
 
+            _current_context = context.get_current
             _otel_modules = (trace, propagate)
         except ImportError:
             _otel_modules = None
@@ -70,6 +73,22 @@ def tracing_active() -> bool:
     up. Cheap: senders and listener calls check it before making a span."""
     otel = _opentelemetry()
     return otel is not None and not _no_tracer_provider(otel[0])
+
+
+def untraced() -> bool:
+    """True if a send now would make no span and write no trace context: opentelemetry-api
+    is not installed, or no tracer provider is set up (as :func:`tracing_active` sees it)
+    and nothing is attached to the current context (so no span is current). One cheap check
+    for the common case; when False, :func:`tracing_active` and
+    :func:`inject_trace_context` decide."""
+    if not _otel_looked:
+        _opentelemetry()
+    current, otel = _current_context, _otel_modules
+    if current is None or otel is None:
+        return True  # not installed
+    if _provider_set or current():
+        return False
+    return time.monotonic() < _provider_next_look or _no_tracer_provider(otel[0])
 
 
 def tracing_available() -> bool:
@@ -130,8 +149,12 @@ def inject_trace_context(msg: Message) -> None:
     ``traceparent`` yet (one the user or another client set is kept as it is)."""
     if MessageConst.TRACE_PARENT in msg._properties:
         return
-    otel = _opentelemetry()
+    otel = _otel_modules if _otel_looked else _opentelemetry()
     if otel is None:
+        return
+    # An empty context (nothing attached: the common case without a span) holds no span;
+    # asking it for one costs several calls on every send.
+    if _current_context is not None and not _current_context():
         return
     trace, propagate = otel
     carrier: dict[str, str] = {}
