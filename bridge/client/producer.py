@@ -22,7 +22,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -63,7 +63,7 @@ from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageConst, MessageIdGenerator, PropertyValue, local_ipv4
 from bridge.observability.metrics import active_metrics
 from bridge.property_values import is_unicode
-from bridge.tracing import TraceSpan, inject_trace_context, send_span, tracing_active
+from bridge.tracing import TraceSpan, inject_trace_context, send_span, tracing_active, untraced
 from topics.catalog import SystemTopic
 from topics.naming import validate_user_group
 
@@ -610,9 +610,40 @@ class Producer(Startable):
         msg_ids, kafka_topics = reports.msg_ids, reports.kafka_topics
         produce = self._kafka.produce
         partial = functools.partial
+        time_ns = time.time_ns
+        next_id = self._ids.next_id
+        host = self._born_host
+        topics = self._kafka_topics
+        last_topic: object = None
+        kafka_topic = ""
+        last_tags: object = None
+        tags_header = ("", b"")
+        headers: Sequence[tuple[str, bytes | None]]
+        value: bytes | None
         stalled: SendTimeoutError | None = None
-        for index, record in enumerate(self._records(batch, prepared, partition)):
-            kafka_topic, key, value, headers, msg_id, born_ms, record_partition = record
+        for index, msg in enumerate(batch):
+            # The clock for every record: a hand-over may have waited for room in the local
+            # queue meanwhile, and an old millisecond with the shared 16-bit counter could
+            # repeat an id (and date the record too early).
+            born_ms = time_ns() // 1_000_000
+            record = prepared[index]
+            if record is None:  # a plain message, checked: built here, as _records does
+                topic = msg.topic
+                if topic is not last_topic:
+                    kafka_topic = topics.get(topic) or self._kafka_topic(topic)
+                    last_topic = topic
+                tags = msg.tags
+                msg_id = next_id(born_ms)
+                if not tags:
+                    headers = [(_UNIQ_KEY, msg_id.encode()), (_BORN_HOST, host)]
+                else:
+                    if tags is not last_tags:
+                        tags_header = (_TAGS, tags.encode())
+                        last_tags = tags
+                    headers = [(_UNIQ_KEY, msg_id.encode()), (_BORN_HOST, host), tags_header]
+                key, value, record_partition = None, msg._body, partition
+            else:
+                kafka_topic, key, value, headers, msg_id, born_ms, record_partition = record
             msg_ids[index] = msg_id
             kafka_topics[index] = kafka_topic
             if stalled is not None:
@@ -633,6 +664,11 @@ class Producer(Startable):
                     headers=headers,
                 )
             except BufferError:  # the local queue is full: wait for room, as a single send
+                if record is None:
+                    record = new_tuple(
+                        PreparedRecord,
+                        (kafka_topic, key, value, headers, msg_id, born_ms, record_partition),
+                    )
                 try:
                     self._produce(record, record_partition, callback)
                 except SendTimeoutError as exc:
@@ -679,6 +715,72 @@ class Producer(Startable):
         """
         if not self._running:
             self._lifecycle.require_running()
+        if (
+            type(msg) is Message
+            and not msg._properties
+            and not msg._keys
+            and partition == -1
+            and untraced()
+        ):
+            # The common case (a body, at most short tags, to a topic sent to before), built
+            # here: the record prepare() would build, without its calls and objects.
+            body, topic, tags = msg._body, msg.topic, msg.tags
+            kafka_topic = self._kafka_topics.get(topic) if type(topic) is str else None
+            if (
+                kafka_topic is not None
+                and body
+                and len(body) <= self._max_message_bytes
+                and (tags is None or (type(tags) is str and len(tags) <= TAGS_ALWAYS_FIT))
+            ):
+                born_ms = time.time_ns() // 1_000_000
+                msg_id = self._ids.next_id(born_ms)
+                try:
+                    headers = [(_UNIQ_KEY, msg_id.encode()), (_BORN_HOST, self._born_host)]
+                    if tags:
+                        headers.append((_TAGS, tags.encode()))
+                except UnicodeEncodeError:  # tags with a lone surrogate: prepare names it
+                    return self._send_async(msg, on_success, on_exception, partition)
+                report = new_tuple(
+                    AsyncReport,
+                    (msg_id, topic, kafka_topic, on_success, on_exception, time.monotonic()),
+                )
+                try:
+                    self._kafka.produce(
+                        kafka_topic,
+                        body,
+                        None,
+                        partition=-1,
+                        on_delivery=report,
+                        timestamp=born_ms,
+                        headers=headers,
+                    )
+                except Exception:  # a full queue waited for, or the error translated
+                    self._produce(
+                        new_tuple(
+                            PreparedRecord,
+                            (kafka_topic, None, body, headers, msg_id, born_ms, -1),
+                        ),
+                        -1,
+                        report,
+                    )
+                self._senders_active = True
+                # _serve_reports, inlined
+                unserved = self._sends_unserved + 1
+                if unserved >= _REPORTS_EVERY_SENDS:
+                    unserved = 0
+                    self._kafka.poll(0)
+                self._sends_unserved = unserved
+                return msg_id
+        return self._send_async(msg, on_success, on_exception, partition)
+
+    def _send_async(
+        self,
+        msg: Message,
+        on_success: OnSuccess | None,
+        on_exception: OnException | None,
+        partition: int,
+    ) -> str:
+        """:meth:`send_async` of any message: checked and built by :meth:`prepare`."""
         if tracing_active():
             with send_span(msg) as span:
                 record = self.prepare(msg, partition)
@@ -700,21 +802,7 @@ class Producer(Startable):
                 on_exception,
                 time.monotonic(),
             )
-            if not self._system_topics_ready and record.kafka_topic in self._system_topics:
-                self._ensure_system_topics()
-            try:  # _produce's first attempt, inlined
-                self._kafka.produce(
-                    record.kafka_topic,
-                    record.value,
-                    record.key,
-                    partition=record.partition,
-                    on_delivery=report,
-                    timestamp=record.born_timestamp_ms,
-                    headers=record.headers,
-                )
-                self._senders_active = True
-            except Exception:  # a full queue waited for, or the error translated
-                self._produce(record, record.partition, report)
+            self._produce(record, record.partition, report)
         self._serve_reports()
         return record.msg_id
 
