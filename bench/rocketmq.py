@@ -19,8 +19,10 @@ Lateness is measured on each broker's clock: the delivered record's store time (
 store timestamp, the bridge's ``LogAppendTime``) minus the due time written into its body.
 Sizes shrink with ``BENCH_ROCKETMQ_BURST`` (100,000 by default; the issue's figure is 500,000),
 ``BENCH_ROCKETMQ_STEADY_RATE`` (1000/s for 10 s), ``BENCH_ROCKETMQ_LEVELS`` (50,000) and
-``BENCH_ROCKETMQ_CONSUME`` (50,000). Both run on the same machine, one after the other; on a
-shared machine the figures are noisy.
+``BENCH_ROCKETMQ_CONSUME`` (50,000). ``BENCH_ROCKETMQ_PARTS`` picks benchmarks,
+comma-separated: ``burst``, ``steady``, ``levels``, ``transactions``, ``consume`` (all by
+default). Both run on the same machine, one after the other; on a shared machine the figures
+are noisy.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ STEADY_SECONDS = 10
 STEADY_DELAY_MS = 2000
 LEVEL_MESSAGES = int(os.environ.get("BENCH_ROCKETMQ_LEVELS", "50000"))
 CONSUME_MESSAGES = int(os.environ.get("BENCH_ROCKETMQ_CONSUME", "50000"))
+PARTS = frozenset(
+    p.strip()
+    for p in os.environ.get(
+        "BENCH_ROCKETMQ_PARTS", "burst,steady,levels,transactions,consume"
+    ).split(",")
+    if p.strip()
+)
 TX_SECONDS = 8
 LATENCY_MESSAGES = 400
 LATENCY_RATE_PER_S = 100
@@ -192,72 +201,78 @@ def run(bootstrap: str) -> list[Row]:
         try:
             _await_coordinator(config)
 
-            r = _driver(rmq, home, "bench-burst", count=BURST, due_in_ms=_due_in_ms(),
-                        deadline_ms=300_000)  # fmt: skip
-            o = _burst(config)
-            notes.append(
-                f"burst of {BURST:,}: RocketMQ sent in {r['send_s']:.1f} s "
-                f"({r['send_failed']} sends failed, not sent again), delivered "
-                f"{r['delivered']:,}, {r['within_1s']:,} within 1 s, p99 {r['p99_ms']} ms, "
-                f"early {r['early']}; ours sent in {o['send_s']:.1f} s, delivered "
-                f"{o['delivered']:,.0f}, {o['within_1s']:,.0f} within 1 s, p99 {o['p99_ms']:.0f} ms"
-            )
-            for side, before_ms in (
-                ("RocketMQ", r["sent_before_due_ms"]),
-                ("ours", o["before_ms"]),
-            ):
-                if before_ms < 0:
-                    notes.append(
-                        f"WARNING: {side} finished sending the burst {-before_ms / 1000:.1f} s "
-                        "after its due time: its figures are not those of a burst (lower "
-                        "BENCH_ROCKETMQ_BURST)"
-                    )
-            rows += [
-                Row(f"burst of {BURST:,}: all delivered after", "ms", o["all_in_ms"],
-                    r["all_in_ms"], LOWER, higher_is_better=False),
-                Row(f"burst of {BURST:,}: within 1 s of due", "msgs", o["within_1s"],
-                    r["within_1s"], ROCKETMQ),
-            ]  # fmt: skip
+            if "burst" in PARTS:
+                r = _driver(rmq, home, "bench-burst", count=BURST, due_in_ms=_due_in_ms(),
+                            deadline_ms=300_000)  # fmt: skip
+                o = _burst(config)
+                notes.append(
+                    f"burst of {BURST:,}: RocketMQ sent in {r['send_s']:.1f} s "
+                    f"({r['send_failed']} sends failed, not sent again), delivered "
+                    f"{r['delivered']:,}, {r['within_1s']:,} within 1 s, p99 {r['p99_ms']} ms, "
+                    f"early {r['early']}; ours sent in {o['send_s']:.1f} s, delivered "
+                    f"{o['delivered']:,.0f}, {o['within_1s']:,.0f} within 1 s, "
+                    f"p99 {o['p99_ms']:.0f} ms"
+                )
+                for side, before_ms in (
+                    ("RocketMQ", r["sent_before_due_ms"]),
+                    ("ours", o["before_ms"]),
+                ):
+                    if before_ms < 0:
+                        notes.append(
+                            f"WARNING: {side} finished sending the burst {-before_ms / 1000:.1f} s "
+                            "after its due time: its figures are not those of a burst (lower "
+                            "BENCH_ROCKETMQ_BURST)"
+                        )
+                rows += [
+                    Row(f"burst of {BURST:,}: all delivered after", "ms", o["all_in_ms"],
+                        r["all_in_ms"], LOWER, higher_is_better=False),
+                    Row(f"burst of {BURST:,}: within 1 s of due", "msgs", o["within_1s"],
+                        r["within_1s"], ROCKETMQ),
+                ]  # fmt: skip
 
-            r = _driver(rmq, home, "bench-steady", rate=STEADY_RATE_PER_S,
-                        seconds=STEADY_SECONDS, delay_ms=STEADY_DELAY_MS)  # fmt: skip
-            o = _steady(config)
-            notes.append(
-                f"steady timers at {STEADY_RATE_PER_S}/s: RocketMQ early {r['early']}, "
-                f"max {r['max_ms']} ms; ours early {o['early']:.0f}"
-            )
-            rows += [
-                Row(f"timer lateness p50 ({STEADY_RATE_PER_S}/s)", "ms", o["p50_ms"],
-                    r["p50_ms"], LOWER, higher_is_better=False),
-                Row(f"timer lateness p99 ({STEADY_RATE_PER_S}/s)", "ms", o["p99_ms"],
-                    r["p99_ms"], LOWER, higher_is_better=False),
-            ]  # fmt: skip
+            if "steady" in PARTS:
+                r = _driver(rmq, home, "bench-steady", rate=STEADY_RATE_PER_S,
+                            seconds=STEADY_SECONDS, delay_ms=STEADY_DELAY_MS)  # fmt: skip
+                o = _steady(config)
+                notes.append(
+                    f"steady timers at {STEADY_RATE_PER_S}/s: RocketMQ early {r['early']}, "
+                    f"max {r['max_ms']} ms; ours early {o['early']:.0f}"
+                )
+                rows += [
+                    Row(f"timer lateness p50 ({STEADY_RATE_PER_S}/s)", "ms", o["p50_ms"],
+                        r["p50_ms"], LOWER, higher_is_better=False),
+                    Row(f"timer lateness p99 ({STEADY_RATE_PER_S}/s)", "ms", o["p99_ms"],
+                        r["p99_ms"], LOWER, higher_is_better=False),
+                ]  # fmt: skip
 
-            r = _driver(rmq, home, "bench-levels", count=LEVEL_MESSAGES)
-            o = _levels(config)
-            rows.append(
-                Row(f"delay level 1, {LEVEL_MESSAGES:,} msgs", "msg/s", o["per_second"],
-                    r["delivered"] / r["seconds"], ROCKETMQ)
-            )  # fmt: skip
+            if "levels" in PARTS:
+                r = _driver(rmq, home, "bench-levels", count=LEVEL_MESSAGES)
+                o = _levels(config)
+                rows.append(
+                    Row(f"delay level 1, {LEVEL_MESSAGES:,} msgs", "msg/s", o["per_second"],
+                        r["delivered"] / r["seconds"], ROCKETMQ)
+                )  # fmt: skip
 
-            r = _driver(rmq, home, "bench-transactions", threads=THREADS, seconds=TX_SECONDS,
-                        rate=LATENCY_RATE_PER_S, count=LATENCY_MESSAGES)  # fmt: skip
-            o = _transactions(config)
-            rows += [
-                Row(f"transactional sends ({THREADS} threads)", "msg/s", o["per_second"],
-                    r["per_second"], ROCKETMQ),
-                Row("commit-to-visible p50", "ms", o["p50_ms"], r["p50_ms"], LOWER,
-                    higher_is_better=False),
-                Row("commit-to-visible p99", "ms", o["p99_ms"], r["p99_ms"], LOWER,
-                    higher_is_better=False),
-            ]  # fmt: skip
+            if "transactions" in PARTS:
+                r = _driver(rmq, home, "bench-transactions", threads=THREADS, seconds=TX_SECONDS,
+                            rate=LATENCY_RATE_PER_S, count=LATENCY_MESSAGES)  # fmt: skip
+                o = _transactions(config)
+                rows += [
+                    Row(f"transactional sends ({THREADS} threads)", "msg/s", o["per_second"],
+                        r["per_second"], ROCKETMQ),
+                    Row("commit-to-visible p50", "ms", o["p50_ms"], r["p50_ms"], LOWER,
+                        higher_is_better=False),
+                    Row("commit-to-visible p99", "ms", o["p99_ms"], r["p99_ms"], LOWER,
+                        higher_is_better=False),
+                ]  # fmt: skip
 
-            r = _driver(rmq, home, "bench-consume", count=CONSUME_MESSAGES)
-            o = _consume(config)
-            rows.append(
-                Row(f"consume, 10% failing once ({CONSUME_MESSAGES:,})", "msg/s",
-                    o["per_second"], r["per_second"], ROCKETMQ)
-            )  # fmt: skip
+            if "consume" in PARTS:
+                r = _driver(rmq, home, "bench-consume", count=CONSUME_MESSAGES)
+                o = _consume(config)
+                rows.append(
+                    Row(f"consume, 10% failing once ({CONSUME_MESSAGES:,})", "msg/s",
+                        o["per_second"], r["per_second"], ROCKETMQ)
+                )  # fmt: skip
             rss = rmq.rss_bytes()
             notes.append(
                 f"RocketMQ resident at the end: {rss.get('namesrv', 0) / 2**20:.0f} + "
