@@ -4,7 +4,7 @@ A front over the threaded :class:`bridge.client.Producer`, which keeps every rul
 message is checked and its record built by the same :meth:`~bridge.client.Producer.prepare`
 (the same typed errors, and nothing sent when one is raised), and sent by the same producer,
 idempotent and ``acks=all``, with the same delivery reports
-(:class:`~bridge.client.send_results.AsyncReport`). Only where the work runs differs:
+(:func:`~bridge.client.send_results.async_report`). Only where the work runs differs:
 
 * on the event loop: a future per send and a queue append, nothing more;
 * on the producer's sender thread: preparing each record, and every call into librdkafka
@@ -33,7 +33,7 @@ from typing import Any, Final, cast
 
 from bridge.aio.runner import AsyncClient
 from bridge.client.producer import Producer as ThreadedProducer
-from bridge.client.send_results import AsyncReport, SendResult, log_oneway_failure
+from bridge.client.send_results import SendResult, async_report, log_oneway_failure
 from bridge.codec import PreparedRecord
 from bridge.config import ClientConfig
 from bridge.errors import (
@@ -432,10 +432,10 @@ class Producer(AsyncClient):
             if not item.claim():  # timed out or cancelled: the caller was told; not sent
                 return
             if results is None:
-                report: Report | AsyncReport = log_oneway_failure
+                report: Report = log_oneway_failure
             else:
                 pending = results[index]
-                report = AsyncReport(
+                report = async_report(
                     record.msg_id,
                     item.msgs[index].topic,
                     record.kafka_topic,

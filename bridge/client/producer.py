@@ -18,12 +18,12 @@ context travels in the message (``docs/tracing.md``). Without it nothing is impo
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any
 
 from bridge.client.send_checks import (
@@ -36,14 +36,15 @@ from bridge.client.send_checks import (
     properties_too_large,
 )
 from bridge.client.send_results import (
-    AsyncReport,
     BatchReports,
     OnException,
     OnSuccess,
     SendResult,
     SendStatus,
     SyncWaiter,
+    async_report,
     log_oneway_failure,
+    report_async,
 )
 from bridge.codec import PreparedRecord, new_tuple, plain_record
 from bridge.config import ClientConfig
@@ -609,7 +610,6 @@ class Producer(Startable):
         report, outcomes = reports.report, reports.outcomes
         msg_ids, kafka_topics = reports.msg_ids, reports.kafka_topics
         produce = self._kafka.produce
-        partial = functools.partial
         time_ns = time.time_ns
         next_id = self._ids.next_id
         host = self._born_host
@@ -740,9 +740,14 @@ class Producer(Startable):
                         headers.append((_TAGS, tags.encode()))
                 except UnicodeEncodeError:  # tags with a lone surrogate: prepare names it
                     return self._send_async(msg, on_success, on_exception, partition)
-                report = new_tuple(
-                    AsyncReport,
-                    (msg_id, topic, kafka_topic, on_success, on_exception, time.monotonic()),
+                report = partial(
+                    report_async,
+                    msg_id,
+                    topic,
+                    kafka_topic,
+                    on_success,
+                    on_exception,
+                    time.monotonic(),
                 )
                 try:
                     self._kafka.produce(
@@ -788,19 +793,14 @@ class Producer(Startable):
                 self._produce(
                     record,
                     record.partition,
-                    AsyncReport(
+                    async_report(
                         record.msg_id, msg.topic, record.kafka_topic, on_success, on_exception
                     ),
                 )
         else:
             record = self.prepare(msg, partition)
-            report = AsyncReport.of(
-                record.msg_id,
-                msg.topic,
-                record.kafka_topic,
-                on_success,
-                on_exception,
-                time.monotonic(),
+            report = async_report(
+                record.msg_id, msg.topic, record.kafka_topic, on_success, on_exception
             )
             self._produce(record, record.partition, report)
         self._serve_reports()

@@ -8,7 +8,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Any, NamedTuple, cast
+from functools import partial
+from typing import Any, Final, NamedTuple, cast
 
 from confluent_kafka import KafkaError
 
@@ -65,6 +66,9 @@ class SendResult(NamedTuple):
     queue_id: int
 
 
+_SEND_OK: Final = SendStatus.SEND_OK
+
+
 class SyncWaiter:
     """The delivery report of one sync send, waited for."""
 
@@ -89,65 +93,54 @@ class SyncWaiter:
         self.event.set()
 
 
-class AsyncReport(tuple[str, str, str, OnSuccess | None, OnException | None, float]):
-    """The delivery report handler of one ``send_async``: ``(msg_id, topic, kafka_topic,
-    on_success, on_exception, started)``, called with librdkafka's report.
+def report_async(  # noqa: PLR0917 - the send's fields, then the report's
+    msg_id: str,
+    topic: str,
+    kafka_topic: str,
+    on_success: OnSuccess | None,
+    on_exception: OnException | None,
+    started: float,
+    err: KafkaError | None,
+    kmsg: Any,
+) -> None:
+    """The delivery report of one ``send_async``, bound to its send by :func:`async_report`
+    (``started``: when the send began, monotonic s, for ``rocketmq_send_cost_time``): calls
+    ``on_success(SendResult)`` or ``on_exception(error)``; a callback that raises is logged."""
+    if active_metrics() is not None:
+        record_send(started, err, kmsg)
+    try:
+        if err is not None:
+            error = translate_error(err, f"send of {msg_id} to {kafka_topic}")
+            if on_exception is not None:
+                on_exception(error)
+            else:
+                logger.warning("async send failed: %s", error)
+        elif on_success is not None:
+            on_success(
+                new_tuple(SendResult, (_SEND_OK, msg_id, kmsg.offset(), topic, kmsg.partition()))
+            )
+    except Exception:
+        logger.exception("send callback for %s raised", msg_id)
 
-    One small object per message in flight and nothing else: confluent-kafka keeps it until
-    the report arrives, and a closure (function, cells, captured record) would keep several
-    objects per message alive for the garbage collector to walk through. A tuple, so the
-    producer builds it in C (:meth:`of`).
-    """
 
-    __slots__ = ()
+AsyncReport = Callable[[KafkaError | None, Any], None]
+"""The delivery report handler of one ``send_async`` (:func:`async_report`)."""
 
-    def __new__(
-        cls,
-        msg_id: str,
-        topic: str,
-        kafka_topic: str,
-        on_success: OnSuccess | None,
-        on_exception: OnException | None,
-    ) -> AsyncReport:
-        return new_tuple(
-            cls, (msg_id, topic, kafka_topic, on_success, on_exception, time.monotonic())
-        )
 
-    @staticmethod
-    def of(  # noqa: PLR0917 - the handler's fields, in order
-        msg_id: str,
-        topic: str,
-        kafka_topic: str,
-        on_success: OnSuccess | None,
-        on_exception: OnException | None,
-        started: float,
-    ) -> AsyncReport:
-        """The handler, built without a Python-level constructor (``started``: when the
-        send began, monotonic s, for ``rocketmq_send_cost_time``)."""
-        return new_tuple(
-            AsyncReport, (msg_id, topic, kafka_topic, on_success, on_exception, started)
-        )
-
-    def __call__(self, err: KafkaError | None, kmsg: Any) -> None:
-        msg_id, topic, kafka_topic, on_success, on_exception, started = self
-        if active_metrics() is not None:
-            record_send(started, err, kmsg)
-        try:
-            if err is not None:
-                error = translate_error(err, f"send of {msg_id} to {kafka_topic}")
-                if on_exception is not None:
-                    on_exception(error)
-                else:
-                    logger.warning("async send failed: %s", error)
-            elif on_success is not None:
-                on_success(
-                    new_tuple(
-                        SendResult,
-                        (SendStatus.SEND_OK, msg_id, kmsg.offset(), topic, kmsg.partition()),
-                    )
-                )
-        except Exception:
-            logger.exception("send callback for %s raised", msg_id)
+def async_report(
+    msg_id: str,
+    topic: str,
+    kafka_topic: str,
+    on_success: OnSuccess | None,
+    on_exception: OnException | None,
+) -> AsyncReport:
+    """The delivery report handler of one ``send_async`` of ``msg_id`` starting now:
+    :func:`report_async` bound to the send with ``functools.partial``, one small C object
+    per message in flight (a closure would keep several objects per message alive), called
+    at C speed (a tuple with ``__call__`` costs a Python-level dispatch more)."""
+    return partial(
+        report_async, msg_id, topic, kafka_topic, on_success, on_exception, time.monotonic()
+    )
 
 
 class BatchReports:
