@@ -151,7 +151,7 @@ class BatchReports:
     in flight holds as few objects as it can for the garbage collector to walk through.
     """
 
-    __slots__ = ("kafka_topics", "msg_ids", "msgs", "outcomes", "partitions", "started")
+    __slots__ = ("kafka_topics", "msg_ids", "msgs", "outcomes", "started")
 
     def __init__(self, msgs: Sequence[Message], started: float | None) -> None:
         count = len(msgs)
@@ -162,19 +162,26 @@ class BatchReports:
         """Where each record went (set as it is handed over)."""
         self.started = started
         """When the batch was handed over, monotonic s, when metrics record send costs."""
-        self.outcomes: list[int | KafkaError | KafkaClientError | None] = [None] * count
-        """Per message: its offset once stored, librdkafka's error, a refusal before
+        self.outcomes: list[SendResult | KafkaError | KafkaClientError | None] = [None] * count
+        """Per message: its result once stored, librdkafka's error, a refusal before
         librdkafka took it, or None while no report came."""
-        self.partitions = [-1] * count
 
     def report(self, index: int, err: KafkaError | None, kmsg: Any) -> None:
         """The delivery report of message ``index``."""
         if self.started is not None:
             record_send(self.started, err, kmsg)
         if err is None:
-            self.partitions[index] = kmsg.partition()  # first: an outcome means both are set
             offset = kmsg.offset()
-            self.outcomes[index] = -1 if offset is None else offset
+            self.outcomes[index] = new_tuple(
+                SendResult,
+                (
+                    _SEND_OK,
+                    self.msg_ids[index],
+                    -1 if offset is None else offset,
+                    self.msgs[index].topic,
+                    kmsg.partition(),
+                ),
+            )
         else:
             self.outcomes[index] = err
 
@@ -192,22 +199,9 @@ class BatchReports:
         fails with :class:`SendTimeoutError` (no acknowledgement within ``timeout_ms``)."""
         out: list[SendResult | KafkaClientError] = []
         append = out.append
-        msg_ids, msgs, partitions = self.msg_ids, self.msgs, self.partitions
+        msg_ids = self.msg_ids
         for index, outcome in enumerate(self.outcomes):
-            if type(outcome) is int:
-                append(
-                    new_tuple(
-                        SendResult,
-                        (
-                            SendStatus.SEND_OK,
-                            msg_ids[index],
-                            outcome,
-                            msgs[index].topic,
-                            partitions[index],
-                        ),
-                    )
-                )
-            elif isinstance(outcome, KafkaClientError):
+            if type(outcome) is SendResult or isinstance(outcome, KafkaClientError):
                 append(outcome)
             else:
                 context = f"send of {msg_ids[index]} to {self.kafka_topics[index]}"
@@ -218,7 +212,7 @@ class BatchReports:
                             "still be delivered)"
                         )
                     )
-                else:  # librdkafka's error (the int case, stored, is handled above)
+                else:  # librdkafka's error
                     append(translate_error(cast(KafkaError, outcome), context))
         return out
 
