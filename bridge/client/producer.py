@@ -329,8 +329,7 @@ class Producer(Startable):
     def prepare_batch(self, msgs: Iterable[Message], partition: int = -1) -> list[PreparedRecord]:
         """:meth:`prepare` for every message of ``msgs``, in order, with what they share done
         once: the trace context looked up, each topic mapped and its ``partition`` checked,
-        tags encoded, the clock read (every 1,024 messages: records of one batch share their
-        born time). The first message that is not valid raises its typed error (see
+        tags encoded. The first message that is not valid raises its typed error (see
         :meth:`prepare`); nothing is sent here.
         """
         batch = _message_list(msgs)
