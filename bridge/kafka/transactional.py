@@ -5,7 +5,9 @@ of transactions (:func:`is_permanent_delivery_error`)."""
 from __future__ import annotations
 
 import logging
+import queue
 import threading
+import weakref
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException
@@ -106,6 +108,66 @@ _stuck_lock = threading.Lock()
 _stuck_calls = 0
 
 
+class _Call:
+    """One transaction call handed to a :class:`_CallWorker`, and what became of it."""
+
+    __slots__ = ("args", "done", "given_up", "method", "outcome", "target")
+
+    def __init__(self, target: Any, method: str, args: tuple[Any, ...]) -> None:
+        self.target = target
+        self.method = method
+        self.args = args
+        self.done = threading.Event()
+        self.given_up = False
+        """Set (under ``_stuck_lock``) when the caller stopped waiting for it."""
+        self.outcome: BaseException | None = None
+
+
+class _CallWorker:
+    """The thread that runs one producer's transaction calls, one at a time, started with the
+    first call and kept for the next ones (a thread started per call cost more than the call's
+    own Python work). It ends when its :class:`BoundedTransactions` is collected (see
+    :meth:`close`), or, if a call never returns, with that call."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def run(self, call: _Call) -> None:
+        """Hand ``call`` to the thread (started on first use)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=_serve_calls, args=(self._jobs,), name=f"{self._name}-txn", daemon=True
+            )
+            self._thread.start()
+        self._jobs.put(call)
+
+    def close(self) -> None:
+        """Let the thread end once the call it runs (if any) returns."""
+        self._jobs.put(None)
+
+
+def _serve_calls(jobs: queue.SimpleQueue[_Call | None]) -> None:
+    """The body of a :class:`_CallWorker` thread. It holds a call (and its producer) only
+    while running it, so that a producer given up is not kept alive by an idle thread."""
+    global _stuck_calls  # noqa: PLW0603 - one count per process
+    while True:
+        call = jobs.get()
+        if call is None:
+            return
+        try:
+            getattr(call.target, call.method)(*call.args)
+        except BaseException as exc:
+            call.outcome = exc
+        finally:
+            with _stuck_lock:
+                call.done.set()
+                if call.given_up:
+                    _stuck_calls -= 1
+            call = None  # no reference to the producer while waiting for the next call
+
+
 class BoundedTransactions:
     """A transactional producer whose transaction calls return by their timeout, plus
     :data:`WATCHDOG_GRACE_S`.
@@ -113,10 +175,10 @@ class BoundedTransactions:
     librdkafka's ``send_offsets_to_transaction`` can block past its timeout, for ever, once the
     coordinator it waits for is lost (a dropped connection, a broker gone from the metadata:
     confluentinc/librdkafka#5456 and #5511), and with it the service thread and every message
-    the service moves. Each of these calls therefore runs on a thread of its own; one that
-    has not returned in time raises a *fatal* ``_TIMED_OUT`` :class:`KafkaException`, and the
-    producer counts as wedged: every later transactional call fails the same way at once.
-    The service then replaces it
+    the service moves. Each of these calls therefore runs on a thread of the producer's own
+    (one, kept from call to call); one that has not returned in time raises a *fatal*
+    ``_TIMED_OUT`` :class:`KafkaException`, and the producer counts as wedged: every later
+    transactional call fails the same way at once. The service then replaces it
     (:meth:`bridge.kafka.service.TransactionalService.transaction_failed`): the new producer's
     ``init_transactions`` fences the wedged one and has the broker abort what it left open,
     and a commit whose outcome that leaves unknown is handled as any commit that timed out.
@@ -131,6 +193,8 @@ class BoundedTransactions:
         self._producer = producer
         self._name = name
         self._wedged: str | None = None
+        self._worker = _CallWorker(name)
+        weakref.finalize(self, self._worker.close)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._producer, attr)
@@ -168,43 +232,26 @@ class BoundedTransactions:
         """``Producer.abort_transaction``, bounded; ``timeout`` in seconds."""
         self._bounded("abort_transaction", timeout, timeout)
 
-    def _bounded(self, call: str, timeout_s: float, *args: Any) -> None:
+    def _bounded(self, method: str, timeout_s: float, *args: Any) -> None:
         if self._wedged is not None:
             raise self._wedged_error(self._wedged)
-        done = threading.Event()
-        outcome: list[BaseException] = []
-        producer = self._producer
-
-        given_up = threading.Event()
-
-        def run() -> None:
-            global _stuck_calls  # noqa: PLW0603 - one count per process
-            try:
-                getattr(producer, call)(*args)
-            except BaseException as exc:
-                outcome.append(exc)
-            finally:
-                with _stuck_lock:
-                    done.set()
-                    if given_up.is_set():
-                        _stuck_calls -= 1
-
-        threading.Thread(target=run, name=f"{self._name}-{call}", daemon=True).start()
+        call = _Call(self._producer, method, args)
+        self._worker.run(call)
         limit_s = timeout_s + WATCHDOG_GRACE_S
-        if not done.wait(limit_s):
+        if not call.done.wait(limit_s):
             global _stuck_calls  # noqa: PLW0603 - one count per process
             with _stuck_lock:
-                if not done.is_set():
-                    given_up.set()
+                if not call.done.is_set():
+                    call.given_up = True
                     _stuck_calls += 1
                 stuck = _stuck_calls
-            if given_up.is_set():
-                self._wedged = call
+            if call.given_up:
+                self._wedged = method
                 logger.error(
                     "%s: %s did not return within %.0f s although its timeout is %.0f s; "
                     "giving this producer up (%d given-up calls still running)",
                     self._name,
-                    call,
+                    method,
                     limit_s,
                     timeout_s,
                     stuck,
@@ -214,9 +261,9 @@ class BoundedTransactions:
                         f"{stuck} Kafka transaction calls did not return within their "
                         "timeout; stopping so that a restart frees their threads"
                     )
-                raise self._wedged_error(call)
-        if outcome:
-            error = outcome.pop()  # no cycle through this frame keeps the producer alive
+                raise self._wedged_error(method)
+        error, call.outcome = call.outcome, None  # no cycle through this frame
+        if error is not None:
             raise error
 
     def _wedged_error(self, call: str) -> KafkaException:
