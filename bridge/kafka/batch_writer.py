@@ -119,11 +119,12 @@ def _produce(producer: Any, batch: TransactionBatch, on_refused: Refused | None)
     """Produce every record of ``batch``; a refused one is replaced while ``on_refused`` gives
     another form of it, at most :data:`MAX_FORMS` tries."""
     records = batch.records
+    produce = producer.produce  # looked up once: a BoundedTransactions forwards it
     for index in range(len(records)):
         for _ in range(MAX_FORMS):
             record = records[index]
             try:
-                producer.produce(
+                produce(
                     record.kafka_topic,
                     record.value,
                     record.key,

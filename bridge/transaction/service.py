@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bridge.config import TrustLimits
 from bridge.kafka.admin import TopicAdmin
@@ -206,7 +206,8 @@ class TransactionService(TransactionalService):
     def _commit(self, batch: HalfBatch) -> bool:
         """Write ``batch`` and every owned partition's checkpoint in one Kafka transaction.
         False when it failed: the state is rebuilt and the commits that made it fail are set
-        aside.
+        aside. The checkpoints are sent while the records are in flight; their delivery
+        reports are looked at before the commit, which a lost record prevents.
 
         A batch without records whose checkpoints are those committed last (half messages
         read, nothing decided: the oldest undecided one holds each checkpoint where it was)
@@ -219,36 +220,35 @@ class TransactionService(TransactionalService):
             return True
         self._offsets_dirty = False
         producer = self._producer
+        consumer = self._consumer
         timeout_s = self.timeout_s
-        failed: KafkaError | None = None
-
-        def settle(_: TransactionBatch) -> None:
-            nonlocal failed
-            producer.flush(timeout_s)
-            failed = next((e for e in batch.outcome.values() if e is not None), None)
-            if failed is not None and not is_purge(failed):
-                # Doomed: fail before the offsets join it, so that the group's offsets are
-                # not left pending on the abort (the rebuild would wait for them to settle).
-                raise KafkaException(failed)
-
         sent: list[TopicPartition] = []
 
         def checkpoints() -> list[TopicPartition]:
-            # After a purge (the transaction failed as a whole, e.g. a partition it could not
-            # add) sending them raises the transaction's own error, which names the cause.
+            # Sent while the records are in flight: the offsets' two round trips overlap the
+            # records' (registering their partitions, producing), instead of following them.
             sent[:] = self._checkpoints()
             return sent
 
-        def unless_lost(_: TransactionBatch) -> None:
-            if failed is not None:
-                raise KafkaException(failed)  # never commit what lost a record
+        def settle(_: TransactionBatch) -> None:
+            producer.flush(timeout_s)
+            failed = next((e for e in batch.outcome.values() if e is not None), None)
+            if failed is None:
+                return
+            if is_purge(failed) and sent:
+                # The transaction failed as a whole (e.g. a partition it could not add): a
+                # transaction call now raises the transaction's own error, which names the
+                # cause (the offsets again change nothing if it does not).
+                producer.send_offsets_to_transaction(
+                    sent, consumer.consumer_group_metadata(), timeout_s
+                )
+            raise KafkaException(failed)  # never commit what lost a record
 
         if not self.write(
             batch,
             on_failure=self._transaction_failed,
             offsets=checkpoints,
-            after_produce=settle,
-            before_commit=unless_lost,
+            before_commit=settle,
             on_refused=batch.refused,
             failures=_FAILURES,
         ):
