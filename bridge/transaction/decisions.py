@@ -182,15 +182,22 @@ class Decisions:
             return
         # Decided by its producer: no check of it is needed any more, on its own or not.
         self._svc.checks.forget(end.transaction_id)
-        topic = self._topic_label(pending)
-        self._svc.count(
-            batch, lambda m: _count_decision(m, self._svc.client.namespace, end, pending, topic)
-        )
+        topic: str | None = None
         if end.status is TransactionStatus.COMMIT:
-            self._apply_commit(state, pending, batch)
+            topic = self._apply_commit(state, pending, batch)
         else:
             self._svc.write_op(state, pending, OpAction.ROLLBACK, batch)
             state.resolve(pending)
+        self._svc.count(
+            batch,
+            lambda m: _count_decision(
+                m,
+                self._svc.client.namespace,
+                end,
+                pending,
+                self._topic_label(pending) if topic is None else topic,
+            ),
+        )
         logger.debug("transaction %s: %s", end.transaction_id, end.status.value)
 
     def _topic_label(self, pending: PendingHalf) -> str:
@@ -207,13 +214,17 @@ class Decisions:
             return NOT_ALLOWED_TOPIC
         return str(msg.get_property(MessageConst.REAL_TOPIC) or msg.topic)
 
-    def _apply_commit(self, state: HalfPartition, pending: PendingHalf, batch: HalfBatch) -> None:
+    def _apply_commit(self, state: HalfPartition, pending: PendingHalf, batch: HalfBatch) -> str:
         """Commit ``pending`` in ``batch``, or set it aside to be committed on its own when its
-        real record is known not to fit (so the rest of the batch does not fail with it)."""
+        real record is known not to fit (so the rest of the batch does not fail with it).
+        Returns the decision's ``topic`` label (see :meth:`_topic_label`), from the real
+        record built here rather than building it twice."""
         tid = pending.transaction_id
         poison = self._svc.parking.get(tid)
         real: PreparedRecord | None = None
+        label: str | None = None
         if poison is None:
+            label = NOT_ALLOWED_TOPIC
             try:
                 real = committed_record(pending.message, self._svc.catalog.namespace)
             except (BridgeError, ValueError) as exc:
@@ -233,17 +244,22 @@ class Decisions:
                         state, tid, refusal, self._svc.config.delivery_attempts
                     )
                 else:
+                    msg = pending.message
+                    label = str(msg.get_property(MessageConst.REAL_TOPIC) or msg.topic)
                     problem = self._svc.targets.problem(
                         real.kafka_topic, real.partition, fresh=False
                     )
                     if problem is not None:
                         poison = self._svc.parking.set_aside(state, tid, problem, 1)
+        if label is None:
+            label = self._topic_label(pending)
         if poison is not None or real is None:
             state.hold(pending)  # committed on its own by Parking.commit_alone_due
-            return
+            return label
         batch.add_real(tid, state.partition, real)
         self._svc.write_op(state, pending, OpAction.COMMIT, batch)
         state.resolve(pending)
+        return label
 
 
 NOT_ALLOWED_TOPIC: Final = "(not allowed)"
