@@ -18,7 +18,7 @@ import operator
 import threading
 from collections.abc import Mapping, Sequence
 from functools import cache, lru_cache
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, SupportsIndex
 
 from fastavro import schemaless_reader
 
@@ -291,6 +291,11 @@ class _Undecoded(MessageExt):
             if name == MessageConst.RECONSUME_TIME:
                 raw = value  # a repeated header: the last one counts, as decoded
         return parse_count(header_value(raw)) or 0
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        # copy, deepcopy and pickle rebuild a plain MessageExt: decoded first, then as one.
+        self._decode()
+        return self.__reduce_ex__(protocol)
 
     def _decode(self) -> None:
         with _DECODE_LOCK:

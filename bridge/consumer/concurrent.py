@@ -29,6 +29,7 @@ from bridge.consumer.context import ConsumerContext, MessageCallback
 from bridge.consumer.counters import Count
 from bridge.consumer.model import (
     ConsumeConcurrentlyContext,
+    ConsumeOrderlyStatus,
     ConsumeStatus,
     MessageListenerConcurrently,
     MessageQueue,
@@ -241,6 +242,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                         else cast(MessageCallback, sub.listener)
                     )
                 if callback is None:
+                    run.current = None  # the last callable's message is consumed, not in a call
                     index += 1
                     self._consume_requests(pq, [[msg]], begun=True)
                     continue
@@ -256,7 +258,11 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                     record_failure([msg], Failure.EXCEPTION, exc)
                     failed.append(msg)
                 else:
-                    if result is ConsumeStatus.CONSUME_SUCCESS:
+                    # Either enum's success, as leading_successes takes them.
+                    if (
+                        result is ConsumeStatus.CONSUME_SUCCESS
+                        or result is ConsumeOrderlyStatus.SUCCESS
+                    ):
                         consumed.append(msg)
                     else:
                         if result is None:
@@ -293,6 +299,21 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
             )
             if back:
                 self.policy.retry_locally(pq, back)
+        except BaseException:
+            # Escaping the task (SystemExit, a cancellation): what was consumed is done, the
+            # message in the listener stays in a call (consume_timeout sends it back, as for a
+            # call that never returns), and the chunk's failed and unrun messages run again.
+            current = run.current
+            run.current = None
+            with contextlib.suppress(Exception):
+                self._count_done(pq, run)
+                if current is not None:
+                    pq.start(object(), [current[0]], current[1])
+                after = index + 1 if current is not None else index
+                back = pq.withdraw_run(run, failed + msgs[after:])
+                if back:
+                    self.policy.retry_locally(pq, back)
+            raise
         finally:
             run.current = None
             pq.close_run(run)
