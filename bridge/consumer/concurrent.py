@@ -4,7 +4,8 @@ A partition's messages are cut into consume requests and run on the pool, many a
 each message is done once its listener consumed it or its retry copy is acknowledged, so the
 committed offset follows however the threads finish. A message in its listener for longer
 than ``consume_timeout`` is sent back (RocketMQ's ``cleanExpireMsg``) and its listener's late
-result ignored.
+result ignored, and the messages of its task not started yet go to another task (a call that
+never returns holds only its own messages, as a RocketMQ consume thread holds only its request).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from bridge.consumer.model import (
     checked_ack_index,
     checked_delay_level,
 )
-from bridge.consumer.process_queue import ProcessQueue, Run
+from bridge.consumer.process_queue import Call, ProcessQueue, Run
 from bridge.consumer.quarantine import Quarantine
 from bridge.message import MessageExt
 from bridge.tracing import tracing_active
@@ -162,7 +163,9 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
     def expire_overdue(self, queues: Iterable[ProcessQueue]) -> None:
         """RocketMQ's ``cleanExpireMsg``: a message in its listener for longer than
         ``consume_timeout`` is sent back for retry at delay level 3 (dropped, BROADCASTING),
-        so its offset can be committed past; its listener's late result will not count."""
+        so its offset can be committed past; its listener's late result will not count. The
+        messages of its chunk that its task had not started are queued for other tasks (that
+        task, should its call return, stops there)."""
         now = time.monotonic()
         if now < self._next_expiry_check:
             return
@@ -172,7 +175,8 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         for pq in list(queues):
             if pq.dropped:
                 continue
-            late = pq.overdue(now, timeout_s)
+            rest: list[MessageExt] = []
+            late = pq.overdue(now, timeout_s, rest)
             if not late:
                 continue
             logger.warning(
@@ -187,7 +191,20 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                 [m.msg_id for m in late],
             )
             record_failure(late, Failure.CONSUME_TIMEOUT)
-            self.policy.fail(pq, late, [_CONSUME_TIMEOUT_DELAY_LEVEL] * len(late))
+            try:
+                self.policy.fail(pq, late, [_CONSUME_TIMEOUT_DELAY_LEVEL] * len(late))
+            finally:
+                if rest:
+                    rest.sort(key=_offset)
+                    logger.warning(
+                        "push consumer %s: %d messages of %s[%d] that the same tasks had not "
+                        "started go to other tasks",
+                        self._context.group,
+                        len(rest),
+                        pq.topic,
+                        pq.partition,
+                    )
+                    self.submit(pq, rest)
 
     def _consume_chunk(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         """Run a chunk of ``pq``'s messages: one by one through a per-message listener (one
@@ -220,6 +237,8 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         if not pq.begin():
             return  # revoked or stopping: the messages stay uncommitted for the next owner
         run = pq.open_run()
+        # Shared with the consume timeout, which takes what is left to run it elsewhere.
+        run.messages = pending = iter(msgs)
         consumed = run.consumed
         failed: list[MessageExt] = []
         index = 0
@@ -230,7 +249,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
             topic: str | None = None
             callback: MessageCallback | None = None
             began = settled_at = monotonic()
-            for msg in msgs:
+            for msg in pending:
                 if pq.dropped:
                     break  # what is left stays held: redelivered to the next owner
                 if msg.topic != topic:
@@ -244,7 +263,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                 if callback is None:
                     run.current = None  # the last callable's message is consumed, not in a call
                     index += 1
-                    self._consume_requests(pq, [[msg]], begun=True)
+                    self._consume_requests(pq, [[msg]], begun=True, run=run)
                     continue
                 now = monotonic()
                 if now - settled_at >= _SETTLE_S and len(consumed) > run.settled:
@@ -342,22 +361,33 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         return kept
 
     def _consume_requests(
-        self, pq: ProcessQueue, requests: list[list[MessageExt]], *, begun: bool = False
+        self,
+        pq: ProcessQueue,
+        requests: list[list[MessageExt]],
+        *,
+        begun: bool = False,
+        run: Run | None = None,
     ) -> None:
         """Run the listener on each request, marking what it consumed done at once (so the
         commit follows a slow listener), then send every failed message back together. A
         request whose handling fails unexpectedly is consumed again later and never costs the
         task's other requests. ``begun``: the caller counted the task (:meth:`ProcessQueue.begin`)
-        and ends it."""
+        and ends it. ``run``: the caller's run, which holds the chunk's unstarted messages;
+        else the requests not started are held by a run of their own. Either way, when the
+        consume timeout takes a call's messages, those go to another task."""
         if not begun and not pq.begin():
             return  # revoked or stopping: the messages stay uncommitted for the next owner
         try:
             failed: list[MessageExt] = []
             levels: list[int] = []
-            for msgs in requests:
+            pending = iter(requests)
+            if run is None:
+                run = Run()
+                run.requests = pending  # shared with the consume timeout (see Run)
+            for msgs in pending:
                 if pq.dropped:
                     break  # what is left stays held: redelivered to the next owner
-                self._consume_request(pq, msgs, failed, levels)
+                self._consume_request(pq, msgs, failed, levels, run)
             try:
                 self.policy.fail(pq, failed, levels)
             except Exception:
@@ -374,13 +404,19 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                 pq.end()
 
     def _consume_request(
-        self, pq: ProcessQueue, msgs: list[MessageExt], failed: list[MessageExt], levels: list[int]
+        self,
+        pq: ProcessQueue,
+        msgs: list[MessageExt],
+        failed: list[MessageExt],
+        levels: list[int],
+        run: Run,
     ) -> None:
-        """Run the listener on ``msgs``: mark what it consumed done and add the rest, with
-        their delay levels, to ``failed`` and ``levels``. If this goes wrong, the messages not
-        yet accounted for are handed back (consumed again after ``send_back_retry_delay_ms``)
-        instead of staying held, and in their listener call, for ever."""
-        call = object()
+        """Run the listener on ``msgs``, a call of ``run``: mark what it consumed done and add
+        the rest, with their delay levels, to ``failed`` and ``levels``. If this goes wrong,
+        the messages not yet accounted for are handed back (consumed again after
+        ``send_back_retry_delay_ms``) instead of staying held, and in their listener call, for
+        ever."""
+        call = Call(run)
         pq.start(call, msgs, time.monotonic())
         settled: set[int] | None = None
         added = 0
@@ -483,3 +519,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
             logger.warning("listener returned None for %s: RECONSUME_LATER", msgs[0].msg_id)
         record_failure(msgs, status_failure(status))
         return 0
+
+
+def _offset(msg: MessageExt) -> int:
+    return msg.queue_offset

@@ -13,7 +13,9 @@ A listener call registers the messages it runs (:meth:`ProcessQueue.start`) and,
 returns, learns which of its results still count (:meth:`ProcessQueue.settle`): none once the
 partition is released (its next owner consumes them again), and not those of a message taken
 from it because it ran past the consume timeout (:meth:`ProcessQueue.overdue`, which the
-consumer sends back for retry, as RocketMQ's ``cleanExpireMsg`` does).
+consumer sends back for retry, as RocketMQ's ``cleanExpireMsg`` does). The messages of the
+task running that call which it has not started yet are taken from it too, to run elsewhere:
+a listener call that never returns holds only its own messages.
 
 Guarantees kept here (see ``docs/guarantees.md``): G6, G11 (bounds in count and bytes).
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from bridge.message import MessageExt
 
@@ -54,9 +56,27 @@ class Run:
     ``consumed`` held then (one assignment, atomic). :meth:`ProcessQueue.finish` marks what was
     consumed done; :meth:`ProcessQueue.overdue`, taking a message from the run, first marks
     done what the run had consumed before it, so a listener that never returns pins nothing
-    it finished."""
+    it finished.
 
-    __slots__ = ("consumed", "counted", "current", "done", "ignored", "settled", "taken")
+    The task takes its messages from ``messages`` (or its consume requests from
+    ``requests``), an iterator it shares with :meth:`ProcessQueue.overdue`: taking a message
+    from the run, that empties the iterator and hands what it held to another task. Each item
+    of a shared iterator goes to one side only (its ``next`` is one C call under the GIL), so
+    no message is run by both and the task pays nothing per message for it. A task running
+    consume requests (no ``current``) is a run too, reached through its :class:`Call`."""
+
+    __slots__ = (
+        "consumed",
+        "counted",
+        "current",
+        "done",
+        "handed",
+        "ignored",
+        "messages",
+        "requests",
+        "settled",
+        "taken",
+    )
 
     def __init__(self) -> None:
         self.current: tuple[MessageExt, float, int] | None = None
@@ -72,6 +92,23 @@ class Run:
         self.taken: set[int] = set()
         """Offsets :meth:`ProcessQueue.overdue` took from the run: their results do not
         count."""
+        self.messages: Iterator[MessageExt] | None = None
+        """The messages the task has not started, shared with :meth:`ProcessQueue.overdue`."""
+        self.requests: Iterator[list[MessageExt]] | None = None
+        """The consume requests the task has not started, shared the same way."""
+        self.handed: set[int] = set()
+        """Offsets :meth:`ProcessQueue.overdue` handed to another task (not started here)."""
+
+
+class Call:
+    """Identifies one listener call (see :meth:`ProcessQueue.start`) of a task's ``run``: when
+    :meth:`ProcessQueue.overdue` takes the call's messages, the run's unstarted messages go
+    to another task."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
 
 
 def message_size(msg: MessageExt) -> int:
@@ -247,16 +284,26 @@ class ProcessQueue:
                     ended.append(held.msg)
             return ended
 
-    def overdue(self, now: float, timeout_s: float) -> list[MessageExt]:
+    def overdue(
+        self, now: float, timeout_s: float, rest: list[MessageExt] | None = None
+    ) -> list[MessageExt]:
         """Messages whose listener call started more than ``timeout_s`` before ``now``
         (monotonic seconds), oldest offset first; they are taken from their calls, so those
-        calls' results for them will not count. They stay held."""
+        calls' results for them will not count. They stay held.
+
+        With ``rest``: the messages that the tasks of those calls (a :class:`Call` of a
+        :class:`Run`) have not started yet are taken from them too and added to ``rest`` (for
+        another task to run; they stay held); those tasks will not run them."""
         with self._mutex:
             late = sorted(
                 (o for o, h in self._in_call.items() if now - h.since > timeout_s),
             )
             for offset in late:
-                self._in_call.pop(offset).call = None
+                held = self._in_call.pop(offset)
+                call = held.call
+                held.call = None
+                if rest is not None and isinstance(call, Call):
+                    self._hand_off(call.run, rest)
             for run in self._runs:
                 current = run.current
                 if current is None or now - current[1] <= timeout_s:
@@ -266,8 +313,25 @@ class ProcessQueue:
                     self._settle_run(run, current[2])
                     run.taken.add(offset)
                     late.append(offset)
+                    if rest is not None:
+                        self._hand_off(run, rest)
             late.sort()
             return [self._held[o].msg for o in late]
+
+    def _hand_off(self, run: Run, rest: list[MessageExt]) -> None:
+        """Take from ``run`` the messages its task has not started (those still held) and
+        add them to ``rest``; hold the lock."""
+        unstarted: list[MessageExt] = []
+        if run.messages is not None:
+            unstarted += run.messages
+        if run.requests is not None:
+            for request in run.requests:
+                unstarted += request
+        held = self._held
+        for msg in unstarted:
+            if msg.queue_offset in held:
+                run.handed.add(msg.queue_offset)
+                rest.append(msg)
 
     # --- runs: one task, messages one by one ----------------------------------------------
     def open_run(self) -> Run:
@@ -321,12 +385,19 @@ class ProcessQueue:
 
     def withdraw_run(self, run: Run, msgs: Iterable[MessageExt]) -> list[MessageExt]:
         """Take back from ``run`` (whose results cannot be used) those of ``msgs`` still held
-        and not taken by :meth:`overdue`, in the order given; none once released."""
+        and neither taken nor handed to another task by :meth:`overdue`, in the order given;
+        none once released. Its unstarted messages can no longer be handed off."""
         with self._mutex:
+            run.messages = run.requests = None
             if self.released:
                 return []
+            taken, handed = run.taken, run.handed
             return [
-                m for m in msgs if m.queue_offset not in run.taken and m.queue_offset in self._held
+                m
+                for m in msgs
+                if m.queue_offset not in taken
+                and m.queue_offset not in handed
+                and m.queue_offset in self._held
             ]
 
     # --- running work ---------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from bridge import MessageExt
 from bridge.consumer import PushConsumerConfig
-from bridge.consumer.process_queue import ProcessQueue, message_size
+from bridge.consumer.process_queue import Call, ProcessQueue, Run, message_size
 from bridge.errors import InvalidArgumentError
 
 
@@ -225,6 +225,44 @@ def test_a_run_past_the_timeout_loses_its_current_message_and_pins_nothing_it_fi
     assert pq.held == 3 and run.ignored == 1, "2 stays held until its copy is acknowledged"
     assert pq.finish(run, [msgs[2]]) == [], "nor a failure of a taken message"
     assert pq.withdraw_run(run, msgs) == [msgs[3], msgs[4]], "held and not taken"
+
+
+def test_a_run_past_the_timeout_hands_the_messages_it_has_not_started_to_another_task() -> None:
+    pq = ProcessQueue("t", 0)
+    msgs = [_msg(o) for o in range(6)]
+    pq.put(msgs)
+    run = pq.open_run()
+    run.messages = pending = iter(msgs)
+    for msg in pending:  # the task: 0 and 1 consumed, 2 in the listener since t=100...
+        if msg.queue_offset == 2:
+            run.current = (msg, 100.0, 2)
+            break
+        run.consumed.append(msg)
+    assert next(pending) is msgs[3]  # ...and its call of 2 returned just now, it took 3
+    rest: list[MessageExt] = []
+    assert pq.overdue(106.0, 5.0, rest) == [msgs[2]]
+    assert rest == msgs[4:], "what the task had not taken, not 3 (it runs it)"
+    assert list(pending) == [], "the task runs none of them"
+    assert pq.overdue(200.0, 5.0, rest) == [] and rest == msgs[4:], "handed off once"
+    assert pq.withdraw_run(run, msgs) == [msgs[3]], "neither taken nor handed off"
+    assert pq.commit_offset() == 2
+
+
+def test_a_call_past_the_timeout_hands_the_requests_of_its_task_not_started_to_another() -> None:
+    pq = ProcessQueue("t", 0)
+    msgs = [_msg(o) for o in range(6)]
+    pq.put(msgs)
+    run = Run()
+    run.requests = pending = iter([msgs[0:2], msgs[2:4], msgs[4:6]])
+    pq.start(Call(run), next(pending), 100.0)
+    other: list[MessageExt] = []
+    assert pq.overdue(106.0, 5.0, other) == msgs[0:2]
+    assert other == msgs[2:], "the requests not started, as messages"
+    assert list(pending) == []
+    call = object()  # a call of no run (orderly): nothing else to hand off
+    pq.start(call, msgs[2:4], 200.0)
+    other.clear()
+    assert pq.overdue(206.0, 5.0, other) == msgs[2:4] and other == []
 
 
 def test_a_released_queue_counts_no_result_of_a_run() -> None:
