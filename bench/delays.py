@@ -1,5 +1,6 @@
-"""Delayed delivery: timer lateness on an idle system (a few hundred timers of random delays)
-and at a steady rate, a burst due in one second, coordinator memory with a million pending
+"""Delayed delivery: timer lateness on an idle system (a few hundred timers of random delays),
+at a steady rate, and at a steady rate beside thousands of timers hopping between tiers in
+bulk, a burst due in one second, coordinator memory with a million pending
 timers, and recovery after SIGKILL.
 
 The coordinator runs as its own process, with 100 ms timer precision. Lateness is measured
@@ -32,6 +33,12 @@ IDLE_DELAY_MS = (1000, 8000)
 """The idle row's timers are due a random 1 to 8 s after they are sent."""
 STEADY_RATE_PER_S = int(os.environ.get("BENCH_STEADY_RATE", "5000"))
 STEADY_SECONDS = 10
+HOPPING = int(os.environ.get("BENCH_HOPPING", "3000"))
+"""Timers sent at once, due in :data:`HOPPING_DELAY_MS`, hopping between tiers in bulk while
+the steady timers of the row beside hops are delivered."""
+HOPPING_DELAY_MS = 12_000
+BESIDE_RATE_PER_S = 200
+BESIDE_DELAY_MS = 1500
 BURST = int(os.environ.get("BENCH_BURST", "500000"))
 PENDING = int(os.environ.get("BENCH_PENDING", "1000000"))
 DAY_MS = 86_400_000
@@ -153,6 +160,45 @@ def _steady(config: ClientConfig) -> Row:
     )
 
 
+def _beside_hops(config: ClientConfig) -> Row:
+    """Timers due at a steady rate while :data:`HOPPING` others, due after the last of them,
+    hop between tiers in bulk (four times, from 6.4 s on, at 100 ms precision): how late the
+    steady ones are beside those batches of hops."""
+    topic = _stamped(config, f"bench-beside-{uuid.uuid4().hex[:6]}")
+    bulk = f"bench-hopping-{uuid.uuid4().hex[:6]}"
+    count = BESIDE_RATE_PER_S * STEADY_SECONDS
+    with Producer("bench_beside", config=config) as producer:
+        bulk_due = time.time_ns() // 1_000_000 + HOPPING_DELAY_MS
+        for _ in range(HOPPING):
+            msg = Message(bulk, b"h")
+            msg.set_deliver_time_ms(bulk_due)
+            producer.send_async(msg)
+        started = time.monotonic()
+        for i in range(count):
+            while time.monotonic() < started + i / BESIDE_RATE_PER_S:
+                time.sleep(0.0005)
+            due = time.time_ns() // 1_000_000 + BESIDE_DELAY_MS
+            msg = Message(topic, str(due))
+            msg.set_deliver_time_ms(due)
+            producer.send_async(msg)
+        producer.flush(30_000)
+    late = _lateness(config, topic, count, 30_000)
+    early = sum(1 for v in late if v < 0)
+    print(
+        f"timer lateness at {BESIDE_RATE_PER_S}/s beside {HOPPING} timers hopping in bulk "
+        f"(100 ms precision): p50 {_pct(late, 0.5):.0f} ms, p99 {_pct(late, 0.99):.0f} ms, "
+        f"max {max(late, default=0)} ms, early {early}, delivered {len(late)}/{count}"
+    )
+    return Row(
+        f"timers beside {HOPPING} hops: p99 late",
+        "ms",
+        _pct(late, 0.99),
+        config.timer_precision_ms,
+        "the timer precision",
+        higher_is_better=False,
+    )
+
+
 def _produce(raw: RawProducer, topic: str, value: bytes | None) -> None:
     """Produce, waiting for room when the local queue is full (the baseline must not fail
     where our producer, which waits the same way, does not)."""
@@ -261,7 +307,7 @@ def run(bootstrap: str) -> list[Row]:
     coordinator = _coordinator(config, "bench")
     try:
         _await_coordinator(config)
-        rows = [_idle(config), _steady(config), _burst(config)]
+        rows = [_idle(config), _steady(config), _beside_hops(config), _burst(config)]
     finally:
         coordinator.terminate()
         coordinator.wait(30)
