@@ -377,13 +377,14 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         consume timeout takes a call's messages, those go to another task."""
         if not begun and not pq.begin():
             return  # revoked or stopping: the messages stay uncommitted for the next owner
+        failed: list[MessageExt] = []
+        pending = iter(requests)
+        owned = run is None
+        if run is None:
+            run = Run()
+            run.requests = pending  # shared with the consume timeout (see Run)
         try:
-            failed: list[MessageExt] = []
             levels: list[int] = []
-            pending = iter(requests)
-            if run is None:
-                run = Run()
-                run.requests = pending  # shared with the consume timeout (see Run)
             for msgs in pending:
                 if pq.dropped:
                     break  # what is left stays held: redelivered to the next owner
@@ -399,6 +400,17 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                 self.policy.retry_locally(pq, [m for m in failed if pq.holds(m.queue_offset)])
         except Exception:
             logger.exception("push consumer %s: consume request failed", self._context.group)
+        except BaseException:
+            # Escaping the task (as in _run_callables, which handles its own run): the
+            # messages of the call it escaped from stay in that call (consume_timeout sends
+            # them back), the failed and unstarted messages run again.
+            if owned:
+                with contextlib.suppress(Exception):
+                    unstarted = [m for msgs in pending for m in msgs]
+                    back = pq.withdraw_run(run, failed + unstarted)
+                    if back:
+                        self.policy.retry_locally(pq, back)
+            raise
         finally:
             if not begun:
                 pq.end()

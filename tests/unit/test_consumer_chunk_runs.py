@@ -7,6 +7,7 @@ import contextlib
 import copy
 import pickle
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bridge import ConsumeStatus, MessageExt
@@ -59,11 +60,12 @@ def test_a_received_message_can_be_copied_and_pickled() -> None:
     consumer = PushConsumer("g")
     consumer.subscribe("t", lambda m: ConsumeStatus.CONSUME_SUCCESS)
     headers = [("UNIQ_KEY", b"ID1"), ("TAGS", b"T"), ("bin", b"\xff")]
-    for name, how in (
+    ways: tuple[tuple[str, Callable[[MessageExt], MessageExt]], ...] = (
         ("copy", copy.copy),
         ("deepcopy", copy.deepcopy),
         ("pickle", lambda m: pickle.loads(pickle.dumps(m))),
-    ):
+    )
+    for name, how in ways:
         msg = _received(consumer, headers)
         copied = how(msg)
         assert (copied.msg_id, copied.tags, copied.body) == ("ID1", "T", b"body"), name
@@ -163,10 +165,10 @@ def test_a_listener_escaping_with_a_base_exception_does_not_pin_what_was_consume
     consumption._next_expiry_check = 0.0
     real = time.monotonic
     try:
-        time.monotonic = lambda: real() + 3600  # type: ignore[assignment]
+        time.monotonic = lambda: real() + 3600
         consumption.expire_overdue([pq])
     finally:
-        time.monotonic = real  # type: ignore[assignment]
+        time.monotonic = real
     assert pq.commit_offset() == 4, (
         f"commit offset {pq.commit_offset()}, held {pq.held}, sent back {sent_back}"
     )
@@ -189,7 +191,9 @@ def test_a_listener_escaping_with_a_base_exception_leaves_the_rest_of_its_chunk_
     consumer._context.executor = _Pool()  # type: ignore[assignment]
     again: list[int] = []
 
-    def retry_locally(pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+    def retry_locally(
+        pq: ProcessQueue, msgs: list[MessageExt], delay_ms: int | None = None
+    ) -> None:
         again.extend(m.queue_offset for m in msgs)
 
     consumption.policy.retry_locally = retry_locally  # type: ignore[method-assign]
@@ -199,3 +203,60 @@ def test_a_listener_escaping_with_a_base_exception_leaves_the_rest_of_its_chunk_
     with contextlib.suppress(_Abort):
         consumption.submit(pq, msgs)
     assert again == [1, 4, 5], f"run again: {again}"
+
+
+def test_a_batch_listener_escaping_with_a_base_exception_leaves_the_rest_of_its_chunk_to_run() -> (
+    None
+):
+    """As for a per-message listener: the messages of the call it escaped from stay in that
+    call (the consume timeout sends them back), and the chunk's failed and unrun messages run
+    again, not held until a restart."""
+    calls: list[list[int]] = []
+
+    class _Listener(MessageListenerConcurrently):
+        def consume_message(
+            self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+        ) -> ConsumeStatus:
+            calls.append([m.queue_offset for m in msgs])
+            if msgs[0].queue_offset == 2:
+                raise _Abort()
+            if msgs[0].queue_offset == 0:
+                return ConsumeStatus.RECONSUME_LATER
+            return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer("g", consume_thread_count=1, consume_message_batch_max_size=2)
+    consumer.subscribe("t", _Listener())
+    consumption = consumer._new_consumption()
+    assert isinstance(consumption, ConcurrentConsumption)
+    consumption._per_message_s = 1e-9  # measured fast: the poll is one chunk
+    consumer._context.executor = _Pool()  # type: ignore[assignment]
+    again: list[int] = []
+    sent_back: list[int] = []
+
+    def retry_locally(
+        pq: ProcessQueue, msgs: list[MessageExt], delay_ms: int | None = None
+    ) -> None:
+        again.extend(m.queue_offset for m in msgs)
+
+    def fail(pq: ProcessQueue, msgs: list[MessageExt], levels: list[int]) -> None:
+        sent_back.extend(m.queue_offset for m in msgs)
+        pq.remove(m.queue_offset for m in msgs)  # the copy acknowledged
+
+    consumption.policy.retry_locally = retry_locally  # type: ignore[method-assign]
+    consumption.policy.fail = fail  # type: ignore[method-assign]
+    pq = ProcessQueue("t", 0)
+    msgs = [MessageExt("t", b"x", msg_id=f"m{i}", queue_id=0, queue_offset=i) for i in range(8)]
+    pq.put(msgs)
+    with contextlib.suppress(_Abort):
+        consumption.submit(pq, msgs)
+    assert calls == [[0, 1], [2, 3]]
+    assert again == [0, 1, 4, 5, 6, 7], f"run again: {again}"
+    consumption._next_expiry_check = 0.0
+    real = time.monotonic
+    try:
+        time.monotonic = lambda: real() + 3600
+        consumption.expire_overdue([pq])
+    finally:
+        time.monotonic = real
+    assert sent_back == [2, 3], f"sent back: {sent_back}"
+    assert calls == [[0, 1], [2, 3]], "nothing handed off twice"
