@@ -55,14 +55,6 @@ taken from it in this pass, or named not done in the committed metadata. They ar
 offset metadata can list, so it stays below :data:`METADATA_MAX_CHARS` (256 offsets of up to
 12 digits each), and at most this many records of a partition wait in the window (memory
 stays bounded in a burst due at one time: the rest wait in order at the head)."""
-_HOPS_NEAR_DELIVERIES = 128
-"""While timers are delivered in a pass, or the final window has one due within
-:data:`_DELIVERY_SOON_MS`, a pass takes at most this many hops (timers moving to another tier);
-the rest wait at their partitions' heads for the next pass. A hop is never urgent (it lands at
-least ``LANDING_MARGIN_MS`` before its time, wherever it is taken from), while a transaction of
-hundreds of hops delays every delivery due while it is written."""
-_DELIVERY_SOON_MS = 50
-"""See :data:`_HOPS_NEAR_DELIVERIES`, ms."""
 _MALFORMED_LOG_S = 60.0
 """A partition whose committed offset metadata cannot be read says so at most this often, s."""
 METADATA_MAX_CHARS: Final = 3500
@@ -218,10 +210,6 @@ class Fetcher:
             taken.setdefault(partition, []).append(record)
         resume = []
         exit_time = self._svc.policy.exit_time_ms
-        # Hops left in this pass's budget (see _HOPS_NEAR_DELIVERIES); None: no bound.
-        hops: int | None = None
-        if taken or (window and window[0][0] <= now + _DELIVERY_SOON_MS):
-            hops = _HOPS_NEAR_DELIVERIES
         for partition, held in list(self._held.items()):
             self._blocked.discard(partition)
             waiting = self._waiting.setdefault(partition, set())
@@ -261,16 +249,7 @@ class Fetcher:
                     # metadata: in order until the window drains.
                     self._blocked.add(partition)
                     break
-                elif head.exact_ms is not None and head.exact_ms > now:
-                    # A hop (its time is more than the hold window away).
-                    if hops is not None:
-                        if hops <= 0:
-                            break  # waits at the head for the next pass
-                        hops -= 1
-                    out.append(head)
                 else:
-                    if hops is None:
-                        hops = _HOPS_NEAR_DELIVERIES  # a delivery (late, or a delay level)
                     out.append(head)
                 held.popleft()
             if held and partition not in self._paused:
