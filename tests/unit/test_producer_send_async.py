@@ -136,3 +136,26 @@ def test_send_async_ids_are_unique_and_name_the_record(producer: Producer) -> No
     assert len(set(ids)) == 1000
     headers = [dict(r["headers"]) for r in handed_over(producer)[-1000:]]
     assert [h[MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX].decode() for h in headers] == ids
+
+
+def test_send_async_writes_the_current_trace_context_without_a_tracer_provider(
+    producer: Producer,
+) -> None:
+    # A valid current span (one a framework took from an incoming request, say) without a
+    # tracer provider: its context goes into the message, as prepare writes it.
+    trace = pytest.importorskip("opentelemetry.trace")
+    context = trace.SpanContext(
+        trace_id=0x1234, span_id=0x5678, is_remote=True, trace_flags=trace.TraceFlags(1)
+    )
+    producer.send_async(Message("orders", b"mapped"))  # the topic is mapped: no slow path
+    msg = Message("orders", b"traced", tags="T")
+    with trace.use_span(trace.NonRecordingSpan(context)):
+        producer.send_async(msg)
+    expected = msg.get_property(MessageConst.TRACE_PARENT)
+    assert isinstance(expected, str)
+    assert "1234" in expected
+    headers = dict(handed_over(producer)[-1]["headers"])
+    assert headers[MessageConst.TRACE_PARENT] == expected.encode()
+    plain = Message("orders", b"plain")
+    producer.send_async(plain)  # no current span: nothing written
+    assert MessageConst.TRACE_PARENT not in dict(handed_over(producer)[-1]["headers"])
