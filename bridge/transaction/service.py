@@ -33,6 +33,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.batch_writer import TransactionBatch, is_purge
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.service import ServiceConfig, TransactionalService
+from bridge.kafka.transactional import transactional_producer
 from bridge.message import now_ms
 from bridge.transaction.checks import CheckBack
 from bridge.transaction.decisions import Decisions
@@ -48,6 +49,13 @@ logger = logging.getLogger(__name__)
 
 _POLL_TIMEOUT_S = 0.05
 _BATCH = 500
+_RETRY_BACKOFF_MS: Final = 10
+"""``retry.backoff.ms`` of the service's producer (librdkafka's default: 100), unless the
+client's Kafka properties set it. The consumed offsets join each Kafka transaction while its
+records are in flight, so they can reach the transaction coordinator while the previous
+transaction's markers are still being written; the broker then answers
+``CONCURRENT_TRANSACTIONS`` and librdkafka asks again after this back-off (registering the
+records' partitions retries after 20 ms of its own)."""
 _FAILURES: Final = (KafkaException, SystemError)
 """What a failed Kafka transaction of this service raises (see
 :func:`~bridge.kafka.batch_writer.as_kafka_exception`)."""
@@ -104,6 +112,26 @@ class TransactionService(TransactionalService):
         return len(self.parking)
 
     # --- lifecycle ----------------------------------------------------------------------
+    def start_producer(self) -> None:
+        """:meth:`TransactionalService.start_producer`'s producer (the same settings), with
+        :data:`_RETRY_BACKOFF_MS`."""
+        overrides = {}
+        if "retry.backoff.ms" not in self.client.kafka:
+            overrides["retry_backoff_ms"] = _RETRY_BACKOFF_MS
+        self._producer = transactional_producer(
+            self.client,
+            self.name,
+            self._transactional_id,
+            self.timeout_s,
+            transaction_timeout_ms=self._kafka_transaction_timeout_ms,
+            message_timeout_ms=min(
+                self.client.send_msg_timeout_ms, self._kafka_transaction_timeout_ms
+            ),
+            linger_ms=1,
+            **overrides,
+        )
+        self._producer_broken = False
+
     def on_start(self) -> None:
         client = self.config.client
         self.checks.start(TopicAdmin(client))
