@@ -614,7 +614,7 @@ class Producer(Startable):
         host = self._born_host
         topics = self._kafka_topics
         last_topic: object = None
-        kafka_topic = ""
+        plain_kafka_topic = ""
         last_tags: object = None
         tags_header = ("", b"")
         headers: Sequence[tuple[str, bytes | None]]
@@ -629,8 +629,11 @@ class Producer(Startable):
             if record is None:  # a plain message, checked: built here, as _records does
                 topic = msg.topic
                 if topic is not last_topic:
-                    kafka_topic = topics.get(topic) or self._kafka_topic(topic)
+                    # Its own variable: a prepared record between two plain messages of one
+                    # topic sets kafka_topic to its own (another topic, or a system topic).
+                    plain_kafka_topic = topics.get(topic) or self._kafka_topic(topic)
                     last_topic = topic
+                kafka_topic = plain_kafka_topic
                 tags = msg.tags
                 msg_id = next_id(born_ms)
                 if not tags:

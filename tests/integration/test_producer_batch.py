@@ -110,3 +110,29 @@ def test_a_delayed_message_in_a_batch_goes_where_its_single_send_goes(
     assert record.topic() == schedule  # type: ignore[attr-defined]
     # No coordinator runs here: only the plain one is on the real topic.
     assert [m.body for m in read_messages(client_config, [topic], timeout_ms=3000)] == [b"now"]
+
+
+def test_plain_messages_between_others_of_another_topic_each_go_to_their_own_topic(
+    client_config: ClientConfig, unique: object
+) -> None:
+    """Plain messages of one topic (one str object, as a literal or a shared name gives) with a
+    message of another topic, or a delayed one of theirs, between them: each record lands in
+    its own message's topic, none in the topic of the message before it."""
+    orders, payments = unique("orders"), unique("payments")  # type: ignore[operator]
+    TopicAdmin(client_config).ensure_topics([TopicSpec(orders, 1), TopicSpec(payments, 1)])
+    msgs = [
+        Message(orders, b"o1"),
+        Message(payments, b"p1", keys="k1"),
+        Message(orders, b"o2"),
+        Message(orders, b"o3", delay_time_level=1),
+        Message(orders, b"o4"),
+    ]
+    with Producer("pg", config=client_config) as producer:
+        results = producer.send_batch(msgs)
+    sent = [r for r in results if isinstance(r, SendResult)]
+    assert [r.topic for r in sent] == [orders, payments, orders, orders, orders]
+    # Everything each topic holds (the delayed o3 may have been delivered to orders by now).
+    bodies = {m.body for m in read_messages(client_config, [orders], timeout_ms=3000)}
+    assert {b"o1", b"o2", b"o4"} <= bodies <= {b"o1", b"o2", b"o3", b"o4"}, bodies
+    bodies = {m.body for m in read_messages(client_config, [payments], timeout_ms=3000)}
+    assert bodies == {b"p1"}
