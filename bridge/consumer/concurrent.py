@@ -176,7 +176,8 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
             if pq.dropped:
                 continue
             rest: list[MessageExt] = []
-            late = pq.overdue(now, timeout_s, rest)
+            failed: list[tuple[MessageExt, int]] = []
+            late = pq.overdue(now, timeout_s, rest, failed)
             if not late:
                 continue
             logger.warning(
@@ -194,6 +195,20 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
             try:
                 self.policy.fail(pq, late, [_CONSUME_TIMEOUT_DELAY_LEVEL] * len(late))
             finally:
+                if failed:
+                    # Failed before the hung call by the same task, which would send them
+                    # back only once it ends.
+                    back = [m for m, _ in failed]
+                    try:
+                        self.policy.fail(pq, back, [level for _, level in failed])
+                    except Exception:
+                        logger.exception(
+                            "push consumer %s: handling %d failed messages; consuming them "
+                            "again later",
+                            self._context.group,
+                            len(back),
+                        )
+                        self.policy.retry_locally(pq, [m for m in back if pq.holds(m.queue_offset)])
                 if rest:
                     rest.sort(key=_offset)
                     logger.warning(
@@ -241,6 +256,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         run.messages = pending = iter(msgs)
         consumed = run.consumed
         failed: list[MessageExt] = []
+        run.failed = failed  # shared with the consume timeout (see Run)
         index = 0
         group = self._context.group
         try:
@@ -378,13 +394,14 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         if not begun and not pq.begin():
             return  # revoked or stopping: the messages stay uncommitted for the next owner
         failed: list[MessageExt] = []
+        levels: list[int] = []
         pending = iter(requests)
         owned = run is None
         if run is None:
             run = Run()
             run.requests = pending  # shared with the consume timeout (see Run)
+            run.failed, run.levels = failed, levels
         try:
-            levels: list[int] = []
             for msgs in pending:
                 if pq.dropped:
                     break  # what is left stays held: redelivered to the next owner

@@ -70,8 +70,10 @@ class Run:
         "counted",
         "current",
         "done",
+        "failed",
         "handed",
         "ignored",
+        "levels",
         "messages",
         "requests",
         "settled",
@@ -98,6 +100,11 @@ class Run:
         """The consume requests the task has not started, shared the same way."""
         self.handed: set[int] = set()
         """Offsets :meth:`ProcessQueue.overdue` handed to another task (not started here)."""
+        self.failed: list[MessageExt] | None = None
+        """The messages the task ran and failed, not sent back yet (shared the same way:
+        :meth:`ProcessQueue.overdue` takes them to send back)."""
+        self.levels: list[int] | None = None
+        """Their delay levels (None: the default level for each)."""
 
 
 class Call:
@@ -285,7 +292,11 @@ class ProcessQueue:
             return ended
 
     def overdue(
-        self, now: float, timeout_s: float, rest: list[MessageExt] | None = None
+        self,
+        now: float,
+        timeout_s: float,
+        rest: list[MessageExt] | None = None,
+        failed: list[tuple[MessageExt, int]] | None = None,
     ) -> list[MessageExt]:
         """Messages whose listener call started more than ``timeout_s`` before ``now``
         (monotonic seconds), oldest offset first; they are taken from their calls, so those
@@ -303,7 +314,7 @@ class ProcessQueue:
                 call = held.call
                 held.call = None
                 if rest is not None and isinstance(call, Call):
-                    self._hand_off(call.run, rest)
+                    self._hand_off(call.run, rest, failed)
             for run in self._runs:
                 current = run.current
                 if current is None or now - current[1] <= timeout_s:
@@ -314,13 +325,29 @@ class ProcessQueue:
                     run.taken.add(offset)
                     late.append(offset)
                     if rest is not None:
-                        self._hand_off(run, rest)
+                        self._hand_off(run, rest, failed)
             late.sort()
             return [self._held[o].msg for o in late]
 
-    def _hand_off(self, run: Run, rest: list[MessageExt]) -> None:
+    def _hand_off(
+        self, run: Run, rest: list[MessageExt], failed: list[tuple[MessageExt, int]] | None
+    ) -> None:
         """Take from ``run`` the messages its task has not started (those still held) and
-        add them to ``rest``; hold the lock."""
+        add them to ``rest``, and those it failed to ``failed`` (with their levels); hold the
+        lock."""
+        if failed is not None and run.failed is not None:
+            # What the task appended before now; an append meanwhile stays the task's (it
+            # appends a failed message before its level: count only those with both).
+            n = len(run.failed) if run.levels is None else min(len(run.failed), len(run.levels))
+            msgs, run.failed[:n] = run.failed[:n], []
+            levels = [0] * n
+            if run.levels is not None:
+                levels, run.levels[:n] = run.levels[:n], []
+            failed += [
+                (m, level)
+                for m, level in zip(msgs, levels, strict=True)
+                if m.queue_offset in self._held and m.queue_offset not in run.taken
+            ]
         unstarted: list[MessageExt] = []
         if run.messages is not None:
             unstarted += run.messages
@@ -388,7 +415,7 @@ class ProcessQueue:
         and neither taken nor handed to another task by :meth:`overdue`, in the order given;
         none once released. Its unstarted messages can no longer be handed off."""
         with self._mutex:
-            run.messages = run.requests = None
+            run.messages = run.requests = run.failed = run.levels = None
             if self.released:
                 return []
             taken, handed = run.taken, run.handed

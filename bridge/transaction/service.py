@@ -23,6 +23,7 @@ Guarantees kept here (see ``docs/guarantees.md``): G1-G4, G9, G12.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Final
 
@@ -251,6 +252,7 @@ class TransactionService(TransactionalService):
         consumer = self._consumer
         timeout_s = self.timeout_s
         sent: list[TopicPartition] = []
+        settled = False
 
         def checkpoints() -> list[TopicPartition]:
             # Sent while the records are in flight: the offsets' two round trips overlap the
@@ -259,6 +261,8 @@ class TransactionService(TransactionalService):
             return sent
 
         def settle(_: TransactionBatch) -> None:
+            nonlocal settled
+            settled = True
             producer.flush(timeout_s)
             failed = next((e for e in batch.outcome.values() if e is not None), None)
             if failed is None:
@@ -272,9 +276,19 @@ class TransactionService(TransactionalService):
                 )
             raise KafkaException(failed)  # never commit what lost a record
 
+        def failing(exc: KafkaException) -> None:
+            if not settled:
+                # Failed before the reports were looked at (the offsets, while the records
+                # were in flight): serve them first, so that the stored records count as
+                # stored rather than purged by the abort (which would make every commit of
+                # the batch a suspect, committed on its own).
+                with contextlib.suppress(*_FAILURES):
+                    producer.flush(timeout_s)
+            self._transaction_failed(exc)
+
         if not self.write(
             batch,
-            on_failure=self._transaction_failed,
+            on_failure=failing,
             offsets=checkpoints,
             before_commit=settle,
             on_refused=batch.refused,

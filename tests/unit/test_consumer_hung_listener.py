@@ -152,3 +152,63 @@ def test_a_hung_batch_call_leaves_the_rest_of_its_chunk_to_other_threads() -> No
 
     consumer, consumption = _consumption(_Listener(), 2)
     _check_hung_chunk(consumer, consumption, calls, 8, [2, 3])
+
+
+def _check_failed_before_hung_call(listener: Any, batch: int, count: int, hung: int) -> None:
+    """Run a chunk of ``count`` messages whose listener fails the first request and hangs on
+    the one starting at ``hung``: once the consume timeout took the hung call, the committed
+    offset reaches the end (the failed request is sent back then, not when the hung task
+    ends), and each failed or hung message is sent back once."""
+    calls: _Calls = listener.calls
+    consumer, consumption = _consumption(listener, batch)
+    sent = _sent_back(consumption)
+    pool = ThreadPoolExecutor(2)
+    consumer._context.executor = pool
+    try:
+        pq = ProcessQueue("t", 0)
+        msgs = [
+            MessageExt("t", b"x", msg_id=f"m{i}", queue_id=0, queue_offset=i) for i in range(count)
+        ]
+        pq.put(msgs)
+        consumption.submit(pq, msgs)
+        assert calls.entered.wait(10)
+        _expire_an_hour_later(consumption, pq)
+        wait_until(lambda: all(calls.runs[o] for o in range(hung + batch, count)), timeout_s=10)
+        wait_until(lambda: pq.commit_offset() == count, timeout_s=5)
+        calls.release.set()
+        wait_until(lambda: pq.running == 0, timeout_s=10)
+        assert sorted(sent) == [*range(batch), *range(hung, hung + batch)], sorted(sent)
+    finally:
+        calls.release.set()
+        pool.shutdown(wait=True)
+
+
+def test_a_message_failed_before_a_hung_per_message_call_does_not_pin_the_offset() -> None:
+    calls = _Calls(hang_on=2)
+
+    def listener(msg: MessageExt) -> ConsumeStatus:
+        calls.run([msg])
+        if msg.queue_offset == 0:
+            return ConsumeStatus.RECONSUME_LATER
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    listener.calls = calls  # type: ignore[attr-defined]
+    _check_failed_before_hung_call(listener, 1, 6, 2)
+
+
+def test_a_request_failed_before_a_hung_batch_call_does_not_pin_the_offset() -> None:
+    calls = _Calls(hang_on=2)
+
+    class _Listener(MessageListenerConcurrently):
+        def __init__(self) -> None:
+            self.calls = calls
+
+        def consume_message(
+            self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+        ) -> ConsumeStatus:
+            calls.run(msgs)
+            if msgs[0].queue_offset == 0:
+                return ConsumeStatus.RECONSUME_LATER
+            return ConsumeStatus.CONSUME_SUCCESS
+
+    _check_failed_before_hung_call(_Listener(), 2, 8, 2)
