@@ -127,8 +127,14 @@ class TransactionalService(ServiceThread):
                 self.client.send_msg_timeout_ms, self._kafka_transaction_timeout_ms
             ),
             linger_ms=1,
+            **self.producer_overrides(),
         )
         self._producer_broken = False
+
+    def producer_overrides(self) -> dict[str, Any]:
+        """Producer settings a service sets beside the shared ones (keyword arguments of
+        :func:`~bridge.kafka.transactional.transactional_producer`); none by default."""
+        return {}
 
     def write(
         self,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Final
+from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -34,7 +34,6 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.batch_writer import TransactionBatch, is_purge
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.service import ServiceConfig, TransactionalService
-from bridge.kafka.transactional import transactional_producer
 from bridge.message import now_ms
 from bridge.transaction.checks import CheckBack
 from bridge.transaction.decisions import Decisions
@@ -113,25 +112,11 @@ class TransactionService(TransactionalService):
         return len(self.parking)
 
     # --- lifecycle ----------------------------------------------------------------------
-    def start_producer(self) -> None:
-        """:meth:`TransactionalService.start_producer`'s producer (the same settings), with
-        :data:`_RETRY_BACKOFF_MS`."""
-        overrides = {}
-        if "retry.backoff.ms" not in self.client.kafka:
-            overrides["retry_backoff_ms"] = _RETRY_BACKOFF_MS
-        self._producer = transactional_producer(
-            self.client,
-            self.name,
-            self._transactional_id,
-            self.timeout_s,
-            transaction_timeout_ms=self._kafka_transaction_timeout_ms,
-            message_timeout_ms=min(
-                self.client.send_msg_timeout_ms, self._kafka_transaction_timeout_ms
-            ),
-            linger_ms=1,
-            **overrides,
-        )
-        self._producer_broken = False
+    def producer_overrides(self) -> dict[str, Any]:
+        """:data:`_RETRY_BACKOFF_MS`, unless the client settings name ``retry.backoff.ms``."""
+        if "retry.backoff.ms" in self.client.kafka:
+            return {}
+        return {"retry_backoff_ms": _RETRY_BACKOFF_MS}
 
     def on_start(self) -> None:
         client = self.config.client
