@@ -54,7 +54,10 @@ SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|jaas|keystore[
 (their values hold a password or a private key)."""
 
 ENV_SPARK_PARTITIONS = "BRIDGE_SPARK_PARTITIONS"
-"""Shuffle partitions of the jobs' queries (default: the session's cores)."""
+"""Shuffle partitions of the jobs' queries."""
+DEFAULT_SPARK_PARTITIONS = 4
+"""One per core measured no faster on the shared 2-core machine (``python -m bench spark``):
+fewer, longer deduplication tasks balance worse against other load."""
 
 SPARK_GROUP_ID_PREFIX = "bridge-spark"
 """Spark's Kafka source names its consumer groups ``bridge-spark-<query id>...``."""
@@ -112,28 +115,24 @@ def spark_session(
         ).config(
             "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
         )
-    session = (
+    return (
         builder.config("spark.sql.session.timeZone", "UTC")
         .config("spark.redaction.regex", SPARK_REDACTION_REGEX)
         # Kafka headers may repeat a name; the last one wins, as in the Python client.
         .config("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions(os.environ)))
         .getOrCreate()
     )
-    partitions = shuffle_partitions(os.environ, session.sparkContext.defaultParallelism)
-    session.conf.set("spark.sql.shuffle.partitions", str(partitions))
-    return session
 
 
-def shuffle_partitions(environ: Mapping[str, str], default_parallelism: int) -> int:
+def shuffle_partitions(environ: Mapping[str, str]) -> int:
     """Partitions of a shuffle (the ingest's deduplication by message id, the reports'
-    aggregations): ``BRIDGE_SPARK_PARTITIONS`` if set, else one per core the session has
-    (``defaultParallelism``). More partitions than cores only add tasks that each open a state
-    store and a Parquet file. A query restarted from a checkpoint keeps the count it started
-    with (Spark reads it from the checkpoint). A value that is not a positive integer raises
-    :class:`InvalidArgumentError` naming the variable."""
+    aggregations): ``BRIDGE_SPARK_PARTITIONS``, else 4. A query restarted from a checkpoint
+    keeps the count it started with (Spark reads it from the checkpoint). A value that is not
+    a positive integer raises :class:`InvalidArgumentError` naming the variable."""
     given = environ.get(ENV_SPARK_PARTITIONS, "").strip()
     if not given:
-        return max(1, default_parallelism)
+        return DEFAULT_SPARK_PARTITIONS
     try:
         partitions = int(given)
     except ValueError:
