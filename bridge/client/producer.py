@@ -485,7 +485,7 @@ class Producer(Startable):
         # (ours among them) on this thread. librdkafka fails the message after
         # message.timeout.ms; the extra second is for its report to arrive.
         deadline = time.monotonic() + self.config.send_msg_timeout_ms / 1000 + 1.0
-        while not waiter.event.is_set():
+        while not waiter.done:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SendTimeoutError(
@@ -509,18 +509,17 @@ class Producer(Startable):
             try:
                 self._produce(record, record.partition, waiter)
             except KafkaClientError as exc:
-                waiter.failure = exc
-                waiter.event.set()
+                waiter.fail(exc)
             waiters.append(waiter)
         deadline = time.monotonic() + self.config.send_msg_timeout_ms / 1000 + 1.0
         results: list[tuple[int, int] | KafkaClientError] = []
         for record, waiter in zip(records, waiters, strict=True):
-            while not waiter.event.is_set() and time.monotonic() < deadline:
+            while not waiter.done and time.monotonic() < deadline:
                 self._kafka.flush(min(max(deadline - time.monotonic(), 0), _SYNC_FLUSH_SLICE_S))
             context = f"send of {record.msg_id} to {record.kafka_topic}"
             if waiter.failure is not None:
                 results.append(waiter.failure)
-            elif not waiter.event.is_set():
+            elif not waiter.done:
                 results.append(
                     SendTimeoutError(
                         f"{context}: no acknowledgement within {self.config.send_msg_timeout_ms} ms"

@@ -70,14 +70,19 @@ _SEND_OK: Final = SendStatus.SEND_OK
 
 
 class SyncWaiter:
-    """The delivery report of one sync send, waited for."""
+    """The delivery report of one send, waited for: :attr:`done` once it arrived (or the send
+    failed before it was handed over, see :meth:`fail`), and :meth:`wait` for one thread to
+    block on it. A plain lock the report releases: an ``Event`` costs both threads twice as
+    much (a condition, a lock per waiter, a notification)."""
 
-    __slots__ = ("error", "event", "failure", "offset", "partition", "started")
+    __slots__ = ("_reported", "done", "error", "failure", "offset", "partition", "started")
 
     def __init__(self) -> None:
         self.started = time.monotonic()
         """When the send began, monotonic s (for ``rocketmq_send_cost_time``)."""
-        self.event = threading.Event()
+        self._reported = threading.Lock()
+        self._reported.acquire()
+        self.done = False
         self.error: KafkaError | None = None
         self.failure: KafkaClientError | None = None
         self.partition = -1
@@ -90,7 +95,19 @@ class SyncWaiter:
         else:
             self.partition = kmsg.partition()
             self.offset = kmsg.offset()
-        self.event.set()
+        self.done = True
+        self._reported.release()
+
+    def fail(self, failure: KafkaClientError) -> None:
+        """The send failed before librdkafka took it: no report will come."""
+        self.failure = failure
+        self.done = True
+        self._reported.release()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` for the report (one thread only); True once it
+        arrived."""
+        return self.done or self._reported.acquire(timeout=timeout_s)
 
 
 def report_async(  # noqa: PLR0917 - the send's fields, then the report's

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any, Final
 
-from confluent_kafka import KafkaError
-
-from bridge.client.send_results import record_send
+from bridge.client.send_results import SyncWaiter
 from bridge.codec import PreparedRecord
 from bridge.config import ClientConfig
 from bridge.errors import SendTimeoutError
@@ -34,36 +31,6 @@ _REPORT_WAIT_S: Final = 0.1
 when one arrives; this only bounds how late it sees the stop flag)."""
 _FULL_QUEUE_WAIT_S: Final = 0.01
 """Wait between tries while librdkafka's local queue is full, s."""
-
-
-class _Acknowledgement:
-    """The delivery report of one half message, waited for by its sender: a plain lock the
-    report releases (an ``Event`` costs both threads twice as much: a condition, a lock per
-    waiter, a notification)."""
-
-    __slots__ = ("_reported", "error", "offset", "partition", "started")
-
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        """When the send began, monotonic s (for ``rocketmq_send_cost_time``)."""
-        self._reported = threading.Lock()
-        self._reported.acquire()
-        self.error: KafkaError | None = None
-        self.partition = -1
-        self.offset = -1
-
-    def __call__(self, err: KafkaError | None, kmsg: Any) -> None:
-        record_send(self.started, err, kmsg)
-        if err is not None:
-            self.error = err
-        else:
-            self.partition = kmsg.partition()
-            self.offset = kmsg.offset()
-        self._reported.release()
-
-    def wait(self, timeout_s: float) -> bool:
-        """Wait at most ``timeout_s`` for the report; True once it arrived."""
-        return self._reported.acquire(timeout=timeout_s)
 
 
 class HalfSender:
@@ -140,7 +107,7 @@ class HalfSender:
         """Send ``record`` and wait for its acknowledgement (at most ``send_msg_timeout_ms``
         and a second for the report); return (partition, offset). Raises
         :class:`~bridge.errors.SendError` (:class:`SendTimeoutError` on timeout)."""
-        waiter = _Acknowledgement()
+        waiter = SyncWaiter()
         self._produce(record, partition, waiter)
         # librdkafka fails the record after message.timeout.ms; the extra second is for its
         # report to arrive.
