@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
@@ -608,43 +608,11 @@ class Producer(Startable):
         report, outcomes = reports.report, reports.outcomes
         msg_ids, kafka_topics = reports.msg_ids, reports.kafka_topics
         produce = self._kafka.produce
-        time_ns = time.time_ns
-        next_id = self._ids.next_id
-        host = self._born_host
-        topics = self._kafka_topics
-        last_topic: object = None
-        plain_kafka_topic = ""
-        last_tags: object = None
-        tags_header = ("", b"")
-        headers: Sequence[tuple[str, bytes | None]]
-        value: bytes | None
         stalled: SendTimeoutError | None = None
-        for index, msg in enumerate(batch):
-            # The clock for every record: a hand-over may have waited for room in the local
-            # queue meanwhile, and an old millisecond with the shared 16-bit counter could
-            # repeat an id (and date the record too early).
-            born_ms = time_ns() // 1_000_000
-            record = prepared[index]
-            if record is None:  # a plain message, checked: built here, as _records does
-                topic = msg.topic
-                if topic is not last_topic:
-                    # Its own variable: a prepared record between two plain messages of one
-                    # topic sets kafka_topic to its own (another topic, or a system topic).
-                    plain_kafka_topic = topics.get(topic) or self._kafka_topic(topic)
-                    last_topic = topic
-                kafka_topic = plain_kafka_topic
-                tags = msg.tags
-                msg_id = next_id(born_ms)
-                if not tags:
-                    headers = [(_UNIQ_KEY, msg_id.encode()), (_BORN_HOST, host)]
-                else:
-                    if tags is not last_tags:
-                        tags_header = (_TAGS, tags.encode())
-                        last_tags = tags
-                    headers = [(_UNIQ_KEY, msg_id.encode()), (_BORN_HOST, host), tags_header]
-                key, value, record_partition = None, msg._body, partition
-            else:
-                kafka_topic, key, value, headers, msg_id, born_ms, record_partition = record
+        # Each record built when asked for (plain messages by _records, with the clock read per
+        # record), so a hand-over that waited for room dates the next one afterwards.
+        for index, record in enumerate(self._records(batch, prepared, partition)):
+            kafka_topic, key, value, headers, msg_id, born_ms, record_partition = record
             msg_ids[index] = msg_id
             kafka_topics[index] = kafka_topic
             if stalled is not None:
@@ -665,11 +633,6 @@ class Producer(Startable):
                     headers=headers,
                 )
             except BufferError:  # the local queue is full: wait for room, as a single send
-                if record is None:
-                    record = new_tuple(
-                        PreparedRecord,
-                        (kafka_topic, key, value, headers, msg_id, born_ms, record_partition),
-                    )
                 try:
                     self._produce(record, record_partition, callback)
                 except SendTimeoutError as exc:
