@@ -571,3 +571,210 @@ def delivery_record(data: bytes | None, namespace: str, removed: frozenset[str])
             -1 if partition is None else partition,
         ),
     )
+
+
+# --- SCHEDULE and timer records in the header format -------------------------------------------
+# A delayed message waits as the record it becomes, as RocketMQ stores one: value = the body,
+# key as on its real topic, and headers = the coordinator's own (a producer's send id, then the
+# born time) followed by the message's (its id, born host, every property with REAL_TOPIC,
+# REAL_QID and the delay level or TIMER_DELIVER_MS among them). Delivery is a header rewrite.
+# Records written before (an Avro MessageEnvelope as value) are told apart by their headers:
+# they never carry BORN_TIMESTAMP_HEADER or REAL_TOPIC (see is_header_format).
+
+BORN_TIMESTAMP_HEADER: Final = "BRIDGE_BORN_MS"
+"""A Kafka header (never a message property) of a SCHEDULE or timer record in the header
+format: the message's born time, epoch ms, as ASCII digits (those topics keep LogAppendTime, so
+the record's timestamp is when it was stored). The first header of that name ends the
+coordinator's headers: every header after it is the message's."""
+
+
+def delayed_headers(
+    head: list[tuple[str, bytes | None]],
+    msg_id: str,
+    born_host: str,
+    properties: Mapping[str, PropertyValue],
+    born_timestamp_ms: int,
+) -> list[tuple[str, bytes | None]]:
+    """The headers of a SCHEDULE or timer record in the header format: ``head`` (the
+    coordinator's own, e.g. a send id), the born time (:data:`BORN_TIMESTAMP_HEADER`), then
+    the message: its id, born host and ``properties`` (text first, then bytes: the order the
+    envelope delivered them in), each written as :func:`plain_record` writes it. Properties
+    named like the id or born host are left out (the message's own fields win, as before).
+    ``head`` is extended and returned.
+
+    A text value with a lone surrogate raises ``UnicodeEncodeError``.
+    """
+    head.append((BORN_TIMESTAMP_HEADER, str(born_timestamp_ms).encode()))
+    head.append((MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id.encode()))
+    head.append((MessageConst.BORN_HOST, born_host.encode()))
+    binary: list[tuple[str, bytes | None]] = []
+    for name, value in properties.items():
+        if name in _OWN_HEADERS:
+            continue
+        if isinstance(value, str):
+            head.append((name, value.encode()))
+        else:
+            binary.append((name, bytes(value)))
+    head += binary
+    return head
+
+
+def is_header_format(headers: Sequence[tuple[str, bytes | None]]) -> bool:
+    """Whether a SCHEDULE or timer record with these headers is in the header format: it has
+    a :data:`BORN_TIMESTAMP_HEADER` or ``REAL_TOPIC`` header. An envelope record never had
+    either among its headers (only the send id and ``TIMER_DELIVER_MS``), and no message
+    property can be read from those of an envelope record, so user bytes cannot decide it."""
+    for name, _ in headers:
+        if name == BORN_TIMESTAMP_HEADER or name == MessageConst.REAL_TOPIC:  # noqa: PLR1714
+            return True
+    return False
+
+
+def message_headers_start(headers: Sequence[tuple[str, bytes | None]]) -> int:
+    """The index of the first of the message's headers of a header-format record (the one
+    after :data:`BORN_TIMESTAMP_HEADER`); :class:`MalformedRecordError` without that header."""
+    for at, (name, _) in enumerate(headers):
+        if name == BORN_TIMESTAMP_HEADER:
+            return at + 1
+    raise MalformedRecordError(f"no {BORN_TIMESTAMP_HEADER} header (the born time)")
+
+
+def _header_text(name: str, raw: bytes | None) -> str:
+    """A routing header's value as text; :class:`MalformedRecordError` if it is not UTF-8."""
+    if raw is None:
+        return ""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise MalformedRecordError(f"header {name} is not UTF-8: {raw[:64]!r}") from None
+
+
+def born_timestamp(headers: Sequence[tuple[str, bytes | None]], start: int) -> int:
+    """The born time of a header-format record (``start``: see :func:`message_headers_start`),
+    epoch ms; :class:`MalformedRecordError` unless it is 1 to 18 ASCII digits."""
+    raw = headers[start - 1][1]
+    born = parse_count(_header_text(BORN_TIMESTAMP_HEADER, raw))
+    if born is None:
+        raise MalformedRecordError(f"header {BORN_TIMESTAMP_HEADER} is not a time: {raw!r}")
+    return born
+
+
+def last_message_header(
+    headers: Sequence[tuple[str, bytes | None]], name: str, start: int = 0
+) -> bytes | None:
+    """The value of the last header ``name`` at or after ``start`` (None when there is none):
+    a property of a header-format record, read as :func:`decode_headers` would."""
+    for at in range(len(headers) - 1, start - 1, -1):
+        if headers[at][0] == name:
+            return headers[at][1]
+    return None
+
+
+def header_delivery_record(
+    headers: Sequence[tuple[str, bytes | None]],
+    value: bytes | None,
+    namespace: str,
+    removed: frozenset[str],
+) -> PreparedRecord:
+    """The real-topic record of a header-format SCHEDULE or timer record with ``headers`` and
+    ``value``: the record :func:`delivery_record` builds from the envelope of the same message
+    (same topic, partition, key, value, headers in the same order, born time), by leaving out
+    the coordinator's headers and those in ``removed``. The value is passed through.
+
+    Raises :class:`MalformedRecordError` for a record without the born time, ``UNIQ_KEY`` (the
+    first of the message's headers) or ``REAL_TOPIC``, a ``REAL_QID`` that is not a partition
+    number or -1, or one of these that is not UTF-8; :class:`InvalidTopicNameError` for a
+    ``REAL_TOPIC`` with no Kafka name.
+    """
+    start = message_headers_start(headers)
+    born = born_timestamp(headers, start)
+    if start >= len(headers) or headers[start][0] != MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX:
+        raise MalformedRecordError(
+            f"no {MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX} header after {BORN_TIMESTAMP_HEADER}"
+        )
+    msg_id = _header_text(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, headers[start][1])
+    real_topic: bytes | None = None
+    queue_id: bytes | None = None
+    sharding: bytes | None = None
+    has_sharding = False
+    keys: bytes | None = None
+    out: list[tuple[str, bytes | None]] = []
+    for at in range(start, len(headers)):
+        header = headers[at]
+        name = header[0]
+        if name == MessageConst.REAL_TOPIC:
+            real_topic = header[1]
+        elif name == MessageConst.REAL_QUEUE_ID:
+            queue_id = header[1]
+        elif name == MessageConst.SHARDING_KEY:
+            sharding, has_sharding = header[1], True
+        elif name == MessageConst.KEYS:
+            keys = header[1]
+        if name not in removed:
+            out.append(header)
+    if real_topic is None:
+        raise MalformedRecordError(f"no {MessageConst.REAL_TOPIC} header")
+    topic = _real_kafka_topic(_header_text(MessageConst.REAL_TOPIC, real_topic), namespace)
+    partition = -1
+    if queue_id is not None:
+        text = _header_text(MessageConst.REAL_QUEUE_ID, queue_id)
+        count = parse_count(text)
+        if count is None and text != "-1":
+            raise MalformedRecordError(
+                f"header {MessageConst.REAL_QUEUE_ID} is not a partition number: {text[:64]!r}"
+            )
+        partition = -1 if count is None else count
+    key: bytes | None
+    if has_sharding:
+        key = sharding if sharding is not None else b""
+    elif keys:
+        joined = MessageConst.KEY_SEPARATOR.join(
+            k for k in keys.decode("utf-8", "replace").split(MessageConst.KEY_SEPARATOR) if k
+        )
+        key = joined.encode() if joined else None
+    else:
+        key = None
+    return new_tuple(PreparedRecord, (topic, key, value, out, msg_id, born, partition))
+
+
+def header_format_message(
+    headers: Sequence[tuple[str, bytes | None]], value: bytes | None, topic: str = ""
+) -> MessageExt:
+    """A header-format SCHEDULE or timer record as the message it holds (properties with
+    ``REAL_TOPIC``, ``REAL_QID`` and the delay ones, as :func:`decode_envelope` gives them);
+    ``topic`` defaults to ``REAL_TOPIC``. Raises :class:`MalformedRecordError` as
+    :func:`header_delivery_record` does for the born time and id."""
+    start = message_headers_start(headers)
+    born = born_timestamp(headers, start)
+    props = decode_headers(list(headers[start:]))
+    uniq = props.pop(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, None)
+    if type(uniq) is not str:
+        raise MalformedRecordError(
+            f"no UTF-8 {MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX} header after "
+            f"{BORN_TIMESTAMP_HEADER}"
+        )
+    host = props.pop(MessageConst.BORN_HOST, "")
+    props[MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = uniq
+    msg = MessageExt(
+        topic,
+        value if value is not None else b"",
+        msg_id=uniq,
+        born_timestamp_ms=born,
+        born_host=property_text(host),
+        keys=_text_or_none(props.get(MessageConst.KEYS)),
+        tags=_text_or_none(props.get(MessageConst.TAGS)),
+        properties=props,
+    )
+    if not topic:
+        msg.topic = msg.get_property(MessageConst.REAL_TOPIC) or ""
+    return msg
+
+
+def delayed_message(
+    headers: Sequence[tuple[str, bytes | None]], value: bytes | None, topic: str = ""
+) -> MessageExt:
+    """The message a SCHEDULE or timer record holds, in either format (see
+    :func:`is_header_format`): :func:`header_format_message` or :func:`decode_envelope`."""
+    if is_header_format(headers):
+        return header_format_message(headers, value, topic)
+    return decode_envelope(value, topic)

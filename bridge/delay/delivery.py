@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Final
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from bridge.codec import PreparedRecord, decode_envelope
+from bridge.codec import (
+    BORN_TIMESTAMP_HEADER,
+    PreparedRecord,
+    decode_envelope,
+    is_header_format,
+    last_message_header,
+    message_headers_start,
+)
 from bridge.delay.fetch import RECORD_ERRORS, Held, Key
 from bridge.delay.isolation import Unit, attempt_count, located
 from bridge.delay.routing import SEND_ID_HEADER
@@ -51,10 +58,14 @@ _DUPLICATE_MEMORY: Final = 100_000
 def send_key(held: Held) -> tuple[int, bytes] | None:
     """(partition, send id) of a record a producer wrote (see
     :data:`bridge.delay.routing.SEND_ID_HEADER`); None for the coordinator's own copies,
-    records of other clients and records whose headers could not be read."""
+    records of other clients and records whose headers could not be read. In the header
+    format only the coordinator's headers (those before the born time) are looked at: a
+    message property of that name is not a send id."""
     for name, raw in held.headers:
         if name == SEND_ID_HEADER and raw:
             return (held.partition, raw)
+        if name == BORN_TIMESTAMP_HEADER:
+            break
     return None
 
 
@@ -269,6 +280,10 @@ class Delivery:
     def _tries(held: Held) -> int:
         """How many deliveries of ``held`` failed before (its ``DELIVERY_ATTEMPTS``)."""
         try:
+            headers = held.headers
+            if headers and is_header_format(headers):
+                start = message_headers_start(headers)
+                return attempt_count(last_message_header(headers, DELIVERY_ATTEMPTS, start))
             return attempt_count(
                 decode_envelope(held.record.value()).get_property(DELIVERY_ATTEMPTS)
             )

@@ -23,9 +23,17 @@ from typing import TYPE_CHECKING, Final
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from bridge.codec import PreparedRecord, decode_envelope, encode_envelope
+from bridge.codec import (
+    BORN_TIMESTAMP_HEADER,
+    PreparedRecord,
+    decode_envelope,
+    delayed_headers,
+    header_delivery_record,
+    is_header_format,
+    last_message_header,
+    message_headers_start,
+)
 from bridge.delay.fetch import RECORD_ERRORS, Headers, Held, Key
-from bridge.delay.routing import TIMER_ROUTING_HEADER
 from bridge.kafka.batch_writer import TransactionBatch
 from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import QUARANTINE_OMITTED_BYTES, quarantine_copy
@@ -33,6 +41,7 @@ from bridge.kafka.transactional import (
     DELIVERY_ATTEMPTS,
     DELIVERY_ERROR,
     MAX_DELIVERY_ERROR_CHARS,
+    REMOVED_ON_DELIVERY,
     is_permanent_delivery_error,
 )
 from bridge.message import DELAY_PROPERTIES, MessageConst
@@ -212,10 +221,22 @@ class Isolation:
         timer topic for a back-off, or QUARANTINE once it failed ``delivery_attempts`` times
         for a permanent reason. A ``transient`` failure (a timeout) counts in
         ``DELIVERY_ATTEMPTS`` (its back-off doubles, up to :data:`_MAX_BACKOFF_MS`) but never
-        quarantines the message by itself."""
+        quarantines the message by itself. The back-off copy is in the header format, whichever
+        format ``held`` was in (see :func:`~bridge.codec.is_header_format`)."""
+        raw_attempts: str | bytes | None
         try:
-            msg = decode_envelope(held.record.value())
-            attempts = attempt_count(msg.get_property(DELIVERY_ATTEMPTS)) + 1
+            if held.headers and is_header_format(held.headers):
+                start = message_headers_start(held.headers)
+                raw_attempts = last_message_header(held.headers, DELIVERY_ATTEMPTS, start)
+                # Checks it is deliverable at all (else quarantined below, with the reason).
+                msg_id = header_delivery_record(
+                    held.headers, None, self._svc.config.catalog.namespace, REMOVED_ON_DELIVERY
+                ).msg_id
+            else:
+                msg = decode_envelope(held.record.value())
+                raw_attempts = msg.get_property(DELIVERY_ATTEMPTS)
+                msg_id = msg.msg_id
+            attempts = attempt_count(raw_attempts) + 1
             if not transient and attempts >= self._svc.config.delivery_attempts:
                 logger.warning(
                     "%s: delivery failed %d times: %s", self._svc.name, attempts, problem
@@ -225,28 +246,39 @@ class Isolation:
                 self._svc.config.delivery_backoff_ms * 2 ** min(attempts - 1, 30), _MAX_BACKOFF_MS
             )
             deliver_ms = now + backoff_ms
-            props = {k: v for k, v in msg.properties.items() if k not in DELAY_PROPERTIES}
-            props[DELIVERY_ATTEMPTS] = str(attempts)
-            props[DELIVERY_ERROR] = problem[:MAX_DELIVERY_ERROR_CHARS]
-            props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
-            value = encode_envelope(
-                msg.msg_id, msg.body, props, msg.born_timestamp_ms, msg.born_host
+            again = (
+                (DELIVERY_ATTEMPTS, str(attempts).encode()),
+                (DELIVERY_ERROR, problem[:MAX_DELIVERY_ERROR_CHARS].encode()),
+                (MessageConst.TIMER_DELIVER_MS, str(deliver_ms).encode()),
             )
+            dropped = {*DELAY_PROPERTIES, DELIVERY_ATTEMPTS, DELIVERY_ERROR}
+            if held.headers and is_header_format(held.headers):
+                # The born time and the message's headers, in their order, the delay and
+                # attempt ones replaced; the producer's send id is left out.
+                headers: Headers = [(BORN_TIMESTAMP_HEADER, held.headers[start - 1][1])]
+                headers += [h for h in held.headers[start:] if h[0] not in dropped]
+                value = held.record.value()
+            else:
+                props = {k: v for k, v in msg.properties.items() if k not in dropped}
+                headers = delayed_headers(
+                    [], msg.msg_id, msg.born_host, props, msg.born_timestamp_ms
+                )
+                value = msg.body
+            headers += again
         except RECORD_ERRORS as exc:
             return self._quarantined(held, f"{problem}; then {exc}")
         logger.warning(
             "%s: delivery of %s failed (%s); attempt %d%s in %d ms",
             self._svc.name,
-            msg.msg_id,
+            msg_id,
             problem,
             attempts + 1,
             "" if transient else f" of {self._svc.config.delivery_attempts}",
             backoff_ms,
         )
         tier = self._svc.policy.route(deliver_ms, now, self._svc.policy.tier_count) or 0
-        headers: Headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode())]
         return PreparedRecord(
-            self._svc.timer_topic, held.record.key(), value, headers, msg.msg_id, 0, tier
+            self._svc.timer_topic, held.record.key(), value, headers, msg_id, 0, tier
         )
 
     def _target_problem(self, out: PreparedRecord) -> str | None:

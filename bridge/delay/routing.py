@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from bridge.codec import PreparedRecord, encode_envelope
+from bridge.codec import BORN_TIMESTAMP_HEADER, PreparedRecord, delayed_headers
 from bridge.config import ClientConfig
 from bridge.delay.model import InvalidDelayError
 from bridge.message import DELAY_PROPERTIES, Message, MessageConst, PropertyValue, property_text
@@ -12,12 +12,17 @@ from topics.catalog import SystemTopic
 from topics.naming import system_topic
 
 TIMER_ROUTING_HEADER = MessageConst.TIMER_DELIVER_MS
-"""Timer records carry their delivery time in this header too, so a hop needs no decoding."""
+"""Timer records carry their delivery time in this header (an envelope record beside its
+envelope, a header-format record among its properties), so a hop needs no decoding."""
 SEND_ID_HEADER = "BRIDGE_SEND_ID"
 """A Kafka header (never a message property) with a fresh id for each record a producer builds
 for SCHEDULE or the timer topic. Two records with one send id are one send stored twice by the
 client library, which the delay services deliver once; the coordinator's own copies (hops,
-back-offs) are written in Kafka transactions and carry none."""
+back-offs) are written in Kafka transactions and carry none. In the header format it is the
+first header, before :data:`~bridge.codec.BORN_TIMESTAMP_HEADER`: a message property of the
+same name comes after that one and is never taken for it."""
+
+__all__ = ["BORN_TIMESTAMP_HEADER", "SEND_ID_HEADER", "TIMER_ROUTING_HEADER", "delayed_record"]
 
 
 def _send_id() -> tuple[str, bytes]:
@@ -33,13 +38,16 @@ def delayed_record(
     partition: int,
     config: ClientConfig,
 ) -> PreparedRecord | None:
-    """The SCHEDULE or timer record of a delayed message, or None when a timer is already due.
+    """The SCHEDULE or timer record of a delayed message, or None when a timer is already due:
+    value = the body, key = the message id, headers = the send id, then the message as
+    :func:`~bridge.codec.delayed_headers` writes it (its properties with ``REAL_TOPIC``,
+    ``REAL_QID`` and the delay level or ``TIMER_DELIVER_MS``).
 
     A delay level wins over timer properties (RocketMQ 5's rule). Raises
     :class:`InvalidDelayError` for malformed values or a timer beyond the maximum.
     """
     policy = config.delay_policy
-    props = msg.wire_properties()  # text and bytes values alike: the envelope keeps both
+    props = msg.wire_properties()  # text and bytes values alike: the headers keep both
     raw_level = props.get(MessageConst.DELAY_TIME_LEVEL)
     try:
         level = int(raw_level) if raw_level else 0
@@ -57,11 +65,9 @@ def delayed_record(
         for name in DELAY_PROPERTIES:
             props.pop(name, None)
         props[MessageConst.DELAY_TIME_LEVEL] = str(level)
-        value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
+        headers = delayed_headers([_send_id()], msg_id, born_host, props, born_ms)
         topic = system_topic(SystemTopic.SCHEDULE.value, config.namespace)
-        return PreparedRecord(
-            topic, msg_id.encode(), value, [_send_id()], msg_id, born_ms, level - 1
-        )
+        return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, level - 1)
     deliver_ms = policy.deliver_time_ms(
         born_ms=born_ms,
         deliver_ms=_text(props.get(MessageConst.TIMER_DELIVER_MS)),
@@ -74,10 +80,9 @@ def delayed_record(
     for name in DELAY_PROPERTIES:
         props.pop(name, None)
     props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
-    value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
+    headers = delayed_headers([_send_id()], msg_id, born_host, props, born_ms)
     topic = system_topic(SystemTopic.TIMER.value, config.namespace)
-    headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode()), _send_id()]
-    return PreparedRecord(topic, msg_id.encode(), value, headers, msg_id, born_ms, tier)
+    return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, tier)
 
 
 def _text(value: PropertyValue | None) -> str | None:

@@ -29,10 +29,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bridge.codec import (
+    BORN_TIMESTAMP_HEADER,
     PreparedRecord,
     decode_envelope,
-    decode_headers,
     delivery_record,
+    header_delivery_record,
+    is_header_format,
+    last_message_header,
     new_tuple,
 )
 from bridge.config import NamePatterns, TrustLimits
@@ -198,8 +201,16 @@ class FifoDelayService(TransactionalService):
         held.fifo_ms = held.due_ms = self.due_at(held)
 
     def deliver(self, held: Held) -> tuple[PreparedRecord, bool]:
-        """The real-topic record of a delayed message that is due (built from the envelope's
-        fields: no message object on the way, see :func:`delivery_record`)."""
+        """The real-topic record of a delayed message that is due: a header rewrite of a
+        header-format record (:func:`header_delivery_record`), or built from the envelope's
+        fields of one written before (:func:`delivery_record`). A record whose headers could
+        not be read is taken for an envelope record (the bridge never wrote a header-format
+        record such headers; if its value is no envelope, it is quarantined)."""
+        headers = held.headers
+        if headers and is_header_format(headers):
+            return header_delivery_record(
+                headers, held.record.value(), self.config.catalog.namespace, REMOVED_ON_DELIVERY
+            ), True
         return delivery_record(
             held.record.value(), self.config.catalog.namespace, REMOVED_ON_DELIVERY
         ), True
@@ -253,10 +264,13 @@ class TimerService(FifoDelayService):
 
     @staticmethod
     def _deliver_ms(held: Held) -> int:
-        raw = decode_headers(held.headers).get(TIMER_ROUTING_HEADER)
-        if raw is None:  # written by another client, or headers unreadable: the envelope has it
-            raw = decode_envelope(held.record.value()).get_property(TIMER_ROUTING_HEADER) or "0"
-        return int(raw)
+        raw = last_message_header(held.headers, TIMER_ROUTING_HEADER)
+        if raw is not None:
+            return int(raw or b"")
+        if held.headers and is_header_format(held.headers):
+            return 0  # no time: due now (delivery quarantines it if it is malformed otherwise)
+        # Written by another client, or headers unreadable: the envelope has it.
+        return int(decode_envelope(held.record.value()).get_property(TIMER_ROUTING_HEADER) or "0")
 
     def process(self, held: Held, now: int) -> tuple[PreparedRecord, bool]:
         # place() read the delivery time when the record was fetched (None: unreadable then,
@@ -268,10 +282,23 @@ class TimerService(FifoDelayService):
             return self.deliver(held)
         # A hop is the coordinator's own copy, written once in a Kafka transaction: without
         # the producer's send id, it can never pass for a second copy of that send.
-        headers: Headers = [
-            (k, v) for k, v in held.headers if k not in (TIMER_ROUTING_HEADER, SEND_ID_HEADER)
-        ]
-        headers.append((TIMER_ROUTING_HEADER, str(deliver_ms).encode()))
+        headers: Headers
+        if is_header_format(held.headers):
+            # The send id is among the coordinator's headers, before the born time: the
+            # message's headers (its TIMER_DELIVER_MS among them) go on as they are.
+            headers = []
+            ours = True
+            for header in held.headers:
+                if ours:
+                    if header[0] == SEND_ID_HEADER:
+                        continue
+                    ours = header[0] != BORN_TIMESTAMP_HEADER
+                headers.append(header)
+        else:
+            headers = [
+                (k, v) for k, v in held.headers if k not in (TIMER_ROUTING_HEADER, SEND_ID_HEADER)
+            ]
+            headers.append((TIMER_ROUTING_HEADER, str(deliver_ms).encode()))
         record = held.record
         hop = new_tuple(
             PreparedRecord,

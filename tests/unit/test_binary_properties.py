@@ -107,7 +107,7 @@ def test_a_retry_copy_carries_binary_values_through_the_schedule_envelope() -> N
     record = send_back_record(
         _received(FOREIGN_HEADERS), "g1", retry_route(0, 16), 16, config=config, born_host=b"h"
     )
-    waiting = codec.decode_envelope(record.value)
+    waiting = codec.delayed_message(record.headers, record.value)
     assert waiting.get_property("trace-bin") == b"\xff\xfe\x00\x01"
     assert waiting.get_property("text") == "naïve"
     # What the schedule service writes to the retry topic when the delay is over.

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from bridge import ClientConfig, MessageConst, MessageExt
-from bridge.codec import decode_envelope, decode_headers
+from bridge.codec import decode_headers, delayed_message
 from bridge.consumer import PushConsumer, PushConsumerConfig, TagFilter
 from bridge.consumer.concurrent import ConcurrentConsumption
 from bridge.consumer.model import (
@@ -159,7 +159,7 @@ def test_a_send_back_keeps_body_keys_tags_properties_and_id() -> None:
     )
     assert record.kafka_topic == system_topic("SCHEDULE_TOPIC_XXXX", "ns")
     assert record.partition == 2  # level 3
-    copy = decode_envelope(record.value)
+    copy = delayed_message(record.headers, record.value)
     assert copy.msg_id == record.msg_id == "ABC"
     assert copy.body == b"payload"
     assert copy.keys == ["k1", "k2"]

@@ -9,7 +9,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.codec import decode_envelope, decode_headers
+from bridge.codec import decode_headers, delayed_message
 from bridge.config import ClientConfig
 from bridge.consumer.consumption import Failure, leading_successes, record_failure
 from bridge.consumer.model import ConsumeStatus, retry_route
@@ -99,9 +99,8 @@ def test_the_exception_a_listener_raised_travels_in_the_retry_and_dlq_copies() -
 
     assert leading_successes(listener, [msg], "g1") == 0
     config = ClientConfig(namespace="ns")
-    retry = decode_envelope(
-        send_back_record(msg, "g1", retry_route(0, 16), 16, config=config, born_host=b"h").value
-    ).properties
+    waiting = send_back_record(msg, "g1", retry_route(0, 16), 16, config=config, born_host=b"h")
+    retry = delayed_message(waiting.headers, waiting.value).properties
     assert retry[MessageConst.CONSUME_FAILURE] == Failure.EXCEPTION
     assert retry[MessageConst.CONSUME_EXCEPTION_CLASS] == f"{__name__}.OrderRejectedError"
     message = retry[MessageConst.CONSUME_EXCEPTION_MESSAGE]

@@ -94,9 +94,9 @@ def test_a_delay_level_message_goes_to_its_schedule_partition() -> None:
     record = producer().prepare(Message("orders", b"x", delay_time_level=25, keys="k"), partition=2)
     assert record.kafka_topic == TopicCatalog().topic(SystemTopic.SCHEDULE)
     assert record.partition == 17  # level 25 clamped to 18
-    from bridge.codec import decode_envelope
+    from bridge.codec import delayed_message
 
-    msg = decode_envelope(record.value)
+    msg = delayed_message(record.headers, record.value)
     assert msg.get_property(MessageConst.DELAY_TIME_LEVEL) == "18"
     assert msg.get_property(MessageConst.REAL_TOPIC) == "orders"
     assert msg.get_property(MessageConst.REAL_QUEUE_ID) == "2"

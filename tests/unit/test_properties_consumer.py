@@ -20,10 +20,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from bridge import ClientConfig, MessageConst, MessageExt
 from bridge.codec import (
-    decode_envelope,
     header_bytes,
+    header_delivery_record,
     message_from_record,
-    real_record,
 )
 from bridge.consumer.model import (
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -172,8 +171,7 @@ def test_a_message_that_always_fails_climbs_the_ladder_to_the_dlq_unchanged(
         assert record.kafka_topic == system_topic(SystemTopic.SCHEDULE.value, NAMESPACE)
         assert record.partition == expected_level - 1, "waits at its level, within the table"
         waited_at.append(expected_level)
-        waiting = decode_envelope(record.value)
-        real = real_record(waiting, NAMESPACE, REMOVED_ON_DELIVERY)
+        real = header_delivery_record(record.headers, record.value, NAMESPACE, REMOVED_ON_DELIVERY)
         assert real.kafka_topic == retry_topic(GROUP, NAMESPACE)
         msg = _consumed(real.kafka_topic, real.value, real.headers, deliveries)
     # Out of retries (or the listener asked for the DLQ): a dead letter of the first message.

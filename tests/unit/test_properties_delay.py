@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from bridge import ClientConfig, Message
-from bridge.codec import decode_envelope
+from bridge.codec import delayed_message
 from bridge.delay.model import (
     LANDING_MARGIN_MS,
     TIMER_PRECISIONS_MS,
@@ -234,7 +234,7 @@ def test_a_delayed_message_waits_in_the_right_partition_and_a_level_wins_over_a_
         assert record is not None
         assert record.kafka_topic == system_topic(SystemTopic.SCHEDULE.value, "ns")
         assert record.partition == policy.clamp_level(level) - 1
-        waiting = decode_envelope(record.value)
+        waiting = delayed_message(record.headers, record.value)
         assert waiting.get_property(MessageConst.DELAY_TIME_LEVEL) == str(policy.clamp_level(level))
         assert waiting.get_property(MessageConst.TIMER_DELAY_MS) is None
     elif delay_ms is None or delay_ms <= 0:
@@ -243,7 +243,7 @@ def test_a_delayed_message_waits_in_the_right_partition_and_a_level_wins_over_a_
         assert record is not None
         assert record.kafka_topic == system_topic(SystemTopic.TIMER.value, "ns")
         assert record.partition == policy.route(born + delay_ms, born)
-        waiting = decode_envelope(record.value)
+        waiting = delayed_message(record.headers, record.value)
         assert waiting.get_property(MessageConst.TIMER_DELIVER_MS) == str(born + delay_ms)
         assert waiting.get_property(MessageConst.REAL_QUEUE_ID) == "3"
 

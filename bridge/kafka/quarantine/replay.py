@@ -11,7 +11,14 @@ from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from bridge.codec import PreparedRecord, decode_envelope, decode_headers, real_record
+from bridge.codec import (
+    PreparedRecord,
+    decode_envelope,
+    decode_headers,
+    header_delivery_record,
+    is_header_format,
+    real_record,
+)
 from bridge.config import ClientConfig
 from bridge.errors import (
     BridgeError,
@@ -23,6 +30,7 @@ from bridge.errors import (
 from bridge.kafka.batch_writer import TransactionBatch, abort_quietly, kafka_error, write_batch
 from bridge.kafka.clients import new_consumer, read_record_at, translate_error
 from bridge.kafka.quarantine.copy import (
+    ORIGINAL_HEADER_PREFIX,
     QUARANTINE_REASON,
     QUARANTINE_RESOLVED_OFFSET,
     QUARANTINE_SOURCE_TOPIC,
@@ -138,11 +146,31 @@ def _replayable(
             f"not from {' or '.join(delayed)}: only delayed messages can be replayed"
         )
     try:
+        original = _original_headers(raw)
+        if is_header_format(original):
+            return header_delivery_record(
+                original, record.value(), catalog.namespace, REMOVED_ON_DELIVERY
+            )
         return real_record(decode_envelope(record.value()), catalog.namespace, REMOVED_ON_DELIVERY)
     except (WireFormatError, ValueError) as exc:
         raise NotReplayableError(
             f"QUARANTINE offset {offset} holds no deliverable message: {exc}"
         ) from exc
+
+
+def _original_headers(
+    headers: list[tuple[str, bytes | None]],
+) -> list[tuple[str, bytes | None]]:
+    """The headers the quarantined record had: the quarantine's own left out, those kept under
+    :data:`ORIGINAL_HEADER_PREFIX` given their names back (see
+    :func:`~bridge.kafka.quarantine.copy.quarantine_copy`)."""
+    out: list[tuple[str, bytes | None]] = []
+    for name, value in headers:
+        if name.startswith(ORIGINAL_HEADER_PREFIX):
+            out.append((name[len(ORIGINAL_HEADER_PREFIX) :], value))
+        elif not name.startswith(("QUARANTINE", "QUARANTINED")):
+            out.append((name, value))
+    return out
 
 
 def _resolved(config: ClientConfig, topic: str, offset: int, timeout_s: float) -> bool:
