@@ -42,6 +42,19 @@ BESIDE_DELAY_MS = 1500
 BURST = int(os.environ.get("BENCH_BURST", "500000"))
 PENDING = int(os.environ.get("BENCH_PENDING", "1000000"))
 DAY_MS = 86_400_000
+ROWS = ("idle", "steady", "beside", "burst", "pending")
+"""The rows of this part, in the order they run; ``BENCH_DELAYS_ROWS`` (comma-separated)
+picks some of them (all by default)."""
+
+
+def _rows_wanted() -> list[str]:
+    """The rows ``BENCH_DELAYS_ROWS`` names (all when unset); raises ``ValueError`` naming an
+    unknown one."""
+    given = [w.strip() for w in os.environ.get("BENCH_DELAYS_ROWS", "").split(",") if w.strip()]
+    unknown = [w for w in given if w not in ROWS]
+    if unknown:
+        raise ValueError(f"BENCH_DELAYS_ROWS: unknown rows {unknown}; known: {', '.join(ROWS)}")
+    return given or list(ROWS)
 
 
 def _coordinator(config: ClientConfig, coordinator_id: str) -> subprocess.Popen[bytes]:
@@ -304,13 +317,18 @@ def run(bootstrap: str) -> list[Row]:
         timer_precision_ms=100,
         timer_max_delay_ms=31 * DAY_MS,
     )
-    coordinator = _coordinator(config, "bench")
-    try:
-        _await_coordinator(config)
-        rows = [_idle(config), _steady(config), _beside_hops(config), _burst(config)]
-    finally:
-        coordinator.terminate()
-        coordinator.wait(30)
-    print_rows("Delayed delivery (ratio = ours / baseline)", rows)
-    _pending(config)
+    wanted = _rows_wanted()
+    measures = {"idle": _idle, "steady": _steady, "beside": _beside_hops, "burst": _burst}
+    rows: list[Row] = []
+    if any(name in measures for name in wanted):
+        coordinator = _coordinator(config, "bench")
+        try:
+            _await_coordinator(config)
+            rows = [measure(config) for name, measure in measures.items() if name in wanted]
+        finally:
+            coordinator.terminate()
+            coordinator.wait(30)
+        print_rows("Delayed delivery (ratio = ours / baseline)", rows)
+    if "pending" in wanted:
+        _pending(config)
     return rows
