@@ -314,6 +314,8 @@ class PushConsumer(Startable):
             topic_names[retry_kafka_topic] = RETRY_GROUP_TOPIC_PREFIX + self.group
         context.producer = Producer(self.group, config=self.config)
         context.producer.start()
+        if clustering and not consumption.orderly:
+            self._prepare_send_backs(context.producer)
         context.executor = ThreadPoolExecutor(
             self.settings.consume_thread_count, thread_name_prefix=f"bridge-consume-{self.group}"
         )
@@ -321,6 +323,22 @@ class PushConsumer(Startable):
             context, consumption, self._quarantine, topic_names, retry_kafka_topic
         )
         self._fetcher.start()
+
+    def _prepare_send_backs(self, producer: Producer) -> None:
+        """Have the producer of copies check the system topics (SCHEDULE, where a retry copy
+        waits) now, before any message is fetched. Otherwise the first send-back of each
+        listener thread does it, all at once, while their partitions stop (admin round trips,
+        hundreds of ms on a loaded machine, at the start of every consumer that fails a
+        message). A failure here is only logged: the first send-back checks again."""
+        try:
+            producer._ensure_system_topics()
+        except Exception as exc:
+            logger.warning(
+                "push consumer %s: system topics not checked at start (the first send-back "
+                "checks them): %s",
+                self.group,
+                exc,
+            )
 
     def shutdown(self, timeout_ms: int | None = None) -> None:
         """Stop fetching, let running listeners finish for up to ``timeout_ms`` (ms; default

@@ -12,7 +12,9 @@ message is dropped with a warning, as RocketMQ does.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final
 
 from confluent_kafka import KafkaError
@@ -140,40 +142,39 @@ class RetryPolicy:
         """Copy failed ``msgs`` to the retry topic or DLQ without waiting: each stays held
         until Kafka acknowledges its copy, then is done; a copy that cannot be sent is consumed
         again locally, and one that cannot be built (it never will be) is quarantined. The
-        listener threads never wait for the broker. Never raises."""
-        for msg, level in zip(msgs, levels, strict=True):
-            try:
-                route, record = self.copy_of(msg, level)
-            except Exception as exc:
-                # A copy is built from the message alone: it would fail the same way again.
-                logger.warning(
-                    "push consumer %s: cannot build the retry copy of %s, quarantining it: %s",
-                    self._context.group,
-                    msg.msg_id,
-                    exc,
-                    exc_info=True,
-                )
-                self.quarantine_held(pq, msg, exc)
-                continue
-            self._send_copy(pq, msg, route, record)
+        listener threads never wait for the broker. Never raises.
 
-    def _send_copy(
-        self, pq: ProcessQueue, msg: MessageExt, route: RetryRoute, record: PreparedRecord
-    ) -> None:
-        def delivered(err: KafkaError | None, _: Any) -> None:
-            try:
-                if err is None:
-                    self._sent_back(msg, route)
-                    pq.remove([msg.queue_offset])
-                else:
-                    self._copy_failed(pq, msg, route, err)
-            except Exception:
-                logger.exception("push consumer %s: send-back report", self._context.group)
-
+        The copies of one call share one report handler (:class:`_Copies`): the messages
+        whose copies were acknowledged are marked done and counted together, once the last
+        report of the call came, instead of a locked step and a count per report."""
+        if not msgs:
+            return
+        copies = _Copies(self, pq)
+        sender = self._context.sender
+        report = copies.report
         try:
-            self._context.sender.send_record_async(record, record.partition, delivered)
-        except Exception as exc:
-            self._copy_failed(pq, msg, route, exc)
+            for msg, level in zip(msgs, levels, strict=True):
+                try:
+                    route, record = self.copy_of(msg, level)
+                except Exception as exc:
+                    # A copy is built from the message alone: it would fail the same way again.
+                    logger.warning(
+                        "push consumer %s: cannot build the retry copy of %s, quarantining it: %s",
+                        self._context.group,
+                        msg.msg_id,
+                        exc,
+                        exc_info=True,
+                    )
+                    self.quarantine_held(pq, msg, exc)
+                    continue
+                index = copies.add(msg, route)
+                try:
+                    sender.send_record_async(record, record.partition, partial(report, index))
+                except Exception as exc:
+                    copies.unsent()
+                    self._copy_failed(pq, msg, route, exc)
+        finally:
+            copies.sent()
 
     def _copy_failed(
         self, pq: ProcessQueue, msg: MessageExt, route: RetryRoute, error: object
@@ -268,12 +269,99 @@ class RetryPolicy:
             )
         else:
             self._context.counters.add(Count.SENT_BACK)
-            logger.debug(
-                "message %s sent back at level %d (reconsume %d)",
-                msg.msg_id,
-                route.delay_level,
-                route.reconsume_times,
-            )
+            _log_sent_back(msg, route)
+
+
+class _Copies:
+    """The retry and DLQ copies of one :meth:`RetryPolicy.send_back` call, and their delivery
+    reports. Each report of a copy that failed is handled at once (the message is consumed
+    again later, or quarantined); the messages whose copies were acknowledged stay held until
+    the last report came (or the call ended, if later), then are marked done and counted in
+    one step. Reports arrive on whichever thread serves them, possibly before the call ends:
+    the lock guards what they share."""
+
+    __slots__ = ("_acked", "_lock", "_msgs", "_outstanding", "_policy", "_pq", "_routes")
+
+    def __init__(self, policy: RetryPolicy, pq: ProcessQueue) -> None:
+        self._policy = policy
+        self._pq = pq
+        self._msgs: list[MessageExt] = []
+        self._routes: list[RetryRoute] = []
+        self._acked: list[int] = []
+        """Indexes of the copies acknowledged."""
+        self._outstanding = 1
+        """Copies handed over without a report yet, plus one while the call runs."""
+        self._lock = threading.Lock()
+
+    def add(self, msg: MessageExt, route: RetryRoute) -> int:
+        """Note the copy of ``msg`` about to be sent: its index for :meth:`report`."""
+        with self._lock:
+            self._outstanding += 1
+            self._msgs.append(msg)
+            self._routes.append(route)
+            return len(self._msgs) - 1
+
+    def unsent(self) -> None:
+        """The copy last added was not handed over (no report will come)."""
+        self._done(None)
+
+    def sent(self) -> None:
+        """The call handed over every copy it could."""
+        self._done(None)
+
+    def report(self, index: int, err: KafkaError | None, _: Any) -> None:
+        """librdkafka's delivery report of copy ``index``."""
+        try:
+            if err is not None:
+                policy = self._policy
+                policy._copy_failed(self._pq, self._msgs[index], self._routes[index], err)
+        except Exception:
+            logger.exception("push consumer %s: send-back report", self._policy._context.group)
+        finally:
+            self._done(index if err is None else None)
+
+    def _done(self, acked: int | None) -> None:
+        with self._lock:
+            if acked is not None:
+                self._acked.append(acked)
+            self._outstanding -= 1
+            if self._outstanding:
+                return
+            indexes = self._acked
+        if indexes:
+            try:
+                self._finish(indexes)
+            except Exception:
+                logger.exception("push consumer %s: send-back report", self._policy._context.group)
+
+    def _finish(self, indexes: list[int]) -> None:
+        """Every report came: mark the messages whose copies were acknowledged done, and
+        count them."""
+        msgs, routes = self._msgs, self._routes
+        self._pq.remove([msgs[i].queue_offset for i in indexes])
+        retried = 0
+        for i in indexes:
+            route = routes[i]
+            if route.to_dlq:
+                self._policy._sent_back(msgs[i], route)
+            else:
+                retried += 1
+        if retried:
+            self._policy._context.counters.add(Count.SENT_BACK, retried)
+            if logger.isEnabledFor(logging.DEBUG):
+                for i in indexes:
+                    route = routes[i]
+                    if not route.to_dlq:
+                        _log_sent_back(msgs[i], route)
+
+
+def _log_sent_back(msg: MessageExt, route: RetryRoute) -> None:
+    logger.debug(
+        "message %s sent back at level %d (reconsume %d)",
+        msg.msg_id,
+        route.delay_level,
+        route.reconsume_times,
+    )
 
 
 def _refusal(msg: MessageExt, where: str, refusals: int, error: object) -> SendError:
