@@ -32,7 +32,7 @@ from confluent_kafka.admin import (
 )
 
 from bridge import ClientConfig, Message, Producer, read_messages
-from bridge.codec import decode_envelope, encode_envelope
+from bridge.codec import BORN_TIMESTAMP_HEADER, decode_envelope, encode_envelope
 from bridge.coordinator import Coordinator
 from bridge.delay.admin import delay_status
 from bridge.delay.routing import SEND_ID_HEADER
@@ -113,8 +113,13 @@ def write(
 
 
 def quarantined_ids(config: ClientConfig) -> dict[str, QuarantinedRecord]:
+    """Quarantined SCHEDULE and timer records by message id: an envelope record's from its
+    value, a header-format one's (a back-off copy) from its headers."""
     out = {}
     for kept in read_quarantine(config, timeout_ms=1000):
+        if BORN_TIMESTAMP_HEADER in kept.headers:
+            out[str(kept.headers[MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX])] = kept
+            continue
         try:
             out[decode_envelope(kept.value).msg_id] = kept
         except Exception:

@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import NewPartitions
 
 from bridge import read_messages
-from bridge.codec import decode_envelope, encode_envelope
+from bridge.codec import decode_envelope, delayed_headers, encode_envelope
 from bridge.config import ClientConfig
 from bridge.errors import KafkaClientError, WireFormatError
 from bridge.kafka.admin import TopicAdmin
@@ -100,10 +100,16 @@ def test_malformed_half_record_is_quarantined_with_reason_and_origin(
 
 
 def _quarantined_delayed_message(
-    config: ClientConfig, catalog: TopicCatalog, target: str, queue_id: int
+    config: ClientConfig,
+    catalog: TopicCatalog,
+    target: str,
+    queue_id: int,
+    *,
+    header_format: bool = False,
 ) -> int:
-    """Quarantine a SCHEDULE record as the coordinator does after its last delivery attempt;
-    return its QUARANTINE offset."""
+    """Quarantine a SCHEDULE record (an Avro envelope as the previous version wrote, or in the
+    header format) as the coordinator does after its last delivery attempt; return its
+    QUARANTINE offset."""
     schedule = catalog.topic(SystemTopic.SCHEDULE)
     props = {
         MessageConst.REAL_TOPIC: target,
@@ -115,7 +121,13 @@ def _quarantined_delayed_message(
         "color": "red",
     }
     raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
-    raw.produce(schedule, encode_envelope("ID-R", b"late", props, 1, "h"), b"k", partition=0)
+    if header_format:
+        # A property named like the quarantine's own headers comes back under its own name.
+        props["QUARANTINE_REASON"] = "the user's"
+        headers = delayed_headers([], "ID-R", "h", props, 1)
+        raw.produce(schedule, b"late", b"k", partition=0, headers=headers)
+    else:
+        raw.produce(schedule, encode_envelope("ID-R", b"late", props, 1, "h"), b"k", partition=0)
     assert raw.flush(10) == 0
     consumer = new_consumer(config, f"replay-test-{target}", "test")
     consumer.subscribe([schedule])
@@ -140,11 +152,14 @@ def catalog(client_config: ClientConfig) -> TopicCatalog:
     return catalog
 
 
+@pytest.mark.parametrize("header_format", [False, True], ids=["envelope", "headers"])
 def test_a_quarantined_delayed_message_is_replayed_once_after_the_cause_is_fixed(
-    client_config: ClientConfig, catalog: TopicCatalog, topic: str
+    client_config: ClientConfig, catalog: TopicCatalog, topic: str, header_format: bool
 ) -> None:
     TopicAdmin(client_config).ensure_topics([TopicSpec(topic, 1)])
-    offset = _quarantined_delayed_message(client_config, catalog, topic, queue_id=2)
+    offset = _quarantined_delayed_message(
+        client_config, catalog, topic, queue_id=2, header_format=header_format
+    )
     with pytest.raises(KafkaClientError, match="QUARANTINE offset"):
         replay_quarantined(client_config, offset)  # partition 2 does not exist yet
     admin = new_admin(client_config)
@@ -157,7 +172,11 @@ def test_a_quarantined_delayed_message_is_replayed_once_after_the_cause_is_fixed
     assert (replayed.msg_id, replayed.topic, replayed.partition) == ("ID-R", topic, 2)
     (msg,) = read_messages(client_config, [topic], timeout_ms=3000)
     assert (msg.body, msg.msg_id, msg.queue_id, msg.tags) == (b"late", "ID-R", 2, "T")
+    assert (msg.born_timestamp_ms, msg.born_host) == (1, "h")
     assert msg.properties["color"] == "red"
+    if header_format:
+        assert msg.properties["QUARANTINE_REASON"] == "the user's"
+        assert not {"QUARANTINE_SOURCE_TOPIC", "QUARANTINED_BY"} & set(msg.properties)
     gone = {"DELIVERY_ATTEMPTS", "DELIVERY_ERROR", MessageConst.DELAY_TIME_LEVEL}
     assert not gone & set(msg.properties), msg.properties
     assert MessageConst.REAL_TOPIC not in msg.properties
