@@ -93,6 +93,12 @@ def truncate_utf8(text: str, max_bytes: int = FAILURE_MESSAGE_MAX_BYTES) -> str:
     return encoded[: max(max_bytes - 3, 0)].decode("utf-8", "ignore") + "..."
 
 
+_NO_KEYS: Final[list[str]] = []
+"""The keys of every message without keys: one list, never changed (``_keys`` is replaced,
+never changed in place), instead of an empty list per message for the garbage collector to
+count and walk through."""
+
+
 def _normalise_keys(keys: str | Iterable[str] | None) -> list[str]:
     if keys is None:
         return []
@@ -148,7 +154,7 @@ class Message:
             self._body = body
         else:
             self.body = body
-        self._keys = _normalise_keys(keys) if keys is not None else []
+        self._keys = _normalise_keys(keys) if keys is not None else _NO_KEYS
         if tags is not None and not isinstance(tags, str):
             raise InvalidMessageError(f"tags must be a string, got {type(tags).__name__}")
         self.tags = tags
@@ -484,7 +490,7 @@ class MessageExt(Message):
             text = raw_keys if type(raw_keys) is str else property_text(raw_keys)
             msg._keys = [k for k in text.split(MessageConst.KEY_SEPARATOR) if k]
         else:
-            msg._keys = []
+            msg._keys = _NO_KEYS
         tags = properties.get(MessageConst.TAGS)
         msg.tags = tags if tags is None or type(tags) is str else property_text(tags)
         msg._properties = properties

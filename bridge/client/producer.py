@@ -79,6 +79,9 @@ _SYNC_FLUSH_SLICE_S = 0.005
 """A sync send waits in flush() slices this long, seconds (flush skips linger.ms)."""
 _KAFKA_TOPICS_KEPT = 4096
 """Topics whose Kafka name a producer keeps, at most (the map starts again beyond)."""
+_BATCH_REPORTS_KEPT = 4
+"""Report stores of finished batches a producer keeps for its next batches (one per thread
+sending batches at once), at most."""
 _REPORT_GRACE_S = 1.0
 """A sync or batch send waits this long past ``send_msg_timeout_ms`` for librdkafka's report
 of a message it failed at that timeout, seconds."""
@@ -163,6 +166,8 @@ class Producer(Startable):
         self._batches_waiting = 0
         """Batches being sent (``send_batch``) whose threads serve the reports."""
         self._batches_lock = threading.Lock()
+        self._idle_batch_reports: list[BatchReports] = []
+        """Report stores (with their handlers) of finished batches, for the next ones."""
         self._running = False
         """Mirrors ``state is RUNNING`` for a cheap check on every send."""
 
@@ -585,15 +590,26 @@ class Producer(Startable):
         ):
             self._ensure_system_topics()
         timeout_ms = self.config.send_msg_timeout_ms
-        reports = BatchReports(batch, time.monotonic() if active_metrics() is not None else None)
+        try:
+            reports = self._idle_batch_reports.pop()
+        except IndexError:
+            reports = BatchReports()
+        reports.begin(batch, time.monotonic() if active_metrics() is not None else None)
         with self._batches_lock:
             self._batches_waiting += 1
         try:
-            self._hand_over_and_wait(batch, prepared, partition, reports)
+            complete = self._hand_over_and_wait(batch, prepared, partition, reports)
         finally:
             with self._batches_lock:
                 self._batches_waiting -= 1
-        return reports.results(timeout_ms)
+        results = reports.results(timeout_ms)
+        # Every message has its outcome: no report of this batch can come any more, so its
+        # handlers serve the next batch. (Reports that did not come may still come: those
+        # handlers stay with this batch.)
+        if complete and len(self._idle_batch_reports) < _BATCH_REPORTS_KEPT:
+            reports.begin((), None)
+            self._idle_batch_reports.append(reports)
+        return results
 
     def _hand_over_and_wait(
         self,
@@ -601,11 +617,13 @@ class Producer(Startable):
         prepared: list[PreparedRecord | None],
         partition: int,
         reports: BatchReports,
-    ) -> None:
+    ) -> bool:
         """Hand each record of a batch to librdkafka, then serve reports until every one
-        came or ``send_msg_timeout_ms`` (plus the grace) passed since the last hand-over."""
+        came or ``send_msg_timeout_ms`` (plus the grace) passed since the last hand-over;
+        True if every message has its outcome."""
         timeout_ms = self.config.send_msg_timeout_ms
-        report, outcomes = reports.report, reports.outcomes
+        outcomes, handlers = reports.outcomes, reports.handlers
+        kept = len(handlers)
         msg_ids, kafka_topics = reports.msg_ids, reports.kafka_topics
         produce = self._kafka.produce
         stalled: SendTimeoutError | None = None
@@ -621,7 +639,7 @@ class Producer(Startable):
                     f"local queue stayed full for {timeout_ms} ms)"
                 )
                 continue
-            callback = partial(report, index)
+            callback = handlers[index] if index < kept else reports.handler(index)
             try:
                 produce(
                     kafka_topic,
@@ -650,10 +668,10 @@ class Producer(Startable):
         while True:
             done = reports.reported(done)
             if done == count:
-                break
+                return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                break
+                return False
             flush(min(remaining, _SYNC_FLUSH_SLICE_S))
 
     def send_record_async(self, record: PreparedRecord, partition: int, callback: Any) -> None:

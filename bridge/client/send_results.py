@@ -160,17 +160,32 @@ def async_report(
     )
 
 
-class BatchReports:
-    """The delivery reports of one ``send_batch``, each stored at its message's index.
+HANDLERS_KEPT: Final = 4096
+"""Report handlers a :class:`BatchReports` keeps for the batches after its own, at most."""
 
-    A report handler per message is ``functools.partial(reports.report, index)``: one small
-    C object. A report stores two numbers (partition, offset), not a result object: a batch
-    in flight holds as few objects as it can for the garbage collector to walk through.
+
+class BatchReports:
+    """The delivery reports of one ``send_batch`` at a time, each stored at its message's
+    index; the producer hands it to its next batch once every message of this one has an
+    outcome (:meth:`begin`).
+
+    The report handler of message ``index`` is ``functools.partial(reports.report, index)``:
+    one small C object, made once and kept (:attr:`handlers`, the first
+    :data:`HANDLERS_KEPT`) for the batches after. A new handler per message and batch kept
+    two objects per message in flight (the partial and its arguments): a batch of thousands
+    set off the garbage collector several times, and each time it walked them all.
     """
 
-    __slots__ = ("kafka_topics", "msg_ids", "msgs", "outcomes", "started")
+    __slots__ = ("handlers", "kafka_topics", "msg_ids", "msgs", "outcomes", "started")
 
-    def __init__(self, msgs: Sequence[Message], started: float | None) -> None:
+    def __init__(self) -> None:
+        self.handlers: list[Callable[[KafkaError | None, Any], None]] = []
+        """The report handler of each message index below :data:`HANDLERS_KEPT`."""
+        self.begin((), None)
+
+    def begin(self, msgs: Sequence[Message], started: float | None) -> None:
+        """Take the reports of a new batch, ``msgs`` (``started``: when it was handed over,
+        monotonic s, when metrics record send costs)."""
         count = len(msgs)
         self.msgs = msgs
         """The messages sent, for the topics as the caller named them."""
@@ -178,10 +193,19 @@ class BatchReports:
         self.kafka_topics = [""] * count
         """Where each record went (set as it is handed over)."""
         self.started = started
-        """When the batch was handed over, monotonic s, when metrics record send costs."""
         self.outcomes: list[SendResult | KafkaError | KafkaClientError | None] = [None] * count
         """Per message: its result once stored, librdkafka's error, a refusal before
         librdkafka took it, or None while no report came."""
+        handlers = self.handlers
+        kept = min(count, HANDLERS_KEPT)
+        if len(handlers) < kept:
+            report = self.report
+            handlers.extend(partial(report, index) for index in range(len(handlers), kept))
+
+    def handler(self, index: int) -> Callable[[KafkaError | None, Any], None]:
+        """The report handler of message ``index``."""
+        handlers = self.handlers
+        return handlers[index] if index < len(handlers) else partial(self.report, index)
 
     def report(self, index: int, err: KafkaError | None, kmsg: Any) -> None:
         """The delivery report of message ``index``."""

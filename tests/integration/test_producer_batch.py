@@ -5,12 +5,14 @@ its single send goes."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from bridge import ClientConfig, Message, Producer, read_messages
+from bridge.client import send_results
 from bridge.client.send_results import SendResult, SendStatus
 from bridge.errors import InvalidArgumentError, InvalidMessageError, MessageTooLargeError
 from bridge.kafka.admin import TopicAdmin
@@ -136,3 +138,42 @@ def test_plain_messages_between_others_of_another_topic_each_go_to_their_own_top
     assert {b"o1", b"o2", b"o4"} <= bodies <= {b"o1", b"o2", b"o3", b"o4"}, bodies
     bodies = {m.body for m in read_messages(client_config, [payments], timeout_ms=3000)}
     assert bodies == {b"p1"}
+
+
+@pytest.mark.parametrize("handlers_kept", [send_results.HANDLERS_KEPT, 4])
+def test_batches_one_after_another_and_side_by_side_each_get_their_own_results(
+    client_config: ClientConfig, topic: str, handlers_kept: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Finished batches hand their report handlers to the next ones (the first handlers_kept of
+    # them; longer batches make the rest): every result must still name where its own message
+    # is, for batches of every size, from threads at once.
+    monkeypatch.setattr(send_results, "HANDLERS_KEPT", handlers_kept)
+    TopicAdmin(client_config).ensure_topics([TopicSpec(topic, 1)])
+    sizes = [5, 1, 40, 3, 40, 12]
+    outcomes: dict[int, SendResult | Exception] = {}
+    with Producer("pg", config=client_config) as producer:
+
+        def send(thread: int) -> None:
+            for number, size in enumerate(sizes):
+                msgs = [Message(topic, f"{thread}-{number}-{i}".encode()) for i in range(size)]
+                for i, result in enumerate(producer.send_batch(msgs)):
+                    outcomes[thread * 1000 + number * 100 + i] = result
+
+        senders = [threading.Thread(target=send, args=(t,)) for t in range(3)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+    assert len(outcomes) == 3 * sum(sizes)
+    sent = {key: r for key, r in outcomes.items() if isinstance(r, SendResult)}
+    assert len(sent) == len(outcomes), [
+        r for r in outcomes.values() if not isinstance(r, SendResult)
+    ]
+    assert len({(r.queue_id, r.offset) for r in sent.values()}) == len(sent)
+    received = list(read_messages(client_config, [topic], max_messages=len(sent)))
+    at = {(m.queue_id, m.queue_offset): m for m in received}
+    for key, result in sent.items():
+        thread, number, i = key // 1000, key % 1000 // 100, key % 100
+        msg = at[(result.queue_id, result.offset)]
+        assert msg.body == f"{thread}-{number}-{i}".encode()
+        assert msg.msg_id == result.msg_id

@@ -45,6 +45,15 @@ def test_rocketmq_style_setters() -> None:
     assert (msg.keys, msg.tags, msg.body, msg.get_property("p")) == (["a"], "T", b"b", "v")
 
 
+def test_messages_without_keys_share_none_of_their_keys() -> None:
+    first, second = Message("orders", b"a"), Message("orders", b"b")
+    first.keys.append("leaked")  # a copy
+    first.set_keys("k1")
+    assert (first.keys, second.keys) == (["k1"], [])
+    assert second.kafka_key() is None
+    assert Message("orders", b"c") == Message("orders", b"c", keys=[])
+
+
 @pytest.mark.parametrize("name", sorted(RESERVED_PROPERTIES))
 def test_reserved_property_names_are_refused(name: str) -> None:
     with pytest.raises(InvalidPropertyError, match="used by the system"):
