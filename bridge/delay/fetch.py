@@ -1,7 +1,8 @@
 """How the delay services read their FIFO partitions: each partition from its committed
 offset; when the head record's wait in the partition is not over, what was fetched is held and
 the partition paused until it is. So memory holds at most a batch per partition (and a final
-window, below), whatever is waiting.
+window, below; a partition whose head waits for room in that window keeps up to
+:data:`_REFILL_BELOW` records and a batch), whatever is waiting.
 
 The final window: a timer whose wait in its tier is over but whose exact time is less than the
 hold window away (:meth:`~bridge.delay_policy.DelayPolicy.exit_time_ms`) waits in memory, in a
@@ -55,6 +56,10 @@ taken from it in this pass, or named not done in the committed metadata. They ar
 offset metadata can list, so it stays below :data:`METADATA_MAX_CHARS` (256 offsets of up to
 12 digits each), and at most this many records of a partition wait in the window (memory
 stays bounded in a burst due at one time: the rest wait in order at the head)."""
+_REFILL_BELOW = 500
+"""A partition whose head waits only for room in the final window (the window is full) is
+fetched again while fewer than this many of its records are held, so those behind it are in
+memory when the window has room (memory: at most this many and one fetched batch)."""
 _MALFORMED_LOG_S = 60.0
 """A partition whose committed offset metadata cannot be read says so at most this often, s."""
 METADATA_MAX_CHARS: Final = 3500
@@ -185,11 +190,13 @@ class Fetcher:
 
     def next_due(self) -> int | None:
         """When the earliest record is due or may leave its place, epoch ms (None: nothing
-        held)."""
+        held). A partition whose head waits for room in the window counts when neither the
+        window nor the committed metadata holds that room: what the last pass took blocked
+        it, and the next pass may take its head at once."""
         heads = (
             held[0].due_ms if self.in_order or partition in self._ordered else held[0].fifo_ms
             for partition, held in self._held.items()
-            if held and partition not in self._blocked
+            if held and (partition not in self._blocked or self._blocked_by_pass(partition))
         )
         window = self._window[0][0] if self._window else None
         first = min(heads, default=None)
@@ -197,11 +204,19 @@ class Fetcher:
             return first
         return window if first is None else min(first, window)
 
+    def _blocked_by_pass(self, partition: int) -> bool:
+        """``partition`` (blocked) has no record in the window and fewer than
+        :data:`_OUT_OF_ORDER_MAX` named not done: only what one pass took blocked it."""
+        return not self._waiting.get(partition) and (
+            len(self._restored.get(partition, ())) < _OUT_OF_ORDER_MAX
+        )
+
     def due(self, now: int) -> tuple[list[Held], list[int]]:
         """Take the records due at ``now`` (epoch ms), in offset order per partition: heads
         whose wait is over (a timer not at its exact time yet goes to the window) and
         window records whose time has come; pause the partitions whose head stays, and
-        return the paused ones now empty (to be fetched again)."""
+        return the paused ones to fetch again: those now empty, and those whose head waits
+        for room in the full window with fewer than :data:`_REFILL_BELOW` records held."""
         taken: dict[int, list[Held]] = {}
         window = self._window
         while window and window[0][0] <= now:
@@ -252,10 +267,17 @@ class Fetcher:
                 else:
                     out.append(head)
                 held.popleft()
-            if held and partition not in self._paused:
+            refill = partition in self._blocked and len(held) < _REFILL_BELOW
+            if held and not refill and partition not in self._paused:
                 # The head stays: stop fetching this partition until it may leave (FIFO: the
                 # records behind it wait longer in the partition); what was fetched waits here.
                 self.pause([TopicPartition(self._svc.topic, partition)])
+            elif held and refill and partition in self._paused:
+                # The head's wait is over but it waits for room in the window: the records
+                # behind it are about as close to their time, so keep a few fetched rather
+                # than read them only when this queue has emptied (then at or after their
+                # time at 5,000 timers a second).
+                resume.append(partition)
             elif not held:
                 del self._held[partition]
                 if partition in self._paused:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
+from unittest.mock import patch
 
 import pytest
 from confluent_kafka import KafkaException, TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.delay.fetch import _OUT_OF_ORDER_MAX, METADATA_MAX_CHARS, Fetcher, Held
+from bridge.delay.fetch import _OUT_OF_ORDER_MAX, _REFILL_BELOW, METADATA_MAX_CHARS, Fetcher, Held
 
 PROPERTY = settings(max_examples=120, derandomize=True, database=None, deadline=None)
 TOPIC = "rmq.timer"
@@ -237,6 +238,40 @@ def test_each_timer_is_delivered_once_never_early_through_failures_and_restarts(
     markers: float,
     passes: list[tuple[int, int, list[bool], set[int], int]],
 ) -> None:
+    _delivered_once_never_early(seed, partitions, size, markers, passes)
+
+
+@PROPERTY
+@given(
+    seed=st.integers(0, 2**32),
+    partitions=st.integers(1, 2),
+    size=st.integers(1, 60),
+    markers=st.sampled_from([0.0, 0.1]),
+    passes=st.lists(PASS, max_size=80),
+)
+def test_the_same_with_a_small_window_fetched_again_while_it_is_full(
+    seed: int,
+    partitions: int,
+    size: int,
+    markers: float,
+    passes: list[tuple[int, int, list[bool], set[int], int]],
+) -> None:
+    # A window of 4 fills in most passes: its partition's head waits for room, and the
+    # partition is fetched again while fewer than 3 records are held.
+    with (
+        patch("bridge.delay.fetch._OUT_OF_ORDER_MAX", 4),
+        patch("bridge.delay.fetch._REFILL_BELOW", 3),
+    ):
+        _delivered_once_never_early(seed, partitions, size, markers, passes)
+
+
+def _delivered_once_never_early(
+    seed: int,
+    partitions: int,
+    size: int,
+    markers: float,
+    passes: list[tuple[int, int, list[bool], set[int], int]],
+) -> None:
     broker = Broker(_logs(seed, partitions, size, markers))
     run = Run(broker)
     for advance, fetch, splits, fail, restart in passes:
@@ -307,6 +342,42 @@ def test_a_window_never_holds_more_than_the_metadata_can_list() -> None:
     broker = Broker({0: [(0, HOLD_MS - 1)] * 1000})
     run = Run(broker)
     run.step(0, 1000, [], set())
+    assert len(run.fetcher._window) == _OUT_OF_ORDER_MAX
+
+
+def test_records_behind_a_full_window_are_in_memory_when_their_time_comes() -> None:
+    # 2,000 timers whose wait in the partition is over, all due at HOLD_MS - 1: the window
+    # takes 256; the partition goes on being fetched (300 a pass) while fewer than
+    # _REFILL_BELOW are held, so that those records go out in the pass at their time instead
+    # of being read from Kafka only once the held ones are gone.
+    broker = Broker({0: [(0, HOLD_MS - 1)] * 2000})
+    run = Run(broker)
+    for _ in range(10):
+        run.step(0, 300, [], set())
+    held = len(run.fetcher._held[0])
+    assert len(run.fetcher._window) == _OUT_OF_ORDER_MAX
+    assert _REFILL_BELOW <= held < _REFILL_BELOW + 300  # and no more: memory stays bounded
+    run.step(HOLD_MS - 1, 300, [], set())
+    assert len(run.delivered) == _OUT_OF_ORDER_MAX + held
+    assert run.problems == []
+
+
+def test_a_head_blocked_by_what_the_last_pass_took_is_due_at_once() -> None:
+    # 256 timers due at 10 fill the window, 300 due at 20 wait behind them. The pass at 10
+    # takes the 256: the next head waits for the next pass (what one pass takes out of order
+    # is bounded too), and the service must not sleep its whole poll wait before that pass.
+    first: list[tuple[int, int] | None] = [(0, 10)]
+    later: list[tuple[int, int] | None] = [(0, 20)]
+    log = first * _OUT_OF_ORDER_MAX + later * 300
+    broker = Broker({0: log})
+    run = Run(broker)
+    run.step(0, 1000, [], set())
+    run.step(10, 1000, [], set())
+    assert len(run.delivered) == _OUT_OF_ORDER_MAX
+    assert not run.fetcher._window
+    next_due = run.fetcher.next_due()
+    assert next_due is not None and next_due <= 10
+    run.step(0, 1000, [], set())  # that pass puts the next ones in the window
     assert len(run.fetcher._window) == _OUT_OF_ORDER_MAX
 
 
