@@ -283,7 +283,16 @@ class TimerService(FifoDelayService):
         # A hop is the coordinator's own copy, written once in a Kafka transaction: without
         # the producer's send id, it can never pass for a second copy of that send.
         headers: Headers
-        if is_header_format(held.headers):
+        first = held.headers[0][0] if held.headers else None
+        if first == BORN_TIMESTAMP_HEADER:  # the header format without a send id: as it is
+            headers = held.headers[:]
+        elif (
+            first == SEND_ID_HEADER
+            and len(held.headers) > 1
+            and held.headers[1][0] == BORN_TIMESTAMP_HEADER
+        ):
+            headers = held.headers[1:]  # the header format as a producer writes it
+        elif is_header_format(held.headers):
             # The send id is among the coordinator's headers, before the born time: the
             # message's headers (its TIMER_DELIVER_MS among them) go on as they are.
             headers = []
