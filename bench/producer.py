@@ -9,6 +9,10 @@ linger 5 ms, murmur2 partitioner):
   producing the same records, then ``flush()`` waiting for every delivery report.
 
 Every raw produce loop waits on a full local queue (``BufferError``: serve reports, retry).
+Beside each rate, the process's CPU time a message (``time.process_time``: our Python layer,
+confluent-kafka and librdkafka's threads, not the broker's): on a machine shared with other
+work, the rates move with the load while the CPU a message moves much less, so its ratio
+shows what our layer costs.
 ``BENCH_PRODUCER_MESSAGES`` (100,000) messages per measurement, ``BENCH_PRODUCER_RUNS`` (5)
 interleaved rounds; ``python -m bench producer``.
 """
@@ -16,13 +20,16 @@ interleaved rounds; ``python -m bench producer``.
 from __future__ import annotations
 
 import os
+import statistics
 import threading
+import time
 import uuid
+from collections import defaultdict
 from typing import Any
 
 from confluent_kafka import Producer as RawProducer
 
-from bench.harness import Row, interleaved_rates, print_rows, timed
+from bench.harness import Row, interleaved_rates, print_rows
 from bridge import ClientConfig, Message, Producer
 from bridge.kafka.clients import producer_config
 from bridge.message import MessageIdGenerator
@@ -165,34 +172,57 @@ def _measure_size(raw: RawProducer, producer: Producer, size: int) -> list[Row]:
     # Warm up both clients (connections, idempotent producer id, topic metadata).
     _raw_sync(raw, topic, body)
     _ours_sync(producer, topic, body)
+    cpu: dict[str, list[float]] = defaultdict(list)
     measures = {
-        "raw same": lambda: timed(lambda: _raw_async(raw, topic, body, True)),
-        "raw bare": lambda: timed(lambda: _raw_async(raw, topic, body, False)),
-        "ours": lambda: timed(lambda: _ours_async(producer, topic, body)),
-        "raw sync": lambda: timed(lambda: _raw_sync(raw, topic, body)),
-        "ours sync": lambda: timed(lambda: _ours_sync(producer, topic, body)),
+        "raw same": _bind(cpu, "raw same", _raw_async, raw, topic, body, True),
+        "raw bare": _bind(cpu, "raw bare", _raw_async, raw, topic, body, False),
+        "ours": _bind(cpu, "ours", _ours_async, producer, topic, body),
+        "raw sync": _bind(cpu, "raw sync", _raw_sync, raw, topic, body),
+        "ours sync": _bind(cpu, "ours sync", _ours_sync, producer, topic, body),
     }
     for batch in BATCH_SIZES:
-        measures[f"raw batch {batch}"] = _bind(_raw_batches, raw, topic, body, batch)
-        measures[f"ours batch {batch}"] = _bind(_ours_batches, producer, topic, body, batch)
+        raw_name, ours_name = f"raw batch {batch}", f"ours batch {batch}"
+        measures[raw_name] = _bind(cpu, raw_name, _raw_batches, raw, topic, body, batch)
+        measures[ours_name] = _bind(cpu, ours_name, _ours_batches, producer, topic, body, batch)
     rates = interleaved_rates(RUNS, measures)
+    us = {name: statistics.median(values) for name, values in cpu.items()}
     name = f"send_async {size} B"
+    batches = [
+        (f"send_batch {batch} x {size} B", f"ours batch {batch}", f"raw batch {batch}")
+        for batch in BATCH_SIZES
+    ]
     return [
         Row(name, "msg/s", rates["ours"], rates["raw same"], "raw produce, same record"),
         Row(name, "msg/s", rates["ours"], rates["raw bare"], "raw produce, value only"),
         *(
-            Row(f"send_batch {batch} x {size} B", "msg/s", rates[f"ours batch {batch}"],
-                rates[f"raw batch {batch}"], "raw produce+flush per batch, same records")
-            for batch in BATCH_SIZES
+            Row(row, "msg/s", rates[ours], rates[base], "raw produce+flush per batch, same records")
+            for row, ours, base in batches
         ),
         Row(f"send_sync {size} B", "msg/s", rates["ours sync"], rates["raw sync"],
             "raw produce+flush, same record"),
+        Row(f"{name} CPU", "ns/msg", us["ours"], us["raw same"], "raw produce, same record",
+            higher_is_better=False),
+        *(
+            Row(f"{row} CPU", "ns/msg", us[ours], us[base], "raw produce+flush per batch",
+                higher_is_better=False)
+            for row, ours, base in batches
+        ),
     ]  # fmt: skip
 
 
-def _bind(fn: Any, *args: Any) -> Any:
-    """A measurement of ``fn(*args)`` (a count), timed."""
-    return lambda: timed(lambda: fn(*args))
+def _bind(cpu: dict[str, list[float]], name: str, fn: Any, *args: Any) -> Any:
+    """A measurement of ``fn(*args)`` (a count): (count, seconds), with the process's CPU
+    time a message (ns) appended to ``cpu[name]``."""
+
+    def measure() -> tuple[int, float]:
+        cpu_started = time.process_time()
+        started = time.perf_counter()
+        count = int(fn(*args))
+        seconds = time.perf_counter() - started
+        cpu[name].append((time.process_time() - cpu_started) / count * 1e9)
+        return count, seconds
+
+    return measure
 
 
 def run(bootstrap: str) -> list[Row]:
