@@ -185,7 +185,7 @@ def _measure_size(raw: RawProducer, producer: Producer, size: int) -> list[Row]:
         measures[raw_name] = _bind(cpu, raw_name, _raw_batches, raw, topic, body, batch)
         measures[ours_name] = _bind(cpu, ours_name, _ours_batches, producer, topic, body, batch)
     rates = interleaved_rates(RUNS, measures)
-    us = {name: statistics.median(values) for name, values in cpu.items()}
+    cpu_ns = {name: statistics.median(values) for name, values in cpu.items()}
     name = f"send_async {size} B"
     batches = [
         (f"send_batch {batch} x {size} B", f"ours batch {batch}", f"raw batch {batch}")
@@ -200,10 +200,10 @@ def _measure_size(raw: RawProducer, producer: Producer, size: int) -> list[Row]:
         ),
         Row(f"send_sync {size} B", "msg/s", rates["ours sync"], rates["raw sync"],
             "raw produce+flush, same record"),
-        Row(f"{name} CPU", "ns/msg", us["ours"], us["raw same"], "raw produce, same record",
+        Row(f"{name} CPU", "ns/msg", cpu_ns["ours"], cpu_ns["raw same"], "raw produce, same record",
             higher_is_better=False),
         *(
-            Row(f"{row} CPU", "ns/msg", us[ours], us[base], "raw produce+flush per batch",
+            Row(f"{row} CPU", "ns/msg", cpu_ns[ours], cpu_ns[base], "raw produce+flush per batch",
                 higher_is_better=False)
             for row, ours, base in batches
         ),
