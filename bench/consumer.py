@@ -8,7 +8,10 @@ same topic (``read_committed``, manual commits every 5 s) that calls a trivial h
 record, and a plain at-least-once poll loop that calls the benchmark's own listener on each
 confluent-kafka ``Message`` and commits asynchronously after each poll. The
 coordinator runs as its own process; the first retry waits at delay level 3 (10 s), and its
-end-to-end delay is measured from the failure to the redelivery.
+end-to-end delay is measured from the failure to the redelivery. Beside each rate, the
+process's CPU time a message over the same span (all its threads, librdkafka's included; the
+coordinator and the broker are other processes): on a shared machine the rates of one run swing
+with the load while the CPU a message moves much less.
 """
 
 from __future__ import annotations
@@ -30,6 +33,20 @@ from bridge.kafka.clients import new_consumer
 from topics.catalog import TopicSpec
 
 MESSAGES = int(os.environ.get("BENCH_CONSUMER_MESSAGES", "100000"))
+Clock = tuple[float, float]
+"""(``perf_counter``, ``process_time``) at one moment, seconds."""
+
+
+def _now() -> Clock:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(start: Clock) -> tuple[float, float]:
+    """Wall and process CPU seconds since ``start``."""
+    wall, cpu = _now()
+    return wall - start[0], cpu - start[1]
+
+
 ROUNDS = int(os.environ.get("BENCH_CONSUMER_ROUNDS", "3"))
 PARTITIONS = 4
 FAIL_EVERY = 10
@@ -45,7 +62,7 @@ def _fill(config: ClientConfig, topic: str) -> None:
         producer.flush(60_000)
 
 
-def _raw(config: ClientConfig, topic: str) -> tuple[int, float]:
+def _raw(config: ClientConfig, topic: str) -> tuple[int, float, float]:
     consumer = new_consumer(config, f"bench-raw-{uuid.uuid4().hex[:8]}", "bench-raw")
     handled = 0
 
@@ -55,28 +72,29 @@ def _raw(config: ClientConfig, topic: str) -> tuple[int, float]:
             handled += 1
 
     consumer.subscribe([topic])
-    started = 0.0
+    started: Clock | None = None
     last_commit = time.perf_counter()
     while handled < MESSAGES:
         for record in consumer.consume(num_messages=500, timeout=0.1):
-            if not started:
-                started = time.perf_counter()
+            if started is None:
+                started = _now()
             handle(record)
         if time.perf_counter() - last_commit > 5:
             consumer.commit(asynchronous=True)
             last_commit = time.perf_counter()
-    elapsed = time.perf_counter() - started
+    assert started is not None
+    elapsed, cpu = _since(started)
     consumer.commit(asynchronous=False)
     consumer.close()
-    return handled, elapsed
+    return handled, elapsed, cpu
 
 
-def _raw_listener_loop(config: ClientConfig, topic: str) -> tuple[int, float]:
+def _raw_listener_loop(config: ClientConfig, topic: str) -> tuple[int, float, float]:
     """A plain at-least-once Kafka loop: poll, call the listener on each record (the
     confluent-kafka ``Message`` itself, as a Kafka user would), then commit the poll's
     positions asynchronously. The listener is the one ``_ours`` runs with nothing failing."""
     consumer = new_consumer(config, f"bench-loop-{uuid.uuid4().hex[:8]}", "bench-loop")
-    first: list[float] = []
+    first: list[Clock] = []
     listener = _listener(first, failing=False)
     handled = 0
     consumer.subscribe([topic])
@@ -90,20 +108,21 @@ def _raw_listener_loop(config: ClientConfig, topic: str) -> tuple[int, float]:
             handled += 1
         if records:
             consumer.commit(asynchronous=True)
-    elapsed = time.perf_counter() - first[0]
+    elapsed, cpu = _since(first[0])
     consumer.commit(asynchronous=False)
     consumer.close()
-    return handled, elapsed
+    return handled, elapsed, cpu
 
 
 def _listener(
-    first: list[float],
+    first: list[Clock],
     *,
     failing: bool,
     failed_at: dict[str, float] | None = None,
     back: list[float] | None = None,
 ) -> Callable[[Any], ConsumeStatus]:
-    """The benchmark's listener: notes when the first message came (``first``); when
+    """The benchmark's listener: notes when the first message came (``first``: wall and CPU
+    clocks); when
     ``failing``, fails one message in :data:`FAIL_EVERY` once (noting when in ``failed_at``)
     and notes in ``back`` each first retry's delay (s). Without ``failing`` it reads nothing
     of the message, so a raw loop can call it with a confluent-kafka ``Message``."""
@@ -111,7 +130,7 @@ def _listener(
 
     def listener(msg: Any) -> ConsumeStatus:
         if not first:
-            first.append(time.perf_counter())
+            first.append(_now())
         if not failing:
             return ConsumeStatus.CONSUME_SUCCESS
         assert failed_at is not None and back is not None
@@ -135,12 +154,12 @@ def _ours(
     failing: bool,
     batch: int = 1,
     retries: list[float] | None = None,
-) -> tuple[int, float]:
+) -> tuple[int, float, float]:
     """Consume every message once (failures: sent back); if ``retries`` is given, also wait for
     the failed ones to come back and put each first retry's delay (s) in it."""
     failed_at: dict[str, float] = {}
     back: list[float] = []
-    first: list[float] = []
+    first: list[Clock] = []
     listener = _listener(first, failing=failing, failed_at=failed_at, back=back)
     consumer = PushConsumer(
         f"bench_ours_{uuid.uuid4().hex[:8]}",
@@ -157,7 +176,7 @@ def _ours(
             if stats.consumed + stats.sent_back >= MESSAGES:
                 break
             time.sleep(0.005)
-        elapsed = time.perf_counter() - first[0]
+        elapsed, cpu = _since(first[0])
         expected_failures = stats.sent_back
         if retries is not None:
             deadline = time.monotonic() + 120
@@ -166,7 +185,21 @@ def _ours(
             retries.extend(back)
     finally:
         consumer.shutdown()
-    return MESSAGES, elapsed
+    return MESSAGES, elapsed, cpu
+
+
+def _noting_cpu(
+    name: str, measure: Callable[[], tuple[int, float, float]], cpu_ns: dict[str, list[float]]
+) -> Callable[[], tuple[int, float]]:
+    """``measure`` as :func:`~bench.harness.interleaved_rates` takes it, putting the process CPU
+    time a message of each run (ns) in ``cpu_ns[name]``."""
+
+    def run() -> tuple[int, float]:
+        count, seconds, cpu_s = measure()
+        cpu_ns[name].append(cpu_s / count * 1e9)
+        return count, seconds
+
+    return run
 
 
 def run(bootstrap: str) -> None:
@@ -177,13 +210,15 @@ def run(bootstrap: str) -> None:
         _await_coordinator(config)
         topic = f"bench-consume-{uuid.uuid4().hex[:6]}"
         _fill(config, topic)
-        measures: dict[str, Callable[[], tuple[int, float]]] = {
+        timed: dict[str, Callable[[], tuple[int, float, float]]] = {
             "raw": lambda: _raw(config, topic),
             "loop": lambda: _raw_listener_loop(config, topic),
             "ours": lambda: _ours(config, topic, failing=False),
             "ours_fail": lambda: _ours(config, topic, failing=True),
             "ours_batch": lambda: _ours(config, topic, failing=False, batch=32),
         }
+        cpu_ns: dict[str, list[float]] = {name: [] for name in timed}
+        measures = {name: _noting_cpu(name, fn, cpu_ns) for name, fn in timed.items()}
         rates = interleaved_rates(ROUNDS, measures)
         retries: list[float] = []
         _ours(config, topic, failing=True, retries=retries)
@@ -220,6 +255,25 @@ def run(bootstrap: str) -> None:
             rates["ours_batch"],
             rates["raw"],
             "raw confluent-kafka",
+        ),
+    ]
+    cpu = {name: statistics.median(values) for name, values in cpu_ns.items()}
+    rows += [
+        Row(
+            "CPU a message, 0% failing",
+            "ns",
+            cpu["ours"],
+            cpu["loop"],
+            "raw poll loop + listener + commit",
+            higher_is_better=False,
+        ),
+        Row(
+            "CPU a message, 10% failing once",
+            "ns",
+            cpu["ours_fail"],
+            cpu["ours"],
+            "ours, 0% failing",
+            higher_is_better=False,
         ),
     ]
     if retries:
