@@ -31,6 +31,8 @@ from confluent_kafka import Producer as RawProducer
 
 from bench.harness import Row, interleaved_rates, print_rows
 from bridge import ClientConfig, Message, Producer
+from bridge.errors import KafkaClientError
+from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import producer_config
 from bridge.message import MessageIdGenerator
 
@@ -184,7 +186,10 @@ def _measure_size(raw: RawProducer, producer: Producer, size: int) -> list[Row]:
         raw_name, ours_name = f"raw batch {batch}", f"ours batch {batch}"
         measures[raw_name] = _bind(cpu, raw_name, _raw_batches, raw, topic, body, batch)
         measures[ours_name] = _bind(cpu, ours_name, _ours_batches, producer, topic, body, batch)
-    rates = interleaved_rates(RUNS, measures)
+    try:
+        rates = interleaved_rates(RUNS, measures)
+    finally:
+        _delete_topic(producer.config, topic)
     cpu_ns = {name: statistics.median(values) for name, values in cpu.items()}
     name = f"send_async {size} B"
     batches = [
@@ -208,6 +213,15 @@ def _measure_size(raw: RawProducer, producer: Producer, size: int) -> list[Row]:
             for row, ours, base in batches
         ),
     ]  # fmt: skip
+
+
+def _delete_topic(config: ClientConfig, topic: str) -> None:
+    """Delete a measured topic: its records are not read, and at the default sizes a run
+    writes ~2.5 GB, which filled a disk on a broker kept from run to run."""
+    try:
+        TopicAdmin(config).delete_topics([topic])
+    except KafkaClientError as exc:
+        print(f"bench topic {topic} not deleted: {exc}")
 
 
 def _bind(cpu: dict[str, list[float]], name: str, fn: Any, *args: Any) -> Any:
