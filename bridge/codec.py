@@ -1,7 +1,11 @@
 """Conversion between messages and Kafka records.
 
-Real, retry and DLQ topics carry plain records (see :mod:`bridge.message`); system topics carry
-the Avro ``MessageEnvelope`` (see :mod:`topics.avro`).
+Real, retry and DLQ topics carry plain records (see :mod:`bridge.message`). SCHEDULE and the
+timer topic carry header-format records (the body as the Kafka value, the routing in headers:
+see :func:`delayed_headers`), or an Avro ``MessageEnvelope`` (see :mod:`topics.avro`) when
+written by an earlier release or with ``ClientConfig.delay_record_format = "envelope"``; both
+are read (:func:`is_header_format`). The other system topics carry the envelope or their own
+Avro records.
 
 Properties are binary-safe: :func:`header_bytes` writes a property value as a header (text as
 UTF-8, bytes as they are) and :func:`header_value` reads one back (text when the bytes are
@@ -679,12 +683,17 @@ def header_delivery_record(
     """The real-topic record of a header-format SCHEDULE or timer record with ``headers`` and
     ``value``: the record :func:`delivery_record` builds from the envelope of the same message
     (same topic, partition, key, value, headers in the same order, born time), by leaving out
-    the coordinator's headers and those in ``removed``. The value is passed through.
+    the coordinator's headers and those in ``removed``. The value is passed through; a null
+    value is delivered as ``b""`` (an empty body, what the bridge's consumers read it as): an
+    envelope never made a tombstone, and one must not delete a key of a compacted real topic
+    through the coordinator.
 
     Raises :class:`MalformedRecordError` for a record without the born time, ``UNIQ_KEY`` (the
-    first of the message's headers) or ``REAL_TOPIC``, a ``REAL_QID`` that is not a partition
-    number or -1, or one of these that is not UTF-8; :class:`InvalidTopicNameError` for a
-    ``REAL_TOPIC`` with no Kafka name.
+    first of the message's headers; a null or empty one counts as missing) or ``REAL_TOPIC``,
+    a ``REAL_QID`` that is not a partition number or -1, or one of these that is not UTF-8;
+    :class:`InvalidTopicNameError` for a ``REAL_TOPIC`` with no Kafka name. Of a repeated
+    ``UNIQ_KEY`` (or other header) the last one counts, as consumers read the delivered record
+    (:func:`decode_headers`).
     """
     start = message_headers_start(headers)
     born = born_timestamp(headers, start)
@@ -692,7 +701,7 @@ def header_delivery_record(
         raise MalformedRecordError(
             f"no {MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX} header after {BORN_TIMESTAMP_HEADER}"
         )
-    msg_id = _header_text(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, headers[start][1])
+    uniq: bytes | None = None
     real_topic: bytes | None = None
     queue_id: bytes | None = None
     sharding: bytes | None = None
@@ -704,6 +713,8 @@ def header_delivery_record(
         name = header[0]
         if name == MessageConst.REAL_TOPIC:
             real_topic = header[1]
+        elif name == MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX:
+            uniq = header[1]
         elif name == MessageConst.REAL_QUEUE_ID:
             queue_id = header[1]
         elif name == MessageConst.SHARDING_KEY:
@@ -712,6 +723,12 @@ def header_delivery_record(
             keys = header[1]
         if name not in removed:
             out.append(header)
+    msg_id = _header_text(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
+    if not msg_id:
+        raise MalformedRecordError(
+            f"{MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX} header is "
+            f"{'null' if uniq is None else 'empty'} (no message id)"
+        )
     if real_topic is None:
         raise MalformedRecordError(f"no {MessageConst.REAL_TOPIC} header")
     topic = _real_kafka_topic(_header_text(MessageConst.REAL_TOPIC, real_topic), namespace)
@@ -734,7 +751,8 @@ def header_delivery_record(
         key = joined.encode() if joined else None
     else:
         key = None
-    return new_tuple(PreparedRecord, (topic, key, value, out, msg_id, born, partition))
+    body = value if value is not None else b""
+    return new_tuple(PreparedRecord, (topic, key, body, out, msg_id, born, partition))
 
 
 def header_format_message(
@@ -742,16 +760,18 @@ def header_format_message(
 ) -> MessageExt:
     """A header-format SCHEDULE or timer record as the message it holds (properties with
     ``REAL_TOPIC``, ``REAL_QID`` and the delay ones, as :func:`decode_envelope` gives them);
-    ``topic`` defaults to ``REAL_TOPIC``. Raises :class:`MalformedRecordError` as
-    :func:`header_delivery_record` does for the born time and id."""
+    ``topic`` defaults to ``REAL_TOPIC``; a null value is an empty body. Raises
+    :class:`MalformedRecordError` as :func:`header_delivery_record` does for the born time and
+    id (a null or empty ``UNIQ_KEY`` is missing; of repeated ones the last counts)."""
     start = message_headers_start(headers)
     born = born_timestamp(headers, start)
     props = decode_headers(list(headers[start:]))
     uniq = props.pop(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, None)
-    if type(uniq) is not str:
+    if type(uniq) is not str or not uniq:
         raise MalformedRecordError(
             f"no UTF-8 {MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX} header after "
             f"{BORN_TIMESTAMP_HEADER}"
+            + ("" if uniq is None or uniq else " (it is null or empty: no message id)")
         )
     host = props.pop(MessageConst.BORN_HOST, "")
     props[MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = uniq

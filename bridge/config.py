@@ -32,6 +32,9 @@ DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
 ENV_BOOTSTRAP_SERVERS = "KAFKA_BOOTSTRAP_SERVERS"
 ENV_PREFIX = "BRIDGE_"
 
+DELAY_RECORD_FORMATS: Final = ("headers", "envelope")
+"""The values of ``ClientConfig.delay_record_format``: the default first."""
+
 _SENT_ONCE = "always idempotent, always acks=all"
 
 # librdkafka properties a user may not set (ClientConfig.kafka, BRIDGE_KAFKA_*), each with why and
@@ -215,6 +218,14 @@ class ClientConfig:
     kafka: Mapping[str, str] = field(default_factory=dict)
     """Extra librdkafka properties (security, tuning); they win over the defaults, except the
     :data:`PROTECTED_KAFKA_PROPERTIES`, which are refused."""
+    # --- compatibility (after ``kafka``: the fields before it keep their positions) -----------
+    delay_record_format: str = "headers"
+    """How delayed and timer records are written to SCHEDULE and the timer topic (one of
+    :data:`DELAY_RECORD_FORMATS`): ``"headers"`` (the body as the Kafka value, the routing in
+    headers) or ``"envelope"`` (an Avro ``MessageEnvelope``, as releases before the header
+    format wrote them, which their coordinators read). Kafka's ``log.message.format.version``
+    for a rolling upgrade: clients and coordinators keep ``"envelope"`` until every coordinator
+    of the namespace reads the header format. Records of either format are always read."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers or not all(
@@ -229,6 +240,12 @@ class ClientConfig:
         require_int("max_message_bytes", self.max_message_bytes)
         require_int("linger_ms", self.linger_ms, minimum=0)
         require_int("request_timeout_ms", self.request_timeout_ms)
+        if self.delay_record_format not in DELAY_RECORD_FORMATS:
+            raise InvalidArgumentError(
+                f"delay_record_format ({ENV_PREFIX}DELAY_RECORD_FORMAT) must be one of "
+                f"{', '.join(repr(f) for f in DELAY_RECORD_FORMATS)}, "
+                f"got {self.delay_record_format!r}"
+            )
         _refuse_protected(self.kafka)
         object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
         self.delay_policy  # noqa: B018 - validates the delay settings

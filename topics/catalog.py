@@ -63,12 +63,16 @@ RECORD_SCHEMAS: Mapping[SystemTopic, str | None] = MappingProxyType(
         SystemTopic.HALF: "MessageEnvelope",  # and EndTransactionRequest
         SystemTopic.OP: "OpRecord",
         SystemTopic.CHECK_MAX: "MessageEnvelope",
-        SystemTopic.SCHEDULE: "MessageEnvelope",
-        SystemTopic.TIMER: "MessageEnvelope",
+        # No one Avro schema: header-format records (the body as the value, the routing in
+        # headers, see bridge.codec.delayed_headers); MessageEnvelope records of earlier
+        # releases (or ClientConfig.delay_record_format = "envelope") are still read.
+        SystemTopic.SCHEDULE: None,
+        SystemTopic.TIMER: None,
         SystemTopic.QUARANTINE: None,
     }
 )
-"""The Avro schema of each system topic's values (None: raw bytes kept as they came)."""
+"""The Avro schema of each system topic's values (None: no one Avro schema; raw bytes kept as
+they came, or header-format records)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,9 @@ from bridge.codec import (
     PreparedRecord,
     decode_envelope,
     delayed_headers,
+    encode_envelope,
     header_delivery_record,
+    header_format_message,
     is_header_format,
     last_message_header,
     message_headers_start,
@@ -221,8 +223,11 @@ class Isolation:
         timer topic for a back-off, or QUARANTINE once it failed ``delivery_attempts`` times
         for a permanent reason. A ``transient`` failure (a timeout) counts in
         ``DELIVERY_ATTEMPTS`` (its back-off doubles, up to :data:`_MAX_BACKOFF_MS`) but never
-        quarantines the message by itself. The back-off copy is in the header format, whichever
-        format ``held`` was in (see :func:`~bridge.codec.is_header_format`)."""
+        quarantines the message by itself. The back-off copy is in the format of the
+        coordinator's ``delay_record_format``, whichever format ``held`` was in (see
+        :func:`~bridge.codec.is_header_format`): the header format, or with ``"envelope"`` the
+        record releases before it wrote (an envelope with ``TIMER_DELIVER_MS`` as its one
+        header), which their coordinators read during a rolling upgrade."""
         raw_attempts: str | bytes | None
         try:
             if held.headers and is_header_format(held.headers):
@@ -252,19 +257,32 @@ class Isolation:
                 (MessageConst.TIMER_DELIVER_MS, str(deliver_ms).encode()),
             )
             dropped = {*DELAY_PROPERTIES, DELIVERY_ATTEMPTS, DELIVERY_ERROR}
-            if held.headers and is_header_format(held.headers):
+            headers: Headers
+            if self._svc.config.client.delay_record_format == "envelope":
+                if held.headers and is_header_format(held.headers):
+                    msg = header_format_message(held.headers, held.record.value())
+                props = {k: v for k, v in msg.properties.items() if k not in DELAY_PROPERTIES}
+                props[DELIVERY_ATTEMPTS] = str(attempts)
+                props[DELIVERY_ERROR] = problem[:MAX_DELIVERY_ERROR_CHARS]
+                props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
+                value = encode_envelope(
+                    msg.msg_id, msg.body, props, msg.born_timestamp_ms, msg.born_host
+                )
+                headers = [again[2]]
+            elif held.headers and is_header_format(held.headers):
                 # The born time and the message's headers, in their order, the delay and
                 # attempt ones replaced; the producer's send id is left out.
-                headers: Headers = [(BORN_TIMESTAMP_HEADER, held.headers[start - 1][1])]
+                headers = [(BORN_TIMESTAMP_HEADER, held.headers[start - 1][1])]
                 headers += [h for h in held.headers[start:] if h[0] not in dropped]
+                headers += again
                 value = held.record.value()
             else:
                 props = {k: v for k, v in msg.properties.items() if k not in dropped}
                 headers = delayed_headers(
                     [], msg.msg_id, msg.born_host, props, msg.born_timestamp_ms
                 )
+                headers += again
                 value = msg.body
-            headers += again
         except RECORD_ERRORS as exc:
             return self._quarantined(held, f"{problem}; then {exc}")
         logger.warning(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from bridge.codec import BORN_TIMESTAMP_HEADER, PreparedRecord, delayed_headers
+from bridge.codec import BORN_TIMESTAMP_HEADER, PreparedRecord, delayed_headers, encode_envelope
 from bridge.config import ClientConfig
 from bridge.delay.model import InvalidDelayError
 from bridge.message import DELAY_PROPERTIES, Message, MessageConst, PropertyValue, property_text
@@ -43,6 +43,11 @@ def delayed_record(
     :func:`~bridge.codec.delayed_headers` writes it (its properties with ``REAL_TOPIC``,
     ``REAL_QID`` and the delay level or ``TIMER_DELIVER_MS``).
 
+    With ``config.delay_record_format == "envelope"`` it is the record releases before the
+    header format wrote instead, which their coordinators read: value = the Avro
+    ``MessageEnvelope`` of the message, headers = ``TIMER_DELIVER_MS`` (timers only), then the
+    send id.
+
     A delay level wins over timer properties (RocketMQ 5's rule). Raises
     :class:`InvalidDelayError` for malformed values or a timer beyond the maximum.
     """
@@ -65,8 +70,13 @@ def delayed_record(
         for name in DELAY_PROPERTIES:
             props.pop(name, None)
         props[MessageConst.DELAY_TIME_LEVEL] = str(level)
-        headers = delayed_headers([_send_id()], msg_id, born_host, props, born_ms)
         topic = system_topic(SystemTopic.SCHEDULE.value, config.namespace)
+        if config.delay_record_format == "envelope":
+            value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
+            return PreparedRecord(
+                topic, msg_id.encode(), value, [_send_id()], msg_id, born_ms, level - 1
+            )
+        headers = delayed_headers([_send_id()], msg_id, born_host, props, born_ms)
         return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, level - 1)
     deliver_ms = policy.deliver_time_ms(
         born_ms=born_ms,
@@ -80,8 +90,14 @@ def delayed_record(
     for name in DELAY_PROPERTIES:
         props.pop(name, None)
     props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
-    headers = delayed_headers([_send_id()], msg_id, born_host, props, born_ms)
     topic = system_topic(SystemTopic.TIMER.value, config.namespace)
+    if config.delay_record_format == "envelope":
+        value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
+        envelope_headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode()), _send_id()]
+        return PreparedRecord(
+            topic, msg_id.encode(), value, envelope_headers, msg_id, born_ms, tier
+        )
+    headers = delayed_headers([_send_id()], msg_id, born_host, props, born_ms)
     return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, tier)
 
 
