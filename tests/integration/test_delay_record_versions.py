@@ -454,3 +454,44 @@ def test_a_producer_writing_envelopes_for_old_coordinators_delivers_the_same_rec
     assert by_name["level-envelope"][0].value() == b"\xfflevel"
     assert by_name["timer-envelope"][0].partition() == 1
     assert dict(by_name["level-envelope"][0].headers())["bin"] == b"\x00\xff"
+
+
+def test_a_coordinator_writing_envelopes_backs_off_in_the_envelope_and_delivers_once(
+    config: ClientConfig, topic: str
+) -> None:
+    """With ``delay_record_format="envelope"`` the coordinator's back-off copy of a
+    header-format record is the previous release's (an envelope, ``TIMER_DELIVER_MS`` its one
+    header), which a coordinator of that release reads; it is delivered once."""
+    TopicAdmin(config).ensure_topics([TopicSpec(topic, 1)])
+    born = time.time_ns() // 1_000_000
+    msg = Message(topic, b"\xffwaits", keys="k")
+    msg.set_delay_time_level(1)
+    new = header_record(config, msg, "ENVELOPE-BACKOFF-ID", born, 1)  # no partition 1 yet
+    timer = config.catalog(1).topic(SystemTopic.TIMER)
+    old_format = config.replace(delay_record_format="envelope")
+    with Coordinator(coordinator_config(old_format, "backoff-env", delivery_attempts=20)):
+        warm_up(config, f"{topic}-warm")
+        write_all(config, [new])
+
+        def backoff_copy() -> list[Any]:
+            tiers = config.delay_policy.tier_count
+            return [
+                r for r in raw_records(config, timer, tiers, 0) if r.key() == b"ENVELOPE-BACKOFF-ID"
+            ]
+
+        (copy, *_) = wait_until(backoff_copy, timeout_s=30)
+        assert [n for n, _ in copy.headers()] == [MessageConst.TIMER_DELIVER_MS]
+        waiting = decode_envelope(copy.value())
+        assert waiting.body == b"\xffwaits" and waiting.get_property("DELIVERY_ATTEMPTS") == "1"
+        admin = new_admin(config)  # kept: the future fails once its handle is gone
+        admin.create_partitions([NewPartitions(topic, 2)])[topic].result(10)
+        (delivered,) = read_messages(config, [topic], max_messages=1, timeout_ms=30_000)
+        again = list(read_messages(config, [topic], timeout_ms=3000))
+    assert (delivered.body, delivered.msg_id, delivered.queue_id) == (
+        b"\xffwaits",
+        "ENVELOPE-BACKOFF-ID",
+        1,
+    )
+    assert delivered.born_timestamp_ms == born
+    assert not {"DELIVERY_ATTEMPTS", "DELIVERY_ERROR"} & set(delivered.properties)
+    assert len(again) == 1
