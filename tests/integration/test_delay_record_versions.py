@@ -291,6 +291,7 @@ def _malformed(config: ClientConfig, topic: str, born: int) -> dict[str, tuple[R
         "qid": (record("qid", REAL_QID=b"seven"), "REAL_QID is not a partition number"),
         "topic": (record("topic", REAL_TOPIC=b"no/such topic"), "invalid name"),
         "uniq": (record("uniq", UNIQ_KEY=None), "no UNIQ_KEY"),
+        "uniq-empty": (record("uniq-empty", UNIQ_KEY=b""), "UNIQ_KEY header is empty"),
         "utf8": (record("utf8", REAL_TOPIC=b"\xff\xfe"), "REAL_TOPIC is not UTF-8"),
         "born": (record("born", BRIDGE_BORN_MS=b"yesterday"), "BRIDGE_BORN_MS is not a time"),
     }
