@@ -156,6 +156,7 @@ class Producer(Startable):
             catalog.topic(t) for t in (SystemTopic.HALF, SystemTopic.SCHEDULE, SystemTopic.TIMER)
         )
         self._system_topics_ready = False
+        self._system_topics_lock = threading.Lock()
         self._max_message_bytes = self.config.max_message_bytes
         self._namespace = self.config.namespace
         self._partition_counts = PartitionCounts(self.config)
@@ -428,18 +429,24 @@ class Producer(Startable):
                 PreparedRecord, (kafka_topic, None, msg._body, headers, msg_id, born_ms, partition)
             )
 
-    def _ensure_system_topics(self) -> None:
-        """Create the system topics (idempotent) before the first record to one of them, so
-        Kafka never auto-creates one with the wrong partition count."""
-        catalog = self.config.catalog()
-        admin = TopicAdmin(self.config)
-        # Levels and tiers are partitions: their counts must be right. Any HALF partition
-        # count works for writing; the coordinator owns that choice.
-        admin.ensure_topics([catalog.spec(SystemTopic.SCHEDULE), catalog.spec(SystemTopic.TIMER)])
-        admin.ensure_topics(
-            [catalog.spec(SystemTopic.HALF), catalog.spec(SystemTopic.OP)], strict=False
-        )
-        self._system_topics_ready = True
+    def ensure_system_topics(self) -> None:
+        """Create the system topics (idempotent) now; otherwise it happens before the first
+        record to one of them, so Kafka never auto-creates one with the wrong partition count.
+        Concurrent first sends wait for one check instead of each running its own."""
+        with self._system_topics_lock:
+            if self._system_topics_ready:
+                return
+            catalog = self.config.catalog()
+            admin = TopicAdmin(self.config)
+            # Levels and tiers are partitions: their counts must be right. Any HALF partition
+            # count works for writing; the coordinator owns that choice.
+            admin.ensure_topics(
+                [catalog.spec(SystemTopic.SCHEDULE), catalog.spec(SystemTopic.TIMER)]
+            )
+            admin.ensure_topics(
+                [catalog.spec(SystemTopic.HALF), catalog.spec(SystemTopic.OP)], strict=False
+            )
+            self._system_topics_ready = True
 
     def _serve_reports(self) -> None:
         """Serve waiting delivery reports on this (sending) thread every
@@ -451,7 +458,7 @@ class Producer(Startable):
 
     def _produce(self, record: PreparedRecord, partition: int, callback: Any) -> None:
         if not self._system_topics_ready and record.kafka_topic in self._system_topics:
-            self._ensure_system_topics()
+            self.ensure_system_topics()
         # A full local queue: let deliveries drain, within the send timeout.
         produce_record(
             self._kafka,
@@ -590,7 +597,7 @@ class Producer(Startable):
         if not self._system_topics_ready and any(
             record is not None and record.kafka_topic in self._system_topics for record in prepared
         ):
-            self._ensure_system_topics()
+            self.ensure_system_topics()
         timeout_ms = self.config.send_msg_timeout_ms
         try:
             reports = self._idle_batch_reports.pop()

@@ -339,7 +339,7 @@ class PushConsumer(Startable):
         hundreds of ms on a loaded machine, at the start of every consumer that fails a
         message). A failure here is only logged: the first send-back checks again."""
         try:
-            producer._ensure_system_topics()
+            producer.ensure_system_topics()
         except Exception as exc:
             logger.warning(
                 "push consumer %s: system topics not checked at start (the first send-back "

@@ -55,3 +55,38 @@ def test_a_concurrent_consumer_checks_the_schedule_topic_before_its_first_send_b
         assert (stats.failed, stats.retried_locally, stats.quarantined) == (5, 0, 0)
     finally:
         consumer.shutdown()
+
+
+def test_concurrent_first_sends_to_the_system_topics_run_one_check(
+    client_config: ClientConfig, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = TopicAdmin.ensure_topics
+
+    def counted(self: TopicAdmin, *args: object, **kwargs: object) -> object:
+        calls.append(threading.get_ident())
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TopicAdmin, "ensure_topics", counted)
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+    with Producer("send_back_first_sends", config=client_config) as producer:
+
+        def send() -> None:
+            try:
+                start.wait(30)
+                msg = Message(topic, b"later")
+                msg.set_delay_time_level(1)
+                producer.send_sync(msg)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=send) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert not errors
+    # One check: SCHEDULE and TIMER, then HALF and OP, by the one thread that ran it.
+    assert len(calls) == 2
+    assert len(set(calls)) == 1
