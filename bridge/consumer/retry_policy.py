@@ -138,6 +138,26 @@ class RetryPolicy:
         )
         return route, record
 
+    def _built_copy(
+        self, pq: ProcessQueue, msg: MessageExt, level: int, where: str
+    ) -> tuple[RetryRoute, PreparedRecord] | None:
+        """:meth:`copy_of`, or None when the copy cannot be built: then held ``msg`` is
+        quarantined with the reason (a copy is built from the message alone: it would fail
+        the same way again)."""
+        try:
+            return self.copy_of(msg, level)
+        except Exception as exc:
+            logger.warning(
+                "push consumer %s: cannot build the %s copy of %s, quarantining it: %s",
+                self._context.group,
+                where,
+                msg.msg_id,
+                exc,
+                exc_info=True,
+            )
+            self.quarantine_held(pq, msg, exc)
+            return None
+
     def send_back(self, pq: ProcessQueue, msgs: list[MessageExt], levels: list[int]) -> None:
         """Copy failed ``msgs`` to the retry topic or DLQ without waiting: each stays held
         until Kafka acknowledges its copy, then is done; a copy that cannot be sent is consumed
@@ -154,19 +174,10 @@ class RetryPolicy:
         report = copies.report
         try:
             for msg, level in zip(msgs, levels, strict=True):
-                try:
-                    route, record = self.copy_of(msg, level)
-                except Exception as exc:
-                    # A copy is built from the message alone: it would fail the same way again.
-                    logger.warning(
-                        "push consumer %s: cannot build the retry copy of %s, quarantining it: %s",
-                        self._context.group,
-                        msg.msg_id,
-                        exc,
-                        exc_info=True,
-                    )
-                    self.quarantine_held(pq, msg, exc)
+                built = self._built_copy(pq, msg, level, "retry")
+                if built is None:
                     continue
+                route, record = built
                 index = copies.add(msg, route)
                 try:
                     sender.send_record_async(record, record.partition, partial(report, index))
@@ -218,17 +229,9 @@ class RetryPolicy:
         quarantined instead (it is in neither list)."""
         built: list[tuple[MessageExt, RetryRoute, PreparedRecord]] = []
         for msg in msgs:
-            try:
-                built.append((msg, *self.copy_of(msg, -1)))
-            except Exception as exc:
-                logger.warning(
-                    "push consumer %s: cannot build the DLQ copy of %s, quarantining it: %s",
-                    self._context.group,
-                    msg.msg_id,
-                    exc,
-                    exc_info=True,
-                )
-                self.quarantine_held(pq, msg, exc)
+            copy = self._built_copy(pq, msg, -1, "DLQ")
+            if copy is not None:
+                built.append((msg, *copy))
         results = self._context.sender.send_records_sync([record for _, _, record in built])
         sent: list[MessageExt] = []
         kept: list[MessageExt] = []
