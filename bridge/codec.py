@@ -461,12 +461,32 @@ def envelope_to_message(record: Mapping[str, Any], topic: str = "") -> MessageEx
     binary = record.get("binary_properties")
     if binary:
         props.update(binary)
-    msg = MessageExt(
+    return _waiting_message(
         topic,
         record["body"],
-        msg_id=record["msg_id"],
-        born_timestamp_ms=record["born_timestamp_ms"],
-        born_host=record["born_host"],
+        record["msg_id"],
+        record["born_timestamp_ms"],
+        record["born_host"],
+        props,
+    )
+
+
+def _waiting_message(  # noqa: PLR0917 - the fields of the message, in order
+    topic: str,
+    body: bytes,
+    msg_id: str,
+    born_ms: int,
+    born_host: str,
+    props: dict[str, PropertyValue],
+) -> MessageExt:
+    """A message read from a system topic (either format), its keys and tags from
+    ``props``; with no ``topic``, its ``REAL_TOPIC``."""
+    msg = MessageExt(
+        topic,
+        body,
+        msg_id=msg_id,
+        born_timestamp_ms=born_ms,
+        born_host=born_host,
         keys=_text_or_none(props.get(MessageConst.KEYS)),
         tags=_text_or_none(props.get(MessageConst.TAGS)),
         properties=props,
@@ -775,19 +795,9 @@ def header_format_message(
         )
     host = props.pop(MessageConst.BORN_HOST, "")
     props[MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = uniq
-    msg = MessageExt(
-        topic,
-        value if value is not None else b"",
-        msg_id=uniq,
-        born_timestamp_ms=born,
-        born_host=property_text(host),
-        keys=_text_or_none(props.get(MessageConst.KEYS)),
-        tags=_text_or_none(props.get(MessageConst.TAGS)),
-        properties=props,
+    return _waiting_message(
+        topic, value if value is not None else b"", uniq, born, property_text(host), props
     )
-    if not topic:
-        msg.topic = msg.get_property(MessageConst.REAL_TOPIC) or ""
-    return msg
 
 
 def delayed_message(
