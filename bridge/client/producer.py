@@ -720,10 +720,15 @@ class Producer(Startable):
             flush(min(remaining, _SYNC_FLUSH_SLICE_S))
 
     def send_record_async(self, record: PreparedRecord, partition: int, callback: Any) -> None:
-        """Send a prepared record; ``callback(err, kafka_message)`` gets the delivery report."""
+        """Send a prepared record; ``callback(err, kafka_message)`` gets the delivery report.
+        Raises only when the record was not taken: a callback that raises while reports are
+        served here is logged, since its record, taken already, still gets its own report."""
         self._lifecycle.require_running()
         self._produce(record, partition, callback)
-        self._serve_reports()
+        try:
+            self._serve_reports()
+        except Exception:
+            logger.exception("producer %s: a delivery report callback raised", self.group)
 
     def send_async(
         self,

@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from bridge import ClientConfig, Message, Producer, SendResult, SendStatus, read_messages
+from bridge.codec import plain_record
 from bridge.errors import (
     IllegalStateError,
     InvalidMessageError,
@@ -192,3 +193,29 @@ def test_a_raw_consumer_positions_match_send_results(
     low, high = consumer.get_watermark_offsets(TopicPartition(topic, last.queue_id), timeout=10)
     consumer.close()
     assert (low, high) == (0, last.offset + 1)
+
+
+def test_send_record_async_raises_only_for_a_record_it_did_not_take(
+    client_config: ClientConfig, topic: str
+) -> None:
+    # Reports are served on the sending thread every few sends: a callback that raises there
+    # must not make a send that was taken look refused (its caller would count the record as
+    # not sent while its report still comes).
+    reports: list[object] = []
+
+    def raising(err: object, _msg: object) -> None:
+        reports.append(err)
+        if len(reports) == 1:  # once: flush() and close() below serve the rest
+            raise RuntimeError("a callback that fails")
+
+    sent = 0
+    with Producer("send_record_raising_cb", config=client_config) as producer:
+        deadline = time.monotonic() + 30
+        while not reports and time.monotonic() < deadline:
+            record = plain_record(Message(topic, b"x"), topic, f"id-{sent}", 0, b"h")
+            producer.send_record_async(record, -1, raising)
+            sent += 1
+        assert reports, "no report served on the sending thread"
+        producer.flush(10_000)
+    assert len(reports) == sent
+    assert all(err is None for err in reports)
