@@ -168,7 +168,7 @@ def _consume(config: ClientConfig) -> dict[str, float]:
     bench_consumer.MESSAGES = CONSUME_MESSAGES
     topic = f"bench-rmq-consume-{uuid.uuid4().hex[:6]}"
     bench_consumer._fill(config, topic)
-    count, seconds = bench_consumer._ours(config, topic, failing=True)
+    count, seconds, _cpu = bench_consumer._ours(config, topic, failing=True)
     return {"per_second": count / seconds}
 
 

@@ -124,7 +124,9 @@ def _quarantined_delayed_message(
     if header_format:
         # A property named like the quarantine's own headers comes back under its own name.
         props["QUARANTINE_REASON"] = "the user's"
-        headers = delayed_headers([], "ID-R", "h", props, 1)
+        headers: list[tuple[str, str | bytes | None]] = [
+            *delayed_headers([], "ID-R", "h", props, 1)
+        ]
         raw.produce(schedule, b"late", b"k", partition=0, headers=headers)
     else:
         raw.produce(schedule, encode_envelope("ID-R", b"late", props, 1, "h"), b"k", partition=0)
