@@ -29,13 +29,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bridge.codec import (
-    BORN_TIMESTAMP_HEADER,
     PreparedRecord,
     decode_envelope,
     delivery_record,
     header_delivery_record,
     is_header_format,
     last_message_header,
+    message_headers_start,
     new_tuple,
 )
 from bridge.config import NamePatterns, TrustLimits
@@ -283,27 +283,13 @@ class TimerService(FifoDelayService):
         # A hop is the coordinator's own copy, written once in a Kafka transaction: without
         # the producer's send id, it can never pass for a second copy of that send.
         headers: Headers
-        first = held.headers[0][0] if held.headers else None
-        if first == BORN_TIMESTAMP_HEADER:  # the header format without a send id: as it is
-            headers = held.headers[:]
-        elif (
-            first == SEND_ID_HEADER
-            and len(held.headers) > 1
-            and held.headers[1][0] == BORN_TIMESTAMP_HEADER
-        ):
-            headers = held.headers[1:]  # the header format as a producer writes it
-        elif is_header_format(held.headers):
-            # The send id is among the coordinator's headers, before the born time: the
-            # message's headers (its TIMER_DELIVER_MS among them) go on as they are.
-            headers = []
-            ours = True
-            for header in held.headers:
-                if ours:
-                    if header[0] == SEND_ID_HEADER:
-                        continue
-                    ours = header[0] != BORN_TIMESTAMP_HEADER
-                headers.append(header)
-        else:
+        if is_header_format(held.headers):
+            # The coordinator's headers (before and with the born time) without the send id,
+            # then the message's (its TIMER_DELIVER_MS among them) as they are.
+            start = message_headers_start(held.headers)
+            headers = [h for h in held.headers[:start] if h[0] != SEND_ID_HEADER]
+            headers += held.headers[start:]
+        else:  # an envelope record
             headers = [
                 (k, v) for k, v in held.headers if k not in (TIMER_ROUTING_HEADER, SEND_ID_HEADER)
             ]
