@@ -12,7 +12,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from bridge.codec import message_from_record
 from bridge.config import ClientConfig
 from bridge.errors import BrokerUnreachableError, KafkaClientError
-from bridge.kafka.clients import new_consumer, read_record_at, translate_error
+from bridge.kafka.clients import new_consumer, new_reader, read_record_at, translate_error
 from bridge.message import MessageExt
 from topics.catalog import TopicCatalog
 from topics.naming import reader_group, to_kafka_topic, validate_user_group
@@ -82,7 +82,7 @@ def read_messages(
 def _scanner(config: ClientConfig) -> Consumer:
     """A consumer of a throw-away group that commits nothing and reports partition ends."""
     group = reader_group("reader", uuid.uuid4().hex[:12])
-    return new_consumer(config, group, "bridge-reader", enable_partition_eof=True)
+    return new_reader(config, group, "bridge-reader")
 
 
 def read_to_end(config: ClientConfig, kafka_topic: str, timeout_ms: int = 10_000) -> Iterator[Any]:

@@ -13,7 +13,7 @@ from bridge.codec import decode_headers
 from bridge.config import ClientConfig
 from bridge.delay.routing import TIMER_ROUTING_HEADER
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_consumer, read_record_at
+from bridge.kafka.clients import new_consumer, new_reader, read_record_at
 from bridge.kafka.quarantine import read_headers
 from topics.catalog import SystemTopic, TopicCatalog
 from topics.naming import coordinator_group
@@ -79,9 +79,7 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
             coordinator_group(config.namespace, service),
             f"bridge-admin-{uuid.uuid4().hex[:6]}",
         )
-        head_reader = new_consumer(
-            config, f"bridge-admin-{uuid.uuid4().hex}", "bridge-admin", enable_partition_eof=True
-        )
+        head_reader = new_reader(config, f"bridge-admin-{uuid.uuid4().hex}", "bridge-admin")
         try:
             tps = [TopicPartition(topic, p) for p in range(count)]
             committed = consumer.committed(tps, timeout_ms / 1000)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.errors import KafkaClientError, WireFormatError
-from bridge.kafka.clients import new_consumer, read_record_at
+from bridge.kafka.clients import new_reader, read_record_at
 from bridge.message import now_ms
 from bridge.transaction.model import OpEntry
 from bridge.transaction.state import HalfPartition
@@ -49,11 +49,8 @@ class Recovery:
             return
         timeout_s = self._svc.timeout_s
         assigned = {tp.partition for tp in consumer.assignment() if tp.topic == self._svc._half}
-        reader = new_consumer(
-            self._svc.config.client,
-            reader_group("recovery", uuid.uuid4().hex[:12]),
-            self._svc.name,
-            enable_partition_eof=True,
+        reader = new_reader(
+            self._svc.config.client, reader_group("recovery", uuid.uuid4().hex[:12]), self._svc.name
         )
         try:
             for p in partitions:
@@ -76,7 +73,9 @@ class Recovery:
             self._svc._to_recover.discard(p)
             return
         committed = consumer.committed([TopicPartition(self._svc._half, p)], timeout_s)[0].offset
-        low, high = consumer.get_watermark_offsets(TopicPartition(self._svc._half, p), timeout_s)
+        # Asked with the reader: the service's consumer may be fetching the partitions
+        # recovered before this one, and a lookup waits behind its long-polling fetch.
+        low, high = reader.get_watermark_offsets(TopicPartition(self._svc._half, p), timeout_s)
         start = committed if committed >= 0 else low
         state = HalfPartition(p, self._svc.policy, position=start, catch_up_offset=high)
         if start < high:

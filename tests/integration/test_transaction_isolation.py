@@ -476,17 +476,17 @@ def test_recovery_that_cannot_read_its_first_half_message_is_retried_not_guessed
     # Decisions are found from the first half message's time: no slack, so a guess of "now"
     # misses the decision on "once" (as a guess of 60 s misses one older than that).
     monkeypatch.setattr(recovery_module, "_OP_SCAN_SLACK_MS", 0)
-    real_new_consumer = clients_module.new_consumer
+    real_new_reader = clients_module.new_reader
     slowed: list[str] = []
 
-    def new_consumer(config: ClientConfig, group_id: str, client_id: str, **kw: Any) -> Any:
-        consumer = real_new_consumer(config, group_id, client_id, **kw)
+    def new_reader(config: ClientConfig, group_id: str, client_id: str, **kw: Any) -> Any:
+        consumer = real_new_reader(config, group_id, client_id, **kw)
         if "-recovery-" in group_id and not slowed:
             slowed.append(group_id)
             return SlowReads(consumer)
         return consumer
 
-    monkeypatch.setattr(recovery_module, "new_consumer", new_consumer)
+    monkeypatch.setattr(recovery_module, "new_reader", new_reader)
     with Coordinator(config):
         writer.commit(topic, b"after")
         assert bodies(client, topic, 2, idle_ms=4000) == ["after", "once"]
@@ -601,16 +601,16 @@ def test_recovery_whose_decision_lookup_fails_is_retried_not_read_as_no_decision
         writer.commit(topic, b"once")
         assert bodies(client_config, topic, 1, idle_ms=0) == ["once"]
         wait_until(lambda: committed_checkpoint(client_config) == 0)
-    real_new_consumer = clients_module.new_consumer
+    real_new_reader = clients_module.new_reader
     failed: list[str] = []
 
-    def new_consumer(config: ClientConfig, group_id: str, client_id: str, **kw: Any) -> Any:
-        consumer = real_new_consumer(config, group_id, client_id, **kw)
+    def new_reader(config: ClientConfig, group_id: str, client_id: str, **kw: Any) -> Any:
+        consumer = real_new_reader(config, group_id, client_id, **kw)
         if "-recovery-" in group_id:
             return FailingTimeLookup(consumer, failed)
         return consumer
 
-    monkeypatch.setattr(recovery_module, "new_consumer", new_consumer)
+    monkeypatch.setattr(recovery_module, "new_reader", new_reader)
     with Coordinator(config):
         writer.commit(topic, b"after")
         assert bodies(client_config, topic, 2, idle_ms=4000) == ["after", "once"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -150,6 +151,38 @@ def test_first_check_follows_the_timeout_and_checks_follow_the_interval(
     # The interval runs from when the coordinator made the first check; the listener sees each
     # check a little later, by a delay that varies (0.93 s was seen on a busy machine).
     assert 1.0 - 0.2 <= second - first < 2.0
+
+
+def test_a_coordinator_taking_over_half_messages_recovers_without_waiting_on_its_fetches(
+    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The recovery's lookups (the end of HALF, the decisions in OP by time) waited behind the
+    # long-polling fetches of the same connection: a second or more for each partition with
+    # half messages, one partition after the other, before check-back could resume.
+    config = coordinator_config(client_config, transaction_partitions=4)
+    with Coordinator(config):
+        pass  # the system topics, HALF with its four partitions
+    listener = Scripted(execute={}, check={})
+    with TransactionMQProducer("tx_takeover", listener, config=client_config) as producer:
+        half: list[int] = []
+        while set(half) != {0, 1, 2, 3}:  # half messages in every HALF partition
+            result = producer.send_message_in_transaction(Message(topic, f"m{len(half)}"))
+            half.append(result.queue_id)
+        caplog.set_level(logging.INFO, logger="bridge.transaction.recovery")
+        caplog.clear()
+        # The same coordinator id: its static membership takes the partitions back at once.
+        with Coordinator(config):
+            wait_until(lambda: len(listener.checks) == len(half), timeout_s=30)
+    took = {
+        record.args[1]: record.args[2]
+        for record in caplog.records
+        if record.name == "bridge.transaction.recovery"
+        and "recovered in" in str(record.msg)
+        and record.args[4] > 0  # its end: the partition held half messages
+    }
+    assert set(took) == {0, 1, 2, 3}
+    # At least 4 s before; a new reader's first lookup alone can take 0.7 s.
+    assert sum(took.values()) < 2.0, took
 
 
 def test_duplicate_late_and_racing_decisions_commit_once(

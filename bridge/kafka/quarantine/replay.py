@@ -28,7 +28,7 @@ from bridge.errors import (
     WireFormatError,
 )
 from bridge.kafka.batch_writer import TransactionBatch, abort_quietly, kafka_error, write_batch
-from bridge.kafka.clients import new_consumer, read_record_at, translate_error
+from bridge.kafka.clients import new_consumer, new_reader, read_record_at, translate_error
 from bridge.kafka.quarantine.copy import (
     ORIGINAL_HEADER_PREFIX,
     QUARANTINE_REASON,
@@ -99,11 +99,10 @@ def replay_quarantined(
     catalog = TopicCatalog(namespace=config.namespace)
     topic = catalog.topic(SystemTopic.QUARANTINE)
     timeout_s = timeout_ms / 1000
-    reader = new_consumer(
+    reader = new_reader(
         config,
         f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}",
         "bridge-replay",
-        enable_partition_eof=True,
     )
     try:
         real = _replayable(reader, catalog, topic, offset, timeout_s)
@@ -195,11 +194,10 @@ def _resolved(config: ClientConfig, topic: str, offset: int, timeout_s: float) -
         probe.close()
     if high <= offset + 1:
         return False
-    scanner = new_consumer(
+    scanner = new_reader(
         config,
         f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}",
         "bridge-replay",
-        enable_partition_eof=True,
     )
     try:
         scanner.assign([TopicPartition(topic, 0, offset + 1)])
