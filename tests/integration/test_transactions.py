@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -173,13 +173,12 @@ def test_a_coordinator_taking_over_half_messages_recovers_without_waiting_on_its
         # The same coordinator id: its static membership takes the partitions back at once.
         with Coordinator(config):
             wait_until(lambda: len(listener.checks) == len(half), timeout_s=30)
-    took = {
-        record.args[1]: record.args[2]
-        for record in caplog.records
-        if record.name == "bridge.transaction.recovery"
-        and "recovered in" in str(record.msg)
-        and record.args[4] > 0  # its end: the partition held half messages
-    }
+    took: dict[int, float] = {}
+    for record in caplog.records:
+        if record.name == "bridge.transaction.recovery" and "recovered in" in str(record.msg):
+            _, partition, seconds, _, end, _ = cast(tuple[Any, ...], record.args)
+            if end > 0:  # the partition held half messages
+                took[partition] = seconds
     assert set(took) == {0, 1, 2, 3}
     # At least 4 s before; a new reader's first lookup alone can take 0.7 s.
     assert sum(took.values()) < 2.0, took
