@@ -13,6 +13,8 @@ from pathlib import Path
 
 from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
 
 @contextmanager
 def broker() -> Iterator[str]:
@@ -28,6 +30,40 @@ def broker() -> Iterator[str]:
             yield kafka.bootstrap_servers
         finally:
             kafka.stop()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User and system CPU time process ``pid`` has used so far, s (all its threads; read from
+    Linux's ``/proc``); None where that cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def listening_pid(bootstrap: str) -> int | None:
+    """The local process listening on the first bootstrap address's port (the broker, when it
+    runs on this machine), from Linux's ``/proc``; None where it cannot be found."""
+    try:
+        port = int(bootstrap.split(",", maxsplit=1)[0].rsplit(":", 1)[1])
+        inodes = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                    inodes.add(f"socket:[{cols[9]}]")
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                    return int(proc.name)
+            except OSError:
+                continue
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
 
 
 @dataclass(frozen=True, slots=True)

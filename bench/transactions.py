@@ -39,7 +39,7 @@ from typing import Any
 from confluent_kafka import Producer as RawProducer
 from confluent_kafka import TopicPartition
 
-from bench.harness import Row, print_rows
+from bench.harness import Row, cpu_seconds, listening_pid, print_rows
 from bridge import (
     ClientConfig,
     Message,
@@ -147,6 +147,42 @@ def _coordinator(config: ClientConfig) -> subprocess.Popen[bytes]:
         env=env, cwd=Path(__file__).resolve().parents[1],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+class _CpuSplit:
+    """CPU time a message over a round, of each process a transactional send involves: this
+    one (the senders and their clients), the coordinator and the broker (when it runs on this
+    machine). Shows where a transactional message's cost lands on a small machine."""
+
+    PARTS = ("senders", "coordinator", "broker")
+
+    def __init__(self, coordinator_pid: int, bootstrap: str) -> None:
+        self._pids = {"coordinator": coordinator_pid, "broker": listening_pid(bootstrap)}
+        self.us: dict[str, dict[str, list[float]]] = {}
+
+    def _now(self) -> dict[str, float | None]:
+        now: dict[str, float | None] = {"senders": time.process_time()}
+        for part, pid in self._pids.items():
+            now[part] = cpu_seconds(pid) if pid is not None else None
+        return now
+
+    def measure(self, name: str, rate: Any) -> float:
+        """``rate()`` (messages per second over :data:`ROUND_SECONDS`), noting the CPU time
+        a message of each part under ``name``, us."""
+        before, started = self._now(), time.monotonic()
+        per_second = float(rate())
+        after, messages = self._now(), per_second * (time.monotonic() - started)
+        for part in self.PARTS:
+            b, a = before[part], after[part]
+            if a is not None and b is not None and messages:
+                self.us.setdefault(name, {}).setdefault(part, []).append((a - b) / messages * 1e6)
+        return per_second
+
+    def line(self, name: str) -> str:
+        parts = self.us.get(name, {})
+        return ", ".join(
+            f"{part} {statistics.median(parts[part]):,.0f}" for part in self.PARTS if part in parts
+        )
 
 
 class _Reader:
@@ -283,6 +319,7 @@ def run(bootstrap: str) -> list[Row]:
     config = ClientConfig(bootstrap_servers=bootstrap, namespace=f"bench{uuid.uuid4().hex[:6]}")
     TopicAdmin(config).ensure_system_topics(TopicCatalog(namespace=config.namespace))
     coordinator = _coordinator(config)
+    cpu = _CpuSplit(coordinator.pid, bootstrap)
     rows: list[Row] = []
     try:
         topic = f"bench-tx-{uuid.uuid4().hex[:6]}"
@@ -298,17 +335,24 @@ def run(bootstrap: str) -> list[Row]:
                 naive = _naive_sender(config, topic)
                 for _ in range(ROUNDS):
                     rates["plain"].append(
-                        _threads_rate(
-                            lambda s, i: plain.send_sync(Message(topic, b"x" * 100)), ROUND_SECONDS
+                        cpu.measure(
+                            "plain",
+                            lambda: _threads_rate(
+                                lambda s, i: plain.send_sync(Message(topic, b"x" * 100)),
+                                ROUND_SECONDS,
+                            ),
                         )
                     )
                     rates["naive"].append(_threads_rate(naive, ROUND_SECONDS))
                     rates["tx"].append(
-                        _threads_rate(
-                            lambda s, i: producer.send_message_in_transaction(
-                                Message(topic, b"x" * 100)
+                        cpu.measure(
+                            "tx",
+                            lambda: _threads_rate(
+                                lambda s, i: producer.send_message_in_transaction(
+                                    Message(topic, b"x" * 100)
+                                ),
+                                ROUND_SECONDS,
                             ),
-                            ROUND_SECONDS,
                         )
                     )
             if "latency" in PARTS:
@@ -336,6 +380,10 @@ def run(bootstrap: str) -> list[Row]:
             print(
                 f"transactional / plain per round ({ROUNDS} rounds of {ROUND_SECONDS:.0f} s): "
                 + ", ".join(f"{r:.2f}" for r in ratios)
+            )
+            print(
+                "CPU a message (us, median of the rounds; 2 cores in all): transactional: "
+                f"{cpu.line('tx')}; plain send_sync: {cpu.line('plain')}"
             )
         if latencies:
             print(_latency_line(f"commit-to-visible at {LATENCY_RATE_PER_S}/s", latencies))
