@@ -32,6 +32,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.quarantine import read_quarantine
 from bridge.message import MessageConst
 from bridge.transaction.admin import list_undecided, read_parked
+from bridge.transaction.service import TransactionService
 from tests.conftest import REPO_ROOT, wait_until
 from topics.catalog import SystemTopic, TopicCatalog
 
@@ -88,6 +89,15 @@ def coordinator(client_config: ClientConfig) -> Iterator[Coordinator]:
         yield running
 
 
+def half_partitions_recovered(coordinator: Coordinator) -> bool:
+    """Whether the coordinator's transaction service holds every HALF partition, recovered."""
+    service = next(s for s in coordinator.services if isinstance(s, TransactionService))
+    return (
+        len(service._partitions) == coordinator.config.transaction_partitions
+        and not service._to_recover
+    )
+
+
 def bodies(config: ClientConfig, topic: str, expected: int, idle_ms: int = 3000) -> list[str]:
     """Bodies on the real topic (read_committed), read until ``expected`` arrived and then
     until ``idle_ms`` passed without another (so duplicates would be seen)."""
@@ -142,6 +152,9 @@ def test_first_check_follows_the_timeout_and_checks_follow_the_interval(
     client_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:
     listener = Scripted(execute={}, check={})
+    # Timed from a service that holds its partitions (joining the group is not what is timed;
+    # a loaded machine took seconds for it).
+    wait_until(lambda: half_partitions_recovered(coordinator), timeout_s=30)
     with TransactionMQProducer("tx_timing", listener, config=client_config) as producer:
         sent = time.time()
         producer.send_message_in_transaction(Message(topic, "slow"))
