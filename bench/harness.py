@@ -42,11 +42,18 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
 def listening_pid(bootstrap: str) -> int | None:
     """The local process listening on the first bootstrap address's port (the broker, when it
-    runs on this machine), from Linux's ``/proc``; None where it cannot be found."""
+    runs on this machine: a loopback address), from Linux's ``/proc``; None where it cannot be
+    found."""
     try:
-        port = int(bootstrap.split(",", maxsplit=1)[0].rsplit(":", 1)[1])
+        host, port_text = bootstrap.split(",", maxsplit=1)[0].rsplit(":", 1)
+        if host not in _LOCAL_HOSTS and not host.startswith("127."):
+            return None
+        port = int(port_text)
         inodes = set()
         for table in ("/proc/net/tcp", "/proc/net/tcp6"):
             for line in Path(table).read_text().splitlines()[1:]:
@@ -57,10 +64,16 @@ def listening_pid(bootstrap: str) -> int | None:
             if not proc.name.isdigit():
                 continue
             try:
-                if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
-                    return int(proc.name)
+                fds = list((proc / "fd").iterdir())
             except OSError:
                 continue
+            for fd in fds:
+                try:
+                    target = os.readlink(fd)
+                except OSError:  # closed meanwhile: the broker opens and closes files
+                    continue
+                if target in inodes:
+                    return int(proc.name)
     except (OSError, IndexError, ValueError):
         return None
     return None

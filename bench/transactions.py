@@ -53,7 +53,8 @@ from bridge.codec import decode_headers
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer, producer_config
 from bridge.message import property_text
-from topics.catalog import TopicCatalog, TopicSpec
+from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
+from topics.naming import coordinator_group
 
 THREADS = 4
 SECONDS = 8.0
@@ -142,6 +143,7 @@ def _coordinator(config: ClientConfig) -> subprocess.Popen[bytes]:
         "BRIDGE_COORDINATOR_ID": "bench",
         "BRIDGE_TRANSACTION_TIMEOUT_MS": str(TIMEOUT_MS),
     }
+    env.pop("BRIDGE_COORDINATOR_PROCESSES", None)  # one process: its CPU is what is read
     return subprocess.Popen(
         [sys.executable, "-m", "bridge.cli", "coordinator"],
         env=env, cwd=Path(__file__).resolve().parents[1],
@@ -156,8 +158,12 @@ class _CpuSplit:
 
     PARTS = ("senders", "coordinator", "broker")
 
-    def __init__(self, coordinator_pid: int, bootstrap: str) -> None:
-        self._pids = {"coordinator": coordinator_pid, "broker": listening_pid(bootstrap)}
+    def __init__(self, coordinator_pid: int, config: ClientConfig) -> None:
+        self._pids = {
+            "coordinator": coordinator_pid,
+            "broker": listening_pid(config.bootstrap_servers),
+        }
+        self._config = config
         self.us: dict[str, dict[str, list[float]]] = {}
 
     def _now(self) -> dict[str, float | None]:
@@ -168,10 +174,14 @@ class _CpuSplit:
 
     def measure(self, name: str, rate: Any) -> float:
         """``rate()`` (messages per second over :data:`ROUND_SECONDS`), noting the CPU time
-        a message of each part under ``name``, us."""
+        a message of each part under ``name``, us, up to when the coordinator has decided
+        everything sent (its work after the senders stopped counts for this round, not the
+        next)."""
         before, started = self._now(), time.monotonic()
         per_second = float(rate())
-        after, messages = self._now(), per_second * (time.monotonic() - started)
+        messages = per_second * (time.monotonic() - started)
+        _drain(self._config)
+        after = self._now()
         for part in self.PARTS:
             b, a = before[part], after[part]
             if a is not None and b is not None and messages:
@@ -183,6 +193,29 @@ class _CpuSplit:
         return ", ".join(
             f"{part} {statistics.median(parts[part]):,.0f}" for part in self.PARTS if part in parts
         )
+
+
+def _drain(config: ClientConfig, timeout_s: float = 60.0) -> None:
+    """Wait until the coordinator's transaction service has committed its read position at
+    the end of every HALF partition (everything sent is decided), up to ``timeout_s``."""
+    half = TopicCatalog(namespace=config.namespace).topic(SystemTopic.HALF)
+    # A client that never fetches: lookups only (see ``bridge.delay.admin.delay_status``).
+    probe = new_consumer(config, coordinator_group(config.namespace, "transaction"), "bench")
+    try:
+        count = len(probe.list_topics(half, timeout=10).topics[half].partitions)
+        tps = [TopicPartition(half, p) for p in range(count)]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            committed = probe.committed(tps, timeout=10)
+            if all(
+                tp.offset >= probe.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+                for tp in committed
+            ):
+                return
+            time.sleep(0.05)
+        print(f"(the coordinator had not decided everything {timeout_s:.0f} s after a round)")
+    finally:
+        probe.close()
 
 
 class _Reader:
@@ -319,7 +352,7 @@ def run(bootstrap: str) -> list[Row]:
     config = ClientConfig(bootstrap_servers=bootstrap, namespace=f"bench{uuid.uuid4().hex[:6]}")
     TopicAdmin(config).ensure_system_topics(TopicCatalog(namespace=config.namespace))
     coordinator = _coordinator(config)
-    cpu = _CpuSplit(coordinator.pid, bootstrap)
+    cpu = _CpuSplit(coordinator.pid, config)
     rows: list[Row] = []
     try:
         topic = f"bench-tx-{uuid.uuid4().hex[:6]}"
@@ -331,6 +364,7 @@ def run(bootstrap: str) -> list[Row]:
         ):
             plain.send_sync(Message(topic, b"warm"))
             producer.send_message_in_transaction(Message(topic, b"warm"))
+            _drain(config)  # the coordinator is up: its start is in no round
             if "throughput" in PARTS:
                 naive = _naive_sender(config, topic)
                 for _ in range(ROUNDS):
@@ -382,7 +416,8 @@ def run(bootstrap: str) -> list[Row]:
                 + ", ".join(f"{r:.2f}" for r in ratios)
             )
             print(
-                "CPU a message (us, median of the rounds; 2 cores in all): transactional: "
+                f"CPU a message (us, median of the rounds; {os.cpu_count()} cores in all): "
+                "transactional: "
                 f"{cpu.line('tx')}; plain send_sync: {cpu.line('plain')}"
             )
         if latencies:

@@ -73,9 +73,10 @@ class Recovery:
             self._svc._to_recover.discard(p)
             return
         committed = consumer.committed([TopicPartition(self._svc._half, p)], timeout_s)[0].offset
-        # Asked with the reader: the service's consumer may be fetching the partitions
-        # recovered before this one, and a lookup waits behind its long-polling fetch.
-        low, high = reader.get_watermark_offsets(TopicPartition(self._svc._half, p), timeout_s)
+        # Asked with the service's consumer (its fetches wait at most 50 ms at the broker): a
+        # new reader's first lookup can take most of a second, which a partition read up to
+        # its end (the usual rebalance) would then pay for nothing.
+        low, high = consumer.get_watermark_offsets(TopicPartition(self._svc._half, p), timeout_s)
         start = committed if committed >= 0 else low
         state = HalfPartition(p, self._svc.policy, position=start, catch_up_offset=high)
         if start < high:
