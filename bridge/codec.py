@@ -254,12 +254,14 @@ def _decoded(name: str) -> property:
     """A slot of :class:`_Undecoded` that decodes the headers on first use."""
     slot = _SLOTS[name]
 
+    # ``_Undecoded._decode``, not ``msg._decode``: another thread may have decoded the message
+    # and made it a plain MessageExt (which has no ``_decode``) since this property was found.
     def get(msg: _Undecoded) -> Any:
-        msg._decode()
+        _Undecoded._decode(msg)
         return slot.__get__(msg, MessageExt)
 
     def put(msg: _Undecoded, value: Any) -> None:
-        msg._decode()
+        _Undecoded._decode(msg)
         slot.__set__(msg, value)
 
     return property(get, put, doc=f"``{name}``, decoded from the headers on first use.")
@@ -298,7 +300,7 @@ class _Undecoded(MessageExt):
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         # copy, deepcopy and pickle rebuild a plain MessageExt: decoded first, then as one.
-        self._decode()
+        _Undecoded._decode(self)
         return self.__reduce_ex__(protocol)
 
     def _decode(self) -> None:

@@ -414,6 +414,20 @@ def test_a_text_body_with_a_lone_surrogate_is_an_invalid_message() -> None:
         Message("orders", b"x").set_body("\udfff")
 
 
+def test_a_header_property_found_before_another_thread_decoded_the_message_still_reads() -> None:
+    # The interleaving the threaded test below hits now and then: a thread finds a lazy
+    # property on the undecoded class, another thread decodes the message (its class becomes
+    # MessageExt) before the first calls the property.
+    headers = [(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, b"ID"), (MessageConst.TAGS, b"T")]
+    msg = undecoded_message(_Record("t", b"x", headers), "t", "t", 0, headers)
+    found = {name: vars(type(msg))[name] for name in ("msg_id", "tags", "_properties")}
+    assert msg.msg_id == "ID" and type(msg) is MessageExt  # decoded by "the other thread"
+    assert found["msg_id"].fget(msg) == "ID"
+    assert found["tags"].fget(msg) == "T"
+    found["tags"].fset(msg, "U")
+    assert msg.tags == "U"
+
+
 def test_threads_reading_one_undecoded_message_at_once_all_see_it_decoded() -> None:
     headers = [(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, b"ID"), (MessageConst.TAGS, b"T")]
     msgs = [
