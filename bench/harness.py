@@ -60,6 +60,8 @@ def listening_pid(bootstrap: str) -> int | None:
                 cols = line.split()
                 if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
                     inodes.add(f"socket:[{cols[9]}]")
+        if not inodes:  # nothing listens there: no process to look for
+            return None
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
