@@ -386,7 +386,7 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
 
 @click.group("quarantine", invoke_without_command=True)
 @bootstrap_option("Kafka to inspect.")
-@click.option("--count", type=int, default=None, help="Show at most N records.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Show at most N records.")
 @json_option
 @click.pass_context
 def quarantine_list(

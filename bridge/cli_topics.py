@@ -144,7 +144,13 @@ def _parse_properties(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--tags", default=None, help="The message tag.")
 @click.option("-p", "--property", "properties", multiple=True, help="NAME=VALUE user property.")
 @click.option("--group", default="bridge-cli", show_default=True, help="Producer group.")
-@click.option("--count", type=int, default=1, show_default=True, help="Send the message N times.")
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Send the message N times.",
+)
 @json_option
 @click.pass_context
 def send(  # noqa: PLR0917 - click passes every option as a parameter
@@ -191,10 +197,10 @@ def send(  # noqa: PLR0917 - click passes every option as a parameter
 @click.option(
     "--group", default=None, help="Consumer group (default: a throw-away one, from the start)."
 )
-@click.option("--count", type=int, default=None, help="Stop after N messages.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after N messages.")
 @click.option(
     "--timeout-ms",
-    type=int,
+    type=click.IntRange(min=1),
     default=5000,
     show_default=True,
     help="Stop after this long without a message.",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge import read_messages
 from bridge.config import ClientConfig
 from bridge.runtime.local_kafka import free_port
 from tests.conftest import wait_until
@@ -194,3 +195,44 @@ def test_a_coordinator_with_a_protected_kafka_property_fails_fast(
     )
     assert "BRIDGE_KAFKA_AUTO_OFFSET_RESET" in proc.stderr, proc.stderr
     assert "consume_from_where" in proc.stderr, proc.stderr
+
+
+def run_cli_usage_error(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run a command with a bad option value: exit status 2 (bad usage), its last line on
+    stderr ``Error: ...``, nothing on stdout."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, f"exit {proc.returncode}: {proc.stdout}{proc.stderr}"
+    assert proc.stdout == "", proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("Error: "), proc.stderr
+    return proc
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "value"),
+    [
+        (["send", "{topic}", "hi"], "--count", "0"),
+        (["send", "{topic}", "hi"], "--count", "-1"),
+        (["consume", "{topic}"], "--count", "0"),
+        (["consume", "{topic}", "--count", "1"], "--timeout-ms", "-5"),
+        (["consume", "{topic}", "--count", "1"], "--timeout-ms", "0"),
+    ],
+)
+def test_a_count_or_timeout_below_one_is_bad_usage(
+    client_config: ClientConfig, topic: str, command: list[str], option: str, value: str
+) -> None:
+    """Not a command that does nothing and exits 0 (nothing sent, nothing read)."""
+    ns = ["--namespace", client_config.namespace]
+    b = ["-b", client_config.bootstrap_servers]
+    run_cli(*ns, "send", *b, topic, "already there")
+    args = [part.format(topic=topic) for part in command]
+    proc = run_cli_usage_error(*ns, *args, *b, option, value)
+    assert f"Invalid value for '{option}': {value} is not in the range x>=1" in proc.stderr
+    (only,) = read_messages(client_config, [topic], timeout_ms=2000)
+    assert only.body == b"already there", "a refused send sent nothing"

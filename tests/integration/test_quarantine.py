@@ -265,6 +265,29 @@ def test_operators_replay_a_quarantined_message_from_the_command_line(
     assert len(list(read_messages(client_config, [topic], timeout_ms=1000))) == 1
 
 
+@pytest.mark.parametrize("count", ["0", "-1"])
+def test_listing_at_most_none_of_the_quarantine_is_bad_usage(
+    client_config: ClientConfig, catalog: TopicCatalog, topic: str, count: str
+) -> None:
+    """Not "no quarantined records" and exit status 0 while a record is quarantined."""
+    offset = _quarantined_delayed_message(client_config, catalog, topic, queue_id=0)
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": client_config.bootstrap_servers,
+        "BRIDGE_NAMESPACE": client_config.namespace,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "quarantine", "--count", count],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, f"exit {proc.returncode}: {proc.stdout}{proc.stderr}"
+    assert proc.stdout == "", proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"Error: Invalid value for '--count': {count} is not in the range x>=1.", last
+    listed = run_cli("quarantine", "--count", "1", env=env)
+    assert f"@{offset} from {catalog.topic(SystemTopic.SCHEDULE)}[0]" in listed, listed
+
+
 def test_a_poison_record_carrying_quarantine_headers_is_listed_not_taken_for_a_marker(
     client_config: ClientConfig,
 ) -> None:
