@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,9 @@ class ConsumerContext:
     """The state every part of one push consumer reads."""
 
     __slots__ = (
+        "_alone_lock",
+        "_alone_producer",
+        "_closed",
         "catalog",
         "config",
         "counters",
@@ -74,6 +78,9 @@ class ConsumerContext:
         self.scheduler = Scheduler(group)
         self.producer: Producer | None = None
         """The producer of copies (send-backs, quarantine), once started."""
+        self._alone_producer: Producer | None = None
+        self._alone_lock = threading.Lock()
+        self._closed = False
         self.executor: ThreadPoolExecutor | None = None
         """The listener threads, once started."""
         self.deadline = math.inf
@@ -90,6 +97,35 @@ class ConsumerContext:
         if self.producer is None:
             raise IllegalStateError(f"push consumer {self.group} is not started")
         return self.producer
+
+    def alone_sender(self) -> Producer:
+        """The producer of copies that puts each record in a request batch of its own, made
+        when first asked for.
+
+        A broker refuses a whole batch that is larger than the topic's ``max.message.bytes``
+        (MSG_SIZE_TOO_LARGE for every record in it), and the producer of copies batches the
+        copies of different messages together: a copy refused that way may be refused for its
+        neighbour's size. Sent again through this producer, a refusal is the copy's own.
+        Raises :class:`IllegalStateError` once the clients are closed."""
+        with self._alone_lock:
+            if self._closed:
+                raise IllegalStateError(f"push consumer {self.group} is shut down")
+            if self._alone_producer is None:
+                kafka = {**self.config.kafka, "batch.num.messages": "1"}
+                producer = Producer(self.group, config=self.config.replace(kafka=kafka))
+                producer.start()
+                self._alone_producer = producer
+            return self._alone_producer
+
+    def close_producers(self, timeout_ms: int) -> None:
+        """Shut the producers of copies down, waiting up to ``timeout_ms`` for each (ms)."""
+        with self._alone_lock:
+            self._closed = True
+            alone = self._alone_producer
+        if self.producer is not None:
+            self.producer.shutdown(timeout_ms)
+        if alone is not None:
+            alone.shutdown(timeout_ms)
 
     @property
     def pool(self) -> ThreadPoolExecutor:

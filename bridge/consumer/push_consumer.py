@@ -386,5 +386,4 @@ class PushConsumer(Startable):
         context = self._context
         if context.executor is not None:
             context.executor.shutdown(wait=False, cancel_futures=True)
-        if context.producer is not None:
-            context.producer.shutdown(context.bounded_ms(self.config.send_msg_timeout_ms))
+        context.close_producers(context.bounded_ms(self.config.send_msg_timeout_ms))

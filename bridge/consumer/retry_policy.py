@@ -24,7 +24,12 @@ from bridge.consumer.context import ConsumerContext
 from bridge.consumer.counters import Count
 from bridge.consumer.model import RetryRoute, retry_route
 from bridge.consumer.process_queue import ProcessQueue
-from bridge.consumer.quarantine import Quarantine, error_text, refused_for_good
+from bridge.consumer.quarantine import (
+    Quarantine,
+    error_text,
+    refused_for_good,
+    refused_with_its_batch,
+)
 from bridge.consumer.send_back import origin_topic, send_back_record
 from bridge.errors import KafkaClientError, SendError
 from bridge.message import MessageConst, MessageExt, local_ipv4
@@ -178,7 +183,7 @@ class RetryPolicy:
                 if built is None:
                     continue
                 route, record = built
-                index = copies.add(msg, route)
+                index = copies.add(msg, route, record)
                 try:
                     sender.send_record_async(record, record.partition, partial(report, index))
                 except Exception as exc:
@@ -188,13 +193,34 @@ class RetryPolicy:
             copies.sent()
 
     def _copy_failed(
-        self, pq: ProcessQueue, msg: MessageExt, route: RetryRoute, error: object
+        self,
+        pq: ProcessQueue,
+        msg: MessageExt,
+        route: RetryRoute,
+        error: object,
+        record: PreparedRecord | None = None,
     ) -> None:
-        """The retry or DLQ copy of held ``msg`` was not written. A transient failure: consume
-        it again later. A refusal for good: the same, a bounded number of times (the listener
-        may succeed meanwhile), then quarantine it with the reason, so it no longer pins its
-        partition."""
+        """The retry or DLQ copy of held ``msg`` was not written. Refused with its request
+        batch as too large and not yet sent alone (``record``: the copy): send it again in a
+        batch of its own, since its neighbours' size may be the cause. A transient failure:
+        consume it again later. A refusal for good: the same, a bounded number of times (the
+        listener may succeed meanwhile), then quarantine it with the reason, so it no longer
+        pins its partition."""
         where = "DLQ" if route.to_dlq else "retry"
+        if record is not None and refused_with_its_batch(error):
+            logger.warning(
+                "%s copy of %s refused with its batch, sending it alone: %s",
+                where,
+                msg.msg_id,
+                error_text(error),
+            )
+            try:
+                self._context.alone_sender().send_record_async(
+                    record, record.partition, partial(self._alone_report, pq, msg, route)
+                )
+                return
+            except Exception as exc:
+                error = exc
         if not refused_for_good(error):
             logger.warning(
                 "%s copy of %s failed, consuming it again later: %s",
@@ -221,6 +247,19 @@ class RetryPolicy:
             return
         self.quarantine_held(pq, msg, _refusal(msg, where, refusals, error))
 
+    def _alone_report(
+        self, pq: ProcessQueue, msg: MessageExt, route: RetryRoute, err: KafkaError | None, _: Any
+    ) -> None:
+        """The delivery report of ``msg``'s copy sent alone after its batch was refused."""
+        try:
+            if err is None:
+                pq.remove([msg.queue_offset])
+                self._sent_back(msg, route)
+            else:
+                self._copy_failed(pq, msg, route, err)
+        except Exception:
+            logger.exception("push consumer %s: send-back report", self._context.group)
+
     def dead_letter(
         self, pq: ProcessQueue, msgs: list[MessageExt]
     ) -> tuple[list[MessageExt], list[MessageExt]]:
@@ -235,7 +274,11 @@ class RetryPolicy:
         results = self._context.sender.send_records_sync([record for _, _, record in built])
         sent: list[MessageExt] = []
         kept: list[MessageExt] = []
-        for (msg, route, _), result in zip(built, results, strict=True):
+        for (msg, route, record), first in zip(built, results, strict=True):
+            result = first
+            if isinstance(first, KafkaClientError) and refused_with_its_batch(first):
+                # Refused with its request batch: its neighbours' size may be the cause.
+                result = self._dead_letter_alone(record, first)
             if isinstance(result, KafkaClientError):
                 refusals = pq.note_refusal(msg.queue_offset) if refused_for_good(result) else 0
                 if refusals >= COPY_ATTEMPTS:
@@ -248,6 +291,19 @@ class RetryPolicy:
             sent.append(msg)
             self._sent_back(msg, route)
         return sent, kept
+
+    def _dead_letter_alone(
+        self, record: PreparedRecord, refusal: KafkaClientError
+    ) -> tuple[int, int] | KafkaClientError:
+        """Send the DLQ copy ``record``, refused with its batch, again in a batch of its own
+        and wait: (partition, offset) or the error (``refusal`` if it cannot be sent)."""
+        try:
+            return self._context.alone_sender().send_records_sync([record])[0]
+        except KafkaClientError as exc:
+            return exc
+        except Exception:
+            logger.exception("push consumer %s: DLQ copy sent alone", self._context.group)
+            return refusal
 
     def quarantine_held(self, pq: ProcessQueue, msg: MessageExt, reason: Exception) -> None:
         """Quarantine the record of held ``msg`` (its copy cannot be built or was refused)."""
@@ -283,25 +339,37 @@ class _Copies:
     one step. Reports arrive on whichever thread serves them, possibly before the call ends:
     the lock guards what they share."""
 
-    __slots__ = ("_acked", "_lock", "_msgs", "_outstanding", "_policy", "_pq", "_routes")
+    __slots__ = (
+        "_acked",
+        "_lock",
+        "_msgs",
+        "_outstanding",
+        "_policy",
+        "_pq",
+        "_records",
+        "_routes",
+    )
 
     def __init__(self, policy: RetryPolicy, pq: ProcessQueue) -> None:
         self._policy = policy
         self._pq = pq
         self._msgs: list[MessageExt] = []
         self._routes: list[RetryRoute] = []
+        self._records: list[PreparedRecord] = []
         self._acked: list[int] = []
         """Indexes of the copies acknowledged."""
         self._outstanding = 1
         """Copies handed over without a report yet, plus one while the call runs."""
         self._lock = threading.Lock()
 
-    def add(self, msg: MessageExt, route: RetryRoute) -> int:
-        """Note the copy of ``msg`` about to be sent: its index for :meth:`report`."""
+    def add(self, msg: MessageExt, route: RetryRoute, record: PreparedRecord) -> int:
+        """Note ``record``, the copy of ``msg`` about to be sent: its index for
+        :meth:`report`."""
         with self._lock:
             self._outstanding += 1
             self._msgs.append(msg)
             self._routes.append(route)
+            self._records.append(record)
             return len(self._msgs) - 1
 
     def unsent(self) -> None:
@@ -317,7 +385,9 @@ class _Copies:
         try:
             if err is not None:
                 policy = self._policy
-                policy._copy_failed(self._pq, self._msgs[index], self._routes[index], err)
+                policy._copy_failed(
+                    self._pq, self._msgs[index], self._routes[index], err, self._records[index]
+                )
         except Exception:
             logger.exception("push consumer %s: send-back report", self._policy._context.group)
         finally:

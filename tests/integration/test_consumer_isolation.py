@@ -36,6 +36,7 @@ from bridge.consumer import (
     send_back,
 )
 from bridge.consumer import retry_policy as retry_policy_module
+from bridge.consumer.admin import read_dead_letters
 from bridge.consumer.fetcher import Fetcher
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.kafka.admin import TopicAdmin
@@ -644,6 +645,80 @@ def test_a_failed_message_whose_copies_are_too_large_is_quarantined_without_its_
         assert "refused" in q.reason and "MSG_SIZE_TOO_LARGE" in q.reason, q.reason
         assert f"value of {len(body)} bytes" in q.reason, q.reason
         assert big_id in q.reason, q.reason
+
+
+class OrderlyFailsAny(MessageListenerOrderly):
+    """Fails every batch holding one of ``poison``; records each body's deliveries."""
+
+    def __init__(self, poison: frozenset[bytes]) -> None:
+        self.poison = poison
+        self.seen: list[bytes] = []
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        self.seen += [m.body for m in msgs]
+        if any(m.body in self.poison for m in msgs):
+            return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        return ConsumeOrderlyStatus.SUCCESS
+
+    def of(self, body: bytes) -> list[bytes]:
+        return [b for b in self.seen if b == body]
+
+
+@pytest.mark.parametrize("orderly", [False, True], ids=["concurrent", "orderly"])
+def test_a_copy_refused_only_for_the_size_of_its_batch_is_sent_alone_and_not_blamed(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+    orderly: bool,
+) -> None:  # fmt: skip
+    # The group's DLQ takes records of 2,000 bytes at most. Two messages fail at once, with
+    # no retries left: a small one and one of 5,000 bytes. Their DLQ copies share a request
+    # batch (the concurrent consumer's copies linger; the orderly one sends a failed batch's
+    # copies together), which the broker refuses as a whole (MSG_SIZE_TOO_LARGE for both).
+    # The small copy is not too large: sent alone, it is dead-lettered, and its message is
+    # neither consumed again nor quarantined.
+    topic = unique("t")
+    group = unique("g")
+    TopicAdmin(config).ensure_topics(
+        [
+            TopicSpec(topic, 1),
+            TopicSpec(config.catalog().dlq_topic(group), 1, {"max.message.bytes": "2000"}),
+        ]
+    )
+    small, large = b"small-fails", os.urandom(5000)
+    bodies = [small, large] if orderly else [small, large, b"after"]
+    with Producer("test_pg", config=config) as producer:
+        for body in bodies:
+            producer.send_async(Message(topic, body))
+        assert producer.flush() == 0
+    poison = frozenset({small, large})
+    listener: OrderlyFailsAny | FailsAlways
+    if orderly:
+        listener = OrderlyFailsAny(poison)
+        options: dict[str, Any] = {
+            "consume_message_batch_max_size": 2,
+            "suspend_current_queue_time_millis": 100,
+        }
+    else:
+        listener = FailsAlways(poison=poison)
+        options = {}
+    consumer = start_consumer(
+        consumers, config, group, topic, listener, max_reconsume_times=0, **options
+    )
+
+    def moved_on() -> bool:
+        stats = consumer.stats()
+        done = stats.dead_lettered + stats.quarantined == 2
+        return done and committed(config, group, topic) == len(bodies)
+
+    wait_until(moved_on, timeout_s=45)
+    stats = consumer.stats()
+    assert (stats.dead_lettered, stats.quarantined) == (1, 1), stats
+    assert len(listener.of(small)) == 1, "the small message was consumed again"
+    dead = read_dead_letters(config, group, timeout_ms=3000)
+    assert [m.body for m in dead] == [small], [len(m.body) for m in dead]
+    [quarantined] = [q for q in read_quarantine(config, timeout_ms=3000) if q.source_topic == topic]
+    assert quarantined.source_offset == 1, quarantined
 
 
 # --- values a listener hands back through its context (review finding 6) -------------------
