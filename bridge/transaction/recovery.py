@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from bridge.errors import KafkaClientError, WireFormatError
+from bridge.errors import KafkaClientError, UnknownSchemaError, WireFormatError
 from bridge.kafka.clients import new_reader, read_record_at
 from bridge.message import now_ms
 from bridge.transaction.model import OpEntry
@@ -131,8 +131,20 @@ class Recovery:
                 raise KafkaException(error)
             try:
                 entry = OpEntry.decode(record.value())
-            except WireFormatError as exc:
+            except UnknownSchemaError as exc:
                 self._undecodable_decision(state, record, exc)
+                continue
+            except WireFormatError as exc:
+                # Not an OP record of any version (garbage, empty, a tombstone: written by
+                # something else than a coordinator): it decides nothing. Read as a decision, it
+                # would drop the transaction its key names, committed or not, unseen.
+                logger.warning(
+                    "%s: OP record at %d of partition %d is no decision, ignored: %s",
+                    self._svc.name,
+                    record.offset(),
+                    state.partition,
+                    exc,
+                )
                 continue
             # Every decision read counts, even one naming a copy before ``start``: a second
             # half message under its id (a send stored twice, or forged; G12) written before
@@ -140,8 +152,8 @@ class Recovery:
             state.mark_decided(entry.transaction_id, max(entry.half_offset, start))
 
     def _undecodable_decision(self, state: HalfPartition, record: Any, exc: Exception) -> None:
-        """An OP record this version cannot decode (a newer schema, during a rolling upgrade)
-        still decides its transaction: its Kafka key is the transaction id. Which copy it
+        """An OP record of a schema this version does not know (a newer one, during a rolling
+        upgrade) still decides its transaction: its Kafka key is the transaction id. Which copy it
         names is unknown, so it counts for every copy read during this recovery."""
         key = record.key()
         if not key:

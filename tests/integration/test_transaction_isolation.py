@@ -518,6 +518,29 @@ def test_an_op_record_in_an_unknown_schema_still_marks_its_transaction_decided(
     assert any(decided in r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
 
 
+def test_an_op_record_that_is_no_op_record_decides_nothing(
+    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Something else than a coordinator wrote to OP, keyed by a waiting transaction's id:
+    # bytes that are no Avro record, an empty value, a tombstone. None is a decision: the
+    # transaction's END is still read and its message committed.
+    config = coordinator_config(client_config)
+    TopicAdmin(client_config).ensure_system_topics(config.catalog)
+    writer = HalfWriter(client_config)
+    tid, _ = writer.half_message(topic, b"kept")
+    op = TopicCatalog(namespace=client_config.namespace).topic(SystemTopic.OP)
+    raw = RawProducer({"bootstrap.servers": client_config.bootstrap_servers})
+    for value in (b"hello, not avro", b"", None):
+        raw.produce(op, value, tid.encode(), partition=0)
+    assert raw.flush(10) == 0
+    writer.end(tid, C)
+    writer.commit(topic, b"sentinel")
+    with caplog.at_level(logging.WARNING), Coordinator(config):
+        assert sorted(bodies(client_config, topic, 2, idle_ms=3000)) == ["kept", "sentinel"]
+    ignored = [r for r in caplog.records if "is no decision, ignored" in r.getMessage()]
+    assert len(ignored) == 3, [r.getMessage() for r in ignored]
+
+
 # --- a long immunity does not hold the checkpoint back --------------------------------------------
 
 
