@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from bridge.codec import decode_headers
 from bridge.config import ClientConfig
-from bridge.delay.routing import TIMER_ROUTING_HEADER
+from bridge.delay.fetch import Held
+from bridge.delay.service import timer_exit_ms
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer, new_reader, read_record_at
 from bridge.kafka.quarantine import read_headers
@@ -31,7 +30,9 @@ class QueueStatus:
     pending: int
     """Records not yet delivered or moved on (counted by offsets, so approximate)."""
     next_due_ms: int | None
-    """When the oldest one is due, epoch ms; for a timer tier, when it leaves the tier."""
+    """When the oldest one is due, epoch ms; for a timer tier, when the coordinator takes it
+    out of the tier (:func:`~bridge.delay.service.timer_exit_ms`): the end of its wait there,
+    or its delivery time if that comes within the hold window after."""
 
 
 def _delay_ms(config: ClientConfig, kind: str, partition: int) -> int:
@@ -40,17 +41,6 @@ def _delay_ms(config: ClientConfig, kind: str, partition: int) -> int:
     if kind == "level":
         return policy.level_delays_ms[partition]
     return policy.tier_delay_ms(partition)
-
-
-def _deliver_ms(record: Any) -> int | None:
-    """A timer record's delivery time from its routing header, or None (no such header,
-    headers unreadable or the value not a number: the tier's own time is shown)."""
-    headers, _ = read_headers(record)
-    wanted = decode_headers(headers).get(TIMER_ROUTING_HEADER)
-    try:
-        return int(wanted) if wanted else None
-    except ValueError:
-        return None
 
 
 def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueStatus]:
@@ -95,10 +85,12 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
                     )
                     if head is None:
                         pending = 0  # only transaction markers are left
+                    elif kind == "tier":
+                        headers, header_error = read_headers(head)
+                        held = Held(head, tp.partition, head.offset(), headers, header_error)
+                        next_due = timer_exit_ms(policy, held)
                     else:
                         next_due = head.timestamp()[1] + delay
-                        if kind == "tier":
-                            next_due = min(next_due, _deliver_ms(head) or next_due)
                 out.append(
                     QueueStatus(
                         kind,

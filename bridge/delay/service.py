@@ -44,6 +44,7 @@ from bridge.delay.fetch import RECORD_ERRORS, Fetcher, Headers, Held
 from bridge.delay.isolation import Isolation
 from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER
 from bridge.delay_policy import DelayPolicy
+from bridge.errors import MalformedRecordError
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.service import ServiceConfig, TransactionalService
 from bridge.kafka.transactional import REMOVED_ON_DELIVERY
@@ -57,6 +58,49 @@ __all__ = ["REMOVED_ON_DELIVERY", "ScheduleDeliveryService", "TimerService"]
 
 _BATCH = 2000
 _MAX_POLL_WAIT_MS = 50
+
+
+def _time_ms(where: str, raw: str | bytes) -> int:
+    """``raw``, the value of a ``TIMER_DELIVER_MS`` header or property (``where``), as epoch
+    ms; :class:`MalformedRecordError` naming it and its value (the first 64 characters) if it
+    is no integer."""
+    try:
+        return int(raw)
+    except ValueError:  # not digits, or more than int() reads (4300 digits)
+        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+        raise MalformedRecordError(
+            f"{where} {TIMER_ROUTING_HEADER} is not a time: {text[:64]!r}"
+        ) from None
+
+
+def timer_deliver_ms(held: Held) -> int:
+    """The delivery time of the timer record ``held``, epoch ms: its last
+    ``TIMER_DELIVER_MS`` header, else (a record of another client, or whose headers could not
+    be read) its envelope's property; 0 (due now) for a header-format record without one.
+    Raises one of :data:`~bridge.delay.fetch.RECORD_ERRORS` (the record is quarantined):
+    :class:`MalformedRecordError` for a time that is no integer."""
+    raw = last_message_header(held.headers, TIMER_ROUTING_HEADER)
+    if raw is not None:
+        return _time_ms("header", raw)
+    if held.headers and is_header_format(held.headers):
+        return 0  # no time: due now (delivery quarantines it if it is malformed otherwise)
+    # Written by another client, or headers unreadable: the envelope has it.
+    wanted = decode_envelope(held.record.value()).get_property(TIMER_ROUTING_HEADER)
+    return _time_ms("property", wanted) if wanted else 0
+
+
+def timer_exit_ms(policy: DelayPolicy, held: Held) -> int:
+    """When the coordinator takes the timer record ``held`` out of its tier partition
+    (delivers it, or moves it to a lower tier), epoch ms: the end of its tier's wait
+    (broker append time + :meth:`DelayPolicy.tier_delay_ms`), or its delivery time if that
+    comes within the hold window after (:meth:`DelayPolicy.exit_time_ms`). A record whose
+    delivery time cannot be read leaves at the end of the wait (and is quarantined then)."""
+    tier_due = int(held.record.timestamp()[1]) + policy.tier_delay_ms(held.partition)
+    try:
+        deliver_ms = timer_deliver_ms(held)
+    except RECORD_ERRORS:
+        return tier_due
+    return policy.exit_time_ms(tier_due, deliver_ms)
 
 
 class FifoDelayService(TransactionalService):
@@ -243,13 +287,9 @@ class TimerService(FifoDelayService):
 
     def due_at(self, held: Held) -> int:
         """Out of its tier, a record close to its time waits in memory for the exact time
-        rather than another hop (in the final window: the records behind it go on)."""
-        tier_due = super().due_at(held)
-        try:
-            deliver_ms = self._deliver_ms(held)
-        except RECORD_ERRORS:
-            return tier_due  # process() quarantines it
-        return self.policy.exit_time_ms(tier_due, deliver_ms)
+        rather than another hop (in the final window: the records behind it go on); see
+        :func:`timer_exit_ms`."""
+        return timer_exit_ms(self.policy, held)
 
     def place(self, held: Held) -> None:
         """A timer may leave its tier partition when its tier wait is over
@@ -257,25 +297,15 @@ class TimerService(FifoDelayService):
         its time (:attr:`Held.due_ms`, :meth:`DelayPolicy.exit_time_ms`)."""
         held.fifo_ms = held.due_ms = tier_due = super().due_at(held)
         try:
-            held.exact_ms = self._deliver_ms(held)
+            held.exact_ms = timer_deliver_ms(held)
         except RECORD_ERRORS:
             return  # process() quarantines it
         held.due_ms = self.policy.exit_time_ms(tier_due, held.exact_ms)
 
-    @staticmethod
-    def _deliver_ms(held: Held) -> int:
-        raw = last_message_header(held.headers, TIMER_ROUTING_HEADER)
-        if raw is not None:
-            return int(raw or b"")
-        if held.headers and is_header_format(held.headers):
-            return 0  # no time: due now (delivery quarantines it if it is malformed otherwise)
-        # Written by another client, or headers unreadable: the envelope has it.
-        return int(decode_envelope(held.record.value()).get_property(TIMER_ROUTING_HEADER) or "0")
-
     def process(self, held: Held, now: int) -> tuple[PreparedRecord, bool]:
         # place() read the delivery time when the record was fetched (None: unreadable then,
         # so reading it again raises and the record is quarantined).
-        deliver_ms = held.exact_ms if held.exact_ms is not None else self._deliver_ms(held)
+        deliver_ms = held.exact_ms if held.exact_ms is not None else timer_deliver_ms(held)
         policy = self.policy
         tier = policy.route(deliver_ms, now, policy.tier_count)
         if tier is None:

@@ -11,15 +11,17 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer as RawProducer
+from confluent_kafka import TopicPartition
 
 from bridge import ClientConfig, Message, Producer, read_messages
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.delay.admin import delay_status
 from bridge.kafka.admin import TopicAdmin
+from bridge.kafka.clients import new_reader, read_record_at
 from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine
 from bridge.message import MessageConst
 from tests.conftest import REPO_ROOT, wait_until
-from topics.catalog import SystemTopic, TopicSpec
+from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
 
 pytestmark = pytest.mark.broker
 
@@ -216,29 +218,75 @@ def test_a_timer_far_in_the_future_survives_restarts(
     assert [m.body for m in read_messages(delay_config, [topic], timeout_ms=2000)] == [b"soon"]
 
 
+def test_delays_status_shows_when_a_timer_leaves_its_tier(
+    delay_config: ClientConfig, topic: str
+) -> None:
+    """A timer record whose delivery time comes before its tier's wait is over (e.g. written
+    by a producer with a finer precision) leaves the tier when that wait is over: the status
+    says so, not its delivery time (which read as overdue: "next in -21.5s")."""
+    with Producer("pg", config=delay_config) as producer:  # creates the system topics
+        far = Message(topic, "in-an-hour")
+        far.set_delay_time_sec(3600)
+        producer.send_sync(far)
+    policy = delay_config.delay_policy
+    timer_topic = TopicCatalog(namespace=delay_config.namespace).topic(SystemTopic.TIMER)
+    tier = 10
+    deliver_ms = int(time.time() * 1000) + 5000  # long before the tier's 102.4 s are over
+    raw = RawProducer({"bootstrap.servers": delay_config.bootstrap_servers})
+    raw.produce(
+        timer_topic,
+        b"early",
+        partition=tier,
+        headers=[(MessageConst.TIMER_DELIVER_MS, str(deliver_ms).encode())],
+    )
+    assert raw.flush(10) == 0
+    reader = new_reader(delay_config, f"status-test-{topic}", "test")
+    try:
+        head = read_record_at(reader, TopicPartition(timer_topic, tier, 0), 10.0)
+    finally:
+        reader.close()
+    assert head is not None and head.value() == b"early"
+    stored_ms = head.timestamp()[1]
+
+    queues = {q.index: q for q in delay_status(delay_config) if q.kind == "tier" and q.pending}
+
+    assert queues[tier].next_due_ms == stored_ms + policy.tier_delay_ms(tier), (
+        f"next due {queues[tier].next_due_ms}, delivery time {deliver_ms}"
+    )
+    # The hour-long timer waits out its own tier's time (it is due long after).
+    (far_tier,) = set(queues) - {tier}
+    assert queues[far_tier].next_due_ms is not None
+    assert queues[far_tier].next_due_ms - int(time.time() * 1000) > 60_000
+
+
 def test_malformed_schedule_and_timer_records_are_quarantined(
     delay_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:
     catalog = coordinator.config.catalog
     raw = RawProducer({"bootstrap.servers": delay_config.bootstrap_servers})
     raw.produce(catalog.topic(SystemTopic.SCHEDULE), b"garbage", partition=0)
-    raw.produce(
-        catalog.topic(SystemTopic.TIMER),
-        b"garbage",
-        partition=0,
-        headers=[("TIMER_DELIVER_MS", b"x")],
-    )
+    # Delivery times that are no number: the reason names the header and (the start of) the
+    # value, not Python's int() message (5,000 digits: advice to raise its digit limit).
+    for value, deliver in ((b"garbage", b"x"), (b"long", b"9" * 5000)):
+        raw.produce(
+            catalog.topic(SystemTopic.TIMER),
+            value,
+            partition=0,
+            headers=[("TIMER_DELIVER_MS", deliver)],
+        )
     raw.flush(10)
     with Producer("pg", config=delay_config) as producer:
         producer.send_sync(Message(topic, "after", delay_time_level=1))
     (after,) = read_messages(delay_config, [topic], max_messages=1, timeout_ms=20_000)
     assert after.body == b"after"
 
-    def two_quarantined() -> list[QuarantinedRecord] | None:
+    def three_quarantined() -> list[QuarantinedRecord] | None:
         found = list(read_quarantine(delay_config, timeout_ms=1000))
-        return found if len(found) >= 2 else None
+        return found if len(found) >= 3 else None
 
-    kept = wait_until(two_quarantined, timeout_s=20)
-    reasons = {k.source_topic: k.reason for k in kept}
-    assert "marker C3 01" in reasons[catalog.topic(SystemTopic.SCHEDULE)]
-    assert "invalid literal" in reasons[catalog.topic(SystemTopic.TIMER)]
+    kept = wait_until(three_quarantined, timeout_s=20)
+    reasons = {(k.source_topic, k.value): k.reason for k in kept}
+    assert "marker C3 01" in reasons[catalog.topic(SystemTopic.SCHEDULE), b"garbage"]
+    timer = catalog.topic(SystemTopic.TIMER)
+    assert reasons[timer, b"garbage"] == "header TIMER_DELIVER_MS is not a time: 'x'"
+    assert reasons[timer, b"long"] == f"header TIMER_DELIVER_MS is not a time: {'9' * 64!r}"
