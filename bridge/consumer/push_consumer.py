@@ -34,6 +34,7 @@ Guarantees kept here (see ``docs/guarantees.md``): G6, G9, G11.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
@@ -82,6 +83,15 @@ long, ms (``linger_ms`` when that is longer): only the failed message waits on i
 meanwhile, and a retry waits a delay level (a second or more) anyway. Fewer, larger produce
 requests took less CPU a failure in the consumer than the default 5 ms on the benchmark's
 2-core machine."""
+
+
+_listener_thread = threading.local()
+"""``consumer``: the :class:`PushConsumer` whose listener thread this is, on those threads."""
+
+
+def _mark_listener_thread(consumer: PushConsumer) -> None:
+    """The listener threads' initializer: lets :meth:`PushConsumer.shutdown` know its caller."""
+    _listener_thread.consumer = consumer
 
 
 class _ListenerKind(Enum):
@@ -167,6 +177,9 @@ class PushConsumer(Startable):
         self._subscriptions = self._context.subscriptions
         self._quarantine = Quarantine(self._context)
         self._fetcher: Fetcher | None = None
+        self._shutdown_lock = threading.Lock()
+        self._shut_down = threading.Event()
+        """Set once a shutdown has closed everything (or there was nothing to close)."""
 
     # --- configuration -------------------------------------------------------------------
     @property
@@ -325,7 +338,10 @@ class PushConsumer(Startable):
         if clustering and not consumption.orderly:
             self._prepare_send_backs(context.producer)
         context.executor = ThreadPoolExecutor(
-            self.settings.consume_thread_count, thread_name_prefix=f"bridge-consume-{self.group}"
+            self.settings.consume_thread_count,
+            thread_name_prefix=f"bridge-consume-{self.group}",
+            initializer=_mark_listener_thread,
+            initargs=(self,),
         )
         self._fetcher = Fetcher(
             context, consumption, self._quarantine, topic_names, retry_kafka_topic
@@ -357,6 +373,11 @@ class PushConsumer(Startable):
         partitions and counts are logged, their offsets are never committed past (the group
         consumes them again), and the listeners' late results are ignored. Python cannot stop
         a thread: a listener that never returns keeps its thread, and the process, alive.
+
+        Called while another shutdown runs, it waits for that one (as long as it would wait
+        itself). Called from one of this consumer's listeners, it starts the shutdown on a
+        thread of its own and returns at once: the shutdown drains that listener too, which
+        can only return once this call has.
         """
         if timeout_ms is None:
             timeout_ms = self.settings.drain_timeout_ms
@@ -364,17 +385,35 @@ class PushConsumer(Startable):
             raise InvalidArgumentError(
                 f"shutdown timeout_ms must be a non-negative integer, got {timeout_ms!r}"
             )
-        state = self._lifecycle.state
+        if getattr(_listener_thread, "consumer", None) is self:
+            with self._shutdown_lock:
+                running = self._lifecycle.state is ServiceState.RUNNING
+            if running:
+                threading.Thread(
+                    target=self.shutdown,
+                    args=(timeout_ms,),
+                    name=f"bridge-shutdown-{self.group}",
+                    daemon=True,
+                ).start()
+            return
+        with self._shutdown_lock:
+            state = self._lifecycle.state
+            if state is not ServiceState.SHUTDOWN_ALREADY:
+                self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
         if state is ServiceState.SHUTDOWN_ALREADY:
+            # Another call shuts down: return once it has closed everything, as it will.
+            self._shut_down.wait(timeout_ms / 1000 + 2 * _CLOSE_GRACE_S)
             return
-        self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
-        if state is ServiceState.CREATE_JUST:
-            return
-        self._context.deadline = time.monotonic() + timeout_ms / 1000
-        if self._fetcher is not None:
-            self._fetcher.stop(timeout_ms / 1000 + _CLOSE_GRACE_S)
-        self._close_clients()
-        logger.info("push consumer %s shut down; %s", self.group, self.stats())
+        try:
+            if state is ServiceState.CREATE_JUST:
+                return
+            self._context.deadline = time.monotonic() + timeout_ms / 1000
+            if self._fetcher is not None:
+                self._fetcher.stop(timeout_ms / 1000 + _CLOSE_GRACE_S)
+            self._close_clients()
+            logger.info("push consumer %s shut down; %s", self.group, self.stats())
+        finally:
+            self._shut_down.set()
 
     def stop(self) -> None:
         """:meth:`shutdown` (the ``start()/stop()`` lifecycle)."""

@@ -27,6 +27,7 @@ from bridge import ClientConfig, Message, MessageConst, MessageExt, Producer, re
 from bridge.client import producer as producer_module
 from bridge.consumer import (
     ConsumeConcurrentlyContext,
+    ConsumeFromWhere,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     ConsumeStatus,
@@ -477,6 +478,46 @@ def test_a_listener_past_consume_timeout_is_sent_back_and_its_late_result_ignore
     stats = consumer.stats()
     assert (stats.failed, stats.sent_back, stats.consumed) == (1, 1, 2), stats
     assert len(listener.of(b"stuck")) == 2
+
+
+@pytest.mark.parametrize("orderly", [False, True], ids=["concurrent", "orderly"])
+def test_shutdown_called_from_a_listener_returns_at_once_and_a_second_call_waits_for_it(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+    orderly: bool,
+) -> None:  # fmt: skip
+    # The listener shuts its own consumer down, then returns success. Waiting there for the
+    # listeners to finish would wait for itself (for drain_timeout_ms, then abandon its own
+    # message). The main thread's shutdown, called meanwhile, must not return before the
+    # consumer is closed: by then the message is committed.
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    send(config, topic, ["stop"])
+    box: list[PushConsumer] = []
+    took: list[float] = []
+    called = threading.Event()
+
+    def listener(msg: MessageExt) -> ConsumeStatus:
+        called.set()
+        started = time.monotonic()
+        box[0].shutdown()
+        took.append(time.monotonic() - started)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(
+        group,
+        config=config,
+        orderly=orderly,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        drain_timeout_ms=6000,
+    )
+    box.append(consumer)
+    consumer.subscribe(topic, listener)
+    consumer.start()
+    consumers.append(consumer)
+    assert called.wait(30)
+    consumer.shutdown()
+    assert took and took[0] < 2, f"shutdown in the listener took {took} s"
+    assert committed(config, group, topic) == 1
 
 
 def test_shutdown_is_bounded_by_a_hung_listener_and_never_commits_past_it(
