@@ -6,9 +6,11 @@ message; the coordinator applies it. Undecided transactions are checked: the coo
 writes a check request to the producer group's check topic, which every producer of the
 group consumes as one Kafka consumer group, so each request reaches exactly one live member
 (and a dead member's requests move to the others). Checks are answered on named threads
-(RocketMQ's defaults: 1 thread, 2000 requests held). Every wait is bounded: a hung
-``check_local_transaction`` delays ``shutdown()`` by at most its timeout, and an unanswered
-check is simply asked again by the coordinator at its next check interval.
+(RocketMQ's defaults: 1 thread, 2000 requests held). Every wait is bounded: a
+``check_local_transaction`` that runs longer than ``check_timeout_ms`` gets a thread started
+in its place, so the checks queued behind it go on; a hung one delays ``shutdown()`` by at
+most its timeout, and an unanswered check is simply asked again by the coordinator at its
+next check interval.
 """
 
 from __future__ import annotations
@@ -54,6 +56,20 @@ logger = logging.getLogger(__name__)
 
 _HOLD_WAIT_S = 0.2
 """How often the check loop, waiting for room in the check hold, looks at the stop flag, s."""
+
+
+@dataclass(slots=True)
+class _RunningCheck:
+    """A ``check_local_transaction`` call in progress on a check thread."""
+
+    transaction_id: str
+    check_times: int
+    started_s: float
+    """When it started, ``time.monotonic()`` s."""
+    replaced: bool = False
+    """Past ``check_timeout_ms``: another check thread was started in its place."""
+    refused: bool = False
+    """Past ``check_timeout_ms`` with no thread left to start (logged once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +126,12 @@ class TransactionMQProducer(Startable):
         check_request_hold_max: int = 2000,
         check_topic_partitions: int = 4,
         session_timeout_ms: int = 10_000,
+        check_timeout_ms: int = 30_000,
     ) -> None:
+        if isinstance(check_timeout_ms, bool) or not isinstance(check_timeout_ms, int):
+            raise InvalidArgumentError(f"check_timeout_ms must be an int, got {check_timeout_ms!r}")
+        if check_timeout_ms < 1:
+            raise InvalidArgumentError(f"check_timeout_ms must be positive, got {check_timeout_ms}")
         if check_thread_pool_size < 1 or check_request_hold_max < 1 or check_topic_partitions < 1:
             raise InvalidArgumentError(
                 "check_thread_pool_size, check_request_hold_max and check_topic_partitions "
@@ -138,23 +159,33 @@ class TransactionMQProducer(Startable):
         self.producer_id = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._check_pool_size = check_thread_pool_size
         self._check_hold = threading.BoundedSemaphore(check_request_hold_max)
+        self._check_hold_max = check_request_hold_max
+        self._check_timeout_ms = check_timeout_ms
         self._check_partitions = check_topic_partitions
         self._session_timeout_ms = session_timeout_ms
         self._lifecycle = Lifecycle(f"transaction producer {group}")
         self._stop = threading.Event()
         self._check_thread: threading.Thread | None = None
-        # Checks are answered on daemon threads: a listener that never returns must not keep
-        # the process alive after shutdown() gave up on it.
+        # Checks are answered on daemon threads (_start_worker).
         self._check_queue: queue.SimpleQueue[tuple[str, Callable[[], None]] | None] = (
             queue.SimpleQueue()
         )
-        self._check_workers: list[threading.Thread] = []
         self._checks_lock = threading.Condition()
         self._checks: dict[int, tuple[str, str]] = {}
         """Check number -> (transaction id, ``queued`` or ``running``), for each check taken
         and not answered yet."""
         self._check_numbers = count()
         self._answers_closed = False
+        # The watchdog (run by the check loop): a check call past check_timeout_ms no longer
+        # counts as one of the pool's threads; one more is started in its place, and a thread
+        # stops again once the pool is back above its size.
+        self._running: dict[int, _RunningCheck] = {}
+        """Check number -> the call in progress, for each check a thread is answering."""
+        self._workers_alive = 0
+        """Check threads started and not stopped (hung ones included)."""
+        self._replaced_running = 0
+        """Calls still running that another thread was started in place of."""
+        self._worker_names = count()
         self._half_topic = self.catalog.topic(SystemTopic.HALF)
         self._born_host = local_ipv4()
 
@@ -196,16 +227,10 @@ class TransactionMQProducer(Startable):
         except BaseException:
             self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
             raise
-        self._check_workers = [
-            threading.Thread(
-                target=self._check_worker,
-                name=f"bridge-txn-check-worker-{self.group}-{i}",
-                daemon=True,
-            )
-            for i in range(self._check_pool_size)
-        ]
-        for worker in self._check_workers:
-            worker.start()
+        with self._checks_lock:
+            self._workers_alive += self._check_pool_size
+        for _ in range(self._check_pool_size):
+            self._start_worker()
         self._check_thread = threading.Thread(
             target=self._check_loop, name=f"bridge-txn-check-{self.group}", daemon=True
         )
@@ -248,7 +273,8 @@ class TransactionMQProducer(Startable):
             )
             self._answers_closed = True
             abandoned = sorted(self._checks.values())
-        for _ in self._check_workers:
+            workers = self._workers_alive
+        for _ in range(workers):
             self._check_queue.put(None)  # idle workers stop; hung ones are daemons
         if abandoned:
             logger.warning(
@@ -361,6 +387,7 @@ class TransactionMQProducer(Startable):
         consumer.subscribe([self.catalog.check_topic(self.group)])
         try:
             while not self._stop.is_set():
+                self._watch_checks()
                 record = consumer.poll(0.2)
                 if record is None:
                     continue
@@ -389,6 +416,7 @@ class TransactionMQProducer(Startable):
         tid = request.transaction_id
         # RocketMQ's checkRequestHoldMax: wait while the hold is full, but never past stop.
         while not self._check_hold.acquire(timeout=_HOLD_WAIT_S):
+            self._watch_checks()  # the hold is full: perhaps of checks behind a hung one
             if self._stop.is_set():
                 logger.info(
                     "transaction %s: check %d not taken, the check hold is full and the "
@@ -406,11 +434,27 @@ class TransactionMQProducer(Startable):
                     if self._answers_closed:
                         return
                     self._checks[number] = (tid, "running")
+                    self._running[number] = _RunningCheck(
+                        tid, request.check_times, time.monotonic()
+                    )
                 status = _run_listener(
                     "check_local_transaction", lambda: listener.check_local_transaction(msg), tid
                 )
                 with self._checks_lock:
                     late = self._answers_closed
+                    run = self._running.pop(number)
+                    if run.replaced:
+                        self._replaced_running -= 1
+                if run.replaced:
+                    logger.warning(
+                        "transaction %s: check %d returned %s after %d ms, past "
+                        "check_timeout_ms (%d)",
+                        tid,
+                        request.check_times,
+                        status.value,
+                        (time.monotonic() - run.started_s) * 1000,
+                        self._check_timeout_ms,
+                    )
                 if late:
                     logger.info(
                         "transaction %s: check %d answered %s after shutdown; not sent, "
@@ -429,6 +473,9 @@ class TransactionMQProducer(Startable):
                     logger.info("transaction %s: check answer not sent, shut down", tid)
             finally:
                 with self._checks_lock:
+                    left = self._running.pop(number, None)
+                    if left is not None and left.replaced:  # raised past _run_listener
+                        self._replaced_running -= 1
                     self._checks.pop(number, None)
                     self._checks_lock.notify_all()
                 self._check_hold.release()
@@ -438,10 +485,93 @@ class TransactionMQProducer(Startable):
         self._check_queue.put((tid, work))
         return True
 
+    def _start_worker(self) -> None:
+        """Start a check thread the caller counted in ``_workers_alive`` already (uncounted
+        again if it cannot start). A daemon: a listener that never returns must not keep the
+        process alive after shutdown() gave up on it."""
+        worker = threading.Thread(
+            target=self._check_worker,
+            name=f"bridge-txn-check-worker-{self.group}-{next(self._worker_names)}",
+            daemon=True,
+        )
+        try:
+            worker.start()
+        except BaseException:
+            with self._checks_lock:
+                self._workers_alive -= 1
+            raise
+
+    def _watch_checks(self) -> None:
+        """Give each check call running longer than ``check_timeout_ms`` a thread in its
+        place, so the checks queued behind it go on: at most one per call, and never more
+        than ``check_request_hold_max`` such threads in all. Run by the check loop (every
+        0.2 s at least); the call itself goes on, and its answer is sent if it returns."""
+        now = time.monotonic()
+        limit_s = self._check_timeout_ms / 1000
+        hung: list[tuple[_RunningCheck, bool]] = []
+        with self._checks_lock:
+            if self._answers_closed:
+                return
+            for run in self._running.values():
+                if run.replaced or run.refused or now - run.started_s < limit_s:
+                    continue
+                extra = self._workers_alive - self._check_pool_size
+                if extra >= self._check_hold_max:
+                    run.refused = True
+                    hung.append((run, False))
+                    continue
+                run.replaced = True
+                self._replaced_running += 1
+                self._workers_alive += 1  # started below
+                hung.append((run, True))
+            if not hung:
+                return
+        for run, replace in hung:
+            ran_ms = (now - run.started_s) * 1000
+            if not replace:
+                logger.error(
+                    "transaction producer %s: transaction %s: check %d has run %d ms, past "
+                    "check_timeout_ms (%d); no thread started in its place, %d already are "
+                    "(check_request_hold_max)",
+                    self.group,
+                    run.transaction_id,
+                    run.check_times,
+                    ran_ms,
+                    self._check_timeout_ms,
+                    self._check_hold_max,
+                )
+                continue
+            logger.error(
+                "transaction producer %s: transaction %s: check %d has run %d ms, past "
+                "check_timeout_ms (%d); another check thread is started in its place, its "
+                "answer is still sent if it returns",
+                self.group,
+                run.transaction_id,
+                run.check_times,
+                ran_ms,
+                self._check_timeout_ms,
+            )
+            try:
+                self._start_worker()
+            except RuntimeError:
+                logger.exception("transaction producer %s: no check thread started", self.group)
+
     def _check_worker(self) -> None:
         while True:
+            with self._checks_lock:
+                # A thread started in place of a hung call stops once that call returned:
+                # whichever thread finds the pool above its size (the one back from the
+                # call, as a rule).
+                if (
+                    not self._answers_closed
+                    and self._workers_alive > self._check_pool_size + self._replaced_running
+                ):
+                    self._workers_alive -= 1
+                    return
             item = self._check_queue.get()
             if item is None:
+                with self._checks_lock:
+                    self._workers_alive -= 1
                 return
             _, work = item
             try:

@@ -27,7 +27,7 @@ from bridge import (
     read_messages,
 )
 from bridge.coordinator import Coordinator, CoordinatorConfig
-from bridge.errors import IllegalStateError
+from bridge.errors import IllegalStateError, InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.quarantine import read_quarantine
 from bridge.message import MessageConst
@@ -273,6 +273,91 @@ def test_undecided_transactions_are_listed_for_operators(
 def test_missing_listener_is_a_clear_error(client_config: ClientConfig) -> None:
     with pytest.raises(IllegalStateError, match="no transaction listener"):
         TransactionMQProducer("tx_none", None, config=client_config).start()
+
+
+def test_a_bad_check_timeout_is_a_clear_error(client_config: ClientConfig) -> None:
+    for bad in (0, -1, True, 1.5, "1000"):
+        with pytest.raises(InvalidArgumentError, match="check_timeout_ms"):
+            TransactionMQProducer(
+                "tx_bad_timeout",
+                Scripted({}),
+                config=client_config,
+                check_timeout_ms=cast(Any, bad),
+            )
+
+
+def test_a_check_that_never_returns_holds_up_no_other_check(
+    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One check thread (the default), and a check listener that blocks on one transaction:
+    the check of another, queued behind it, is answered once the blocked call has run
+    ``check_timeout_ms``; the blocked call's answer is still applied when it returns, and the
+    thread started in its place stops again."""
+    group, check_timeout_s = "tx_hung_check", 2.5
+    release, blocked = threading.Event(), threading.Event()
+    listener = Scripted(execute={}, check={"hangs": C, "innocent": C})
+
+    def on_check(msg: MessageExt) -> None:
+        if msg.body == b"hangs":
+            blocked.set()
+            release.wait()
+
+    listener.on_check = on_check
+
+    def workers() -> list[str]:
+        prefix = f"bridge-txn-check-worker-{group}-"
+        return [t.name for t in threading.enumerate() if t.name.startswith(prefix)]
+
+    caplog.set_level(logging.ERROR, logger="bridge.transaction.producer")
+    # A long interval: "hangs" is checked once during the test (a second check would block too).
+    config = coordinator_config(client_config, check_interval_ms=30_000)
+    try:
+        with (
+            Coordinator(config),
+            TransactionMQProducer(
+                group,
+                listener,
+                config=client_config,
+                check_timeout_ms=int(check_timeout_s * 1000),
+            ) as producer,
+        ):
+            hung = producer.send_message_in_transaction(Message(topic, "hangs"))
+            wait_until(blocked.is_set, timeout_s=30)
+            started = time.monotonic()
+            # Its check comes 1.5 s later (transaction_timeout_ms), while the only check
+            # thread is still blocked: it waits for the watchdog.
+            innocent = producer.send_message_in_transaction(Message(topic, "innocent"))
+            margin_s = 4.0
+            first = list(
+                read_messages(
+                    client_config,
+                    [topic],
+                    max_messages=1,
+                    timeout_ms=int((check_timeout_s + margin_s) * 1000),
+                )
+            )
+            took_s = time.monotonic() - started
+            assert [m.body for m in first] == [b"innocent"], (
+                f"nothing committed {took_s:.1f} s after the hung check began; checks seen: "
+                f"{ {body: len(times) for body, times in listener.checks.items()} }"
+            )
+            assert first[0].msg_id == innocent.msg_id
+            # It waited for the watchdog (the blocked call began just before ``started``).
+            assert check_timeout_s - 0.3 <= took_s < check_timeout_s + margin_s
+            assert len(listener.checks["hangs"]) == 1
+            assert any(
+                hung.msg_id in r.getMessage() and "check_timeout_ms" in r.getMessage()
+                for r in caplog.records
+                if r.levelno == logging.ERROR
+            ), [r.getMessage() for r in caplog.records]
+            assert len(workers()) == 2
+
+            # The late answer (COMMIT) is sent and applied; the extra thread stops again.
+            release.set()
+            assert bodies(client_config, topic, 2) == ["hangs", "innocent"]
+            wait_until(lambda: len(workers()) == 1, timeout_s=10)
+    finally:
+        release.set()
 
 
 # --- crashes ------------------------------------------------------------------------------------
