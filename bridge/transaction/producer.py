@@ -67,7 +67,8 @@ class _RunningCheck:
     started_s: float
     """When it started, ``time.monotonic()`` s."""
     replaced: bool = False
-    """Past ``check_timeout_ms``: another check thread was started in its place."""
+    """Past ``check_timeout_ms``: another check thread was started in its place, and its
+    place in the check hold released."""
     refused: bool = False
     """Past ``check_timeout_ms`` with no thread left to start (logged once)."""
 
@@ -429,6 +430,7 @@ class TransactionMQProducer(Startable):
         number = next(self._check_numbers)
 
         def work() -> None:
+            replaced = False  # then the watchdog released its place in the hold
             try:
                 with self._checks_lock:
                     if self._answers_closed:
@@ -443,9 +445,10 @@ class TransactionMQProducer(Startable):
                 with self._checks_lock:
                     late = self._answers_closed
                     run = self._running.pop(number)
-                    if run.replaced:
+                    replaced = run.replaced
+                    if replaced:
                         self._replaced_running -= 1
-                if run.replaced:
+                if replaced:
                     logger.warning(
                         "transaction %s: check %d returned %s after %d ms, past "
                         "check_timeout_ms (%d)",
@@ -475,10 +478,12 @@ class TransactionMQProducer(Startable):
                 with self._checks_lock:
                     left = self._running.pop(number, None)
                     if left is not None and left.replaced:  # raised past _run_listener
+                        replaced = True
                         self._replaced_running -= 1
                     self._checks.pop(number, None)
                     self._checks_lock.notify_all()
-                self._check_hold.release()
+                if not replaced:
+                    self._check_hold.release()
 
         with self._checks_lock:
             self._checks[number] = (tid, "queued")
@@ -503,9 +508,11 @@ class TransactionMQProducer(Startable):
 
     def _watch_checks(self) -> None:
         """Give each check call running longer than ``check_timeout_ms`` a thread in its
-        place, so the checks queued behind it go on: at most one per call, and never more
-        than ``check_request_hold_max`` such threads in all. Run by the check loop (every
-        0.2 s at least); the call itself goes on, and its answer is sent if it returns."""
+        place, and its place in the check hold back, so the checks queued behind it go on
+        (RocketMQ's hold counts the requests waiting for a thread): at most one thread per
+        call, and never more than ``check_request_hold_max`` such threads in all. Run by the
+        check loop (every 0.2 s at least); the call itself goes on, and its answer is sent if
+        it returns."""
         now = time.monotonic()
         limit_s = self._check_timeout_ms / 1000
         hung: list[tuple[_RunningCheck, bool]] = []
@@ -521,6 +528,7 @@ class TransactionMQProducer(Startable):
                     hung.append((run, False))
                     continue
                 run.replaced = True
+                self._check_hold.release()
                 self._replaced_running += 1
                 self._workers_alive += 1  # started below
                 hung.append((run, True))

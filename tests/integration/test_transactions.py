@@ -286,14 +286,15 @@ def test_a_bad_check_timeout_is_a_clear_error(client_config: ClientConfig) -> No
             )
 
 
+@pytest.mark.parametrize("hold_max", [2000, 1])
 def test_a_check_that_never_returns_holds_up_no_other_check(
-    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
+    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture, hold_max: int
 ) -> None:
     """One check thread (the default), and a check listener that blocks on one transaction:
-    the check of another, queued behind it, is answered once the blocked call has run
-    ``check_timeout_ms``; the blocked call's answer is still applied when it returns, and the
-    thread started in its place stops again."""
-    group, check_timeout_s = "tx_hung_check", 2.5
+    the check of another, queued behind it (or, with a check hold of 1, waiting for room in
+    it), is answered once the blocked call has run ``check_timeout_ms``; the blocked call's
+    answer is still applied when it returns, and the thread started in its place stops."""
+    group, check_timeout_s = f"tx_hung_check_{hold_max}", 2.5
     release, blocked = threading.Event(), threading.Event()
     listener = Scripted(execute={}, check={"hangs": C, "innocent": C})
 
@@ -318,6 +319,7 @@ def test_a_check_that_never_returns_holds_up_no_other_check(
                 group,
                 listener,
                 config=client_config,
+                check_request_hold_max=hold_max,
                 check_timeout_ms=int(check_timeout_s * 1000),
             ) as producer,
         ):
@@ -524,6 +526,8 @@ def test_operators_replay_or_drop_parked_messages_once(
         wait_until(lambda: len(read_parked(client_config, timeout_ms=2000)) == 2, timeout_s=60)
     listed = run_cli(client_config, "transactions", "parked").stdout
     assert keep.msg_id in listed and drop.msg_id in listed and "2 parked" in listed
+    # A body's size, not the body (it may be a megabyte), as `bridge dlq list` shows it.
+    assert listed.count("body=4 bytes") == 2 and "keep" not in listed, listed
     run_cli(client_config, "transactions", "replay", keep.msg_id)
     again = run_cli(client_config, "transactions", "replay", keep.msg_id, ok=False)
     assert f"no parked, unresolved message with id '{keep.msg_id}'" in again.stderr
