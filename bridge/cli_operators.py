@@ -153,8 +153,8 @@ def transactions_parked(ctx: click.Context, bootstrap_servers: str | None, as_js
         console.print(
             f"{msg.msg_id} group={msg.get_property(MessageConst.PRODUCER_GROUP)} "
             f"topic={msg.get_property(MessageConst.REAL_TOPIC)} "
-            f"checks={msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)} body={msg.body!r}"
-            + _delivery_failure(msg),
+            f"checks={msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)} "
+            f"body={len(msg.body)} bytes" + _delivery_failure(msg),
             markup=False,
         )
     if not as_json:
