@@ -105,6 +105,7 @@ class TransactionMQProducer(AsyncClient):
         config: ClientConfig | None = None,
         check_thread_pool_size: int = 1,
         check_request_hold_max: int = 2000,
+        check_timeout_ms: int = 30_000,
         check_topic_partitions: int = 4,
         session_timeout_ms: int = 10_000,
         max_concurrent_sends: int = DEFAULT_MAX_CONCURRENT_SENDS,
@@ -126,6 +127,7 @@ class TransactionMQProducer(AsyncClient):
             config=config,
             check_thread_pool_size=check_thread_pool_size,
             check_request_hold_max=check_request_hold_max,
+            check_timeout_ms=check_timeout_ms,
             check_topic_partitions=check_topic_partitions,
             session_timeout_ms=session_timeout_ms,
         )
