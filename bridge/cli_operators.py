@@ -11,9 +11,11 @@ import base64
 import dataclasses
 import logging
 import time
+import uuid
 from typing import Any
 
 import click
+from confluent_kafka import KafkaException, TopicPartition
 
 from bridge.cli_common import bootstrap_option, client_config, console
 from bridge.cli_output import (
@@ -24,6 +26,7 @@ from bridge.cli_output import (
     progress,
     require_broker,
 )
+from bridge.codec import decode_envelope, decode_headers
 from bridge.config import ClientConfig
 from bridge.consumer.admin import (
     dlq_groups,
@@ -34,10 +37,22 @@ from bridge.consumer.admin import (
 )
 from bridge.consumer.send_back import ReplayTarget
 from bridge.delay.admin import delay_status
-from bridge.kafka.quarantine import read_quarantine, replay_quarantined
+from bridge.errors import BridgeError, SendError
+from bridge.kafka.clients import new_producer, new_reader, read_record_at
+from bridge.kafka.quarantine import (
+    QUARANTINE_SOURCE_TOPIC,
+    QuarantineReplayError,
+    read_headers,
+    read_quarantine,
+    replay_quarantined,
+)
 from bridge.message import MessageConst, MessageExt, property_text
+from bridge.property_values import parse_count
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import OpAction
+from bridge.transaction.targets import auto_create_allowed, partition_problem, topic_problem
+from topics.catalog import SystemTopic, TopicCatalog
+from topics.naming import to_kafka_topic
 
 
 @click.group()
@@ -431,15 +446,90 @@ def _quarantined(kept: Any) -> dict[str, Any]:
     return out
 
 
+class ReplayTargetError(QuarantineReplayError, SendError):
+    """The real topic of a quarantined delayed message cannot take it (a Kafka internal topic,
+    a partition the topic does not have, a topic that does not exist): nothing was written and
+    it stays quarantined. The message names the topic and what is wrong with it."""
+
+
+def _quarantined_record(config: ClientConfig, offset: int) -> Any:
+    """The QUARANTINE record at ``offset``, or None when there is none (the replay says so)."""
+    topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.QUARANTINE)
+    reader = new_reader(
+        config, f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}", "bridge-replay"
+    )
+    try:
+        record = read_record_at(
+            reader, TopicPartition(topic, 0, offset), config.request_timeout_ms / 1000
+        )
+    finally:
+        reader.close()
+    return record if record is not None and record.offset() == offset else None
+
+
+def _real_target(record: Any, namespace: str) -> tuple[str, int] | None:
+    """The Kafka topic and partition (-1: the key decides) a quarantined delayed message is
+    delivered to, as the replay reads them (the ``REAL_TOPIC`` and ``REAL_QID`` headers, or
+    the envelope's properties); None when they cannot be read (the replay then refuses the
+    record with its own reason)."""
+    raw, unreadable = read_headers(record)
+    if unreadable is not None:
+        return None
+    props = decode_headers(raw)
+    source = props.get(QUARANTINE_SOURCE_TOPIC)
+    catalog = TopicCatalog(namespace=namespace)
+    if source not in (catalog.topic(SystemTopic.SCHEDULE), catalog.topic(SystemTopic.TIMER)):
+        return None  # not a delayed message: the replay says so
+    try:
+        if MessageConst.REAL_TOPIC not in props:  # an envelope record: routing in its value
+            props = dict(decode_envelope(record.value()).properties)
+        real_topic = props.get(MessageConst.REAL_TOPIC)
+        if not isinstance(real_topic, str) or not real_topic:
+            return None
+        partition = parse_count(props.get(MessageConst.REAL_QUEUE_ID))
+        return to_kafka_topic(real_topic, namespace), -1 if partition is None else partition
+    except (BridgeError, ValueError):
+        return None
+
+
+def _target_problem(config: ClientConfig, topic: str, partition: int) -> str | None:
+    """Why ``topic`` / ``partition`` cannot take a replayed message, from the cluster's
+    metadata, in the words of ``bridge transactions replay`` (a Kafka internal topic, a topic
+    that does not exist, a partition it does not have), or None. Asked before the replay
+    writes: its Kafka transaction would only say "topic authorization failed" for an internal
+    topic and ``_INCONSISTENT`` for a partition the topic does not have."""
+    metadata = new_producer(config, "bridge-quarantine-replay-metadata")
+    # A topic being auto-created answers "unknown" for a moment, as the transaction admin's.
+    confirm_s = 1.0 if auto_create_allowed(config) else 0.0
+    try:
+        problem, count = topic_problem(
+            metadata, topic, config.request_timeout_ms / 1000, confirm_s=confirm_s
+        )
+    except KafkaException:
+        return None  # no metadata now: the replay's write finds out
+    return problem or partition_problem(topic, partition, count)
+
+
 @quarantine_list.command("replay")
 @bootstrap_option("Kafka to write to.")
 @click.argument("offset", type=int)
 @click.pass_context
 def quarantine_replay(ctx: click.Context, bootstrap_servers: str | None, offset: int) -> None:
     """Deliver the delayed message quarantined at OFFSET to its real topic, once (after the
-    cause, e.g. a missing topic or an ACL, was fixed)."""
+    cause, e.g. a missing topic or an ACL, was fixed). A real topic that cannot take it (a
+    Kafka internal topic, a partition it does not have) is named before anything is written."""
     given = bootstrap_servers or (ctx.obj or {}).get("quarantine_bootstrap")
-    done = replay_quarantined(client_config(ctx, given), offset)
+    config = _read_config(ctx, given)
+    record = _quarantined_record(config, offset) if offset >= 0 else None
+    target = None if record is None else _real_target(record, config.namespace)
+    if target is not None:
+        problem = _target_problem(config, *target)
+        if problem is not None:
+            raise ReplayTargetError(
+                f"replaying QUARANTINE offset {offset}: {problem}; replay refuses it, "
+                "it stays quarantined"
+            )
+    done = replay_quarantined(config, offset)
     console.print(
         f"replayed {done.msg_id} from quarantine offset {offset} to "
         f"{done.topic}[{done.partition}]@{done.offset}",
