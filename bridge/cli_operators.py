@@ -176,13 +176,27 @@ def transactions_parked(ctx: click.Context, bootstrap_servers: str | None, as_js
         console.print(f"{len(parked)} parked")
 
 
+def _require_parked(config: ClientConfig, msg_id: str) -> None:
+    """Exit status 4 unless a parked, unresolved message has id ``msg_id``. Asked before
+    :func:`resolve_parked`, whose :class:`~bridge.errors.InvalidArgumentError` for a missing
+    message cannot be told from a refused setting."""
+    if not any(m.msg_id == msg_id for m in read_parked(config)):
+        raise NotFoundError(
+            f"no parked, unresolved message with id {msg_id!r} "
+            "(replayed or dropped already, or never parked)"
+        )
+
+
 @transactions.command("replay")
 @bootstrap_option("Kafka to write to.")
 @click.argument("msg_id")
 @click.pass_context
 def transactions_replay(ctx: click.Context, bootstrap_servers: str | None, msg_id: str) -> None:
-    """Commit a parked message: deliver it to its real topic, once."""
-    msg = resolve_parked(client_config(ctx, bootstrap_servers), msg_id, OpAction.COMMIT)
+    """Commit a parked message: deliver it to its real topic, once. Exit status 4 when no
+    parked, unresolved message has MSG_ID."""
+    config = _read_config(ctx, bootstrap_servers)
+    _require_parked(config, msg_id)
+    msg = resolve_parked(config, msg_id, OpAction.COMMIT)
     console.print(f"replayed {msg.msg_id} to {msg.get_property(MessageConst.REAL_TOPIC)}")
 
 
@@ -191,8 +205,11 @@ def transactions_replay(ctx: click.Context, bootstrap_servers: str | None, msg_i
 @click.argument("msg_id")
 @click.pass_context
 def transactions_drop(ctx: click.Context, bootstrap_servers: str | None, msg_id: str) -> None:
-    """Roll back a parked message for good."""
-    msg = resolve_parked(client_config(ctx, bootstrap_servers), msg_id, OpAction.ROLLBACK)
+    """Roll back a parked message for good. Exit status 4 when no parked, unresolved message
+    has MSG_ID."""
+    config = _read_config(ctx, bootstrap_servers)
+    _require_parked(config, msg_id)
+    msg = resolve_parked(config, msg_id, OpAction.ROLLBACK)
     console.print(f"dropped {msg.msg_id}")
 
 
@@ -342,6 +359,13 @@ def dlq_list(ctx: click.Context, bootstrap_servers: str | None, group: str, as_j
         console.print(f"{len(letters)} dead letters")
 
 
+def _ids(letters: list[MessageExt]) -> set[str]:
+    """The ids ``--id`` chooses ``letters`` by: each one's id and its origin message id."""
+    out = {m.msg_id for m in letters}
+    out.update(o for m in letters if (o := m.get_property(MessageConst.ORIGIN_MESSAGE_ID)))
+    return out
+
+
 @dlq.command("replay")
 @bootstrap_option("Kafka to write to.")
 @click.option("--group", required=True, help="The consumer group.")
@@ -373,13 +397,24 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
 ) -> None:
     """Write dead letters back (all, or those the filters choose), with a progress bar on
     stderr when it is a terminal. Replaying twice writes twice. Exit status 4 for a group
-    without a dead-letter queue."""
+    without a dead-letter queue, and for an --id that none of its dead letters has (then
+    nothing is replayed)."""
     config = _read_config(ctx, bootstrap_servers)
     _require_dlq(config, group)
     chosen = ReplayTarget(target)
     letters = replay_dead_letters(
         config, group, keys=keys, tags=tags, msg_ids=msg_ids, target=chosen, dry_run=True
     )
+    if set(msg_ids) - _ids(letters):
+        # Not chosen: filtered out by --key/--tag, or not a dead letter of the group at all.
+        missing = set(msg_ids) - _ids(
+            replay_dead_letters(config, group, msg_ids=msg_ids, dry_run=True)
+        )
+        if missing:
+            raise NotFoundError(
+                f"consumer group {group!r} has no dead letter with id "
+                f"{', '.join(sorted(missing))}; nothing replayed"
+            )
     if not dry_run and letters:
         with progress(f"replaying {len(letters)} dead letters", len(letters)) as bar:
             write_back(config, group, letters, chosen, on_progress=bar.advance)
@@ -453,7 +488,8 @@ class ReplayTargetError(QuarantineReplayError, SendError):
 
 
 def _quarantined_record(config: ClientConfig, offset: int) -> Any:
-    """The QUARANTINE record at ``offset``, or None when there is none (the replay says so)."""
+    """The QUARANTINE record at ``offset``; :class:`NotFoundError` (exit status 4) when there
+    is none (past the end, or the offset of a transaction's commit marker)."""
     topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.QUARANTINE)
     reader = new_reader(
         config, f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}", "bridge-replay"
@@ -464,7 +500,9 @@ def _quarantined_record(config: ClientConfig, offset: int) -> Any:
         )
     finally:
         reader.close()
-    return record if record is not None and record.offset() == offset else None
+    if record is None or record.offset() != offset:
+        raise NotFoundError(f"no quarantined record at offset {offset} of {topic}")
+    return record
 
 
 def _real_target(record: Any, namespace: str) -> tuple[str, int] | None:
@@ -512,16 +550,17 @@ def _target_problem(config: ClientConfig, topic: str, partition: int) -> str | N
 
 @quarantine_list.command("replay")
 @bootstrap_option("Kafka to write to.")
-@click.argument("offset", type=int)
+@click.argument("offset", type=click.IntRange(min=0))
 @click.pass_context
 def quarantine_replay(ctx: click.Context, bootstrap_servers: str | None, offset: int) -> None:
     """Deliver the delayed message quarantined at OFFSET to its real topic, once (after the
-    cause, e.g. a missing topic or an ACL, was fixed). A real topic that cannot take it (a
-    Kafka internal topic, a partition it does not have) is named before anything is written."""
+    cause, e.g. a missing topic or an ACL, was fixed). Exit status 4 when OFFSET holds no
+    quarantined record; a real topic that cannot take it (a Kafka internal topic, a partition
+    it does not have) is named before anything is written."""
     given = bootstrap_servers or (ctx.obj or {}).get("quarantine_bootstrap")
     config = _read_config(ctx, given)
-    record = _quarantined_record(config, offset) if offset >= 0 else None
-    target = None if record is None else _real_target(record, config.namespace)
+    record = _quarantined_record(config, offset)
+    target = _real_target(record, config.namespace)
     if target is not None:
         problem = _target_problem(config, *target)
         if problem is not None:

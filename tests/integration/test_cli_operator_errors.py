@@ -1,25 +1,33 @@
 """The operators' replay and drop commands, run as an operator runs them (a subprocess) against
-a real broker: what they say when the message's real topic cannot take it."""
+a real broker: what they say when the message's real topic cannot take it, and the exit
+status 4 (not found) for a record or message that does not exist."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
+from confluent_kafka import Producer as RawProducer
 
 from bridge import read_messages
+from bridge.codec import plain_record
 from bridge.config import ClientConfig
 from bridge.kafka.admin import TopicAdmin
+from bridge.message import Message, MessageConst
 from tests.integration.test_quarantine import _quarantined_delayed_message, catalog
 from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
+from topics.naming import dlq_topic
 
 pytestmark = pytest.mark.broker
 
 __all__ = ["catalog"]  # the fixture, used by name
 
 EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 4
 
 
 def bridge_cli(config: ClientConfig, *args: str) -> subprocess.CompletedProcess[str]:
@@ -79,3 +87,63 @@ def test_replaying_a_quarantined_message_to_a_partition_the_topic_lacks_names_bo
     assert list(read_messages(client_config, [topic], timeout_ms=1000)) == []
     listed = bridge_cli(client_config, "quarantine")
     assert f"@{offset} from {catalog.topic(SystemTopic.SCHEDULE)}[0]" in listed.stdout, listed
+
+
+def test_replaying_a_quarantine_offset_that_holds_no_record_exits_4(
+    client_config: ClientConfig, catalog: TopicCatalog, topic: str
+) -> None:
+    offset = _quarantined_delayed_message(client_config, catalog, topic, queue_id=0)
+
+    proc = bridge_cli(client_config, "quarantine", "replay", "999999")
+
+    assert proc.returncode == EXIT_NOT_FOUND, (proc.stdout, proc.stderr)
+    quarantine = catalog.topic(SystemTopic.QUARANTINE)
+    assert error_line(proc) == f"Error: no quarantined record at offset 999999 of {quarantine}"
+    # The offset after the record is its transaction's commit marker: no record either.
+    proc = bridge_cli(client_config, "quarantine", "replay", str(offset + 1))
+    assert proc.returncode == EXIT_NOT_FOUND, (proc.stdout, proc.stderr)
+    negative = bridge_cli(client_config, "quarantine", "replay", "--", "-1")
+    assert negative.returncode == EXIT_USAGE, (negative.stdout, negative.stderr)
+    assert "-1 is not in the range x>=0" in negative.stderr, negative.stderr
+
+
+@pytest.mark.parametrize("command", ["replay", "drop"])
+def test_replaying_or_dropping_a_transaction_that_is_not_parked_exits_4(
+    client_config: ClientConfig, catalog: TopicCatalog, command: str
+) -> None:
+    proc = bridge_cli(client_config, "transactions", command, "NO-SUCH-ID")
+
+    assert proc.returncode == EXIT_NOT_FOUND, (proc.stdout, proc.stderr)
+    assert error_line(proc) == (
+        "Error: no parked, unresolved message with id 'NO-SUCH-ID' "
+        "(replayed or dropped already, or never parked)"
+    )
+
+
+def test_replaying_a_dead_letter_id_the_group_does_not_have_exits_4_and_replays_nothing(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    group, origin = unique("g"), unique("t")
+    dlq = dlq_topic(group, client_config.namespace)
+    TopicAdmin(client_config).ensure_topics([TopicSpec(dlq, 1), TopicSpec(origin, 1)])
+    letter = Message(f"%DLQ%{group}", b"dead")
+    letter.put_system_property(MessageConst.RETRY_TOPIC, origin)
+    record = plain_record(letter, dlq, "ID-DEAD", 1, b"h")
+    raw = RawProducer({"bootstrap.servers": client_config.bootstrap_servers})
+    raw.produce(dlq, record.value, record.key, headers=list(record.headers))
+    assert raw.flush(10) == 0
+
+    proc = bridge_cli(
+        client_config, "dlq", "replay", "--group", group, "--id", "ID-DEAD", "--id", "NO-SUCH"
+    )
+
+    assert proc.returncode == EXIT_NOT_FOUND, (proc.stdout, proc.stderr)
+    assert error_line(proc) == (
+        f"Error: consumer group '{group}' has no dead letter with id NO-SUCH; nothing replayed"
+    )
+    assert list(read_messages(client_config, [origin], timeout_ms=1000)) == []
+    done = bridge_cli(client_config, "dlq", "replay", "--group", group, "--id", "ID-DEAD")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "replayed 1" in done.stdout, done.stdout
+    (replayed,) = read_messages(client_config, [origin], timeout_ms=3000)
+    assert (replayed.msg_id, replayed.body) == ("ID-DEAD", b"dead")
