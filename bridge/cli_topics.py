@@ -70,7 +70,15 @@ def topics_list(
     "--group", "groups", multiple=True, help="Create this consumer group's retry and DLQ topics."
 )
 @click.option("--topic", "names", multiple=True, help="Create this real topic (RocketMQ name).")
-@click.option("--partitions", type=int, default=4, show_default=True, help="For --topic.")
+@click.option(
+    "--partitions",
+    # Kafka takes -1 for "the broker's default" and refuses 0 only once asked: neither is a
+    # partition count an operator means.
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="For --topic.",
+)
 @click.pass_context
 def topics_create(  # noqa: PLR0917 - click passes every option as a parameter
     ctx: click.Context,
