@@ -116,13 +116,15 @@ def _normalise_keys(keys: str | Iterable[str] | None) -> list[str]:
     return out
 
 
-def _delay_number(setter: str, value: float | str) -> int:
-    """``value`` (a timer setter's argument) as a whole number, or :class:`InvalidDelayError`
-    for what has none (``nan``, ``inf``, ``"soon"``, ``None``)."""
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):
-        raise InvalidDelayError(f"{setter} needs a finite whole number, got {value!r}") from None
+def _delay_number(setter: str, value: object) -> int:
+    """``value`` (a delay setter's argument) if it is an ``int``, else :class:`InvalidDelayError`
+    naming the setter. One rule for the level and the timers, as RocketMQ's ``int``/``long``
+    parameters and :func:`bridge.settings.require_int`: a ``bool`` is refused though Python
+    counts it an int (``True`` is no delay anyone means), and so is a float, even a whole one
+    (``int()`` would cut ``1.9`` to 1 without a word), text and None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidDelayError(f"{setter} needs an integer, got {value!r}")
+    return int(value)  # an int subclass (an IntEnum) as the plain number
 
 
 class Message:
@@ -284,9 +286,11 @@ class Message:
         return parse_count(self._properties.get(MessageConst.DELAY_TIME_LEVEL)) or 0
 
     def set_delay_time_level(self, level: int) -> None:
-        """Deliver after delay level ``level``; 0 or below means no delay."""
-        if isinstance(level, bool) or not isinstance(level, int):
-            raise InvalidMessageError(f"delay level must be an integer, got {level!r}")
+        """Deliver after delay level ``level``; 0 or below means no delay.
+
+        Not an ``int`` (a ``bool``, a float, text): :class:`InvalidDelayError`.
+        """
+        level = _delay_number("set_delay_time_level", level)
         if level <= 0:
             self._properties.pop(MessageConst.DELAY_TIME_LEVEL, None)
         else:
@@ -301,7 +305,8 @@ class Message:
     def set_deliver_time_ms(self, epoch_ms: int) -> None:
         """RocketMQ 5's ``setDeliverTimeMs``: deliver at ``epoch_ms`` (epoch milliseconds).
 
-        Not a finite number (``nan``, ``inf``, ``"soon"``): :class:`InvalidDelayError`.
+        Not an ``int`` (a ``bool``, a float such as ``1.9`` or ``nan``, text such as
+        ``"soon"``): :class:`InvalidDelayError`.
         """
         due = _delay_number("set_deliver_time_ms", epoch_ms)
         self._properties[MessageConst.TIMER_DELIVER_MS] = str(due)
@@ -309,7 +314,7 @@ class Message:
     def set_delay_time_ms(self, delay_ms: int) -> None:
         """RocketMQ 5's ``setDelayTimeMs``: deliver ``delay_ms`` milliseconds after sending.
 
-        Not a finite number: :class:`InvalidDelayError`.
+        Not an ``int`` (a ``bool``, a float, text): :class:`InvalidDelayError`.
         """
         delay = _delay_number("set_delay_time_ms", delay_ms)
         self._properties[MessageConst.TIMER_DELAY_MS] = str(delay)
@@ -317,7 +322,7 @@ class Message:
     def set_delay_time_sec(self, delay_sec: int) -> None:
         """RocketMQ 5's ``setDelayTimeSec``: deliver ``delay_sec`` seconds after sending.
 
-        Not a finite number: :class:`InvalidDelayError`.
+        Not an ``int`` (a ``bool``, a float, text): :class:`InvalidDelayError`.
         """
         delay = _delay_number("set_delay_time_sec", delay_sec)
         self._properties[MessageConst.TIMER_DELAY_SEC] = str(delay)
