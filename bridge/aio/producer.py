@@ -33,7 +33,7 @@ from typing import Any, Final, cast
 
 from bridge.aio.runner import AsyncClient
 from bridge.client.producer import Producer as ThreadedProducer
-from bridge.client.send_results import SendResult, async_report, log_oneway_failure
+from bridge.client.send_results import SendResult, async_report
 from bridge.codec import PreparedRecord
 from bridge.config import ClientConfig
 from bridge.errors import (
@@ -432,15 +432,11 @@ class Producer(AsyncClient):
             if not item.claim():  # timed out or cancelled: the caller was told; not sent
                 return
             if results is None:
-                report: Report = log_oneway_failure
+                report: Report = producer.oneway_report(record)
             else:
                 pending = results[index]
                 report = async_report(
-                    record.msg_id,
-                    item.msgs[index].topic,
-                    record.kafka_topic,
-                    pending.ok,
-                    pending.fail,
+                    record, item.msgs[index].topic, pending.ok, pending.fail, producer.alone_resend
                 )
             try:
                 producer.send_record_async(record, record.partition, report)

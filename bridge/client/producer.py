@@ -26,6 +26,8 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
+from confluent_kafka import KafkaError
+
 from bridge.client.send_checks import (
     MAX_PROPERTIES_BYTES,
     OWN_HEADERS_BYTES,
@@ -39,17 +41,23 @@ from bridge.client.send_results import (
     BatchReports,
     OnException,
     OnSuccess,
+    Report,
+    ResendAlone,
     SendResult,
     SendStatus,
     SyncWaiter,
     async_report,
     log_oneway_failure,
+    not_resent,
+    refused_with_its_batch,
     report_async,
+    report_oneway,
 )
 from bridge.codec import PreparedRecord, new_tuple, plain_record
 from bridge.config import ClientConfig
 from bridge.delay.routing import delayed_record, without_delay
 from bridge.errors import (
+    IllegalStateError,
     InvalidArgumentError,
     InvalidMessageError,
     InvalidPropertyError,
@@ -120,6 +128,12 @@ def _span(msg: Message) -> AbstractContextManager[TraceSpan]:
     return send_span(msg) if tracing_active() else _NO_SPAN
 
 
+def _sends_alone(config: ClientConfig) -> bool:
+    """True if a producer made with ``config`` puts every record in a request batch of its
+    own (``batch.num.messages=1``), so a refusal of its batch is the record's own."""
+    return str(config.kafka.get("batch.num.messages", "")).strip() == "1"
+
+
 class Producer(Startable):
     """Sends messages to real topics: ``send_sync``, ``send_async``, ``send_oneway`` and
     ``send_batch``.
@@ -127,6 +141,14 @@ class Producer(Startable):
     ``Producer("group", bootstrap_servers="host:9092")`` or ``Producer("group",
     config=ClientConfig.from_env())``; keyword arguments win over ``config``. Call
     :meth:`start` (or use ``with``) before sending and :meth:`shutdown` after.
+
+    librdkafka puts several records of a partition in one request batch, and a broker
+    refuses a batch larger than the topic's ``max.message.bytes`` as a whole
+    (MSG_SIZE_TOO_LARGE for every record in it; librdkafka does not split it, as the Java
+    client does). A record of a send, oneway or batch refused that way is sent again once,
+    alone, through a second Kafka producer that puts each record in a batch of its own
+    (``batch.num.messages=1``, made on the first such refusal): only a record the topic
+    refuses alone fails, and its sender learns the outcome of that second send.
     """
 
     def __init__(
@@ -171,6 +193,13 @@ class Producer(Startable):
         """Report stores (with their handlers) of finished batches, for the next ones."""
         self._running = False
         """Mirrors ``state is RUNNING`` for a cheap check on every send."""
+        self._alone: Producer | None = None
+        """The producer of records sent again alone (:meth:`_alone_sender`), once made."""
+        self._alone_lock = threading.Lock()
+        self._alone_closed = False
+        self._alone_topics: set[str] = set()
+        """Kafka topics a refusal of a request batch was logged for (once each)."""
+        self._resend: ResendAlone | None = None if _sends_alone(self.config) else self._send_alone
 
     # --- lifecycle --------------------------------------------------------------------
     @property
@@ -202,7 +231,15 @@ class Producer(Startable):
             return
         self._running = False
         timeout = timeout_ms if timeout_ms is not None else self.config.send_msg_timeout_ms
+        deadline = time.monotonic() + timeout / 1000
         remaining = self._kafka.flush(timeout / 1000)
+        # Reports served by that flush may have sent records again alone: they are waited for
+        # within the same timeout.
+        with self._alone_lock:
+            self._alone_closed = True
+            alone = self._alone
+        if alone is not None:
+            alone.shutdown(max(0, int((deadline - time.monotonic()) * 1000)))
         if remaining:
             logger.warning(
                 "producer %s: %d messages still unacknowledged at shutdown", self.group, remaining
@@ -221,7 +258,67 @@ class Producer(Startable):
         """Wait for outstanding sends; return how many are still unacknowledged."""
         self._lifecycle.require_running()
         timeout = timeout_ms if timeout_ms is not None else self.config.send_msg_timeout_ms
-        return int(self._kafka.flush(timeout / 1000))
+        deadline = time.monotonic() + timeout / 1000
+        remaining = int(self._kafka.flush(timeout / 1000))
+        alone = self._alone
+        if alone is not None:  # records sent again alone by the reports served above
+            remaining += int(alone._kafka.flush(max(0.0, deadline - time.monotonic())))
+        return remaining
+
+    # --- records refused with their request batch ------------------------------------
+    @property
+    def alone_resend(self) -> ResendAlone | None:
+        """How a record refused with its request batch as too large is sent again alone
+        (``resend(record, report)``, raising when it cannot hand it over); None for a producer
+        that sends each record alone already."""
+        return self._resend
+
+    def _alone_sender(self) -> Producer:
+        """The producer that puts each record in a request batch of its own, made when first
+        asked for. Raises :class:`IllegalStateError` once this producer is shut down."""
+        with self._alone_lock:
+            if self._alone_closed:
+                raise IllegalStateError(f"producer {self.group} is shut down")
+            if self._alone is None:
+                kafka = {**self.config.kafka, "batch.num.messages": "1"}
+                alone = Producer(self.group, config=self.config.replace(kafka=kafka))
+                alone.start()
+                self._alone = alone
+            return self._alone
+
+    def _refused_batch(self, kafka_topic: str) -> Producer:
+        """The producer to send a record of ``kafka_topic`` again alone with, after the
+        broker refused its request batch as too large (:meth:`_alone_sender`)."""
+        self._note_refused_batch(kafka_topic)
+        return self._alone_sender()
+
+    def _note_refused_batch(self, kafka_topic: str) -> None:
+        """Log the first refusal of a request batch as too large on ``kafka_topic``: it says
+        the topic takes less than librdkafka puts in one batch."""
+        if kafka_topic not in self._alone_topics:
+            self._alone_topics.add(kafka_topic)
+            logger.warning(
+                "producer %s: %s refused a request batch as too large (its max.message.bytes "
+                "is below what librdkafka put in one batch); its records refused that way are "
+                "sent again one per batch",
+                self.group,
+                kafka_topic,
+            )
+
+    def _send_alone(self, record: PreparedRecord, report: Report) -> None:
+        """Send ``record``, refused with its request batch as too large, again in a batch of
+        its own; ``report`` gets that send's delivery report. Raises when the record is not
+        taken (this producer is shut down, the local queue stayed full)."""
+        self._refused_batch(record.kafka_topic).send_record_async(record, record.partition, report)
+
+    def oneway_report(self, record: PreparedRecord) -> Report:
+        """The delivery report handler of a oneway send of ``record``: a failure is logged,
+        after the record is sent again alone if its request batch was refused as too
+        large."""
+        resend = self._resend
+        if resend is None:
+            return log_oneway_failure
+        return partial(report_oneway, resend, record)
 
     def _poll_loop(self) -> None:
         # Delivery reports are served on the sending threads every few sends (confluent-kafka
@@ -475,7 +572,10 @@ class Producer(Startable):
 
         ``partition`` picks a partition (RocketMQ's queue); -1 lets the key decide.
         Raises :class:`SendError` (:class:`SendTimeoutError` on timeout, including an
-        unreachable broker) or :class:`InvalidMessageError`.
+        unreachable broker) or :class:`InvalidMessageError`. A message refused with its
+        request batch as too large (sends of other threads share batches) is sent again alone
+        before this returns, within ``send_msg_timeout_ms`` again; one the topic refuses by
+        itself raises :class:`SendError` naming MSG_SIZE_TOO_LARGE.
         """
         if not self._running:
             self._lifecycle.require_running()
@@ -507,8 +607,17 @@ class Producer(Startable):
                     f"within {self.config.send_msg_timeout_ms} ms"
                 )
             self._kafka.flush(min(remaining, _SYNC_FLUSH_SLICE_S))
-        if waiter.error is not None:
-            raise translate_error(waiter.error, f"send of {record.msg_id} to {record.kafka_topic}")
+        error = waiter.error
+        if error is not None:
+            context = f"send of {record.msg_id} to {record.kafka_topic}"
+            if self._resend is not None and refused_with_its_batch(error):
+                # Its batch may have been refused for its neighbours' size: its own send tells.
+                try:
+                    alone = self._refused_batch(record.kafka_topic)
+                except IllegalStateError as exc:
+                    raise not_resent(error, context, exc) from exc
+                return alone.send_record_sync(record, partition)
+            raise translate_error(error, context)
         return waiter.partition, waiter.offset
 
     def send_records_sync(
@@ -527,6 +636,8 @@ class Producer(Startable):
             waiters.append(waiter)
         deadline = time.monotonic() + self.config.send_msg_timeout_ms / 1000 + 1.0
         results: list[tuple[int, int] | KafkaClientError] = []
+        refused: list[tuple[int, KafkaError]] = []
+        """The records refused with their request batch as too large: index, error."""
         for record, waiter in zip(records, waiters, strict=True):
             while not waiter.done and time.monotonic() < deadline:
                 self._kafka.flush(min(max(deadline - time.monotonic(), 0), _SYNC_FLUSH_SLICE_S))
@@ -540,10 +651,35 @@ class Producer(Startable):
                     )
                 )
             elif waiter.error is not None:
+                if self._resend is not None and refused_with_its_batch(waiter.error):
+                    refused.append((len(results), waiter.error))
                 results.append(translate_error(waiter.error, context))
             else:
                 results.append((waiter.partition, waiter.offset))
+        if refused:
+            # Their batches may have been refused for their neighbours' size: their own
+            # sends tell (in their order, so a partition keeps them in order).
+            again = self._send_alone_sync([(records[index], error) for index, error in refused])
+            for (index, _), result in zip(refused, again, strict=True):
+                results[index] = result
         return results
+
+    def _send_alone_sync(
+        self, refused: list[tuple[PreparedRecord, KafkaError]]
+    ) -> list[tuple[int, int] | KafkaClientError]:
+        """Send the records of ``refused`` (each with the refusal of its request batch as too
+        large) again each in a batch of its own, in order, and wait for them: (partition,
+        offset) or the error, per record."""
+        for record, _ in refused:
+            self._note_refused_batch(record.kafka_topic)
+        try:
+            alone = self._alone_sender()
+        except IllegalStateError as exc:
+            return [
+                not_resent(error, f"send of {record.msg_id} to {record.kafka_topic}", exc)
+                for record, error in refused
+            ]
+        return alone.send_records_sync([record for record, _ in refused])
 
     def send_batch(
         self, msgs: Iterable[Message], *, partition: int = -1
@@ -569,6 +705,12 @@ class Producer(Startable):
           or failed within it (plus a second for the report); if librdkafka's local queue
           stays full that long, that message and those after it fail with
           :class:`SendTimeoutError` without being sent.
+        * A message refused with its request batch as larger than the topic's
+          ``max.message.bytes`` is sent again alone, in the batch's order, once the others
+          have their reports (and within ``send_msg_timeout_ms`` again): only one the topic
+          refuses by itself fails (:class:`SendError` naming MSG_SIZE_TOO_LARGE). A message
+          sent again is stored after those of its partition that librdkafka had already
+          sent in other request batches.
 
         Transactional messages are sent one by one with
         ``TransactionMQProducer.send_message_in_transaction``.
@@ -611,6 +753,8 @@ class Producer(Startable):
         finally:
             with self._batches_lock:
                 self._batches_waiting -= 1
+        if reports.too_large and self._resend is not None:
+            self._send_batch_alone(prepared, partition, reports)
         results = reports.results(timeout_ms)
         # Every message has its outcome: no report of this batch can come any more, so its
         # handlers serve the next batch. (Reports that did not come may still come: those
@@ -619,6 +763,57 @@ class Producer(Startable):
             reports.begin((), None)
             self._idle_batch_reports.append(reports)
         return results
+
+    def _send_batch_alone(
+        self, prepared: list[PreparedRecord | None], partition: int, reports: BatchReports
+    ) -> None:
+        """Send the messages of a batch refused with their request batches as too large
+        (``reports.too_large``) again each in a batch of its own, in the batch's order, and
+        wait: their outcomes replace the refusals."""
+        refused: list[tuple[int, PreparedRecord, KafkaError]] = []
+        for index in sorted(reports.too_large):
+            error = reports.outcomes[index]
+            if not isinstance(error, KafkaError):
+                continue
+            record = prepared[index]
+            key: bytes | None
+            value: bytes | None
+            if record is None:  # a plain message: the record _hand_over_and_wait built
+                key, value, record_partition = None, reports.msgs[index]._body, partition
+            else:
+                key, value, record_partition = record.key, record.value, record.partition
+            record = new_tuple(
+                PreparedRecord,
+                (
+                    reports.kafka_topics[index],
+                    key,
+                    value,
+                    reports.headers[index],
+                    reports.msg_ids[index],
+                    reports.born_ms[index],
+                    record_partition,
+                ),
+            )
+            refused.append((index, record, error))
+        if not refused:
+            return
+        again = self._send_alone_sync([(record, error) for _, record, error in refused])
+        outcomes, msgs = reports.outcomes, reports.msgs
+        for (index, record, _), result in zip(refused, again, strict=True):
+            if isinstance(result, KafkaClientError):
+                outcomes[index] = result
+            else:
+                stored_partition, offset = result
+                outcomes[index] = new_tuple(
+                    SendResult,
+                    (
+                        SendStatus.SEND_OK,
+                        record.msg_id,
+                        offset,
+                        msgs[index].topic,
+                        stored_partition,
+                    ),
+                )
 
     def _hand_over_and_wait(
         self,
@@ -634,6 +829,7 @@ class Producer(Startable):
         outcomes, handlers = reports.outcomes, reports.handlers
         kept = len(handlers)
         msg_ids, kafka_topics = reports.msg_ids, reports.kafka_topics
+        sent_headers, sent_born_ms = reports.headers, reports.born_ms
         produce = self._kafka.produce
         stalled: SendTimeoutError | None = None
         next_id = self._ids.next_id
@@ -673,6 +869,8 @@ class Producer(Startable):
                 kafka_topic, key, value, headers, msg_id, born_ms, record_partition = record
             msg_ids[index] = msg_id
             kafka_topics[index] = kafka_topic
+            sent_headers[index] = headers
+            sent_born_ms[index] = born_ms
             if stalled is not None:
                 outcomes[index] = SendTimeoutError(
                     f"send of {msg_id} to {kafka_topic}: not handed to Kafka, never sent (the "
@@ -744,6 +942,11 @@ class Producer(Startable):
         on a thread that is sending (delivery reports are served as sends go) or, once
         sends stop, on the producer's delivery thread; keep callbacks short. Invalid
         messages raise here, before anything is sent.
+
+        A message refused with its request batch as larger than the topic's
+        ``max.message.bytes`` is sent again alone first (within ``send_msg_timeout_ms``
+        again), and the callback gets that send's outcome: it is then stored after the
+        messages of its partition sent after it that were stored meanwhile.
         """
         if not self._running:
             self._lifecycle.require_running()
@@ -774,6 +977,9 @@ class Producer(Startable):
                     return self._send_async(msg, on_success, on_exception, partition)
                 report = partial(
                     report_async,
+                    self._resend,
+                    headers,
+                    born_ms,
                     msg_id,
                     topic,
                     kafka_topic,
@@ -825,15 +1031,11 @@ class Producer(Startable):
                 self._produce(
                     record,
                     record.partition,
-                    async_report(
-                        record.msg_id, msg.topic, record.kafka_topic, on_success, on_exception
-                    ),
+                    async_report(record, msg.topic, on_success, on_exception, self._resend),
                 )
         else:
             record = self.prepare(msg, partition)
-            report = async_report(
-                record.msg_id, msg.topic, record.kafka_topic, on_success, on_exception
-            )
+            report = async_report(record, msg.topic, on_success, on_exception, self._resend)
             self._produce(record, record.partition, report)
         self._serve_reports()
         return record.msg_id
@@ -845,7 +1047,7 @@ class Producer(Startable):
         with _span(msg) as span:
             record = self.prepare(msg, partition)
             span.set_attribute("messaging.message.id", record.msg_id)
-            self._produce(record, record.partition, log_oneway_failure)
+            self._produce(record, record.partition, self.oneway_report(record))
         self._serve_reports()
         return record.msg_id
 

@@ -13,8 +13,8 @@ from typing import Any, Final, NamedTuple, cast
 
 from confluent_kafka import KafkaError
 
-from bridge.codec import new_tuple
-from bridge.errors import KafkaClientError, SendTimeoutError
+from bridge.codec import PreparedRecord, new_tuple
+from bridge.errors import KafkaClientError, SendError, SendTimeoutError
 from bridge.kafka.clients import translate_error
 from bridge.message import Message
 from bridge.observability.metrics import active_metrics, message_type
@@ -23,6 +23,52 @@ logger = logging.getLogger(__name__)
 
 OnSuccess = Callable[["SendResult"], None]
 OnException = Callable[[Exception], None]
+Report = Callable[[KafkaError | None, Any], None]
+"""A delivery report handler: ``(KafkaError | None, confluent_kafka.Message)``."""
+ResendAlone = Callable[[PreparedRecord, Report], None]
+"""Sends a record again in a request batch of its own, with its report handler; raises when
+it cannot hand the record over (``Producer.alone_resend``)."""
+Headers = Sequence[tuple[str, bytes | None]]
+
+_TOO_LARGE: Final = KafkaError.MSG_SIZE_TOO_LARGE
+
+
+def refused_with_its_batch(err: KafkaError) -> bool:
+    """True if a delivery report's ``err`` is the broker refusing the record's request batch
+    as larger than the topic's ``max.message.bytes`` (MSG_SIZE_TOO_LARGE). librdkafka puts
+    several records in one batch, and the broker refuses the batch as a whole: the size may
+    be the neighbours' (or all of theirs together), and only the record sent in a batch of
+    its own tells."""
+    return err.code() == _TOO_LARGE
+
+
+def failed_record(kmsg: Any, headers: Headers, msg_id: str, born_ms: int) -> PreparedRecord:
+    """The record of failed delivery report ``kmsg`` (its topic, key, value and the
+    partition it was placed in; a report does not carry the headers nor the timestamp),
+    to send it again."""
+    partition = kmsg.partition()
+    return new_tuple(
+        PreparedRecord,
+        (
+            kmsg.topic(),
+            kmsg.key(),
+            kmsg.value(),
+            headers,
+            msg_id,
+            born_ms,
+            -1 if partition is None or partition < 0 else partition,
+        ),
+    )
+
+
+def not_resent(err: KafkaError, context: str, exc: Exception) -> SendError:
+    """The error of a record refused with its request batch (``err``) that could not be sent
+    again alone (``exc``: why)."""
+    return SendError(
+        f"{context}: {err.str()} ({err.name()}), refused with its request batch, and not sent "
+        f"again alone: {exc}",
+        err,
+    )
 
 
 def record_send(started: float | None, err: KafkaError | None, kmsg: Any) -> None:
@@ -111,6 +157,9 @@ class SyncWaiter:
 
 
 def report_async(  # noqa: PLR0917 - the send's fields, then the report's
+    resend: ResendAlone | None,
+    headers: Headers,
+    born_ms: int,
     msg_id: str,
     topic: str,
     kafka_topic: str,
@@ -122,12 +171,36 @@ def report_async(  # noqa: PLR0917 - the send's fields, then the report's
 ) -> None:
     """The delivery report of one ``send_async``, bound to its send by :func:`async_report`
     (``started``: when the send began, monotonic s, for ``rocketmq_send_cost_time``): calls
-    ``on_success(SendResult)`` or ``on_exception(error)``; a callback that raises is logged."""
+    ``on_success(SendResult)`` or ``on_exception(error)``, once; a callback that raises is
+    logged.
+
+    A record the broker refused with its request batch as too large is sent again alone
+    first with ``resend`` (``headers`` and ``born_ms``: its own, which a report lacks), and
+    that send's report is the one the callbacks get; ``resend`` None: it was sent alone."""
+    not_sent_again: KafkaClientError | None = None
+    if err is not None and resend is not None and err.code() == _TOO_LARGE:
+        again = partial(
+            report_async,
+            None,
+            headers,
+            born_ms,
+            msg_id,
+            topic,
+            kafka_topic,
+            on_success,
+            on_exception,
+            started,
+        )
+        try:
+            resend(failed_record(kmsg, headers, msg_id, born_ms), again)
+            return
+        except Exception as exc:  # not taken (shut down, queue full): this report says so
+            not_sent_again = not_resent(err, f"send of {msg_id} to {kafka_topic}", exc)
     if active_metrics() is not None:
         record_send(started, err, kmsg)
     try:
         if err is not None:
-            error = translate_error(err, f"send of {msg_id} to {kafka_topic}")
+            error = not_sent_again or translate_error(err, f"send of {msg_id} to {kafka_topic}")
             if on_exception is not None:
                 on_exception(error)
             else:
@@ -140,23 +213,34 @@ def report_async(  # noqa: PLR0917 - the send's fields, then the report's
         logger.exception("send callback for %s raised", msg_id)
 
 
-AsyncReport = Callable[[KafkaError | None, Any], None]
+AsyncReport = Report
 """The delivery report handler of one ``send_async`` (:func:`async_report`)."""
 
 
 def async_report(
-    msg_id: str,
+    record: PreparedRecord,
     topic: str,
-    kafka_topic: str,
     on_success: OnSuccess | None,
     on_exception: OnException | None,
+    resend: ResendAlone | None = None,
 ) -> AsyncReport:
-    """The delivery report handler of one ``send_async`` of ``msg_id`` starting now:
-    :func:`report_async` bound to the send with ``functools.partial``, one small C object
-    per message in flight (a closure would keep several objects per message alive), called
-    at C speed (a tuple with ``__call__`` costs a Python-level dispatch more)."""
+    """The delivery report handler of one ``send_async`` of ``record`` (to ``topic``, as the
+    caller named it) starting now: :func:`report_async` bound to the send with
+    ``functools.partial``, one small C object per message in flight (a closure would keep
+    several objects per message alive), called at C speed (a tuple with ``__call__`` costs a
+    Python-level dispatch more). ``resend``: how to send the record again alone when its
+    request batch is refused as too large (``Producer.alone_resend``); None: not sent again."""
     return partial(
-        report_async, msg_id, topic, kafka_topic, on_success, on_exception, time.monotonic()
+        report_async,
+        resend,
+        record.headers,
+        record.born_timestamp_ms,
+        record.msg_id,
+        topic,
+        record.kafka_topic,
+        on_success,
+        on_exception,
+        time.monotonic(),
     )
 
 
@@ -176,7 +260,17 @@ class BatchReports:
     set off the garbage collector several times, and each time it walked them all.
     """
 
-    __slots__ = ("handlers", "kafka_topics", "msg_ids", "msgs", "outcomes", "started")
+    __slots__ = (
+        "born_ms",
+        "handlers",
+        "headers",
+        "kafka_topics",
+        "msg_ids",
+        "msgs",
+        "outcomes",
+        "started",
+        "too_large",
+    )
 
     def __init__(self) -> None:
         self.handlers: list[Callable[[KafkaError | None, Any], None]] = []
@@ -192,6 +286,13 @@ class BatchReports:
         self.msg_ids = [""] * count
         self.kafka_topics = [""] * count
         """Where each record went (set as it is handed over)."""
+        self.headers: list[Headers] = [()] * count
+        self.born_ms = [0] * count
+        """Each record's headers and timestamp (set as it is handed over), to send it again
+        alone (a report carries neither)."""
+        self.too_large: list[int] = []
+        """Indexes of the messages refused with their request batch as too large
+        (:func:`refused_with_its_batch`), in the order the reports came."""
         self.started = started
         self.outcomes: list[SendResult | KafkaError | KafkaClientError | None] = [None] * count
         """Per message: its result once stored, librdkafka's error, a refusal before
@@ -225,6 +326,8 @@ class BatchReports:
             )
         else:
             self.outcomes[index] = err
+            if err.code() == _TOO_LARGE:
+                self.too_large.append(index)
 
     def reported(self, start: int) -> int:
         """The index of the first message from ``start`` on without an outcome (the count
@@ -263,3 +366,27 @@ def log_oneway_failure(err: KafkaError | None, kmsg: Any) -> None:
     record_send(None, err, kmsg)
     if err is not None:
         logger.warning("oneway send to %s failed: %s", kmsg.topic(), err.str())
+
+
+def report_oneway(
+    resend: ResendAlone, record: PreparedRecord, err: KafkaError | None, kmsg: Any
+) -> None:
+    """The delivery report handler of a oneway send of ``record`` that is sent again alone
+    with ``resend`` when its request batch is refused as too large
+    (:func:`log_oneway_failure` otherwise)."""
+    if err is not None and err.code() == _TOO_LARGE:
+        try:
+            resend(
+                failed_record(kmsg, record.headers, record.msg_id, record.born_timestamp_ms),
+                log_oneway_failure,
+            )
+            return
+        except Exception as exc:
+            record_send(None, err, kmsg)
+            logger.warning(
+                "oneway send to %s failed: %s",
+                kmsg.topic(),
+                not_resent(err, f"send of {record.msg_id}", exc),
+            )
+            return
+    log_oneway_failure(err, kmsg)

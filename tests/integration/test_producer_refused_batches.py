@@ -1,0 +1,169 @@
+"""The producer against a topic whose ``max.message.bytes`` is below librdkafka's batches.
+
+librdkafka puts several records of a partition in one request batch (up to ``batch.size``,
+1,000,000 bytes), and the broker refuses a batch larger than the topic's
+``max.message.bytes`` as a whole: MSG_SIZE_TOO_LARGE for every record in it. Records refused
+that way are sent again alone, so only a record too large by itself fails, and each send's
+callback or result tells its final outcome once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from bridge import ClientConfig, Message, Producer, SendResult, SendStatus
+from bridge.aio import Producer as AsyncProducer
+from bridge.errors import KafkaClientError, SendError
+from bridge.kafka.admin import TopicAdmin
+from tests.conftest import wait_until
+from tests.integration.test_producer import raw_consume
+from topics.catalog import TopicSpec
+
+pytestmark = pytest.mark.broker
+
+TOPIC_MAX_BYTES = 20_000
+"""The test topic's ``max.message.bytes``: 50 messages of 1 KB take more together."""
+BIG_AT = 25
+"""The index of the one message too large for the topic by itself (30 KB)."""
+
+
+def _topic(config: ClientConfig, unique: Callable[[str], str]) -> str:
+    topic = unique("t")
+    TopicAdmin(config).ensure_topics(
+        [TopicSpec(topic, 1, {"max.message.bytes": str(TOPIC_MAX_BYTES)})]
+    )
+    return topic
+
+
+def _messages(topic: str) -> list[Message]:
+    """50 messages of 1 KB, each body its own, and one of 30 KB at :data:`BIG_AT`."""
+    msgs = [Message(topic, b"%04d" % index * 256) for index in range(50)]
+    msgs.insert(BIG_AT, Message(topic, os.urandom(30_000)))
+    return msgs
+
+
+def _end_offset(config: ClientConfig, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": config.bootstrap_servers, "group.id": "watermarks"})
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        return int(high)
+    finally:
+        consumer.close()
+
+
+def _check_outcomes(
+    config: ClientConfig, topic: str, msgs: list[Message], outcomes: list[Any]
+) -> None:
+    """Only the big message failed, with the broker's refusal of its size; every other one
+    is stored once, where its result says, under its own id."""
+    failed = {i: o for i, o in enumerate(outcomes) if not isinstance(o, SendResult)}
+    assert list(failed) == [BIG_AT], {i: str(o) for i, o in failed.items()}
+    assert isinstance(failed[BIG_AT], SendError)
+    assert "MSG_SIZE_TOO_LARGE" in str(failed[BIG_AT])
+    stored = raw_consume(config.bootstrap_servers, topic, len(msgs) - 1)
+    assert _end_offset(config, topic) == len(msgs) - 1  # nothing stored twice
+    by_offset = {record.offset(): record for record in stored}
+    for index, outcome in enumerate(outcomes):
+        if index == BIG_AT:
+            continue
+        record = by_offset[outcome.offset]
+        assert record.value() == msgs[index].body
+        assert dict(record.headers())["UNIQ_KEY"] == outcome.msg_id.encode()
+
+
+def _send_async(producer: Producer, msgs: list[Message]) -> list[Any]:
+    calls: list[list[Any]] = [[] for _ in msgs]
+    lock = threading.Lock()
+
+    def called(index: int, outcome: Any) -> None:
+        with lock:
+            calls[index].append(outcome)
+
+    for index, msg in enumerate(msgs):
+        producer.send_async(msg, partial(called, index), partial(called, index))
+    assert producer.flush() == 0
+    wait_until(lambda: all(calls), timeout_s=30)
+    assert [len(c) for c in calls] == [1] * len(msgs)  # once each, with the final outcome
+    return [c[0] for c in calls]
+
+
+def _send_batch(producer: Producer, msgs: list[Message]) -> list[Any]:
+    return list(producer.send_batch(msgs))
+
+
+def _send_records_sync(producer: Producer, msgs: list[Message]) -> list[Any]:
+    records = producer.prepare_batch(msgs)
+    outcomes: list[Any] = []
+    for msg, record, result in zip(msgs, records, producer.send_records_sync(records), strict=True):
+        if isinstance(result, KafkaClientError):
+            outcomes.append(result)
+        else:
+            partition, offset = result
+            outcomes.append(
+                SendResult(SendStatus.SEND_OK, record.msg_id, offset, msg.topic, partition)
+            )
+    return outcomes
+
+
+@pytest.mark.parametrize(
+    "send",
+    [_send_async, _send_batch, _send_records_sync],
+    ids=["send_async", "send_batch", "send_records_sync"],
+)
+def test_only_the_message_too_large_by_itself_fails(
+    client_config: ClientConfig,
+    unique: Callable[[str], str],
+    send: Callable[[Producer, list[Message]], list[Any]],
+) -> None:
+    topic = _topic(client_config, unique)
+    msgs = _messages(topic)
+    with Producer("pg", config=client_config) as producer:
+        outcomes = send(producer, msgs)
+    _check_outcomes(client_config, topic, msgs, outcomes)
+
+
+def test_oneway_sends_refused_with_their_batch_are_stored(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    topic = _topic(client_config, unique)
+    msgs = _messages(topic)
+    with Producer("pg", config=client_config) as producer:
+        for msg in msgs:
+            producer.send_oneway(msg)
+        assert producer.flush() == 0
+    stored = raw_consume(client_config.bootstrap_servers, topic, len(msgs) - 1)
+    expected = [m.body for i, m in enumerate(msgs) if i != BIG_AT]
+    assert sorted(record.value() for record in stored) == sorted(expected)
+    assert _end_offset(client_config, topic) == len(msgs) - 1
+
+
+def test_a_message_too_large_by_itself_fails_its_sync_send(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    topic = _topic(client_config, unique)
+    with Producer("pg", config=client_config) as producer:
+        with pytest.raises(SendError, match="MSG_SIZE_TOO_LARGE"):
+            producer.send_sync(Message(topic, os.urandom(30_000)))
+        assert producer.send_sync(Message(topic, b"small")).offset == 0
+
+
+def test_the_asyncio_producer_sends_refused_messages_alone_too(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    topic = _topic(client_config, unique)
+    msgs = _messages(topic)
+
+    async def main() -> list[Any]:
+        async with AsyncProducer("pg", config=client_config) as producer:
+            return await producer.send_batch(msgs)
+
+    outcomes = asyncio.run(main())
+    _check_outcomes(client_config, topic, msgs, outcomes)
