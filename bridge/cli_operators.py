@@ -35,13 +35,12 @@ from bridge.consumer.admin import (
     replay_dead_letters,
     write_back,
 )
-from bridge.consumer.send_back import ReplayTarget
+from bridge.consumer.send_back import ReplayTarget, replay_record
 from bridge.delay.admin import delay_status
 from bridge.errors import BridgeError, SendError
 from bridge.kafka.clients import new_producer, new_reader, read_record_at
 from bridge.kafka.quarantine import (
     QUARANTINE_SOURCE_TOPIC,
-    QuarantineReplayError,
     read_headers,
     read_quarantine,
     replay_quarantined,
@@ -359,11 +358,57 @@ def dlq_list(ctx: click.Context, bootstrap_servers: str | None, group: str, as_j
         console.print(f"{len(letters)} dead letters")
 
 
+class ReplayTargetError(SendError):
+    """The topic a quarantined message or a dead letter is replayed to cannot take it (a Kafka
+    internal topic, a partition the topic does not have, a topic that does not exist): nothing
+    was written, and it stays where it was. The message names the topic and what is wrong."""
+
+
+def _target_problem(config: ClientConfig, topic: str, partition: int) -> str | None:
+    """Why ``topic`` / ``partition`` cannot take a replayed message, from the cluster's
+    metadata, in the words of ``bridge transactions replay`` (a Kafka internal topic, a topic
+    that does not exist, a partition it does not have), or None. Asked before the replay
+    writes: Kafka would only say "topic authorization failed" (a transaction's write to an
+    internal topic) or "Invalid topic" (a plain send's), and librdkafka ``_INCONSISTENT`` for
+    a partition the topic does not have."""
+    metadata = new_producer(config, "bridge-replay-metadata")
+    # A topic being auto-created answers "unknown" for a moment, as the transaction admin's.
+    confirm_s = 1.0 if auto_create_allowed(config) else 0.0
+    try:
+        problem, count = topic_problem(
+            metadata, topic, config.request_timeout_ms / 1000, confirm_s=confirm_s
+        )
+    except KafkaException:
+        return None  # no metadata now: the replay's write finds out
+    return problem or partition_problem(topic, partition, count)
+
+
 def _ids(letters: list[MessageExt]) -> set[str]:
     """The ids ``--id`` chooses ``letters`` by: each one's id and its origin message id."""
     out = {m.msg_id for m in letters}
     out.update(o for m in letters if (o := m.get_property(MessageConst.ORIGIN_MESSAGE_ID)))
     return out
+
+
+def _require_replay_targets(
+    config: ClientConfig, group: str, letters: list[MessageExt], target: ReplayTarget
+) -> None:
+    """:class:`ReplayTargetError` naming each topic that cannot take the letters bound for it
+    (e.g. an origin topic that is one of Kafka's internal topics, which a send only calls an
+    "Invalid topic"), before any letter is written."""
+    bound: dict[str, list[str]] = {}
+    for m in letters:
+        topic = replay_record(m, group, target, namespace=config.namespace).kafka_topic
+        bound.setdefault(topic, []).append(m.msg_id)
+    problems = [
+        f"{problem} (dead letters {', '.join(ids)})"
+        for topic, ids in bound.items()
+        if (problem := _target_problem(config, topic, -1)) is not None
+    ]
+    if problems:
+        raise ReplayTargetError(
+            f"replaying dead letters of {group}: {'; '.join(problems)}; nothing replayed"
+        )
 
 
 @dlq.command("replay")
@@ -397,8 +442,9 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
 ) -> None:
     """Write dead letters back (all, or those the filters choose), with a progress bar on
     stderr when it is a terminal. Replaying twice writes twice. Exit status 4 for a group
-    without a dead-letter queue, and for an --id that none of its dead letters has (then
-    nothing is replayed)."""
+    without a dead-letter queue, and for an --id that none of its dead letters has; a topic
+    that cannot take the letters bound for it (e.g. a Kafka internal topic) is named before
+    anything is written. Either way nothing is replayed."""
     config = _read_config(ctx, bootstrap_servers)
     _require_dlq(config, group)
     chosen = ReplayTarget(target)
@@ -416,6 +462,7 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
                 f"{', '.join(sorted(missing))}; nothing replayed"
             )
     if not dry_run and letters:
+        _require_replay_targets(config, group, letters, chosen)
         with progress(f"replaying {len(letters)} dead letters", len(letters)) as bar:
             write_back(config, group, letters, chosen, on_progress=bar.advance)
     for m in letters:
@@ -481,12 +528,6 @@ def _quarantined(kept: Any) -> dict[str, Any]:
     return out
 
 
-class ReplayTargetError(QuarantineReplayError, SendError):
-    """The real topic of a quarantined delayed message cannot take it (a Kafka internal topic,
-    a partition the topic does not have, a topic that does not exist): nothing was written and
-    it stays quarantined. The message names the topic and what is wrong with it."""
-
-
 def _quarantined_record(config: ClientConfig, offset: int) -> Any:
     """The QUARANTINE record at ``offset``; :class:`NotFoundError` (exit status 4) when there
     is none (past the end, or the offset of a transaction's commit marker)."""
@@ -528,24 +569,6 @@ def _real_target(record: Any, namespace: str) -> tuple[str, int] | None:
         return to_kafka_topic(real_topic, namespace), -1 if partition is None else partition
     except (BridgeError, ValueError):
         return None
-
-
-def _target_problem(config: ClientConfig, topic: str, partition: int) -> str | None:
-    """Why ``topic`` / ``partition`` cannot take a replayed message, from the cluster's
-    metadata, in the words of ``bridge transactions replay`` (a Kafka internal topic, a topic
-    that does not exist, a partition it does not have), or None. Asked before the replay
-    writes: its Kafka transaction would only say "topic authorization failed" for an internal
-    topic and ``_INCONSISTENT`` for a partition the topic does not have."""
-    metadata = new_producer(config, "bridge-quarantine-replay-metadata")
-    # A topic being auto-created answers "unknown" for a moment, as the transaction admin's.
-    confirm_s = 1.0 if auto_create_allowed(config) else 0.0
-    try:
-        problem, count = topic_problem(
-            metadata, topic, config.request_timeout_ms / 1000, confirm_s=confirm_s
-        )
-    except KafkaException:
-        return None  # no metadata now: the replay's write finds out
-    return problem or partition_problem(topic, partition, count)
 
 
 @quarantine_list.command("replay")

@@ -147,3 +147,30 @@ def test_replaying_a_dead_letter_id_the_group_does_not_have_exits_4_and_replays_
     assert "replayed 1" in done.stdout, done.stdout
     (replayed,) = read_messages(client_config, [origin], timeout_ms=3000)
     assert (replayed.msg_id, replayed.body) == ("ID-DEAD", b"dead")
+
+
+def test_replaying_dead_letters_to_a_kafka_internal_topic_names_it_and_replays_nothing(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    """Not the send's "Broker: Invalid topic"; the letter bound for a good topic is not
+    written either."""
+    group, origin = unique("g"), unique("t")
+    dlq = dlq_topic(group, client_config.namespace)
+    TopicAdmin(client_config).ensure_topics([TopicSpec(dlq, 1), TopicSpec(origin, 1)])
+    raw = RawProducer({"bootstrap.servers": client_config.bootstrap_servers})
+    for msg_id, topic in (("ID-GOOD", origin), ("ID-INTERNAL", "__consumer_offsets")):
+        letter = Message(f"%DLQ%{group}", b"dead")
+        letter.put_system_property(MessageConst.RETRY_TOPIC, topic)
+        record = plain_record(letter, dlq, msg_id, 1, b"h")
+        raw.produce(dlq, record.value, record.key, headers=list(record.headers))
+    assert raw.flush(10) == 0
+
+    proc = bridge_cli(client_config, "dlq", "replay", "--group", group)
+
+    assert proc.returncode == EXIT_ERROR, (proc.stdout, proc.stderr)
+    assert error_line(proc) == (
+        f"Error: ReplayTargetError: replaying dead letters of {group}: __consumer_offsets is a "
+        "Kafka internal topic (only the broker writes to it) (dead letters ID-INTERNAL); "
+        "nothing replayed"
+    )
+    assert list(read_messages(client_config, [origin], timeout_ms=1000)) == []
