@@ -117,6 +117,25 @@ class ConsumerContext:
                 self._alone_producer = producer
             return self._alone_producer
 
+    def flush_copies(self, timeout_ms: int) -> int:
+        """Wait up to ``timeout_ms`` (ms) for the copies in flight on both producers; return
+        how many are still unacknowledged.
+
+        The main producer's reports send refused copies again through the alone producer, and
+        its reports may send a copy on (to quarantine) through the main one: flushed in turn
+        until neither has anything in flight, so no copy is still being written when the
+        offsets are committed."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            remaining = self.sender.flush(_left_ms(deadline))
+            with self._alone_lock:
+                alone = self._alone_producer
+            if alone is not None:
+                remaining += alone.flush(_left_ms(deadline))
+                remaining += self.sender.flush(0)  # what the alone reports sent on
+            if remaining == 0 or time.monotonic() >= deadline:
+                return remaining
+
     def close_producers(self, timeout_ms: int) -> None:
         """Shut the producers of copies down, waiting up to ``timeout_ms`` for each (ms)."""
         with self._alone_lock:
@@ -211,3 +230,8 @@ def timed_subscription(
     else:
         wrapped = _timed_callback(listener, timing)
     return dataclasses.replace(sub, listener=wrapped)
+
+
+def _left_ms(deadline: float) -> int:
+    """Milliseconds left before ``deadline`` (a ``time.monotonic()`` value), at least 0."""
+    return max(0, math.ceil((deadline - time.monotonic()) * 1000))

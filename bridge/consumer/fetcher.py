@@ -331,7 +331,7 @@ class Fetcher:
         if context.producer is not None and not context.broadcasting:
             # Copies still in flight: let them be acknowledged so their offsets can pass.
             try:
-                context.producer.flush(context.bounded_ms(context.config.send_msg_timeout_ms))
+                context.flush_copies(context.bounded_ms(context.config.send_msg_timeout_ms))
             except Exception as exc:  # the producer stopped (a shutdown that gave up waiting)
                 logger.warning("push consumer %s: copies not flushed: %s", context.group, exc)
         self._commit(keys, asynchronous=False)

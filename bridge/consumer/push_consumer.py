@@ -295,6 +295,7 @@ class PushConsumer(Startable):
         except Exception:
             self._close_clients()
             self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
+            self._shut_down.set()  # a later shutdown() has nothing to wait for
             raise
         logger.info(
             "push consumer %s started (%s, %s, topics %s)",
@@ -393,7 +394,9 @@ class PushConsumer(Startable):
                     target=self.shutdown,
                     args=(timeout_ms,),
                     name=f"bridge-shutdown-{self.group}",
-                    daemon=True,
+                    # Not a daemon: a process whose main thread ends meanwhile still commits
+                    # what its listeners finished (the shutdown is bounded by timeout_ms).
+                    daemon=False,
                 ).start()
             return
         with self._shutdown_lock:

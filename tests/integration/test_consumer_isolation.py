@@ -11,6 +11,8 @@ import glob
 import itertools
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -760,6 +762,103 @@ def test_a_copy_refused_only_for_the_size_of_its_batch_is_sent_alone_and_not_bla
     assert [m.body for m in dead] == [small], [len(m.body) for m in dead]
     [quarantined] = [q for q in read_quarantine(config, timeout_ms=3000) if q.source_topic == topic]
     assert quarantined.source_offset == 1, quarantined
+
+
+def test_a_copy_sent_alone_is_acknowledged_before_the_shutdowns_commit(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+) -> None:  # fmt: skip
+    # As above, but the consumer shuts down as soon as both messages have failed: the small
+    # copy is sent again alone while the shutdown flushes the copies, and the commit must wait
+    # for it too. Committed before it was acknowledged, the small message stayed uncommitted
+    # while its copy was written after all: consumed again by the group, dead-lettered twice.
+    topic = unique("t")
+    group = unique("g")
+    TopicAdmin(config).ensure_topics(
+        [
+            TopicSpec(topic, 1),
+            TopicSpec(config.catalog().dlq_topic(group), 1, {"max.message.bytes": "2000"}),
+        ]
+    )
+    small, large = b"small-fails", os.urandom(5000)
+    with Producer("test_pg", config=config) as producer:
+        for body in (small, large):
+            producer.send_async(Message(topic, body))
+        assert producer.flush() == 0
+    box: list[PushConsumer] = []
+    seen: list[bytes] = []
+    both_failed = threading.Event()
+    lock = threading.Lock()
+
+    def listener(msg: MessageExt) -> ConsumeStatus:
+        with lock:
+            seen.append(msg.body)
+            if len(seen) == 2:
+                box[0].shutdown()  # starts the shutdown; this listener's result still counts
+                both_failed.set()
+        return ConsumeStatus.RECONSUME_LATER
+
+    consumer = start_consumer(consumers, config, group, topic, listener, max_reconsume_times=0)
+    box.append(consumer)
+    assert both_failed.wait(30)
+    consumer.shutdown()  # returns once the shutdown the listener started has closed everything
+    assert committed(config, group, topic) == 1, "the small message's offset was not committed"
+    dead = read_dead_letters(config, group, timeout_ms=3000)
+    assert [m.body for m in dead] == [small], [len(m.body) for m in dead]
+
+
+def test_shutdown_after_a_failed_start_returns_at_once(
+    config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    # librdkafka refuses the property when the producer of copies is made: start() fails.
+    # A shutdown() after it (as in a finally: block) has nothing to wait for.
+    broken = config.replace(kafka={**config.kafka, "batch.num.messages": "0"})
+    consumer = PushConsumer(unique("g"), config=broken)
+    consumer.subscribe(unique("t"), lambda msg: ConsumeStatus.CONSUME_SUCCESS)
+    with pytest.raises(Exception):  # noqa: B017 - whichever error the refusal gives
+        consumer.start()
+    started = time.monotonic()
+    consumer.shutdown()
+    assert time.monotonic() - started < 2
+
+
+_EXITS_AFTER_ITS_LISTENER_STOPS_IT = """
+import sys, threading
+from bridge import ClientConfig, ConsumeFromWhere, ConsumeStatus, PushConsumer
+bootstrap, namespace, topic, group = sys.argv[1:5]
+done = threading.Event()
+seen = []
+box = []
+def listener(msg):
+    seen.append(msg.body)
+    if len(seen) == 5:
+        box[0].shutdown()
+        done.set()
+    return ConsumeStatus.CONSUME_SUCCESS
+consumer = PushConsumer(
+    group, config=ClientConfig(bootstrap_servers=bootstrap, namespace=namespace),
+    consume_thread_count=1, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+    persist_consumer_offset_interval_ms=600_000,
+)
+box.append(consumer)
+consumer.subscribe(topic, listener)
+consumer.start()
+assert done.wait(60)
+"""
+
+
+def test_a_process_ending_after_a_listener_stopped_its_consumer_commits_first(
+    config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    # The main thread ends right after a listener called shutdown(), which runs on a thread
+    # of its own: the process must wait for that thread, which commits what was consumed.
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    send(config, topic, [f"m{i}" for i in range(5)])
+    args = [config.bootstrap_servers, config.namespace, topic, group]
+    script = [sys.executable, "-c", _EXITS_AFTER_ITS_LISTENER_STOPS_IT, *args]
+    ended = subprocess.run(script, capture_output=True, text=True, timeout=120, check=False)
+    assert ended.returncode == 0, ended.stderr[-2000:]
+    assert committed(config, group, topic) == 5
 
 
 # --- values a listener hands back through its context (review finding 6) -------------------
