@@ -151,6 +151,8 @@ class PushConsumer(AsyncClient):
         )
         self.group = self._consumer.group
         self._runner = LoopRunner(f"push consumer {group}")
+        self._shutting_down: asyncio.Future[None] | None = None
+        """The shutdown a listener of this consumer started (see :meth:`shutdown`)."""
 
     # --- configuration ---------------------------------------------------------------------
     @property
@@ -217,7 +219,12 @@ class PushConsumer(AsyncClient):
         messages are consumed again by the group, their results ignored). Idempotent.
 
         If the awaiting task is cancelled, the shutdown goes on to its end all the same.
+        Awaited in one of this consumer's own listeners, it starts the shutdown and returns at
+        once: the shutdown waits for that listener too, which could not return before it.
         """
         done = asyncio.ensure_future(asyncio.to_thread(self._consumer.shutdown, timeout_ms))
         done.add_done_callback(lambda _: self._runner.cancel_all())
+        if self._runner.runs_current_task():
+            self._shutting_down = done  # a reference, so the running shutdown is not collected
+            return
         await asyncio.shield(done)

@@ -161,6 +161,14 @@ class LoopRunner:
                 call.value = task.result()
         call.done.release()
 
+    def runs_current_task(self) -> bool:
+        """True when called from one of this runner's listener tasks (loop thread only)."""
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no running loop on this thread
+            return False
+        return task is not None and task in self._tasks
+
     def cancel_all(self) -> int:
         """Cancel every listener task still running (loop thread only); return how many."""
         tasks = list(self._tasks)

@@ -742,3 +742,37 @@ def test_orderly_listeners_run_one_per_partition_in_offset_order(
     assert most_per_partition == 1
     assert most > 1, "partitions ran in parallel"
     assert offsets == {p: list(range(30)) for p in range(3)}
+
+
+def test_a_listener_awaiting_its_own_consumers_shutdown_starts_it_and_goes_on(
+    loop_thread: LoopThread, config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    # Awaiting the whole shutdown there would wait for the very listener that awaits it:
+    # drain_timeout_ms, then the listener cancelled and its message left to be consumed again.
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    with Producer("stop_pg", config=config) as producer:
+        producer.send_sync(Message(topic, b"stop"))
+    box: list[aio.PushConsumer] = []
+    took: list[float] = []
+    entered = asyncio.Event()
+
+    async def listener(msg: MessageExt) -> ConsumeStatus:
+        entered.set()
+        started = time.monotonic()
+        await box[0].shutdown()
+        took.append(time.monotonic() - started)
+        return OK
+
+    async def main() -> None:
+        options = _consumer_options({"drain_timeout_ms": 6000})
+        consumer = aio.PushConsumer(group, config=config, **options)
+        box.append(consumer)
+        consumer.subscribe(topic, listener)
+        await consumer.start()
+        await asyncio.wait_for(entered.wait(), 60)
+        await consumer.shutdown()  # waits for the one the listener started
+
+    loop_thread.run(main())
+    assert took and took[0] < 2, f"the listener's shutdown took {took} s"
+    assert committed(config, group, topic) == 1
