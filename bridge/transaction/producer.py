@@ -435,10 +435,26 @@ class TransactionMQProducer(Startable):
                 with self._checks_lock:
                     if self._answers_closed:
                         return
-                    self._checks[number] = (tid, "running")
-                    self._running[number] = _RunningCheck(
-                        tid, request.check_times, time.monotonic()
+                    # One call per transaction at a time: the checks of a transaction whose
+                    # call hangs would each take a thread (up to check_request_hold_max).
+                    # Unanswered, it is asked again; the running call's answer still counts.
+                    busy = next(
+                        (r for r in self._running.values() if r.transaction_id == tid), None
                     )
+                    if busy is None:
+                        self._checks[number] = (tid, "running")
+                        self._running[number] = _RunningCheck(
+                            tid, request.check_times, time.monotonic()
+                        )
+                if busy is not None:
+                    logger.warning(
+                        "transaction %s: check %d not called, check %d of it still runs; "
+                        "the coordinator asks again",
+                        tid,
+                        request.check_times,
+                        busy.check_times,
+                    )
+                    return
                 status = _run_listener(
                     "check_local_transaction", lambda: listener.check_local_transaction(msg), tid
                 )
@@ -520,12 +536,14 @@ class TransactionMQProducer(Startable):
             if self._answers_closed:
                 return
             for run in self._running.values():
-                if run.replaced or run.refused or now - run.started_s < limit_s:
+                if run.replaced or now - run.started_s < limit_s:
                     continue
                 extra = self._workers_alive - self._check_pool_size
                 if extra >= self._check_hold_max:
-                    run.refused = True
-                    hung.append((run, False))
+                    # Looked at again on every pass: once extra threads end, it is replaced.
+                    if not run.refused:  # logged once
+                        run.refused = True
+                        hung.append((run, False))
                     continue
                 run.replaced = True
                 self._check_hold.release()

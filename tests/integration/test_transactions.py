@@ -362,6 +362,98 @@ def test_a_check_that_never_returns_holds_up_no_other_check(
         release.set()
 
 
+def _check_workers(group: str) -> int:
+    prefix = f"bridge-txn-check-worker-{group}-"
+    return sum(t.name.startswith(prefix) for t in threading.enumerate())
+
+
+def test_a_transaction_whose_check_hangs_is_not_called_again_meanwhile(
+    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The coordinator asks every second; the call for the transaction never returns. Each
+    new request for it would take one more thread once past ``check_timeout_ms``: it is not
+    called while the first runs, and the first call's late answer still decides."""
+    group = "tx_hung_again"
+    release, entered = threading.Event(), threading.Event()
+    listener = Scripted(execute={}, check={"hangs": C})
+
+    def on_check(msg: MessageExt) -> None:
+        entered.set()
+        release.wait()
+
+    listener.on_check = on_check
+    caplog.set_level(logging.WARNING, logger="bridge.transaction.producer")
+
+    def skipped() -> int:
+        return sum("still runs" in r.getMessage() for r in caplog.records)
+
+    config = coordinator_config(client_config, transaction_check_max=50)
+    try:
+        with (
+            Coordinator(config),
+            TransactionMQProducer(group, listener, config=client_config, check_timeout_ms=300)
+            as producer,
+        ):  # fmt: skip
+            producer.send_message_in_transaction(Message(topic, "hangs"))
+            wait_until(entered.is_set, timeout_s=30)
+            wait_until(lambda: skipped() >= 3 or len(listener.checks["hangs"]) > 1)
+            assert len(listener.checks["hangs"]) == 1, "called again while its call ran"
+            assert _check_workers(group) == 2, "the pool's thread and one in the hung call's place"
+            release.set()
+            assert bodies(client_config, topic, 1) == ["hangs"]
+    finally:
+        release.set()
+
+
+def test_a_hung_check_left_without_a_thread_gets_one_once_a_thread_is_free(
+    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One check thread and a check hold of 1, so one thread at most in place of a hung call.
+    "first" hangs and gets that thread; "second" hangs on it and gets none. Once "first"
+    returns, its extra thread ends: "second" must get a thread then, or "third", waiting
+    for room in the hold, is never checked while "second" hangs."""
+    group = "tx_hung_refused"
+    gates = {"first": threading.Event(), "second": threading.Event()}
+    entered = {name: threading.Event() for name in ("first", "second", "third")}
+    listener = Scripted(execute={}, check={"first": C, "second": C, "third": C})
+
+    def on_check(msg: MessageExt) -> None:
+        body = msg.body.decode()
+        entered[body].set()
+        if body in gates:
+            gates[body].wait()
+
+    listener.on_check = on_check
+    caplog.set_level(logging.ERROR, logger="bridge.transaction.producer")
+
+    def refused(name: str) -> bool:
+        return any(
+            name in r.getMessage() and "no thread started" in r.getMessage() for r in caplog.records
+        )
+
+    config = coordinator_config(client_config, check_interval_ms=60_000)
+    try:
+        with (
+            Coordinator(config),
+            TransactionMQProducer(
+                group, listener, config=client_config, check_request_hold_max=1,
+                check_timeout_ms=1000,
+            ) as producer,
+        ):  # fmt: skip
+            producer.send_message_in_transaction(Message(topic, "first"))
+            wait_until(entered["first"].is_set, timeout_s=30)
+            wait_until(lambda: _check_workers(group) == 2)  # a thread in its place
+            second = producer.send_message_in_transaction(Message(topic, "second"))
+            wait_until(entered["second"].is_set, timeout_s=30)
+            wait_until(lambda: refused(second.transaction_id))
+            producer.send_message_in_transaction(Message(topic, "third"))
+            gates["first"].set()
+            assert entered["third"].wait(15), "third not checked while second hangs"
+    finally:
+        for gate in gates.values():
+            gate.set()
+
+
 # --- crashes ------------------------------------------------------------------------------------
 
 PRODUCER_THAT_DIES = """
