@@ -26,6 +26,7 @@ from bridge.errors import InvalidArgumentError, InvalidDelayError
 
 __all__ = [
     "DEFAULT_MESSAGE_DELAY_LEVEL",
+    "DELIVERY_BACKOFF_MAX_MS",
     "LANDING_MARGIN_MS",
     "TIMER_PRECISIONS_MS",
     "DelayPolicy",
@@ -40,6 +41,11 @@ TIMER_PRECISIONS_MS: Final = (100, 200, 500, 1000)
 LANDING_MARGIN_MS: Final = 250
 """A timer hops to land this long before its time, then waits for the exact time in memory, so
 the last hop's commit and fetch latency does not make it late."""
+
+DELIVERY_BACKOFF_MAX_MS: Final = 60_000
+"""The longest back-off between two deliveries of a delayed message that failed, ms: the
+coordinator's back-off copies are timers due at most this far ahead, whatever
+``timer_max_delay_ms`` is (see :meth:`DelayPolicy.out_of_reach`)."""
 
 _UNIT_MS: Final = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _LEVEL = re.compile(r"^(\d+)([smhd])$")
@@ -124,6 +130,37 @@ class DelayPolicy:
         tier = ratio.bit_length() - 1 if ratio >= 1 else 0
         return min(tier, count - 1)
 
+    def out_of_reach(self, deliver_ms: int, now_ms: int) -> str | None:
+        """Why a timer record due at ``deliver_ms`` that leaves its tier at ``now_ms`` is
+        parked (quarantined) instead of hopping to another tier, or None if it hops on.
+
+        A producer refuses a timer beyond ``timer_max_delay_ms``, as RocketMQ's broker does
+        (``timerMaxDelaySec``), but a record written straight onto the timer topic, or by a
+        producer with a larger maximum, may be due any time (year 9999, 2**63 - 1 ms): it
+        would hop from the last tier to the last tier, a write each time, for ever. Such a
+        record is beyond reach when it is more than the maximum plus
+        :data:`DELIVERY_BACKOFF_MAX_MS` away after its wait in a tier: that margin lets the
+        coordinator's own back-off copies (due up to that far ahead, whatever the maximum)
+        and clocks of producer and coordinator hosts a minute apart pass; a timer sent within
+        the maximum has, besides, waited in a tier and is nearer by that wait. ``now_ms``,
+        not the born time, is the reference: a foreign record carries none, and it is what
+        bounds the hops left.
+        """
+        ahead = deliver_ms - now_ms
+        if ahead <= self.timer_max_delay_ms + DELIVERY_BACKOFF_MAX_MS:
+            return None
+        shown = str(deliver_ms)
+        if len(shown) > 20:  # a foreign value may have thousands of digits
+            shown = f"{shown[:20]}... ({len(shown)} digits)"
+        return (
+            f"timer due at TIMER_DELIVER_MS={shown} is {_span(ahead)} away, "
+            f"beyond timer_max_delay_ms={self.timer_max_delay_ms} "
+            f"({_span(self.timer_max_delay_ms)}) that producers refuse: it was written onto "
+            "the timer topic by another client or by a producer with a larger maximum; "
+            "parked instead of hopping between tiers until then (bridge quarantine replay "
+            "delivers it at once)"
+        )
+
     @property
     def hold_window_ms(self) -> int:
         """A message leaving its tier this close to its time waits for the exact time."""
@@ -163,6 +200,16 @@ class DelayPolicy:
                 f"{self.timer_max_delay_ms} ({self.timer_max_delay_ms // 86_400_000} days)"
             )
         return due
+
+
+def _span(ms: int) -> str:
+    """``ms`` for a reader: in days from a day on, else in seconds."""
+    if ms < 86_400_000:
+        return f"{ms / 1000:g} s"
+    hundredths = ms // 864_000  # of a day, in integers: a float overflows for a foreign value
+    if hundredths >= 10**11:
+        return f"more than {10**9} days"
+    return f"{hundredths // 100}.{hundredths % 100:02d} days"
 
 
 def _as_int(name: str, raw: str) -> int:

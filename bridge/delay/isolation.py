@@ -36,6 +36,7 @@ from bridge.codec import (
     message_headers_start,
 )
 from bridge.delay.fetch import RECORD_ERRORS, Headers, Held, Key
+from bridge.delay_policy import DELIVERY_BACKOFF_MAX_MS
 from bridge.kafka.batch_writer import TransactionBatch
 from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import QUARANTINE_OMITTED_BYTES, quarantine_copy
@@ -59,8 +60,6 @@ _METADATA_MAX_AGE_S = 1.0
 """How old the partition count of a target topic may be before it is asked again, s."""
 _METADATA_RECHECK_S = 0.2
 """A target that looks missing or too small is asked again if its answer is older, s."""
-_MAX_BACKOFF_MS = 60_000
-"""The longest back-off between two deliveries of a message that keeps timing out, ms."""
 _MISSING: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
 _NOT_RECORD_ERRORS: Final = frozenset(
     {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, KafkaError._FENCED}
@@ -222,8 +221,9 @@ class Isolation:
         """Where a message whose delivery failed for ``problem`` goes: back to wait in the
         timer topic for a back-off, or QUARANTINE once it failed ``delivery_attempts`` times
         for a permanent reason. A ``transient`` failure (a timeout) counts in
-        ``DELIVERY_ATTEMPTS`` (its back-off doubles, up to :data:`_MAX_BACKOFF_MS`) but never
-        quarantines the message by itself. The back-off copy is in the format of the
+        ``DELIVERY_ATTEMPTS`` (its back-off doubles, up to
+        :data:`~bridge.delay_policy.DELIVERY_BACKOFF_MAX_MS`) but never quarantines the
+        message by itself. The back-off copy is in the format of the
         coordinator's ``delay_record_format``, whichever format ``held`` was in (see
         :func:`~bridge.codec.is_header_format`): the header format, or with ``"envelope"`` the
         record releases before it wrote (an envelope with ``TIMER_DELIVER_MS`` as its one
@@ -248,7 +248,8 @@ class Isolation:
                 )
                 return self._quarantined(held, f"delivery failed {attempts} times: {problem}")
             backoff_ms = min(
-                self._svc.config.delivery_backoff_ms * 2 ** min(attempts - 1, 30), _MAX_BACKOFF_MS
+                self._svc.config.delivery_backoff_ms * 2 ** min(attempts - 1, 30),
+                DELIVERY_BACKOFF_MAX_MS,
             )
             deliver_ms = now + backoff_ms
             again = (

@@ -44,7 +44,7 @@ from bridge.delay.fetch import RECORD_ERRORS, Fetcher, Headers, Held
 from bridge.delay.isolation import Isolation
 from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER
 from bridge.delay_policy import DelayPolicy
-from bridge.errors import MalformedRecordError
+from bridge.errors import InvalidDelayError, MalformedRecordError
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.service import ServiceConfig, TransactionalService
 from bridge.kafka.transactional import REMOVED_ON_DELIVERY
@@ -303,6 +303,10 @@ class TimerService(FifoDelayService):
         held.due_ms = self.policy.exit_time_ms(tier_due, held.exact_ms)
 
     def process(self, held: Held, now: int) -> tuple[PreparedRecord, bool]:
+        """Deliver the due record, or hop it to the tier :meth:`DelayPolicy.route` picks; a
+        record due further ahead than any producer sends (:meth:`DelayPolicy.out_of_reach`)
+        raises :class:`InvalidDelayError` (one of :data:`RECORD_ERRORS`: it is
+        quarantined)."""
         # place() read the delivery time when the record was fetched (None: unreadable then,
         # so reading it again raises and the record is quarantined).
         deliver_ms = held.exact_ms if held.exact_ms is not None else timer_deliver_ms(held)
@@ -310,6 +314,12 @@ class TimerService(FifoDelayService):
         tier = policy.route(deliver_ms, now, policy.tier_count)
         if tier is None:
             return self.deliver(held)
+        beyond = policy.out_of_reach(deliver_ms, now)
+        if beyond is not None:
+            # Hopping on would cost a write per last-tier wait until its time (year 9999:
+            # for ever); the quarantine keeps it, with the reason (logged there), for an
+            # operator.
+            raise InvalidDelayError(beyond)
         # A hop is the coordinator's own copy, written once in a Kafka transaction: without
         # the producer's send id, it can never pass for a second copy of that send.
         headers: Headers

@@ -8,6 +8,7 @@ import pytest
 
 from bridge import ClientConfig, Message, Producer
 from bridge.delay.model import DelayPolicy, InvalidDelayError, parse_delay_levels
+from bridge.delay_policy import DELIVERY_BACKOFF_MAX_MS
 from bridge.errors import InvalidArgumentError
 from bridge.message import MessageConst
 from topics.catalog import SystemTopic, TopicCatalog
@@ -135,3 +136,34 @@ def test_the_catalogs_defaults_match_the_default_delay_settings() -> None:
         derived.delay_level_count,
         derived.timer_partitions,
     )
+
+
+@pytest.mark.parametrize(
+    ("precision_ms", "max_ms"), [(1000, 3 * DAY_MS), (100, 100), (100, 1000), (1000, 400 * DAY_MS)]
+)
+def test_only_timers_beyond_the_maximum_and_the_back_off_margin_are_out_of_reach(
+    precision_ms: int, max_ms: int
+) -> None:
+    policy = DelayPolicy(timer_precision_ms=precision_ms, timer_max_delay_ms=max_ms)
+    now = 1_800_000_000_000
+    # The coordinator's back-off copies (up to a minute ahead) hop on whatever the maximum.
+    margin = DELIVERY_BACKOFF_MAX_MS
+    for ahead in (1, max_ms, max_ms + margin, margin):
+        assert policy.out_of_reach(now + ahead, now) is None, ahead
+    for due in (now + max(max_ms, 0) + margin + 1, 253_402_300_799_000, 2**63 - 1, 10**4000):
+        why = policy.out_of_reach(due, now)
+        assert why is not None and f"beyond timer_max_delay_ms={max_ms}" in why
+        assert len(why) < 500  # a value of thousands of digits is shown cut
+
+
+def test_a_producer_never_sends_a_timer_the_coordinator_finds_out_of_reach() -> None:
+    policy = DelayPolicy(timer_precision_ms=100, timer_max_delay_ms=1000)
+    born = 1_800_000_000_000
+    for delay in range(0, 1001, 50):
+        due = policy.deliver_time_ms(
+            born_ms=born, deliver_ms=None, delay_ms=str(delay), delay_sec=None
+        )
+        tier = policy.route(due, born)
+        # Taken out of its tier no sooner than its wait after the send.
+        left = born + (0 if tier is None else policy.tier_delay_ms(tier))
+        assert policy.out_of_reach(due, left) is None
