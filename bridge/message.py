@@ -29,6 +29,7 @@ properties (:attr:`MessageConst.TRACE_PARENT`); :mod:`bridge.tracing` makes the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Final, overload
 
@@ -117,14 +118,25 @@ def _normalise_keys(keys: str | Iterable[str] | None) -> list[str]:
 
 
 def _delay_number(setter: str, value: object) -> int:
-    """``value`` (a delay setter's argument) if it is an ``int``, else :class:`InvalidDelayError`
-    naming the setter. One rule for the level and the timers, as RocketMQ's ``int``/``long``
-    parameters and :func:`bridge.settings.require_int`: a ``bool`` is refused though Python
-    counts it an int (``True`` is no delay anyone means), and so is a float, even a whole one
-    (``int()`` would cut ``1.9`` to 1 without a word), text and None."""
+    """``value`` (a delay level) if it is an ``int``, else :class:`InvalidDelayError` naming
+    the setter: a ``bool`` is refused though Python counts it an int (``True`` is no delay
+    anyone means), and so are a float (a level is an index), text and None, as RocketMQ's
+    ``int`` parameter and :func:`bridge.settings.require_int` do."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidDelayError(f"{setter} needs an integer, got {value!r}")
     return int(value)  # an int subclass (an IntEnum) as the plain number
+
+
+def _timer_number(setter: str, value: object) -> int:
+    """``value`` (a timer setter's argument, in the setter's unit) as a whole number of that
+    unit: an ``int`` as it is, a finite float rounded up (``time.time() * 1000 + 5000`` is the
+    usual way to name an instant, and rounding down would deliver up to a unit early); a
+    ``bool``, ``nan``, an infinity, text or None is :class:`InvalidDelayError` naming the setter."""
+    if isinstance(value, float) and math.isfinite(value):
+        return math.ceil(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidDelayError(f"{setter} needs an integer or a finite float, got {value!r}")
+    return int(value)
 
 
 class Message:
@@ -302,29 +314,31 @@ class Message:
         props = self._properties
         return bool(props) and any(name in props for name in DELAY_PROPERTIES)
 
-    def set_deliver_time_ms(self, epoch_ms: int) -> None:
+    def set_deliver_time_ms(self, epoch_ms: int | float) -> None:
         """RocketMQ 5's ``setDeliverTimeMs``: deliver at ``epoch_ms`` (epoch milliseconds).
 
-        Not an ``int`` (a ``bool``, a float such as ``1.9`` or ``nan``, text such as
-        ``"soon"``): :class:`InvalidDelayError`.
+        A float is rounded up to a whole unit (never early); a ``bool``, ``nan``, an
+        infinity or text (``"soon"``): :class:`InvalidDelayError`.
         """
-        due = _delay_number("set_deliver_time_ms", epoch_ms)
+        due = _timer_number("set_deliver_time_ms", epoch_ms)
         self._properties[MessageConst.TIMER_DELIVER_MS] = str(due)
 
-    def set_delay_time_ms(self, delay_ms: int) -> None:
+    def set_delay_time_ms(self, delay_ms: int | float) -> None:
         """RocketMQ 5's ``setDelayTimeMs``: deliver ``delay_ms`` milliseconds after sending.
 
-        Not an ``int`` (a ``bool``, a float, text): :class:`InvalidDelayError`.
+        A float is rounded up to a whole unit (never early); a ``bool``, ``nan``, an
+        infinity or text (``"soon"``): :class:`InvalidDelayError`.
         """
-        delay = _delay_number("set_delay_time_ms", delay_ms)
+        delay = _timer_number("set_delay_time_ms", delay_ms)
         self._properties[MessageConst.TIMER_DELAY_MS] = str(delay)
 
-    def set_delay_time_sec(self, delay_sec: int) -> None:
+    def set_delay_time_sec(self, delay_sec: int | float) -> None:
         """RocketMQ 5's ``setDelayTimeSec``: deliver ``delay_sec`` seconds after sending.
 
-        Not an ``int`` (a ``bool``, a float, text): :class:`InvalidDelayError`.
+        A float is rounded up to a whole unit (never early); a ``bool``, ``nan``, an
+        infinity or text (``"soon"``): :class:`InvalidDelayError`.
         """
-        delay = _delay_number("set_delay_time_sec", delay_sec)
+        delay = _timer_number("set_delay_time_sec", delay_sec)
         self._properties[MessageConst.TIMER_DELAY_SEC] = str(delay)
 
     @property

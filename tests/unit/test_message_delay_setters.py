@@ -1,5 +1,6 @@
-"""One rule for every delay setter of ``Message``: an ``int`` is taken as it is, anything else
-(a ``bool``, a float even when whole, text, None) is an ``InvalidDelayError`` naming the setter,
+"""The rules of ``Message``'s delay setters: a delay level is an ``int`` and nothing else; a
+timer is an ``int``, or a finite float rounded up to a whole unit (never early). Anything else
+(a ``bool``, ``nan``, an infinity, text, None) is an ``InvalidDelayError`` naming the setter,
 and the message is left as it was."""
 
 from __future__ import annotations
@@ -21,9 +22,31 @@ TIMER_SETTERS = {
 }
 SETTERS = [*TIMER_SETTERS, "set_delay_time_level"]
 
-not_ints = st.one_of(
+
+@pytest.mark.parametrize("setter", SETTERS)
+@pytest.mark.parametrize("value", [True, False, math.nan, math.inf, -math.inf, "5", None])
+def test_a_delay_that_is_no_number_is_refused_and_changes_nothing(
+    setter: str, value: object
+) -> None:
+    msg = Message("orders", b"x")
+    with pytest.raises(InvalidDelayError, match=rf"^{setter} needs an integer") as raised:
+        getattr(msg, setter)(value)
+    assert isinstance(raised.value, InvalidMessageError)  # what the level setter raised before
+    assert msg.properties == {}
+    assert not msg.is_delayed
+
+
+@pytest.mark.parametrize("value", [1.9, 1.0, 0.5])
+def test_a_level_is_an_int_not_a_float(value: float) -> None:
+    msg = Message("orders", b"x")
+    with pytest.raises(InvalidDelayError, match=r"^set_delay_time_level needs an integer"):
+        msg.set_delay_time_level(value)  # type: ignore[arg-type]
+    assert msg.properties == {}
+
+
+not_numbers = st.one_of(
     st.booleans(),
-    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([math.nan, math.inf, -math.inf]),
     st.text(max_size=12),
     st.none(),
     st.decimals(allow_nan=False, allow_infinity=False),
@@ -31,26 +54,24 @@ not_ints = st.one_of(
 )
 
 
-@pytest.mark.parametrize("setter", SETTERS)
-@pytest.mark.parametrize("value", [True, False, 1.9, 1.0, 0.5, math.nan, "5", None])
-def test_a_delay_that_is_not_an_int_is_refused_and_changes_nothing(
-    setter: str, value: object
-) -> None:
-    msg = Message("orders", b"x")
-    with pytest.raises(InvalidDelayError, match=rf"^{setter} needs an integer, got ") as raised:
-        getattr(msg, setter)(value)
-    assert isinstance(raised.value, InvalidMessageError)  # what the level setter raised before
-    assert msg.properties == {}
-    assert not msg.is_delayed
-
-
-@given(value=not_ints, setter=st.sampled_from(SETTERS))
-def test_no_value_but_an_int_is_taken_by_any_delay_setter(value: object, setter: str) -> None:
+@given(value=not_numbers, setter=st.sampled_from(SETTERS))
+def test_no_value_but_a_number_is_taken_by_any_delay_setter(value: object, setter: str) -> None:
     msg = Message("orders", b"x", delay_time_level=2)
     before = dict(msg.properties)
     with pytest.raises(InvalidDelayError, match=setter):
         getattr(msg, setter)(value)
     assert msg.properties == before
+
+
+@given(
+    value=st.floats(allow_nan=False, allow_infinity=False),
+    setter=st.sampled_from(list(TIMER_SETTERS)),
+)
+def test_a_finite_float_timer_is_rounded_up_never_early(value: float, setter: str) -> None:
+    msg = Message("orders", b"x")
+    getattr(msg, setter)(value)
+    stored = int(msg.properties[TIMER_SETTERS[setter]])
+    assert stored - 1 < value <= stored  # exact: Python compares int and float exactly
 
 
 @given(value=st.integers(), setter=st.sampled_from(list(TIMER_SETTERS)))
