@@ -38,6 +38,7 @@ from bridge.consumer.admin import (
 from bridge.consumer.send_back import ReplayTarget, replay_record
 from bridge.delay.admin import delay_status
 from bridge.errors import BridgeError, SendError
+from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_producer, new_reader, read_record_at
 from bridge.kafka.quarantine import (
     QUARANTINE_SOURCE_TOPIC,
@@ -532,6 +533,11 @@ def _quarantined_record(config: ClientConfig, offset: int) -> Any:
     """The QUARANTINE record at ``offset``; :class:`NotFoundError` (exit status 4) when there
     is none (past the end, or the offset of a transaction's commit marker)."""
     topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.QUARANTINE)
+    if topic not in TopicAdmin(config).list_topics():  # a reader would wait for it in vain
+        raise NotFoundError(
+            f"no quarantined record at offset {offset}: {topic} does not exist (nothing was "
+            f"quarantined in namespace {config.namespace})"
+        )
     reader = new_reader(
         config, f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}", "bridge-replay"
     )

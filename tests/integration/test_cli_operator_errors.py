@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -105,6 +107,21 @@ def test_replaying_a_quarantine_offset_that_holds_no_record_exits_4(
     negative = bridge_cli(client_config, "quarantine", "replay", "--", "-1")
     assert negative.returncode == EXIT_USAGE, (negative.stdout, negative.stderr)
     assert "-1 is not in the range x>=0" in negative.stderr, negative.stderr
+
+
+def test_replaying_in_a_namespace_that_quarantined_nothing_exits_4_at_once(
+    client_config: ClientConfig,
+) -> None:
+    # No QUARANTINE topic: the reader waited BRIDGE_REQUEST_TIMEOUT_MS for it, then exit 1.
+    empty = client_config.replace(namespace=f"none{uuid.uuid4().hex[:8]}")
+    started = time.monotonic()
+    proc = bridge_cli(empty, "quarantine", "replay", "3")
+    assert proc.returncode == EXIT_NOT_FOUND, (proc.stdout, proc.stderr)
+    assert error_line(proc) == (
+        f"Error: no quarantined record at offset 3: {empty.namespace}.QUARANTINE does not exist "
+        f"(nothing was quarantined in namespace {empty.namespace})"
+    )
+    assert time.monotonic() - started < 8  # the CLI's start-up and one metadata request
 
 
 @pytest.mark.parametrize("command", ["replay", "drop"])
