@@ -917,16 +917,55 @@ class Producer(Startable):
                 return False
             flush(min(remaining, _SYNC_FLUSH_SLICE_S))
 
-    def send_record_async(self, record: PreparedRecord, partition: int, callback: Any) -> None:
+    def send_record_async(
+        self,
+        record: PreparedRecord,
+        partition: int,
+        callback: Any,
+        *,
+        resend_alone: bool = False,
+    ) -> None:
         """Send a prepared record; ``callback(err, kafka_message)`` gets the delivery report.
         Raises only when the record was not taken: a callback that raises while reports are
-        served here is logged, since its record, taken already, still gets its own report."""
+        served here is logged, since its record, taken already, still gets its own report.
+
+        ``resend_alone``: a record the broker refuses with its request batch as too large is
+        sent again alone first, as a ``send_async`` is, and ``callback`` gets that send's
+        report, so a MSG_SIZE_TOO_LARGE it gets is the record's own; when the record cannot
+        be sent again (this producer is shut down, the local queue stayed full), ``callback``
+        gets the exception saying why instead of a :class:`KafkaError`, and None. Off by
+        default for callers whose ``callback`` sends again itself (``alone_resend``)."""
         self._lifecycle.require_running()
+        if resend_alone and self._resend is not None:
+            callback = partial(self._report_or_resend, record, partition, callback)
         self._produce(record, partition, callback)
         try:
             self._serve_reports()
         except Exception:
             logger.exception("producer %s: a delivery report callback raised", self.group)
+
+    def _report_or_resend(
+        self,
+        record: PreparedRecord,
+        partition: int,
+        callback: Any,
+        err: KafkaError | None,
+        kmsg: Any,
+    ) -> None:
+        """The delivery report of a :meth:`send_record_async` with ``resend_alone``: one
+        refused with its request batch as too large sends ``record`` again alone, with
+        ``callback`` for that send's report; any other goes to ``callback``."""
+        if err is None or not refused_with_its_batch(err):
+            callback(err, kmsg)
+            return
+        if partition < 0 and kmsg is not None:
+            # Again in the partition its batch was in: the record stays in its key's order.
+            placed = kmsg.partition()
+            partition = placed if placed is not None and placed >= 0 else -1
+        try:
+            self._refused_batch(record.kafka_topic).send_record_async(record, partition, callback)
+        except Exception as exc:  # not taken: the callback learns why
+            callback(exc, None)
 
     def send_async(
         self,

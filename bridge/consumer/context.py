@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -52,9 +51,6 @@ class ConsumerContext:
     """The state every part of one push consumer reads."""
 
     __slots__ = (
-        "_alone_lock",
-        "_alone_producer",
-        "_closed",
         "catalog",
         "config",
         "counters",
@@ -78,9 +74,6 @@ class ConsumerContext:
         self.scheduler = Scheduler(group)
         self.producer: Producer | None = None
         """The producer of copies (send-backs, quarantine), once started."""
-        self._alone_producer: Producer | None = None
-        self._alone_lock = threading.Lock()
-        self._closed = False
         self.executor: ThreadPoolExecutor | None = None
         """The listener threads, once started."""
         self.deadline = math.inf
@@ -98,53 +91,27 @@ class ConsumerContext:
             raise IllegalStateError(f"push consumer {self.group} is not started")
         return self.producer
 
-    def alone_sender(self) -> Producer:
-        """The producer of copies that puts each record in a request batch of its own, made
-        when first asked for.
-
-        A broker refuses a whole batch that is larger than the topic's ``max.message.bytes``
-        (MSG_SIZE_TOO_LARGE for every record in it), and the producer of copies batches the
-        copies of different messages together: a copy refused that way may be refused for its
-        neighbour's size. Sent again through this producer, a refusal is the copy's own.
-        Raises :class:`IllegalStateError` once the clients are closed."""
-        with self._alone_lock:
-            if self._closed:
-                raise IllegalStateError(f"push consumer {self.group} is shut down")
-            if self._alone_producer is None:
-                kafka = {**self.config.kafka, "batch.num.messages": "1"}
-                producer = Producer(self.group, config=self.config.replace(kafka=kafka))
-                producer.start()
-                self._alone_producer = producer
-            return self._alone_producer
-
     def flush_copies(self, timeout_ms: int) -> int:
-        """Wait up to ``timeout_ms`` (ms) for the copies in flight on both producers; return
-        how many are still unacknowledged.
+        """Wait up to ``timeout_ms`` (ms) for the copies in flight; return how many are still
+        unacknowledged.
 
-        The main producer's reports send refused copies again through the alone producer, and
-        its reports may send a copy on (to quarantine) through the main one: flushed in turn
-        until neither has anything in flight, so no copy is still being written when the
+        The producer's flush waits for the copies it sent again alone too
+        (:meth:`Producer.flush`), and the reports it serves may send a copy on (to quarantine):
+        flushed again until nothing is in flight, so no copy is still being written when the
         offsets are committed."""
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             remaining = self.sender.flush(_left_ms(deadline))
-            with self._alone_lock:
-                alone = self._alone_producer
-            if alone is not None:
-                remaining += alone.flush(_left_ms(deadline))
-                remaining += self.sender.flush(0)  # what the alone reports sent on
+            if remaining == 0:
+                remaining = self.sender.flush(0)  # what the last reports sent on
             if remaining == 0 or time.monotonic() >= deadline:
                 return remaining
 
     def close_producers(self, timeout_ms: int) -> None:
-        """Shut the producers of copies down, waiting up to ``timeout_ms`` for each (ms)."""
-        with self._alone_lock:
-            self._closed = True
-            alone = self._alone_producer
+        """Shut the producer of copies down (with the one it sends copies again alone
+        through), waiting up to ``timeout_ms`` (ms)."""
         if self.producer is not None:
             self.producer.shutdown(timeout_ms)
-        if alone is not None:
-            alone.shutdown(timeout_ms)
 
     @property
     def pool(self) -> ThreadPoolExecutor:

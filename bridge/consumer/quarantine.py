@@ -39,15 +39,6 @@ def refused_for_good(error: object) -> bool:
     return isinstance(error, InvalidArgumentError)
 
 
-def refused_with_its_batch(error: object) -> bool:
-    """True if a delivery report says the broker refused the record's whole request batch as
-    too large (MSG_SIZE_TOO_LARGE): that may be another record's size, not this one's, and only
-    the record sent in a batch of its own (:meth:`ConsumerContext.alone_sender`) tells."""
-    if isinstance(error, KafkaClientError):
-        error = error.kafka_error
-    return isinstance(error, KafkaError) and error.code() == KafkaError.MSG_SIZE_TOO_LARGE
-
-
 def error_text(error: object) -> str:
     """A delivery report's error or an exception, as a reason (with Kafka's error name)."""
     if isinstance(error, KafkaError):
@@ -98,8 +89,6 @@ class Quarantine:
         pq: ProcessQueue,
         reason: Exception,
         refused: str | None = None,
-        *,
-        alone: bool = False,
     ) -> None:
         """Copy ``record`` (held in ``pq``) to QUARANTINE with ``reason``, without waiting; it
         is done once Kafka acknowledges the copy. Until then it stays held. A whole copy that
@@ -107,37 +96,22 @@ class Quarantine:
         (``refused``: why); a copy that fails otherwise, or a value-less one refused too (an
         error is logged: the record pins its partition), is tried again after
         ``send_back_retry_delay_ms``. A copy refused with its request batch as too large is
-        first sent again in a batch of its own (``alone``), and keeps its value unless refused
-        then too. Never raises."""
+        first sent again in a batch of its own by the producer, and keeps its value unless
+        refused then too. Never raises."""
         context = self._context
         offset = record.offset()
         retry_delay_ms = context.settings.send_back_retry_delay_ms
 
         def again() -> None:
             if not pq.dropped:
-                self.send(record, pq, reason, refused, alone=alone)
-
-        def whole_alone() -> None:
-            if not pq.dropped:
-                self.send(record, pq, reason, refused, alone=True)
+                self.send(record, pq, reason, refused)
 
         def valueless(why: str) -> None:
             if not pq.dropped:
-                self.send(record, pq, reason, why, alone=alone)
+                self.send(record, pq, reason, why)
 
         def failed(error: object) -> None:
             text = error_text(error)
-            if not alone and refused_with_its_batch(error):
-                logger.warning(
-                    "quarantine of %s[%d]@%d refused with its batch (%s): sending it alone",
-                    pq.topic,
-                    pq.partition,
-                    offset,
-                    text,
-                )
-                # On the poll thread: this may run inside a delivery report.
-                context.scheduler.after(0, whole_alone)
-                return
             if not refused_for_good(error):
                 logger.warning(
                     "quarantine of %s[%d]@%d failed, retrying later: %s",
@@ -170,7 +144,7 @@ class Quarantine:
                 )
             context.scheduler.after(retry_delay_ms, again)
 
-        def delivered(err: KafkaError | None, _: Any) -> None:
+        def delivered(err: KafkaError | Exception | None, _: Any) -> None:
             try:
                 if err is None:
                     pq.remove([offset])
@@ -182,8 +156,7 @@ class Quarantine:
 
         try:
             copy = self.record(record, f"{type(reason).__name__}: {reason}", refused)
-            sender = context.alone_sender() if alone else context.sender
-            sender.send_record_async(copy, -1, delivered)
+            context.sender.send_record_async(copy, -1, delivered, resend_alone=True)
         except Exception as exc:
             failed(exc)
 

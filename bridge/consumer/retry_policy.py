@@ -28,7 +28,6 @@ from bridge.consumer.quarantine import (
     Quarantine,
     error_text,
     refused_for_good,
-    refused_with_its_batch,
 )
 from bridge.consumer.send_back import origin_topic, send_back_record
 from bridge.errors import KafkaClientError, SendError
@@ -183,9 +182,11 @@ class RetryPolicy:
                 if built is None:
                     continue
                 route, record = built
-                index = copies.add(msg, route, record)
+                index = copies.add(msg, route)
                 try:
-                    sender.send_record_async(record, record.partition, partial(report, index))
+                    sender.send_record_async(
+                        record, record.partition, partial(report, index), resend_alone=True
+                    )
                 except Exception as exc:
                     copies.unsent()
                     self._copy_failed(pq, msg, route, exc)
@@ -193,34 +194,14 @@ class RetryPolicy:
             copies.sent()
 
     def _copy_failed(
-        self,
-        pq: ProcessQueue,
-        msg: MessageExt,
-        route: RetryRoute,
-        error: object,
-        record: PreparedRecord | None = None,
+        self, pq: ProcessQueue, msg: MessageExt, route: RetryRoute, error: object
     ) -> None:
-        """The retry or DLQ copy of held ``msg`` was not written. Refused with its request
-        batch as too large and not yet sent alone (``record``: the copy): send it again in a
-        batch of its own, since its neighbours' size may be the cause. A transient failure:
-        consume it again later. A refusal for good: the same, a bounded number of times (the
-        listener may succeed meanwhile), then quarantine it with the reason, so it no longer
-        pins its partition."""
+        """The retry or DLQ copy of held ``msg`` was not written (a copy refused with its
+        request batch as too large was sent again alone first, by the producer: a refusal
+        here is the copy's own). A transient failure: consume it again later. A refusal for
+        good: the same, a bounded number of times (the listener may succeed meanwhile), then
+        quarantine it with the reason, so it no longer pins its partition."""
         where = "DLQ" if route.to_dlq else "retry"
-        if record is not None and refused_with_its_batch(error):
-            logger.warning(
-                "%s copy of %s refused with its batch, sending it alone: %s",
-                where,
-                msg.msg_id,
-                error_text(error),
-            )
-            try:
-                self._context.alone_sender().send_record_async(
-                    record, record.partition, partial(self._alone_report, pq, msg, route)
-                )
-                return
-            except Exception as exc:
-                error = exc
         if not refused_for_good(error):
             logger.warning(
                 "%s copy of %s failed, consuming it again later: %s",
@@ -247,19 +228,6 @@ class RetryPolicy:
             return
         self.quarantine_held(pq, msg, _refusal(msg, where, refusals, error))
 
-    def _alone_report(
-        self, pq: ProcessQueue, msg: MessageExt, route: RetryRoute, err: KafkaError | None, _: Any
-    ) -> None:
-        """The delivery report of ``msg``'s copy sent alone after its batch was refused."""
-        try:
-            if err is None:
-                pq.remove([msg.queue_offset])
-                self._sent_back(msg, route)
-            else:
-                self._copy_failed(pq, msg, route, err)
-        except Exception:
-            logger.exception("push consumer %s: send-back report", self._context.group)
-
     def dead_letter(
         self, pq: ProcessQueue, msgs: list[MessageExt]
     ) -> tuple[list[MessageExt], list[MessageExt]]:
@@ -274,11 +242,9 @@ class RetryPolicy:
         results = self._context.sender.send_records_sync([record for _, _, record in built])
         sent: list[MessageExt] = []
         kept: list[MessageExt] = []
-        for (msg, route, record), first in zip(built, results, strict=True):
-            result = first
-            if isinstance(first, KafkaClientError) and refused_with_its_batch(first):
-                # Refused with its request batch: its neighbours' size may be the cause.
-                result = self._dead_letter_alone(record, first)
+        # A copy refused with its request batch as too large was sent again alone already
+        # (send_records_sync): a refusal here is the copy's own.
+        for (msg, route, _), result in zip(built, results, strict=True):
             if isinstance(result, KafkaClientError):
                 refusals = pq.note_refusal(msg.queue_offset) if refused_for_good(result) else 0
                 if refusals >= COPY_ATTEMPTS:
@@ -291,19 +257,6 @@ class RetryPolicy:
             sent.append(msg)
             self._sent_back(msg, route)
         return sent, kept
-
-    def _dead_letter_alone(
-        self, record: PreparedRecord, refusal: KafkaClientError
-    ) -> tuple[int, int] | KafkaClientError:
-        """Send the DLQ copy ``record``, refused with its batch, again in a batch of its own
-        and wait: (partition, offset) or the error (``refusal`` if it cannot be sent)."""
-        try:
-            return self._context.alone_sender().send_records_sync([record])[0]
-        except KafkaClientError as exc:
-            return exc
-        except Exception:
-            logger.exception("push consumer %s: DLQ copy sent alone", self._context.group)
-            return refusal
 
     def quarantine_held(self, pq: ProcessQueue, msg: MessageExt, reason: Exception) -> None:
         """Quarantine the record of held ``msg`` (its copy cannot be built or was refused)."""
@@ -346,7 +299,6 @@ class _Copies:
         "_outstanding",
         "_policy",
         "_pq",
-        "_records",
         "_routes",
     )
 
@@ -355,21 +307,18 @@ class _Copies:
         self._pq = pq
         self._msgs: list[MessageExt] = []
         self._routes: list[RetryRoute] = []
-        self._records: list[PreparedRecord] = []
         self._acked: list[int] = []
         """Indexes of the copies acknowledged."""
         self._outstanding = 1
         """Copies handed over without a report yet, plus one while the call runs."""
         self._lock = threading.Lock()
 
-    def add(self, msg: MessageExt, route: RetryRoute, record: PreparedRecord) -> int:
-        """Note ``record``, the copy of ``msg`` about to be sent: its index for
-        :meth:`report`."""
+    def add(self, msg: MessageExt, route: RetryRoute) -> int:
+        """Note the copy of ``msg`` about to be sent: its index for :meth:`report`."""
         with self._lock:
             self._outstanding += 1
             self._msgs.append(msg)
             self._routes.append(route)
-            self._records.append(record)
             return len(self._msgs) - 1
 
     def unsent(self) -> None:
@@ -380,14 +329,12 @@ class _Copies:
         """The call handed over every copy it could."""
         self._done(None)
 
-    def report(self, index: int, err: KafkaError | None, _: Any) -> None:
-        """librdkafka's delivery report of copy ``index``."""
+    def report(self, index: int, err: KafkaError | Exception | None, _: Any) -> None:
+        """The delivery report of copy ``index`` (an exception: it was refused with its
+        request batch and could not be sent again alone)."""
         try:
             if err is not None:
-                policy = self._policy
-                policy._copy_failed(
-                    self._pq, self._msgs[index], self._routes[index], err, self._records[index]
-                )
+                self._policy._copy_failed(self._pq, self._msgs[index], self._routes[index], err)
         except Exception:
             logger.exception("push consumer %s: send-back report", self._policy._context.group)
         finally:

@@ -242,11 +242,13 @@ def test_a_copy_that_cannot_be_built_is_quarantined_and_one_that_cannot_be_sent_
     send_record = producer_module.Producer.send_record_async
     raised: list[str] = []
 
-    def refuses_once(self: Producer, record: Any, partition: int, callback: Any) -> None:
+    def refuses_once(
+        self: Producer, record: Any, partition: int, callback: Any, **kwargs: Any
+    ) -> None:
         if record.msg_id == ids["unsendable"] and not raised:
             raised.append(record.msg_id)
             raise RuntimeError("the client broke while sending")
-        send_record(self, record, partition, callback)
+        send_record(self, record, partition, callback, **kwargs)
 
     monkeypatch.setattr(producer_module.Producer, "send_record_async", refuses_once)
     listener = Listener(fail_first=frozenset({b"unbuildable", b"unsendable"}))
@@ -762,6 +764,47 @@ def test_a_copy_refused_only_for_the_size_of_its_batch_is_sent_alone_and_not_bla
     assert [m.body for m in dead] == [small], [len(m.body) for m in dead]
     [quarantined] = [q for q in read_quarantine(config, timeout_ms=3000) if q.source_topic == topic]
     assert quarantined.source_offset == 1, quarantined
+
+
+def test_an_orderly_dlq_copy_too_large_even_alone_is_sent_alone_once_per_attempt(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # The orderly consumer dead-letters with send_records_sync, which sends a copy refused
+    # with its request batch again alone itself: the consumer sent it alone once more (two
+    # alone sends of the same refused copy per attempt).
+    topic = unique("t")
+    group = unique("g")
+    TopicAdmin(config).ensure_topics(
+        [
+            TopicSpec(topic, 1),
+            TopicSpec(config.catalog().dlq_topic(group), 1, {"max.message.bytes": "2000"}),
+        ]
+    )
+    small, large = b"small-fails", os.urandom(5000)
+    with Producer("test_pg", config=config) as producer:
+        for body in (small, large):
+            producer.send_async(Message(topic, body))
+        assert producer.flush() == 0
+    send_records = producer_module.Producer.send_records_sync
+    alone_sends: list[int] = []
+
+    def counted(self: Producer, records: list[Any]) -> Any:
+        if self.config.kafka.get("batch.num.messages") == "1":
+            alone_sends.extend(1 for r in records if len(r.value or b"") >= len(large))
+        return send_records(self, records)
+
+    monkeypatch.setattr(producer_module.Producer, "send_records_sync", counted)
+    listener = OrderlyFailsAny(frozenset({small, large}))
+    consumer = start_consumer(
+        consumers, config, group, topic, listener, max_reconsume_times=0,
+        consume_message_batch_max_size=2, suspend_current_queue_time_millis=100,
+    )  # fmt: skip
+    wait_until(lambda: committed(config, group, topic) == 2, timeout_s=45)
+    stats = consumer.stats()
+    assert (stats.dead_lettered, stats.quarantined) == (1, 1), stats
+    # Each delivery of the large message tried its DLQ copy once, alone once.
+    assert len(alone_sends) == len(listener.of(large)) == 3, (alone_sends, listener.seen)
 
 
 def test_a_copy_sent_alone_is_acknowledged_before_the_shutdowns_commit(

@@ -167,3 +167,37 @@ def test_the_asyncio_producer_sends_refused_messages_alone_too(
 
     outcomes = asyncio.run(main())
     _check_outcomes(client_config, topic, msgs, outcomes)
+
+
+def test_send_record_async_resending_alone_reports_only_a_records_own_refusal(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    # The push consumer's copies go this way: each callback gets one report, the final one,
+    # so a MSG_SIZE_TOO_LARGE it gets is the record's own and not its batch's.
+    topic = _topic(client_config, unique)
+    msgs = _messages(topic)
+    calls: list[list[Any]] = [[] for _ in msgs]
+    lock = threading.Lock()
+
+    def reported(index: int, err: Any, kmsg: Any) -> None:
+        with lock:
+            calls[index].append(err if err is not None else kmsg.offset())
+
+    with Producer("pg", config=client_config) as producer:
+        records = producer.prepare_batch(msgs)
+        for index, record in enumerate(records):
+            producer.send_record_async(
+                record, record.partition, partial(reported, index), resend_alone=True
+            )
+        assert producer.flush() == 0
+    assert [len(c) for c in calls] == [1] * len(msgs)  # once each, with the final outcome
+    outcomes = [c[0] for c in calls]
+    failed = {i: o for i, o in enumerate(outcomes) if not isinstance(o, int)}
+    assert list(failed) == [BIG_AT], {i: str(o) for i, o in failed.items()}
+    assert failed[BIG_AT].name() == "MSG_SIZE_TOO_LARGE"
+    stored = raw_consume(client_config.bootstrap_servers, topic, len(msgs) - 1)
+    assert _end_offset(client_config, topic) == len(msgs) - 1  # nothing stored twice
+    by_offset = {record.offset(): record for record in stored}
+    for index, offset in enumerate(outcomes):
+        if index != BIG_AT:
+            assert by_offset[offset].value() == msgs[index].body

@@ -25,7 +25,9 @@ class _Sender:
         """Indexes (in sending order) whose hand-over raises."""
         self._tried = 0
 
-    def send_record_async(self, record: PreparedRecord, partition: int, callback: Any) -> None:
+    def send_record_async(
+        self, record: PreparedRecord, partition: int, callback: Any, **_: Any
+    ) -> None:
         tried, self._tried = self._tried, self._tried + 1
         if tried in self.refuse:
             raise RuntimeError("local queue full")
@@ -89,7 +91,7 @@ def test_reports_before_the_call_ends_wait_for_it_and_a_refused_hand_over_counts
     seen: list[tuple[int, int]] = []
     real = sender.send_record_async
 
-    def send_and_report(record: PreparedRecord, partition: int, callback: Any) -> None:
+    def send_and_report(record: PreparedRecord, partition: int, callback: Any, **_: Any) -> None:
         real(record, partition, callback)
         seen.append((pq.held, _stats(consumer).sent_back))
         callback(None, None)
