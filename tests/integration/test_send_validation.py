@@ -85,7 +85,7 @@ def test_a_timer_property_that_is_not_a_number_is_an_invalid_delay(
     producer: Producer, topic: str
 ) -> None:
     with pytest.raises(InvalidDelayError, match="set_delay_time_ms"):
-        Message(topic, b"x").set_delay_time_ms(math.nan)  # type: ignore[arg-type]
+        Message(topic, b"x").set_delay_time_ms(math.nan)
     msg = Message(topic, b"x")
     msg.put_system_property(MessageConst.TIMER_DELAY_MS, "inf")
     with pytest.raises(InvalidDelayError, match="TIMER_DELAY_MS"):

@@ -39,12 +39,14 @@ class HandOverLog:
         threaded = producer.threaded
         original = threaded.send_record_async
 
-        def spy(record: PreparedRecord, partition: int, callback: Any) -> None:
+        def spy(
+            record: PreparedRecord, partition: int, callback: Any, *, resend_alone: bool = False
+        ) -> None:
             value = bytes(record.value or b"")
             self.handed.append(value)
             if value in self.given_up:
                 self.handed_after_outcome.append(value)
-            original(record, partition, callback)
+            original(record, partition, callback, resend_alone=resend_alone)
 
         threaded.send_record_async = spy  # type: ignore[method-assign]
 
