@@ -329,15 +329,20 @@ class Producer(Startable):
         # this thread serving some too would only hand the GIL back and forth.
         kafka = self._kafka
         while not self._stop_polling.is_set():
-            if self._batches_waiting:
-                self._stop_polling.wait(_POLL_INTERVAL_S)
-            elif self._senders_active:
-                self._senders_active = False
-                self._stop_polling.wait(_POLL_INTERVAL_S)
-                if not self._batches_waiting:
-                    kafka.poll(0)
-            else:
-                kafka.poll(_POLL_INTERVAL_S)
+            try:
+                if self._batches_waiting:
+                    self._stop_polling.wait(_POLL_INTERVAL_S)
+                elif self._senders_active:
+                    self._senders_active = False
+                    self._stop_polling.wait(_POLL_INTERVAL_S)
+                    if not self._batches_waiting:
+                        kafka.poll(0)
+                else:
+                    kafka.poll(_POLL_INTERVAL_S)
+            except BaseException:
+                # Report callbacks catch Exception; what they let through (a SystemExit, say)
+                # must not end this thread. The reports not served yet wait for the next poll.
+                logger.exception("producer %s: a delivery report callback raised", self.group)
 
     # --- sending ----------------------------------------------------------------------
     def prepare(self, msg: Message, partition: int = -1) -> PreparedRecord:

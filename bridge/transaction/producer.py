@@ -602,5 +602,7 @@ class TransactionMQProducer(Startable):
             _, work = item
             try:
                 work()
-            except Exception:  # never lose the worker; the check is asked again
+            except BaseException:
+                # Never lose the worker, to a check's SystemExit either (RocketMQ's check
+                # thread catches Throwable); the check is asked again.
                 logger.exception("transaction producer %s: answering a check failed", self.group)

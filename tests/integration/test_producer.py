@@ -219,3 +219,27 @@ def test_send_record_async_raises_only_for_a_record_it_did_not_take(
         producer.flush(10_000)
     assert len(reports) == sent
     assert all(err is None for err in reports)
+
+
+def test_a_callback_raising_system_exit_does_not_stop_the_reports_of_later_sends(
+    client_config: ClientConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first report is served by the producer's own thread (nothing else sends meanwhile):
+    # its callback's SystemExit, which the report handler does not catch as an Exception,
+    # ended that thread, and no later send_async callback ran until the next send.
+    topic = f"sysexit-{uuid.uuid4().hex[:8]}"
+    called = threading.Event()
+    done: list[str] = []
+
+    def exits(result: SendResult) -> None:
+        called.set()
+        raise SystemExit(3)
+
+    with Producer("sysexit_pg", config=client_config) as producer:
+        producer.send_sync(Message(topic, b"warm"))  # the topic exists, the connection is up
+        producer.send_async(Message(topic, b"first"), on_success=exits)
+        assert called.wait(20)
+        for body in ("a", "b", "c"):
+            producer.send_async(Message(topic, body), on_success=lambda r: done.append(r.msg_id))
+        wait_until(lambda: len(done) == 3, timeout_s=10)
+    assert "a delivery report callback raised" in caplog.text

@@ -454,6 +454,24 @@ def test_a_hung_check_left_without_a_thread_gets_one_once_a_thread_is_free(
             gate.set()
 
 
+def test_a_check_raising_system_exit_does_not_end_the_check_thread(
+    client_config: ClientConfig, topic: str, coordinator: Coordinator
+) -> None:
+    """The first check raises SystemExit (not an Exception); the next says COMMIT. With the
+    only check thread ended by the first, no check was answered again."""
+    listener = Scripted(execute={}, check={"exits once": C})
+
+    def on_check(msg: MessageExt) -> None:
+        if len(listener.checks["exits once"]) == 1:
+            raise SystemExit(3)
+
+    listener.on_check = on_check
+    with TransactionMQProducer("tx_sysexit", listener, config=client_config) as producer:
+        producer.send_message_in_transaction(Message(topic, "exits once"))
+        assert bodies(client_config, topic, 1) == ["exits once"]
+    assert len(listener.checks["exits once"]) >= 2
+
+
 # --- crashes ------------------------------------------------------------------------------------
 
 PRODUCER_THAT_DIES = """
