@@ -42,6 +42,7 @@ from bridge.property_values import (
     check_user_property,
     is_unicode,
     lone_surrogate,
+    nul_in_name,
     parse_count,
     property_text,
 )
@@ -245,8 +246,9 @@ class Message:
         """Set a user property: text (valid Unicode) or bytes (kept as they are; a bytearray
         or memoryview is copied to bytes).
 
-        A reserved name, a lone surrogate in a name or text value, or another type raises
-        :class:`InvalidPropertyError` naming the property.
+        A reserved name, a name holding NUL (a Kafka header name ends at it), a lone surrogate
+        in a name or text value, or another type raises :class:`InvalidPropertyError` naming
+        the property.
         """
         if (
             type(name) is str
@@ -256,6 +258,7 @@ class Message:
             and name
             and name not in RESERVED_PROPERTIES
             and name not in USER_SETTABLE_PROPERTIES
+            and "\x00" not in name  # a header name ends at NUL: "UNIQ_KEY\x00" is UNIQ_KEY
         ):
             self._properties[name] = value  # the common case, valid as it is
         else:
@@ -281,8 +284,12 @@ class Message:
         return value
 
     def put_system_property(self, name: str, value: PropertyValue) -> None:
-        """Set a system property (used by the producer and the services); not validated
-        (the producer checks what it sends)."""
+        """Set a system property (used by the producer and the services); its value is not
+        validated (the producer checks what it sends). A name holding NUL raises
+        :class:`InvalidPropertyError` here: its header would travel under the name cut at the
+        NUL, which no later check sees."""
+        if isinstance(name, str) and "\x00" in name:
+            raise nul_in_name(name)
         if type(value) is not str and type(value) is not bytes:
             value = bytes(value) if isinstance(value, bytearray | memoryview) else value
         self._properties[name] = value

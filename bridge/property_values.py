@@ -55,11 +55,23 @@ def lone_surrogate(text: str) -> str:
     return "no lone surrogate"  # pragma: no cover - called for text that has one
 
 
+def nul_in_name(name: str) -> InvalidPropertyError:
+    """The error for a property name holding NUL. librdkafka takes header names as C strings
+    and cuts them at the first NUL, so ``"UNIQ_KEY\\x00"`` would travel as a second
+    ``UNIQ_KEY`` (past the reserved-name check) and ``"a\\x00b"`` as ``"a"``."""
+    return InvalidPropertyError(
+        f"the property name {name!r} contains NUL (\\x00): a Kafka header name ends at the "
+        "first NUL, so it would travel as another name"
+    )
+
+
 def check_property_name(name: object) -> str:
-    """``name`` if it is a non-empty string that is valid Unicode, else
+    """``name`` if it is a non-empty string that is valid Unicode without NUL, else
     :class:`InvalidPropertyError`."""
     if not isinstance(name, str) or not name:
         raise InvalidPropertyError(f"a property name must be a non-empty string, got {name!r}")
+    if "\x00" in name:
+        raise nul_in_name(name)
     if not is_unicode(name):
         raise InvalidPropertyError(
             f"the property name {name!r} is not valid Unicode text ({lone_surrogate(name)})"

@@ -73,7 +73,11 @@ user_names = st.one_of(
     st.text(alphabet="abcXYZ-_.:019", min_size=1, max_size=12),
     unicode_text.filter(bool).map(lambda s: s[:12]),
 ).filter(
-    lambda n: n not in RESERVED_PROPERTIES and n != MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS
+    lambda n: (
+        n not in RESERVED_PROPERTIES
+        and n != MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS
+        and "\x00" not in n
+    )  # refused: a Kafka header name ends at NUL
 )
 """Names a user may give a property."""
 user_values: st.SearchStrategy[PropertyValue] = st.one_of(
