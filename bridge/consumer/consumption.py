@@ -98,16 +98,21 @@ def status_failure(status: object) -> str:
     return name if isinstance(name, str) else truncate_utf8(repr(status), 100)
 
 
-def leading_successes(callback: MessageCallback, msgs: list[MessageExt], group: str = "") -> int:
+def leading_successes(
+    callback: MessageCallback,
+    msgs: list[MessageExt],
+    group: str = "",
+    caught: type[BaseException] = Exception,
+) -> int:
     """Call a per-message listener on ``msgs`` in order until one fails (a failure status,
-    None or an exception); return how many succeeded. The failed message and those after it
-    (not called) get the failure noted (:func:`record_failure`). Each call runs in a process
-    span of ``group`` when OpenTelemetry is installed."""
+    None or an exception of the class ``caught``); return how many succeeded. The failed
+    message and those after it (not called) get the failure noted (:func:`record_failure`).
+    Each call runs in a process span of ``group`` when OpenTelemetry is installed."""
     for index, msg in enumerate(msgs):
         with _span([msg], group) as span:
             try:
                 result = callback(msg)
-            except Exception as exc:
+            except caught as exc:
                 logger.warning("listener raised on %s: a failure", msg.msg_id, exc_info=True)
                 span.failed("the listener raised", exc)
                 record_failure(msgs[index:], Failure.EXCEPTION, exc)
@@ -135,6 +140,10 @@ class Consumption(abc.ABC, Generic[ContextT]):
     """The listener class that takes whole batches here (anything else is a callable)."""
     _LISTENER_RAISED: ClassVar[str]
     """The warning logged when a batch listener raises (``%s``: the message ids)."""
+    _CAUGHT: ClassVar[type[BaseException]] = Exception
+    """What a listener may raise for it to count as the listener's failure; anything else
+    escapes the pool task (the concurrent strategy then leaves the message to
+    ``consume_timeout``)."""
 
     def __init__(self, context: ConsumerContext, quarantine: Quarantine) -> None:
         self._context = context
@@ -178,7 +187,7 @@ class Consumption(abc.ABC, Generic[ContextT]):
             with _span(msgs, group) as span:
                 try:
                     done = self._consume_batch(listener, msgs, context)
-                except Exception as exc:
+                except self._CAUGHT as exc:
                     logger.warning(self._LISTENER_RAISED, [m.msg_id for m in msgs], exc_info=True)
                     span.failed("the listener raised", exc)
                     record_failure(msgs, Failure.EXCEPTION, exc)
@@ -188,4 +197,4 @@ class Consumption(abc.ABC, Generic[ContextT]):
                     span.failed(reason if isinstance(reason, str) else "failed")
                 return done
         # subscribe() refuses a listener object of the other kind: this is a callable.
-        return leading_successes(cast(MessageCallback, listener), msgs, group)
+        return leading_successes(cast(MessageCallback, listener), msgs, group, self._CAUGHT)

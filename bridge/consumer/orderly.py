@@ -38,6 +38,10 @@ class OrderlyConsumption(Consumption[ConsumeOrderlyContext]):
     orderly: ClassVar[bool] = True
     _LISTENER_RAISED: ClassVar[str] = "orderly listener raised on %s: suspending"
     _BATCH_LISTENER: ClassVar[type[BatchListener]] = MessageListenerOrderly
+    # A listener raising SystemExit or KeyboardInterrupt fails its batch like any exception
+    # (RocketMQ catches Throwable): escaping the task would leave the batch in its call and
+    # the partition owned by no task, frozen for good.
+    _CAUGHT: ClassVar[type[BaseException]] = BaseException
 
     def submit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         """Queue ``msgs`` behind what ``pq`` already waits with, and make sure a task runs it."""
@@ -76,7 +80,7 @@ class OrderlyConsumption(Consumption[ConsumeOrderlyContext]):
             return
         try:
             self._consume_slice(pq)
-        except Exception:
+        except BaseException:  # never leave the partition owned by a task that ended
             logger.exception("push consumer %s: orderly consumption failed", self._context.group)
             with pq.lock:
                 pq.orderly_scheduled = False
@@ -134,7 +138,7 @@ class OrderlyConsumption(Consumption[ConsumeOrderlyContext]):
                         retry = failed
                     if retry:
                         suspend = self._suspend_ms(context, retry)
-            except Exception:
+            except BaseException:
                 # Keep the partition's order: what is still held of the batch goes back to the
                 # head, retried after the default suspension.
                 retry = (

@@ -35,6 +35,7 @@ from bridge.consumer import (
     ConsumeStatus,
     MessageListenerConcurrently,
     MessageListenerOrderly,
+    MessageQueue,
     PushConsumer,
     send_back,
 )
@@ -980,3 +981,54 @@ def test_an_orderly_suspend_that_is_no_int_waits_the_default_and_the_partition_g
             f"{listener.seen}; {consumer.stats()}"
         )
     assert listener.seen == [b"a", b"a", b"b", b"c"]
+
+
+@dataclass
+class OrderlyRaisesOnce(MessageListenerOrderly):
+    """Raises ``error`` on the first call for ``b``, consumes everything else."""
+
+    error: type[BaseException]
+    seen: list[bytes] = field(default_factory=list)
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        self.seen += [m.body for m in msgs]
+        if msgs[0].body == b"b" and self.seen.count(b"b") == 1:
+            raise self.error("listener bug")
+        return ConsumeOrderlyStatus.SUCCESS
+
+
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt])
+@pytest.mark.parametrize("kind", ["listener", "callable"])
+def test_an_orderly_listener_raising_system_exit_fails_its_batch_and_the_partition_goes_on(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+    error: type[BaseException], kind: str, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    send(config, topic, ["a", "b", "c", "d"])
+    listener = OrderlyRaisesOnce(error)
+    if kind == "listener":
+        target: Any = listener
+        options: dict[str, Any] = {}
+    else:
+
+        def target(msg: MessageExt) -> ConsumeOrderlyStatus:
+            return listener.consume_message([msg], ConsumeOrderlyContext(MessageQueue(topic, 0)))
+
+        options = {"orderly": True}
+    with caplog.at_level(logging.WARNING, logger="bridge.consumer"):
+        consumer = start_consumer(consumers, config, group, topic, target,
+                                  suspend_current_queue_time_millis=200, **options)  # fmt: skip
+        try:
+            wait_until(lambda: committed(config, group, topic) == 4, timeout_s=20)
+        except pytest.fail.Exception:
+            pytest.fail(
+                f"committed offset {committed(config, group, topic)} of 4; the listener saw "
+                f"{listener.seen}; {consumer.stats()}"
+            )
+    assert listener.seen == [b"a", b"b", b"b", b"c", b"d"]
+    stats = consumer.stats()
+    assert (stats.consumed, stats.failed, stats.sent_back) == (4, 1, 0)
+    assert any(r.exc_info and r.exc_info[0] is error for r in caplog.records)
