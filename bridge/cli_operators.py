@@ -29,13 +29,16 @@ from bridge.cli_output import (
 from bridge.codec import decode_envelope, decode_headers
 from bridge.config import ClientConfig
 from bridge.consumer.admin import (
+    DeadLetterReplayError,
+    ReplayFailure,
     dlq_groups,
     dlq_summary,
+    prepare_replay,
     read_dead_letters,
     replay_dead_letters,
     write_back,
 )
-from bridge.consumer.send_back import ReplayTarget, replay_record
+from bridge.consumer.send_back import ReplayTarget
 from bridge.delay.admin import delay_status
 from bridge.errors import BridgeError, SendError
 from bridge.kafka.admin import TopicAdmin
@@ -396,11 +399,11 @@ def _require_replay_targets(
 ) -> None:
     """:class:`ReplayTargetError` naming each topic that cannot take the letters bound for it
     (e.g. an origin topic that is one of Kafka's internal topics, which a send only calls an
-    "Invalid topic"), before any letter is written."""
+    "Invalid topic"), before any letter is written. A letter whose record cannot be built (no
+    topic at all) is left to :func:`write_back`, which reports it and replays the others."""
     bound: dict[str, list[str]] = {}
-    for m in letters:
-        topic = replay_record(m, group, target, namespace=config.namespace).kafka_topic
-        bound.setdefault(topic, []).append(m.msg_id)
+    for m, record in prepare_replay(letters, group, target, namespace=config.namespace)[0]:
+        bound.setdefault(record.kafka_topic, []).append(m.msg_id)
     problems = [
         f"{problem} (dead letters {', '.join(ids)})"
         for topic, ids in bound.items()
@@ -445,7 +448,9 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
     stderr when it is a terminal. Replaying twice writes twice. Exit status 4 for a group
     without a dead-letter queue, and for an --id that none of its dead letters has; a topic
     that cannot take the letters bound for it (e.g. a Kafka internal topic) is named before
-    anything is written. Either way nothing is replayed."""
+    anything is written. Either way nothing is replayed. A letter that cannot be replayed
+    (its origin is no topic name, say) does not stop the others: each is listed with why, it
+    stays in the DLQ, and the exit status is 1 (--dry-run lists them too, and exits 1)."""
     config = _read_config(ctx, bootstrap_servers)
     _require_dlq(config, group)
     chosen = ReplayTarget(target)
@@ -462,24 +467,48 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
                 f"consumer group {group!r} has no dead letter with id "
                 f"{', '.join(sorted(missing))}; nothing replayed"
             )
-    if not dry_run and letters:
+    failed: list[ReplayFailure] = []
+    error: DeadLetterReplayError | None = None
+    if dry_run:
+        failed = prepare_replay(letters, group, chosen, namespace=config.namespace)[1]
+    elif letters:
         _require_replay_targets(config, group, letters, chosen)
         with progress(f"replaying {len(letters)} dead letters", len(letters)) as bar:
-            write_back(config, group, letters, chosen, on_progress=bar.advance)
+            try:
+                write_back(config, group, letters, chosen, on_progress=bar.advance)
+            except DeadLetterReplayError as exc:
+                failed, error = exc.failed, exc
+    # Keyed by the letter itself: one message id may be dead-lettered more than once.
+    why = {id(f.letter): f.reason for f in failed}
     for m in letters:
+        reason = why.get(id(m))
+        origin = m.get_property(MessageConst.RETRY_TOPIC)
         if as_json:
-            emit_json(
-                {
-                    "msg_id": m.msg_id,
-                    "origin_topic": m.get_property(MessageConst.RETRY_TOPIC),
-                    "target": chosen.value,
-                    "replayed": not dry_run,
-                }
-            )
+            line: dict[str, Any] = {
+                "msg_id": m.msg_id,
+                "origin_topic": origin,
+                "target": chosen.value,
+                "replayed": not dry_run and reason is None,
+            }
+            if reason is not None:
+                line["error"] = reason
+            emit_json(line)
+        elif reason is None:
+            console.print(f"{m.msg_id} -> {origin}", markup=False)
         else:
-            console.print(f"{m.msg_id} -> {m.get_property(MessageConst.RETRY_TOPIC)}")
+            not_done = "cannot be replayed" if dry_run else "NOT replayed"
+            console.print(f"{m.msg_id} -> {origin} {not_done}: {reason}", markup=False)
     if not as_json:
-        console.print(f"{'would replay' if dry_run else 'replayed'} {len(letters)}")
+        done = len(letters) - len(failed)
+        summary = f"would replay {done}" if dry_run else f"replayed {done}"
+        if failed:
+            summary += f", {'cannot replay' if dry_run else 'not replayed'} {len(failed)}"
+        console.print(summary)
+    if error is None and failed:
+        replayable = [m for m in letters if id(m) not in why]
+        error = DeadLetterReplayError(group, replayable, failed, dry_run=True)
+    if error is not None:
+        raise error
 
 
 @click.group("quarantine", invoke_without_command=True)
