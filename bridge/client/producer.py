@@ -134,6 +134,13 @@ def _sends_alone(config: ClientConfig) -> bool:
     return str(config.kafka.get("batch.num.messages", "")).strip() == "1"
 
 
+class _Serving(threading.local):
+    """Per thread: whether this thread is serving the producer's delivery reports now (in
+    librdkafka's ``poll`` or ``flush``), so inside one of its report callbacks."""
+
+    active = False
+
+
 class Producer(Startable):
     """Sends messages to real topics: ``send_sync``, ``send_async``, ``send_oneway`` and
     ``send_batch``.
@@ -200,6 +207,7 @@ class Producer(Startable):
         self._alone_topics: set[str] = set()
         """Kafka topics a refusal of a request batch was logged for (once each)."""
         self._resend: ResendAlone | None = None if _sends_alone(self.config) else self._send_alone
+        self._serving = _Serving()
 
     # --- lifecycle --------------------------------------------------------------------
     @property
@@ -229,10 +237,11 @@ class Producer(Startable):
             if self._lifecycle.state is ServiceState.CREATE_JUST:
                 self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
             return
+        self._refuse_waiting_in_a_callback("shutdown")
         self._running = False
         timeout = timeout_ms if timeout_ms is not None else self.config.send_msg_timeout_ms
         deadline = time.monotonic() + timeout / 1000
-        remaining = self._kafka.flush(timeout / 1000)
+        remaining = self._flush(timeout / 1000)
         # Reports served by that flush may have sent records again alone: they are waited for
         # within the same timeout.
         with self._alone_lock:
@@ -259,11 +268,50 @@ class Producer(Startable):
         self._lifecycle.require_running()
         timeout = timeout_ms if timeout_ms is not None else self.config.send_msg_timeout_ms
         deadline = time.monotonic() + timeout / 1000
-        remaining = int(self._kafka.flush(timeout / 1000))
+        remaining = self._flush(timeout / 1000)
         alone = self._alone
         if alone is not None:  # records sent again alone by the reports served above
-            remaining += int(alone._kafka.flush(max(0.0, deadline - time.monotonic())))
+            remaining += alone._flush(max(0.0, deadline - time.monotonic()))
         return remaining
+
+    # --- serving delivery reports -------------------------------------------------------
+    # confluent-kafka aborts the process (a failed C assertion, no exception) when a thread
+    # serving a client's delivery reports calls that client's poll() or flush() again from
+    # one of them: a callback that sends (the push consumer's copy reports send copies on),
+    # every few sends, would serve reports. On such a thread reports are left to the next
+    # poll, and what must wait for reports is refused.
+    def _poll(self, timeout_s: float) -> None:
+        """Serve delivery reports for up to ``timeout_s`` (s); inside one of this producer's
+        report callbacks on this thread, only wait."""
+        serving = self._serving
+        if serving.active:
+            if timeout_s > 0:
+                time.sleep(timeout_s)
+            return
+        serving.active = True
+        try:
+            self._kafka.poll(timeout_s)
+        finally:
+            serving.active = False
+
+    def _flush(self, timeout_s: float) -> int:
+        """librdkafka's flush for up to ``timeout_s`` (s): how many records are still
+        unacknowledged. :class:`IllegalStateError` inside a report callback of this producer."""
+        self._refuse_waiting_in_a_callback("a send waiting for its acknowledgement, or flush")
+        serving = self._serving
+        serving.active = True
+        try:
+            return int(self._kafka.flush(timeout_s))
+        finally:
+            serving.active = False
+
+    def _refuse_waiting_in_a_callback(self, what: str) -> None:
+        if self._serving.active:
+            raise IllegalStateError(
+                f"producer {self.group}: {what} in one of its own delivery callbacks: it "
+                "would wait for reports only this thread serves (send_async or send_oneway "
+                "can be called there)"
+            )
 
     # --- records refused with their request batch ------------------------------------
     @property
@@ -327,7 +375,7 @@ class Producer(Startable):
         # waits once per interval, so no report waits longer than that for the next sends.
         # While a batch waits for its reports, its thread serves every report (flush()):
         # this thread serving some too would only hand the GIL back and forth.
-        kafka = self._kafka
+        poll = self._poll
         while not self._stop_polling.is_set():
             try:
                 if self._batches_waiting:
@@ -336,9 +384,9 @@ class Producer(Startable):
                     self._senders_active = False
                     self._stop_polling.wait(_POLL_INTERVAL_S)
                     if not self._batches_waiting:
-                        kafka.poll(0)
+                        poll(0)
                 else:
-                    kafka.poll(_POLL_INTERVAL_S)
+                    poll(_POLL_INTERVAL_S)
             except BaseException:
                 # Report callbacks catch Exception; what they let through (a SystemExit, say)
                 # must not end this thread. The reports not served yet wait for the next poll.
@@ -556,7 +604,7 @@ class Producer(Startable):
         self._sends_unserved += 1
         if self._sends_unserved >= _REPORTS_EVERY_SENDS:
             self._sends_unserved = 0
-            self._kafka.poll(0)
+            self._poll(0)
 
     def _produce(self, record: PreparedRecord, partition: int, callback: Any) -> None:
         if not self._system_topics_ready and record.kafka_topic in self._system_topics:
@@ -568,7 +616,7 @@ class Producer(Startable):
             partition,
             callback,
             timeout_ms=self.config.send_msg_timeout_ms,
-            wait_full=lambda: self._kafka.poll(0.01),
+            wait_full=lambda: self._poll(0.01),
         )
         self._senders_active = True
 
@@ -598,6 +646,7 @@ class Producer(Startable):
         The building block of ``send_sync`` for clients that write system records.
         """
         self._lifecycle.require_running()
+        self._refuse_waiting_in_a_callback("send_sync")
         waiter = SyncWaiter()
         self._produce(record, record.partition if partition is None else partition, waiter)
         # flush() sends at once instead of waiting linger.ms, and serves delivery reports
@@ -611,7 +660,7 @@ class Producer(Startable):
                     f"send of {record.msg_id} to {record.kafka_topic}: no acknowledgement "
                     f"within {self.config.send_msg_timeout_ms} ms"
                 )
-            self._kafka.flush(min(remaining, _SYNC_FLUSH_SLICE_S))
+            self._flush(min(remaining, _SYNC_FLUSH_SLICE_S))
         error = waiter.error
         if error is not None:
             context = f"send of {record.msg_id} to {record.kafka_topic}"
@@ -631,6 +680,7 @@ class Producer(Startable):
         """Send prepared records together and wait for every acknowledgement (at most
         ``send_msg_timeout_ms``); return (partition, offset) or the error, per record."""
         self._lifecycle.require_running()
+        self._refuse_waiting_in_a_callback("send_records_sync")
         waiters = []
         for record in records:
             waiter = SyncWaiter()
@@ -645,7 +695,7 @@ class Producer(Startable):
         """The records refused with their request batch as too large: index, error."""
         for record, waiter in zip(records, waiters, strict=True):
             while not waiter.done and time.monotonic() < deadline:
-                self._kafka.flush(min(max(deadline - time.monotonic(), 0), _SYNC_FLUSH_SLICE_S))
+                self._flush(min(max(deadline - time.monotonic(), 0), _SYNC_FLUSH_SLICE_S))
             context = f"send of {record.msg_id} to {record.kafka_topic}"
             if waiter.failure is not None:
                 results.append(waiter.failure)
@@ -732,6 +782,7 @@ class Producer(Startable):
                 prepared.append(record)
         else:
             prepared = self._check_batch(batch, partition)
+        self._refuse_waiting_in_a_callback("send_batch")
         return self._send_batch(batch, prepared, partition)
 
     def _send_batch(
@@ -909,7 +960,7 @@ class Producer(Startable):
                 outcomes[index] = translate_error(exc, f"send of {msg_id} to {kafka_topic}")
         # flush() sends at once instead of waiting linger.ms, and serves delivery reports on
         # this thread (the delivery thread serves some too).
-        flush = self._kafka.flush
+        flush = self._flush
         deadline = time.monotonic() + timeout_ms / 1000 + _REPORT_GRACE_S
         count = len(batch)
         done = 0
@@ -1055,7 +1106,7 @@ class Producer(Startable):
                 unserved = self._sends_unserved + 1
                 if unserved >= _REPORTS_EVERY_SENDS:
                     unserved = 0
-                    self._kafka.poll(0)
+                    self._poll(0)
                 self._sends_unserved = unserved
                 return msg_id
         return self._send_async(msg, on_success, on_exception, partition)

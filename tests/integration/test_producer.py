@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -243,3 +245,47 @@ def test_a_callback_raising_system_exit_does_not_stop_the_reports_of_later_sends
             producer.send_async(Message(topic, body), on_success=lambda r: done.append(r.msg_id))
         wait_until(lambda: len(done) == 3, timeout_s=10)
     assert "a delivery report callback raised" in caplog.text
+
+
+_CHAINED_SENDS = """
+import sys
+from bridge import ClientConfig, Message, Producer
+from bridge.errors import IllegalStateError
+bootstrap, topic = sys.argv[1:3]
+producer = Producer("chained_pg", config=ClientConfig(bootstrap_servers=bootstrap))
+producer.start()
+chained, refused = [], []
+def on_success(result):
+    if len(chained) < 300:
+        chained.append(producer.send_async(Message(topic, b"chained"), on_success))
+    if not refused:
+        try:
+            producer.send_sync(Message(topic, b"never"))
+        except IllegalStateError as exc:
+            refused.append(str(exc))
+for i in range(200):
+    producer.send_async(Message(topic, b"%04d" % i), on_success)
+for _ in range(30):
+    if len(chained) == 300:
+        break
+    producer.flush(10_000)
+print(producer.flush(10_000), len(chained), refused[0] if refused else "not refused")
+producer.shutdown()
+"""
+
+
+def test_a_callback_that_sends_again_does_not_abort_the_process(
+    client_config: ClientConfig,
+) -> None:
+    # Sends served delivery reports every few sends: from inside a report callback that meant
+    # polling the client again from one of its own callbacks, which confluent-kafka answers
+    # by aborting the process (a failed C assertion). A process of its own, for that.
+    topic = f"chained-{uuid.uuid4().hex[:8]}"
+    script = [sys.executable, "-c", _CHAINED_SENDS, client_config.bootstrap_servers, topic]
+    ended = subprocess.run(script, capture_output=True, text=True, timeout=120, check=False)
+    assert ended.returncode == 0, ended.stderr[-2000:]
+    remaining, chained, refused = ended.stdout.split(" ", 2)
+    assert (remaining, chained) == ("0", "300")
+    assert "send_sync in one of its own delivery callbacks" in refused, refused
+    stored = raw_consume(client_config.bootstrap_servers, topic, 500)
+    assert len(stored) == 500
