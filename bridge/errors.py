@@ -12,6 +12,7 @@
     +-- WireFormatError                          undecodable record (quarantined)
     |   +-- UnknownSchemaError, MalformedRecordError
     +-- IllegalStateError                        illegal lifecycle or state transition
+    |   +-- EventLoopClosedError                 an asyncio client's event loop has ended
     +-- KafkaClientError                         the Kafka client or broker failed a call
     |   +-- BrokerUnreachableError               no broker answered within the timeout
     |   +-- SendError                            a message was not stored
@@ -39,6 +40,7 @@ __all__ = [
     "BridgeError",
     "BrokerStartError",
     "BrokerUnreachableError",
+    "EventLoopClosedError",
     "IllegalStateError",
     "InvalidArgumentError",
     "InvalidDelayError",
@@ -83,6 +85,14 @@ class InvalidPropertyError(InvalidArgumentError):
 
 class IllegalStateError(BridgeError):
     """An operation is not allowed in the object's current state."""
+
+
+class EventLoopClosedError(IllegalStateError):
+    """An asyncio client's listener cannot run: the event loop it runs on has ended (closed
+    without the client's ``shutdown()``). The client shuts itself down; the call that found
+    it did not run (or its result is lost) and counts as nothing: a push consumer leaves its
+    messages uncommitted for the group's other members (no failure, no retry copy), a
+    transaction producer sends no check answer."""
 
 
 class KafkaClientError(BridgeError):

@@ -12,7 +12,10 @@ event loop while that thread waits (:mod:`bridge.aio.runner`). Hence:
 * orderly: one listener per partition at a time, in offset order;
 * a listener task that is cancelled counts as RECONSUME_LATER (orderly: the batch is retried
   in place after the suspension), as an exception does;
-* a plain (not ``async``) listener runs on the pool thread, never on the loop.
+* a plain (not ``async``) listener runs on the pool thread, never on the loop;
+* once the loop has ended without :meth:`PushConsumer.shutdown`, the consumer shuts itself
+  down (logged as an error) and the messages it still held stay uncommitted, for the group's
+  other members: not failed, not sent back (:class:`~bridge.errors.EventLoopClosedError`).
 
 No Kafka call runs on the loop: the poll, the commits and the copies' sends stay on the
 consumer's threads. ``confluent_kafka.aio.AIOConsumer`` is not used for that reason too: the
@@ -150,7 +153,7 @@ class PushConsumer(AsyncClient):
             **options,
         )
         self.group = self._consumer.group
-        self._runner = LoopRunner(f"push consumer {group}")
+        self._runner = LoopRunner(f"push consumer {group}", on_closed=self._consumer.shutdown)
         self._shutting_down: asyncio.Future[None] | None = None
         """The shutdown a listener of this consumer started (see :meth:`shutdown`)."""
 

@@ -11,11 +11,18 @@ threaded API, never on the loop.
 A listener task that is cancelled (by :meth:`LoopRunner.cancel_all` at shutdown, by a
 :class:`CancelScope`, or by itself) gives the caller's ``on_cancel`` value: RECONSUME_LATER
 for a consumer, UNKNOWN for a local transaction.
+
+An event loop that ended without the client's ``shutdown()`` (``asyncio.run`` returned or
+raised, a loop closed by hand) can run no listener again: the first call that finds it closed
+logs an error and shuts the client down on a thread of its own (its ``on_closed``), so that
+its group's other members take its partitions or checks over, and every such call raises
+:class:`~bridge.errors.EventLoopClosedError`, which its caller counts as not run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import threading
@@ -24,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar, cast
 
-from bridge.errors import IllegalStateError
+from bridge.errors import EventLoopClosedError, IllegalStateError
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +80,14 @@ class _Call:
 class LoopRunner:
     """Runs listener awaitables on one event loop for threads that wait for them."""
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, on_closed: Callable[[], None] | None = None) -> None:
         self._owner = owner
+        self._on_closed = on_closed
+        """Shuts the client down once the loop is found closed (on a thread of its own)."""
+        self._closed_lock = threading.Lock()
+        self._closed_found = False
+        self.closed_handled = threading.Event()
+        """Set once ``on_closed`` returned, after the loop was found closed."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         """Listener tasks running (loop thread only)."""
@@ -106,28 +119,68 @@ class LoopRunner:
         if not inspect.isawaitable(value):
             return value
         loop = self.loop
+        if loop.is_closed():
+            # Before queueing: a wake-up scheduled just before the loop closed never ran, so
+            # _scheduled may stay set; this call must not wait on it.
+            _discard(value)
+            raise self._loop_closed("the event loop is closed; the listener did not run")
         call = _Call(value, scope)
         self._arriving.append(call)
         if not self._scheduled:  # one wake-up of the loop for the calls arriving together
             self._scheduled = True
             try:
                 loop.call_soon_threadsafe(self._begin_arrived)
-            except RuntimeError:  # the loop is closed
-                _discard(value)
-                raise IllegalStateError(
-                    f"{self._owner}: the event loop is closed; the listener did not run"
+            except RuntimeError:  # the loop closed meanwhile
+                self._scheduled = False
+                self._forget(call)
+                raise self._loop_closed(
+                    "the event loop is closed; the listener did not run"
                 ) from None
         while not call.done.acquire(timeout=WAIT_SLICE_S):
             if loop.is_closed():
-                _discard(value)
-                raise IllegalStateError(
-                    f"{self._owner}: the event loop closed while a listener ran on it"
-                )
+                self._forget(call)
+                raise self._loop_closed("the event loop closed while a listener ran on it")
         if call.cancelled:
             return on_cancel
         if call.error is not None:
             raise call.error
         return call.value
+
+    def _forget(self, call: _Call) -> None:
+        """Drop ``call``, which will never run on the closed loop."""
+        with contextlib.suppress(ValueError):
+            self._arriving.remove(call)
+        _discard(call.awaitable)
+
+    def _loop_closed(self, what: str) -> EventLoopClosedError:
+        """The error for a call that found the loop closed; the first one also logs it and
+        starts shutting the client down (``on_closed``, on a thread of its own: the caller
+        is one of the client's threads, which that shutdown may wait for)."""
+        with self._closed_lock:
+            first = not self._closed_found
+            self._closed_found = True
+        if first:
+            logger.error(
+                "%s: its event loop has ended without shutdown() (%s); shutting it down so "
+                "that its group's other members take over",
+                self._owner,
+                what,
+            )
+            # Not a daemon: the shutdown (bounded) commits and leaves the group even if the
+            # process is ending.
+            threading.Thread(
+                target=self._shut_down, name=f"bridge-aio-closed-{self._owner}"
+            ).start()
+        return EventLoopClosedError(f"{self._owner}: {what}")
+
+    def _shut_down(self) -> None:
+        try:
+            if self._on_closed is not None:
+                self._on_closed()
+        except Exception:
+            logger.exception("%s: shutting down after its event loop ended", self._owner)
+        finally:
+            self.closed_handled.set()
 
     def _begin_arrived(self) -> None:
         self._scheduled = False  # first: a call arriving from now on schedules another

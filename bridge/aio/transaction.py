@@ -18,6 +18,10 @@ sends nothing. Once the half message is on its way, it cancels the local transac
 listener task running is cancelled, one not started yet never runs. Its state is then UNKNOWN
 (the END record says so) and the coordinator checks the transaction back, so
 ``check_local_transaction`` decides, as after any other UNKNOWN.
+
+Once the event loop has ended without :meth:`TransactionMQProducer.shutdown`, the producer
+shuts itself down (logged as an error), leaving its check group to the group's live
+producers; a check that found the loop closed is not answered.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any, Final
 
 from bridge.aio.runner import AsyncClient, CancelScope, LoopRunner, call_listener
 from bridge.config import ClientConfig
-from bridge.errors import IllegalStateError, InvalidArgumentError
+from bridge.errors import EventLoopClosedError, IllegalStateError, InvalidArgumentError
 from bridge.lifecycle import ServiceState
 from bridge.message import Message, MessageExt
 from bridge.transaction.model import TransactionListener, TransactionStatus
@@ -37,6 +41,11 @@ from bridge.transaction.producer import TransactionMQProducer as ThreadedTransac
 from bridge.transaction.producer import TransactionSendResult
 
 __all__ = ["TransactionMQProducer"]
+
+_CLOSED_SHUTDOWN_WAIT_S: Final = 60.0
+"""How long a check that found the event loop closed waits, at most, for the producer's
+shutdown to close check answers, seconds (the shutdown is bounded by ``send_msg_timeout_ms``
+twice)."""
 
 DEFAULT_MAX_CONCURRENT_SENDS: Final = 16
 """Transactional sends in progress at once, at most (one thread each); more wait their turn."""
@@ -72,9 +81,17 @@ class _OnLoop(TransactionListener):
 
     def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
         check = self.listener.check_local_transaction  # type: ignore[attr-defined]
-        result: TransactionStatus = call_listener(
-            self._runner, lambda: check(msg), TransactionStatus.UNKNOWN
-        )
+        try:
+            result: TransactionStatus = call_listener(
+                self._runner, lambda: check(msg), TransactionStatus.UNKNOWN
+            )
+        except EventLoopClosedError:
+            # Not run: no answer. The producer is shutting down (the runner started it);
+            # once it has, a check answer is no longer sent (this UNKNOWN included), and the
+            # coordinator asks the group's live members instead. The wait is bounded by that
+            # shutdown's own bound.
+            self._runner.closed_handled.wait(_CLOSED_SHUTDOWN_WAIT_S)
+            return TransactionStatus.UNKNOWN
         return result
 
 
@@ -118,7 +135,7 @@ class TransactionMQProducer(AsyncClient):
             raise InvalidArgumentError(
                 f"max_concurrent_sends must be positive, got {max_concurrent_sends}"
             )
-        self._runner = LoopRunner(f"transaction producer {group}")
+        self._runner = LoopRunner(f"transaction producer {group}", on_closed=self._stop_closed)
         self._producer = ThreadedTransactionProducer(
             group,
             None,
@@ -136,6 +153,14 @@ class TransactionMQProducer(AsyncClient):
         self.config = self._producer.config
         self._max_sends = max_concurrent_sends
         self._senders: ThreadPoolExecutor | None = None
+
+    def _stop_closed(self) -> None:
+        """Shut down after the event loop ended (see :mod:`bridge.aio.runner`): leave the
+        check group so that the coordinator asks the group's live members."""
+        self._producer.shutdown()
+        senders, self._senders = self._senders, None
+        if senders is not None:
+            senders.shutdown(wait=False)
 
     @property
     def listener(self) -> object | None:

@@ -39,6 +39,7 @@ from bridge.consumer.model import (
 )
 from bridge.consumer.process_queue import Call, ProcessQueue, Run
 from bridge.consumer.quarantine import Quarantine
+from bridge.errors import EventLoopClosedError
 from bridge.message import MessageExt
 from bridge.tracing import tracing_active
 
@@ -288,6 +289,10 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                 run.current = (msg, now, len(consumed))
                 try:
                     result = callback(msg)
+                except EventLoopClosedError:
+                    # Not run, not a failure: it and the rest stay held (uncommitted) for
+                    # the next owner; the asyncio client is shutting down.
+                    break
                 except Exception as exc:
                     logger.warning("listener raised on %s: a failure", msg.msg_id, exc_info=True)
                     record_failure([msg], Failure.EXCEPTION, exc)
@@ -488,6 +493,10 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
             failed += tail
             added = len(tail)
             levels += [level] * len(tail)
+        except EventLoopClosedError:
+            # Not run, not a failure: the messages stay held (uncommitted) for the next owner;
+            # the asyncio client is shutting down.
+            pq.withdraw(call, msgs)
         except Exception:
             if settled is None:
                 back = pq.withdraw(call, msgs)

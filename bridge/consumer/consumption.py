@@ -29,6 +29,7 @@ from bridge.consumer.model import (
 from bridge.consumer.process_queue import ProcessQueue
 from bridge.consumer.quarantine import Quarantine
 from bridge.consumer.retry_policy import RetryPolicy
+from bridge.errors import EventLoopClosedError
 from bridge.message import FAILURE_MESSAGE_MAX_BYTES, MessageConst, MessageExt, truncate_utf8
 from bridge.tracing import TraceSpan, process_span, tracing_active
 
@@ -112,6 +113,10 @@ def leading_successes(
         with _span([msg], group) as span:
             try:
                 result = callback(msg)
+            except EventLoopClosedError:
+                # Not run, not a failure: the strategy leaves the messages held. Those
+                # consumed before it in this request are consumed again by the next owner.
+                raise
             except caught as exc:
                 logger.warning("listener raised on %s: a failure", msg.msg_id, exc_info=True)
                 span.failed("the listener raised", exc)
@@ -180,13 +185,18 @@ class Consumption(abc.ABC, Generic[ContextT]):
         """Run ``listener`` on ``msgs``: how many leading messages it consumed. A listener
         object of this strategy's kind takes the batch and ``context``; a callable is called
         per message until one fails. An exception counts as a failure of the whole batch
-        (logged). The messages not consumed get the failure noted (:func:`record_failure`);
-        with OpenTelemetry, each call runs in a process span (one per batch)."""
+        (logged), except :class:`~bridge.errors.EventLoopClosedError`, raised here: the
+        listener did not run, and the caller leaves the messages held (uncommitted, for the
+        next owner: the asyncio client is shutting down). The messages not consumed get the
+        failure noted (:func:`record_failure`); with OpenTelemetry, each call runs in a
+        process span (one per batch)."""
         group = self._context.group
         if isinstance(listener, self._BATCH_LISTENER):
             with _span(msgs, group) as span:
                 try:
                     done = self._consume_batch(listener, msgs, context)
+                except EventLoopClosedError:
+                    raise  # not run, not a failure: the strategy leaves the messages held
                 except self._CAUGHT as exc:
                     logger.warning(self._LISTENER_RAISED, [m.msg_id for m in msgs], exc_info=True)
                     span.failed("the listener raised", exc)

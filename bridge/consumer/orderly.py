@@ -23,6 +23,7 @@ from bridge.consumer.model import (
     checked_suspend_millis,
 )
 from bridge.consumer.process_queue import ProcessQueue
+from bridge.errors import EventLoopClosedError
 from bridge.message import MessageExt
 
 logger = logging.getLogger(__name__)
@@ -138,6 +139,13 @@ class OrderlyConsumption(Consumption[ConsumeOrderlyContext]):
                         retry = failed
                     if retry:
                         suspend = self._suspend_ms(context, retry)
+            except EventLoopClosedError:
+                # Not run, not a failure: back to the head, held (uncommitted) for the next
+                # owner; the asyncio client is shutting down, so the partition waits.
+                pq.put_back(pq.withdraw(call, msgs))
+                with pq.lock:
+                    pq.orderly_scheduled = False
+                return
             except BaseException:
                 # Keep the partition's order: what is still held of the batch goes back to the
                 # head, retried after the default suspension.

@@ -35,6 +35,7 @@ from bridge import (
     Producer,
     PushConsumer,
     SendResult,
+    TransactionListener,
     TransactionMQProducer,
     TransactionSendResult,
     TransactionStatus,
@@ -45,6 +46,7 @@ from bridge.consumer.admin import read_dead_letters
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import InvalidMessageError, KafkaClientError
 from bridge.kafka.admin import TopicAdmin
+from bridge.lifecycle import ServiceState
 from tests.conftest import wait_until
 from topics.catalog import TopicSpec
 
@@ -776,3 +778,112 @@ def test_a_listener_awaiting_its_own_consumers_shutdown_starts_it_and_goes_on(
     loop_thread.run(main())
     assert took and took[0] < 2, f"the listener's shutdown took {took} s"
     assert committed(config, group, topic) == 1
+
+
+@pytest.mark.parametrize("orderly", [False, True], ids=["concurrent", "orderly"])
+def test_a_consumer_whose_loop_ended_without_shutdown_leaves_its_messages_to_the_group(
+    config: ClientConfig, unique: Callable[[str], str], orderly: bool
+) -> None:
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    seen: list[str] = []
+
+    async def on_message(msg: MessageExt) -> ConsumeStatus:
+        seen.append(msg.body.decode())
+        return OK
+
+    zombie = aio.PushConsumer(group, config=config, orderly=orderly, **_consumer_options({}))
+    zombie.subscribe(topic, on_message)
+    with Producer(unique("p"), config=config) as producer:
+        producer.send_sync(Message(topic, b"before"))
+
+    async def main() -> None:
+        await zombie.start()
+        while not seen:
+            await asyncio.sleep(0.05)
+
+    asyncio.run(main())  # returns without zombie.shutdown(): its loop is closed
+    after = [f"after-{i}" for i in range(3)]
+    got: list[str] = []
+
+    def live_listener(msg: MessageExt) -> ConsumeStatus:
+        got.append(msg.body.decode())
+        return OK
+
+    live = PushConsumer(group, config=config, **_consumer_options({}))
+    live.subscribe(topic, live_listener)
+    try:
+        with Producer(unique("p"), config=config) as producer:
+            for body in after:
+                producer.send_sync(Message(topic, body.encode()))
+        # The first message it takes finds the loop closed: it shuts itself down.
+        try:
+            wait_until(lambda: zombie.state is ServiceState.SHUTDOWN_ALREADY, timeout_s=30)
+        except pytest.fail.Exception:
+            pytest.fail(f"the consumer still runs after its loop ended: {zombie.stats()}")
+        live.start()
+        wait_until(lambda: set(got) >= set(after), timeout_s=60)
+    finally:
+        live.shutdown()
+        zombie.threaded.shutdown(2000)
+    stats = zombie.stats()
+    assert (stats.failed, stats.sent_back, stats.dead_lettered) == (0, 0, 0), stats
+    assert seen == ["before"]
+    assert sorted(got) == after, "each once, 'before' committed by the closing consumer"
+    assert read_dead_letters(config, group, timeout_ms=2000) == []
+
+
+def test_a_transaction_producer_whose_loop_ended_leaves_its_checks_to_a_live_one(
+    kafka_bootstrap: str, unique: Callable[[str], str]
+) -> None:
+    # A namespace and a coordinator of its own: unanswered checks while the group rebalances
+    # must not exhaust the module coordinator's transaction_check_max of 3.
+    config = ClientConfig(bootstrap_servers=kafka_bootstrap, namespace=unique("ns")[:40])
+    settings = CoordinatorConfig(
+        client=config, coordinator_id="aio-closed", transaction_partitions=2,
+        transaction_timeout_ms=1500, check_interval_ms=1000, transaction_check_max=15,
+        session_timeout_ms=6000,
+    )  # fmt: skip
+    topic = unique("t")
+    group = unique("tx")
+    checked = {"zombie": 0, "live": 0}
+
+    class Live(TransactionListener):
+        def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+            return U
+
+        def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+            checked["live"] += 1
+            return C
+
+    class Zombie(aio.AsyncTransactionListener):
+        async def execute_local_transaction(self, msg: MessageExt, arg: Any) -> Any:
+            return U
+
+        async def check_local_transaction(self, msg: MessageExt) -> Any:
+            checked["zombie"] += 1
+            return C
+
+    sent = [f"tx-{i}" for i in range(4)]
+    with Coordinator(settings):
+        zombie = aio.TransactionMQProducer(group, Zombie(), config=config)
+
+        async def main() -> None:
+            await zombie.start()
+            for body in sent:
+                await zombie.send_message_in_transaction(Message(topic, body.encode()))
+
+        asyncio.run(main())  # returns without zombie.shutdown(): its loop is closed
+        try:
+            # Alone in its group, it takes the checks: the first finds the loop closed and
+            # it shuts down (it answered each UNKNOWN until parked, staying in the group).
+            try:
+                wait_until(lambda: zombie.state is ServiceState.SHUTDOWN_ALREADY, timeout_s=30)
+            except pytest.fail.Exception:
+                pytest.fail("the transaction producer still runs after its loop ended")
+            with TransactionMQProducer(group, Live(), config=config):
+                assert bodies(config, topic, len(sent)) == sent, checked
+        finally:
+            zombie.threaded.shutdown(1000)
+    assert checked["zombie"] == 0
+    assert checked["live"] >= len(sent)
