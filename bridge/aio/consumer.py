@@ -12,6 +12,8 @@ event loop while that thread waits (:mod:`bridge.aio.runner`). Hence:
 * orderly: one listener per partition at a time, in offset order;
 * a listener task that is cancelled counts as RECONSUME_LATER (orderly: the batch is retried
   in place after the suspension), as an exception does;
+* a concurrent listener task still running 2 s past ``consume_timeout`` (its messages were
+  sent back, its result is ignored) is cancelled, freeing its pool thread;
 * a plain (not ``async``) listener runs on the pool thread, never on the loop;
 * once the loop has ended without :meth:`PushConsumer.shutdown`, the consumer shuts itself
   down (logged as an error) and the messages it still held stay uncommitted, for the group's
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from bridge.aio.listeners import AsyncMessageListenerConcurrently, AsyncMessageListenerOrderly
 from bridge.aio.runner import AsyncClient, LoopRunner, call_listener
@@ -48,6 +50,10 @@ from bridge.message import MessageExt
 
 __all__ = ["PushConsumer"]
 
+_CANCEL_PAST_TIMEOUT_S: Final = 2.0
+"""A concurrent listener task still running this long past ``consume_timeout`` is cancelled,
+seconds (by then its messages were sent back: the consumer looks every second)."""
+
 
 class _Concurrently(MessageListenerConcurrently):
     """A concurrent batch listener whose ``consume_message`` may be ``async def``."""
@@ -56,16 +62,21 @@ class _Concurrently(MessageListenerConcurrently):
         self,
         listener: MessageListenerConcurrently | AsyncMessageListenerConcurrently,
         runner: LoopRunner,
+        cancel_after_s: float | None = None,
     ) -> None:
         self.listener = listener
         self._runner = runner
+        self._cancel_after_s = cancel_after_s
 
     def consume_message(
         self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
     ) -> ConsumeStatus:
         consume = self.listener.consume_message
         status: ConsumeStatus = call_listener(
-            self._runner, lambda: consume(msgs, context), ConsumeStatus.RECONSUME_LATER
+            self._runner,
+            lambda: consume(msgs, context),
+            ConsumeStatus.RECONSUME_LATER,
+            cancel_after_s=self._cancel_after_s,
         )
         return status
 
@@ -94,30 +105,40 @@ class _Orderly(MessageListenerOrderly):
 class _PerMessage:
     """A per-message callable that may be ``async def``."""
 
-    __slots__ = ("_runner", "listener")
+    __slots__ = ("_cancel_after_s", "_runner", "listener")
 
-    def __init__(self, listener: Callable[[MessageExt], Any], runner: LoopRunner) -> None:
+    def __init__(
+        self,
+        listener: Callable[[MessageExt], Any],
+        runner: LoopRunner,
+        cancel_after_s: float | None = None,
+    ) -> None:
         self.listener = listener
         self._runner = runner
+        self._cancel_after_s = cancel_after_s
 
     def __call__(self, msg: MessageExt) -> ConsumeStatus | ConsumeOrderlyStatus | None:
         listener = self.listener
         status: ConsumeStatus | ConsumeOrderlyStatus | None = call_listener(
-            self._runner, lambda: listener(msg), ConsumeStatus.RECONSUME_LATER
+            self._runner,
+            lambda: listener(msg),
+            ConsumeStatus.RECONSUME_LATER,
+            cancel_after_s=self._cancel_after_s,
         )
         return status
 
 
-def on_loop(listener: object, runner: LoopRunner) -> object:
+def on_loop(listener: object, runner: LoopRunner, cancel_after_s: float | None = None) -> object:
     """``listener`` wrapped to run what it returns on ``runner``'s loop, of the same kind
     (batch concurrent, batch orderly, per message); anything else as it is (the threaded
-    ``subscribe`` refuses it with its own error)."""
+    ``subscribe`` refuses it with its own error). ``cancel_after_s``: a concurrent listener's
+    task still running after this long (seconds) is cancelled."""
     if isinstance(listener, MessageListenerOrderly | AsyncMessageListenerOrderly):
         return _Orderly(listener, runner)
     if isinstance(listener, MessageListenerConcurrently | AsyncMessageListenerConcurrently):
-        return _Concurrently(listener, runner)
+        return _Concurrently(listener, runner, cancel_after_s)
     if callable(listener):
-        return _PerMessage(listener, runner)
+        return _PerMessage(listener, runner, cancel_after_s)
     return listener
 
 
@@ -191,7 +212,17 @@ class PushConsumer(AsyncClient):
     def subscribe(self, topic: str, listener: object, expression: str = "*") -> None:
         """Consume ``topic`` with ``listener`` (see :meth:`bridge.PushConsumer.subscribe`),
         which may be ``async def``. Before :meth:`start`."""
-        self._consumer.subscribe(topic, on_loop(listener, self._runner), expression)  # type: ignore[arg-type]
+        # A concurrent listener past consume_timeout has had its messages sent back (the
+        # consumer looks at least every second) and its result will be ignored: its task is
+        # cancelled soon after, so that it holds neither a pool thread nor the loop for ever.
+        # An orderly listener is never timed out (its partition waits for it).
+        cancel_after_s = (
+            None
+            if self._consumer.orderly
+            else self._consumer.settings.consume_timeout * 60 + _CANCEL_PAST_TIMEOUT_S
+        )
+        wrapped = on_loop(listener, self._runner, cancel_after_s)
+        self._consumer.subscribe(topic, wrapped, expression)  # type: ignore[arg-type]
 
     # --- lifecycle -------------------------------------------------------------------------
     @property

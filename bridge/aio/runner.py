@@ -26,6 +26,7 @@ import contextlib
 import inspect
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -112,12 +113,21 @@ class LoopRunner:
         """Listener tasks on the loop now (loop thread only)."""
         return len(self._tasks)
 
-    def resolve(self, value: object, on_cancel: T, scope: CancelScope | None = None) -> object:
+    def resolve(
+        self,
+        value: object,
+        on_cancel: T,
+        scope: CancelScope | None = None,
+        cancel_after_s: float | None = None,
+    ) -> object:
         """What a listener returned, with an awaitable run to its end on the loop (waiting
         on this thread, which must not be the loop's). A cancelled task gives ``on_cancel``;
-        an exception is raised here, as a plain listener's would be."""
+        an exception is raised here, as a plain listener's would be. ``cancel_after_s``: the
+        task is cancelled once it ran this long (seconds), freeing this thread."""
         if not inspect.isawaitable(value):
             return value
+        if cancel_after_s is not None and scope is None:
+            scope = CancelScope()
         loop = self.loop
         if loop.is_closed():
             # Before queueing: a wake-up scheduled just before the loop closed never ran, so
@@ -136,10 +146,20 @@ class LoopRunner:
                 raise self._loop_closed(
                     "the event loop is closed; the listener did not run"
                 ) from None
+        deadline = None if cancel_after_s is None else time.monotonic() + cancel_after_s
         while not call.done.acquire(timeout=WAIT_SLICE_S):
             if loop.is_closed():
                 self._forget(call)
                 raise self._loop_closed("the event loop closed while a listener ran on it")
+            if deadline is not None and scope is not None and time.monotonic() > deadline:
+                deadline = None  # once: a task that ignores its cancellation is waited for
+                logger.warning(
+                    "%s: cancelling a listener task still running after %.1f s",
+                    self._owner,
+                    cancel_after_s,
+                )
+                with contextlib.suppress(RuntimeError):  # closed: seen on the next turn
+                    loop.call_soon_threadsafe(scope.cancel)
         if call.cancelled:
             return on_cancel
         if call.error is not None:
@@ -237,14 +257,18 @@ def _discard(awaitable: object) -> None:
 
 
 def call_listener(
-    runner: LoopRunner, call: Callable[[], object], on_cancel: T, scope: CancelScope | None = None
+    runner: LoopRunner,
+    call: Callable[[], object],
+    on_cancel: T,
+    scope: CancelScope | None = None,
+    cancel_after_s: float | None = None,
 ) -> Any:
     """Call a listener method on this thread and resolve what it returned (see
     :meth:`LoopRunner.resolve`); a scope cancelled before the call gives ``on_cancel``
     without calling it."""
     if scope is not None and scope.cancelled:
         return on_cancel
-    return cast(Any, runner.resolve(call(), on_cancel, scope))
+    return cast(Any, runner.resolve(call(), on_cancel, scope, cancel_after_s))
 
 
 class AsyncClient:

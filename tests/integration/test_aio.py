@@ -887,3 +887,49 @@ def test_a_transaction_producer_whose_loop_ended_leaves_its_checks_to_a_live_one
             zombie.threaded.shutdown(1000)
     assert checked["zombie"] == 0
     assert checked["live"] >= len(sent)
+
+
+def test_a_listener_task_past_consume_timeout_is_cancelled_and_frees_its_thread(
+    config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    topic = make_topic(config, unique("t"))
+    calls: list[str] = []
+    cancelled: list[str] = []
+
+    async def on_message(msg: MessageExt) -> ConsumeStatus:
+        body = msg.body.decode()
+        calls.append(body)
+        if body.startswith("hang") and calls.count(body) == 1:
+            try:
+                await asyncio.Event().wait()  # never set
+            except asyncio.CancelledError:
+                cancelled.append(body)
+                raise
+        return OK
+
+    # Two threads, two listeners that never return: without the cancellation the consumer
+    # runs nothing more.
+    consumer = aio.PushConsumer(
+        unique("g"), config=config, consume_thread_count=2, consume_timeout=0.02,
+        **_consumer_options({}),
+    )  # fmt: skip
+    consumer.subscribe(topic, on_message)
+    sent = ["hang-1", "hang-2", "ok-1", "ok-2", "ok-3"]
+
+    async def main() -> tuple[int, Any]:
+        async with consumer:
+            with Producer(unique("p"), config=config) as producer:
+                for body in sent:
+                    producer.send_sync(Message(topic, body.encode()))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (
+                {"ok-1", "ok-2", "ok-3"} <= set(calls) and len(cancelled) == 2
+            ):
+                await asyncio.sleep(0.05)
+            return consumer.listeners_running, consumer.stats()
+
+    running, stats = asyncio.run(main())
+    assert sorted(cancelled) == ["hang-1", "hang-2"], (calls, stats)
+    assert {"ok-1", "ok-2", "ok-3"} <= set(calls), (calls, stats)
+    assert running == 0
+    assert stats.sent_back >= 2, "the timed-out messages are sent back, not lost"
