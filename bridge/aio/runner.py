@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import threading
@@ -40,6 +41,12 @@ T = TypeVar("T")
 
 WAIT_SLICE_S: Final = 0.5
 """A thread waiting for a listener task looks whether the loop was closed this often, s."""
+
+
+_LISTENER_OF: contextvars.ContextVar[LoopRunner | None] = contextvars.ContextVar(
+    "bridge_aio_listener_of", default=None
+)
+"""The runner whose listener call the current task runs (or was started from)."""
 
 
 class CancelScope:
@@ -209,14 +216,16 @@ class LoopRunner:
             self._begin(arriving.popleft())
 
     def _begin(self, call: _Call) -> None:
-        task = self.loop.create_task(self._run(call))
+        task = self.loop.create_task(self._run(call, self))
         self._tasks.add(task)
         task.add_done_callback(lambda done: self._finish(call, done))
         if call.scope is not None:
             call.scope.task = task
 
     @staticmethod
-    async def _run(call: _Call) -> Any:
+    async def _run(call: _Call, runner: LoopRunner) -> Any:
+        # In the task's own context: the tasks the listener starts (wait_for, gather) see it.
+        _LISTENER_OF.set(runner)
         if call.scope is not None and call.scope.cancelled:
             raise asyncio.CancelledError
         return await call.awaitable
@@ -235,12 +244,9 @@ class LoopRunner:
         call.done.release()
 
     def runs_current_task(self) -> bool:
-        """True when called from one of this runner's listener tasks (loop thread only)."""
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:  # no running loop on this thread
-            return False
-        return task is not None and task in self._tasks
+        """True when called from one of this runner's listener calls, or from a task one
+        started (``asyncio.wait_for``, ``gather``, ``create_task``)."""
+        return _LISTENER_OF.get() is self
 
     def cancel_all(self) -> int:
         """Cancel every listener task still running (loop thread only); return how many."""

@@ -746,8 +746,9 @@ def test_orderly_listeners_run_one_per_partition_in_offset_order(
     assert offsets == {p: list(range(30)) for p in range(3)}
 
 
+@pytest.mark.parametrize("how", ["await", "wait_for", "gather"])
 def test_a_listener_awaiting_its_own_consumers_shutdown_starts_it_and_goes_on(
-    loop_thread: LoopThread, config: ClientConfig, unique: Callable[[str], str]
+    loop_thread: LoopThread, config: ClientConfig, unique: Callable[[str], str], how: str
 ) -> None:
     # Awaiting the whole shutdown there would wait for the very listener that awaits it:
     # drain_timeout_ms, then the listener cancelled and its message left to be consumed again.
@@ -762,7 +763,12 @@ def test_a_listener_awaiting_its_own_consumers_shutdown_starts_it_and_goes_on(
     async def listener(msg: MessageExt) -> ConsumeStatus:
         entered.set()
         started = time.monotonic()
-        await box[0].shutdown()
+        if how == "await":
+            await box[0].shutdown()
+        elif how == "wait_for":  # awaited in a task of its own, started by the listener
+            await asyncio.wait_for(box[0].shutdown(), 30)
+        else:
+            await asyncio.gather(box[0].shutdown())
         took.append(time.monotonic() - started)
         return OK
 
