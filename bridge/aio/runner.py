@@ -169,8 +169,13 @@ class LoopRunner:
                     loop.call_soon_threadsafe(scope.cancel)
         if call.cancelled:
             return on_cancel
-        if call.error is not None:
-            raise call.error
+        error = call.error
+        if error is not None:
+            if isinstance(error, EventLoopClosedError):
+                # Another client's, raised through the listener: a failure of the listener.
+                # Only this runner's closed loop means "not run" to the caller.
+                raise IllegalStateError(str(error)) from error
+            raise error
         return call.value
 
     def _forget(self, call: _Call) -> None:

@@ -23,7 +23,12 @@ from bridge.consumer.model import (
     ConsumeOrderlyStatus,
     ConsumeStatus,
 )
-from bridge.errors import IllegalStateError, InvalidArgumentError, SendTimeoutError
+from bridge.errors import (
+    EventLoopClosedError,
+    IllegalStateError,
+    InvalidArgumentError,
+    SendTimeoutError,
+)
 from bridge.lifecycle import ServiceState
 from bridge.message import Message
 
@@ -79,6 +84,24 @@ def test_an_exception_reaches_the_calling_thread_as_a_plain_listener_s_would() -
 
         with pytest.raises(TimeoutError, match="db timed out"):
             await on_thread(lambda: runner.resolve(listener(), LATER))
+
+    asyncio.run(main())
+
+
+def test_another_clients_closed_loop_raised_by_a_listener_is_the_listeners_failure() -> None:
+    # EventLoopClosedError from resolve() tells the consumer "not run: leave the messages to
+    # the group" and the client is shut down; a listener that lets another client's one
+    # through must not make this client hold its messages while it goes on running.
+    async def main() -> None:
+        runner = bound_runner()
+
+        async def listener() -> None:
+            raise EventLoopClosedError("another client: the event loop is closed")
+
+        with pytest.raises(IllegalStateError) as raised:
+            await on_thread(lambda: runner.resolve(listener(), LATER))
+        assert not isinstance(raised.value, EventLoopClosedError)
+        assert "another client" in str(raised.value)
 
     asyncio.run(main())
 
