@@ -43,10 +43,10 @@ WAIT_SLICE_S: Final = 0.5
 """A thread waiting for a listener task looks whether the loop was closed this often, s."""
 
 
-_LISTENER_OF: contextvars.ContextVar[LoopRunner | None] = contextvars.ContextVar(
+_LISTENER_OF: contextvars.ContextVar[tuple[LoopRunner, _Call] | None] = contextvars.ContextVar(
     "bridge_aio_listener_of", default=None
 )
-"""The runner whose listener call the current task runs (or was started from)."""
+"""The runner and listener call the current task runs (or was started from)."""
 
 
 class CancelScope:
@@ -73,7 +73,7 @@ class _Call:
     """One awaitable run on the loop for a waiting thread: its outcome, and a lock released
     when it is known (the cheapest thing a thread can wait on with a timeout)."""
 
-    __slots__ = ("awaitable", "cancelled", "done", "error", "scope", "value")
+    __slots__ = ("awaitable", "cancelled", "done", "error", "finished", "scope", "value")
 
     def __init__(self, awaitable: Awaitable[Any], scope: CancelScope | None) -> None:
         self.awaitable = awaitable
@@ -83,6 +83,8 @@ class _Call:
         self.value: Any = None
         self.error: BaseException | None = None
         self.cancelled = False
+        self.finished = False
+        """Its task has ended (loop thread only)."""
 
 
 class LoopRunner:
@@ -230,7 +232,7 @@ class LoopRunner:
     @staticmethod
     async def _run(call: _Call, runner: LoopRunner) -> Any:
         # In the task's own context: the tasks the listener starts (wait_for, gather) see it.
-        _LISTENER_OF.set(runner)
+        _LISTENER_OF.set((runner, call))
         if call.scope is not None and call.scope.cancelled:
             raise asyncio.CancelledError
         return await call.awaitable
@@ -239,6 +241,7 @@ class LoopRunner:
         """Hand the task's outcome to the waiting thread (a task cancelled even before it
         started included)."""
         self._tasks.discard(task)
+        call.finished = True
         if task.cancelled():
             _discard(call.awaitable)
             call.cancelled = True
@@ -249,9 +252,11 @@ class LoopRunner:
         call.done.release()
 
     def runs_current_task(self) -> bool:
-        """True when called from one of this runner's listener calls, or from a task one
-        started (``asyncio.wait_for``, ``gather``, ``create_task``)."""
-        return _LISTENER_OF.get() is self
+        """True when called, while one of this runner's listener calls runs, from it or from
+        a task it started (``asyncio.wait_for``, ``gather``, ``create_task``; loop thread
+        only). A task the listener left running after it returned is not it any more."""
+        entry = _LISTENER_OF.get()
+        return entry is not None and entry[0] is self and not entry[1].finished
 
     def cancel_all(self) -> int:
         """Cancel every listener task still running (loop thread only); return how many."""
@@ -262,8 +267,13 @@ class LoopRunner:
 
 
 def _discard(awaitable: object) -> None:
-    """Close a coroutine that will never run (no "never awaited" warning)."""
-    if inspect.iscoroutine(awaitable):
+    """Close a coroutine that never started and never will (no "never awaited" warning).
+    One that started belongs to its task: closing it from here would run its clean-up off
+    the loop, and what that raises would be taken for the listener's outcome."""
+    if (
+        inspect.iscoroutine(awaitable)
+        and inspect.getcoroutinestate(awaitable) == inspect.CORO_CREATED
+    ):
         awaitable.close()
 
 

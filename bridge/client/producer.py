@@ -305,6 +305,18 @@ class Producer(Startable):
         finally:
             serving.active = False
 
+    def _wait_for_room(self) -> None:
+        """Let deliveries drain a full local queue for a moment. Inside one of this
+        producer's report callbacks the thread may be the only one serving the reports that
+        free room: :class:`SendTimeoutError` at once rather than a wait of
+        ``send_msg_timeout_ms`` with every report behind it held."""
+        if self._serving.active:
+            raise SendTimeoutError(
+                f"producer {self.group}: the local queue is full, and a send in one of its "
+                "own delivery callbacks cannot wait for room"
+            )
+        self._poll(0.01)
+
     def _refuse_waiting_in_a_callback(self, what: str) -> None:
         if self._serving.active:
             raise IllegalStateError(
@@ -616,7 +628,7 @@ class Producer(Startable):
             partition,
             callback,
             timeout_ms=self.config.send_msg_timeout_ms,
-            wait_full=lambda: self._poll(0.01),
+            wait_full=self._wait_for_room,
         )
         self._senders_active = True
 

@@ -206,6 +206,77 @@ def test_a_closed_loop_is_a_clear_error_not_a_hang() -> None:
         runner.resolve(listener(), LATER)
 
 
+def test_a_loop_closed_under_a_listener_whose_clean_up_awaits_is_not_run() -> None:
+    # The listener is suspended in its task when its loop is stopped and closed by hand.
+    # Closing its coroutine from the waiting thread ran its clean-up there, and the
+    # RuntimeError that raised ("coroutine ignored GeneratorExit") was taken for the
+    # listener's failure instead of "not run".
+    loop = asyncio.new_event_loop()
+    runner = LoopRunner("consumer x")
+    runner.bind(loop)
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    entered = threading.Event()
+    quiet = False  # once the test is done: the clean-up stops awaiting, so it closes
+
+    async def listener() -> None:
+        try:
+            entered.set()
+            await asyncio.sleep(60)
+        finally:
+            if not quiet:
+                await asyncio.sleep(0)
+
+    outcome: list[BaseException] = []
+    made = listener()
+
+    def call() -> None:
+        try:
+            runner.resolve(made, LATER)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert entered.wait(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()
+    caller.join(10)
+    assert [type(e) for e in outcome] == [EventLoopClosedError], outcome
+    quiet = True
+    made.close()
+
+
+def test_a_task_a_listener_left_running_is_not_the_listener_once_it_returned() -> None:
+    async def main() -> None:
+        runner = bound_runner()
+        seen: list[tuple[str, bool]] = []
+        go_on = asyncio.Event()
+        left: list[asyncio.Task[None]] = []
+
+        async def detached() -> None:
+            await go_on.wait()
+            seen.append(("left running", runner.runs_current_task()))
+
+        async def child() -> None:
+            seen.append(("child", runner.runs_current_task()))
+
+        async def listener() -> ConsumeStatus:
+            seen.append(("listener", runner.runs_current_task()))
+            await asyncio.wait_for(child(), 5)
+            left.append(asyncio.create_task(detached()))
+            return ConsumeStatus.CONSUME_SUCCESS
+
+        assert await on_thread(lambda: runner.resolve(listener(), LATER)) is not LATER
+        go_on.set()
+        await left[0]
+        assert seen == [("listener", True), ("child", True), ("left running", False)]
+        assert not runner.runs_current_task()
+
+    asyncio.run(main())
+
+
 def test_send_outcomes_reach_the_loop_in_one_batch_and_skip_cancelled_futures() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
