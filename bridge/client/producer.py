@@ -49,6 +49,7 @@ from bridge.client.send_results import (
     async_report,
     log_oneway_failure,
     not_resent,
+    record_send_failure,
     refused_with_its_batch,
     report_async,
     report_oneway,
@@ -208,6 +209,8 @@ class Producer(Startable):
         """Kafka topics a refusal of a request batch was logged for (once each)."""
         self._resend: ResendAlone | None = None if _sends_alone(self.config) else self._send_alone
         self._serving = _Serving()
+        self._client_id = self.group
+        """The Kafka ``client.id`` (labels the client's statistics in metrics)."""
 
     # --- lifecycle --------------------------------------------------------------------
     @property
@@ -219,7 +222,7 @@ class Producer(Startable):
         """Create the Kafka client and its delivery thread. May be called once."""
         self._lifecycle.transition(ServiceState.RUNNING)
         try:
-            self._kafka = new_producer(self.config, client_id=self.group)
+            self._kafka = new_producer(self.config, client_id=self._client_id)
         except Exception:
             self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
             raise
@@ -342,6 +345,9 @@ class Producer(Startable):
             if self._alone is None:
                 kafka = {**self.config.kafka, "batch.num.messages": "1"}
                 alone = Producer(self.group, config=self.config.replace(kafka=kafka))
+                # A client.id of its own: librdkafka's statistics of the two would otherwise
+                # overwrite each other's series.
+                alone._client_id = f"{self._client_id}-alone"
                 alone.start()
                 self._alone = alone
             return self._alone
@@ -651,15 +657,16 @@ class Producer(Startable):
         return SendResult(SendStatus.SEND_OK, record.msg_id, offset, msg.topic, stored_partition)
 
     def send_record_sync(
-        self, record: PreparedRecord, partition: int | None = None
+        self, record: PreparedRecord, partition: int | None = None, *, started: float | None = None
     ) -> tuple[int, int]:
         """Send a prepared record and wait for its acknowledgement; return (partition, offset).
+        ``started``: when the send began, monotonic s (default now), for its cost in metrics.
 
         The building block of ``send_sync`` for clients that write system records.
         """
         self._lifecycle.require_running()
         self._refuse_waiting_in_a_callback("send_sync")
-        waiter = SyncWaiter()
+        waiter = SyncWaiter(started, resends=self._resend is not None)
         self._produce(record, record.partition if partition is None else partition, waiter)
         # flush() sends at once instead of waiting linger.ms, and serves delivery reports
         # (ours among them) on this thread. librdkafka fails the message after
@@ -681,21 +688,27 @@ class Producer(Startable):
                 try:
                     alone = self._refused_batch(record.kafka_topic)
                 except IllegalStateError as exc:
+                    record_send_failure(waiter.started, record.kafka_topic)
                     raise not_resent(error, context, exc) from exc
-                return alone.send_record_sync(record, partition)
+                return alone.send_record_sync(record, partition, started=waiter.started)
             raise translate_error(error, context)
         return waiter.partition, waiter.offset
 
     def send_records_sync(
-        self, records: list[PreparedRecord]
+        self, records: list[PreparedRecord], *, started: float | None = None
     ) -> list[tuple[int, int] | KafkaClientError]:
         """Send prepared records together and wait for every acknowledgement (at most
-        ``send_msg_timeout_ms``); return (partition, offset) or the error, per record."""
+        ``send_msg_timeout_ms``); return (partition, offset) or the error, per record.
+        ``started``: when the sends began, monotonic s (default now), for their cost in
+        metrics."""
         self._lifecycle.require_running()
         self._refuse_waiting_in_a_callback("send_records_sync")
+        if started is None:
+            started = time.monotonic()
+        resends = self._resend is not None
         waiters = []
         for record in records:
-            waiter = SyncWaiter()
+            waiter = SyncWaiter(started, resends=resends)
             try:
                 self._produce(record, record.partition, waiter)
             except KafkaClientError as exc:
@@ -726,27 +739,32 @@ class Producer(Startable):
         if refused:
             # Their batches may have been refused for their neighbours' size: their own
             # sends tell (in their order, so a partition keeps them in order).
-            again = self._send_alone_sync([(records[index], error) for index, error in refused])
+            again = self._send_alone_sync(
+                [(records[index], error) for index, error in refused], started
+            )
             for (index, _), result in zip(refused, again, strict=True):
                 results[index] = result
         return results
 
     def _send_alone_sync(
-        self, refused: list[tuple[PreparedRecord, KafkaError]]
+        self, refused: list[tuple[PreparedRecord, KafkaError]], started: float
     ) -> list[tuple[int, int] | KafkaClientError]:
         """Send the records of ``refused`` (each with the refusal of its request batch as too
         large) again each in a batch of its own, in order, and wait for them: (partition,
-        offset) or the error, per record."""
+        offset) or the error, per record. ``started``: when their first sends began,
+        monotonic s; each send's cost in metrics runs from there to its last outcome."""
         for record, _ in refused:
             self._note_refused_batch(record.kafka_topic)
         try:
             alone = self._alone_sender()
         except IllegalStateError as exc:
+            for record, _ in refused:
+                record_send_failure(started, record.kafka_topic)
             return [
                 not_resent(error, f"send of {record.msg_id} to {record.kafka_topic}", exc)
                 for record, error in refused
             ]
-        return alone.send_records_sync([record for record, _ in refused])
+        return alone.send_records_sync([record for record, _ in refused], started=started)
 
     def send_batch(
         self, msgs: Iterable[Message], *, partition: int = -1
@@ -821,8 +839,12 @@ class Producer(Startable):
         finally:
             with self._batches_lock:
                 self._batches_waiting -= 1
-        if reports.too_large and self._resend is not None:
-            self._send_batch_alone(prepared, partition, reports)
+        if reports.too_large:
+            if self._resend is not None:
+                self._send_batch_alone(prepared, partition, reports)
+            elif reports.started is not None:  # their reports were not recorded
+                for index in reports.too_large:
+                    record_send_failure(reports.started, reports.kafka_topics[index])
         results = reports.results(timeout_ms)
         # Every message has its outcome: no report of this batch can come any more, so its
         # handlers serve the next batch. (Reports that did not come may still come: those
@@ -865,7 +887,10 @@ class Producer(Startable):
             refused.append((index, record, error))
         if not refused:
             return
-        again = self._send_alone_sync([(record, error) for _, record, error in refused])
+        again = self._send_alone_sync(
+            [(record, error) for _, record, error in refused],
+            time.monotonic() if reports.started is None else reports.started,
+        )
         outcomes, msgs = reports.outcomes, reports.msgs
         for (index, record, _), result in zip(refused, again, strict=True):
             if isinstance(result, KafkaClientError):

@@ -93,6 +93,20 @@ def record_send(started: float | None, err: KafkaError | None, kmsg: Any) -> Non
         logger.debug("send not recorded in metrics", exc_info=True)
 
 
+def record_send_failure(started: float, kafka_topic: str) -> None:
+    """Record in the active metrics, if any, a send to ``kafka_topic`` begun at ``started``
+    (monotonic s) that failed without a report saying so last: one refused with its request
+    batch that could not be sent again alone."""
+    metrics = active_metrics()
+    if metrics is None:
+        return
+    try:
+        cost_ms = (time.monotonic() - started) * 1000
+        metrics.send_cost.labels(metrics.namespace, kafka_topic, "failure").observe(cost_ms)
+    except Exception:  # metrics never fail a send
+        logger.debug("send not recorded in metrics", exc_info=True)
+
+
 class SendStatus(Enum):
     """RocketMQ's ``SendStatus``. With ``acks=all`` a stored message is always SEND_OK."""
 
@@ -121,11 +135,24 @@ class SyncWaiter:
     block on it. A plain lock the report releases: an ``Event`` costs both threads twice as
     much (a condition, a lock per waiter, a notification)."""
 
-    __slots__ = ("_reported", "done", "error", "failure", "offset", "partition", "started")
+    __slots__ = (
+        "_reported",
+        "_resends",
+        "done",
+        "error",
+        "failure",
+        "offset",
+        "partition",
+        "started",
+    )
 
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        """When the send began, monotonic s (for ``rocketmq_send_cost_time``)."""
+    def __init__(self, started: float | None = None, *, resends: bool = False) -> None:
+        self.started = time.monotonic() if started is None else started
+        """When the send began, monotonic s (for ``rocketmq_send_cost_time``): now, or the
+        first send's time for a record sent again alone."""
+        self._resends = resends
+        """True if a refusal with the request batch is sent again alone: that report is not
+        the send's outcome, so it is not recorded (the sender records the outcome)."""
         self._reported = threading.Lock()
         self._reported.acquire()
         self.done = False
@@ -135,7 +162,8 @@ class SyncWaiter:
         self.offset = -1
 
     def __call__(self, err: KafkaError | None, kmsg: Any) -> None:
-        record_send(self.started, err, kmsg)
+        if err is None or not self._resends or err.code() != _TOO_LARGE:
+            record_send(self.started, err, kmsg)
         if err is not None:
             self.error = err
         else:
@@ -309,8 +337,10 @@ class BatchReports:
         return handlers[index] if index < len(handlers) else partial(self.report, index)
 
     def report(self, index: int, err: KafkaError | None, kmsg: Any) -> None:
-        """The delivery report of message ``index``."""
-        if self.started is not None:
+        """The delivery report of message ``index``. A refusal with the request batch is
+        not recorded here: the message is sent again alone, or its sender records the
+        failure."""
+        if self.started is not None and (err is None or err.code() != _TOO_LARGE):
             record_send(self.started, err, kmsg)
         if err is None:
             offset = kmsg.offset()

@@ -12,17 +12,19 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from prometheus_client import CollectorRegistry
 
 from bridge import ClientConfig, Message, Producer, SendResult, SendStatus
 from bridge.aio import Producer as AsyncProducer
 from bridge.errors import KafkaClientError, SendError
 from bridge.kafka.admin import TopicAdmin
+from bridge.observability import BridgeMetrics, disable_metrics, enable_metrics
 from tests.conftest import wait_until
 from tests.integration.test_producer import raw_consume
 from topics.catalog import TopicSpec
@@ -201,3 +203,69 @@ def test_send_record_async_resending_alone_reports_only_a_records_own_refusal(
     for index, offset in enumerate(outcomes):
         if index != BIG_AT:
             assert by_offset[offset].value() == msgs[index].body
+
+
+@pytest.fixture()
+def metrics() -> Iterator[BridgeMetrics]:
+    """Recording on in this process, in a registry of this test's own."""
+    disable_metrics()
+    yield enable_metrics(CollectorRegistry())
+    disable_metrics()
+
+
+def _send_sync(producer: Producer, msgs: list[Message]) -> list[Any]:
+    outcomes: list[Any] = []
+    for msg in msgs:
+        try:
+            outcomes.append(producer.send_sync(msg))
+        except SendError as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+@pytest.mark.parametrize(
+    "send",
+    [_send_sync, _send_async, _send_batch],
+    ids=["send_sync", "send_async", "send_batch"],
+)
+def test_a_send_sent_again_alone_is_one_sample_of_its_cost(
+    client_config: ClientConfig,
+    unique: Callable[[str], str],
+    metrics: BridgeMetrics,
+    send: Callable[[Producer, list[Message]], list[Any]],
+) -> None:
+    # rocketmq_send_cost_time has one sample per send, from the send to its outcome: a
+    # refusal of its request batch followed by its send alone is one send, not a failed one
+    # and then another.
+    topic = _topic(client_config, unique)
+    msgs = _messages(topic)
+    with Producer("pg", config=client_config) as producer:
+        outcomes = send(producer, msgs)
+    assert sum(not isinstance(o, SendResult) for o in outcomes) == 1
+    get = metrics.registry.get_sample_value
+    labels = {"namespace": metrics.namespace, "topic": topic}
+    samples = {
+        status: get("rocketmq_send_cost_time_count", {**labels, "invocation_status": status})
+        for status in ("success", "failure")
+    }
+    assert samples == {"success": len(msgs) - 1, "failure": 1}
+
+
+def test_the_producer_sending_again_alone_has_a_client_id_of_its_own(
+    client_config: ClientConfig, unique: Callable[[str], str], metrics: BridgeMetrics
+) -> None:
+    # Kafka client metrics are labelled by client.id: sharing the group's, the second
+    # producer's statistics overwrote the first one's series.
+    topic = _topic(client_config, unique)
+    config = client_config.replace(kafka={"statistics.interval.ms": "100"})
+    group = unique("pg").replace("-", "_")
+    get = metrics.registry.get_sample_value
+    with Producer(group, config=config) as producer:
+        _send_batch(producer, _messages(topic))
+        wait_until(
+            lambda: all(
+                get("bridge_kafka_producer_queue_messages", {"client": client}) is not None
+                for client in (group, f"{group}-alone")
+            ),
+            timeout_s=30,
+        )
