@@ -19,7 +19,8 @@ from bridge.consumer.context import ConsumerContext
 from bridge.consumer.counters import Count
 from bridge.consumer.process_queue import ProcessQueue
 from bridge.consumer.quarantine import Headerless
-from bridge.message import MessageConst, MessageExt, parse_count
+from bridge.consumer.send_back import RETRY_PROPERTIES
+from bridge.message import DEAD_LETTER_PROPERTIES, MessageConst, MessageExt, parse_count
 from topics.errors import MalformedRecordError
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,13 @@ Key = tuple[str, int]
 """A partition: (Kafka topic, partition)."""
 
 _RECORD_ERRORS_IGNORED: Final = frozenset({KafkaError._PARTITION_EOF})
+_RETRY_PATH_ONLY: Final = RETRY_PROPERTIES | frozenset(DEAD_LETTER_PROPERTIES)
+"""Headers only the retry path writes (what a replay to the origin topic drops). On a real topic
+they come from another Kafka client (a record copied out of a retry topic or DLQ by a Kafka
+tool, a header of its own under one of these names): a record there is a first delivery, and
+trusting them would count failures it never had (straight to the DLQ at ``RECONSUME_TIME``
+16), send its retries to a topic it was never read from (``RETRY_TOPIC``), or name another
+origin in its dead-letter metadata."""
 
 
 class Incoming:
@@ -94,6 +102,7 @@ class Intake:
         self._topic_names = topic_names
         self._retry_kafka_topic = retry_kafka_topic
         self._missing_topics: set[str] = set()
+        self._foreign_retry_topics: set[str] = set()
 
     def sort(self, records: list[Any]) -> dict[Key, Incoming]:
         """Each partition's share of ``records``, each record handled on its own: one that
@@ -154,6 +163,11 @@ class Intake:
                     reason = MalformedRecordError(f"{exc}; quarantined without them")
                     incoming.hold_poison(Headerless(record), reason)
                     continue
+                if not retry and headers:
+                    for header, _ in headers:
+                        if header in _RETRY_PATH_ONLY:
+                            headers = self._first_delivery(record, headers)
+                            break
                 msg = undecoded_message(record, name, kafka_topic, partition, headers)
                 if retry:
                     malformed = _retry_origin(msg)
@@ -230,6 +244,30 @@ class Intake:
         # Its headers were read (a record whose headers raise is handled before): reading
         # them again for the copy is safe.
         self._incoming(key, batches).hold_poison(record, exc)
+
+    def _first_delivery(
+        self, record: Any, headers: list[tuple[str, bytes | None]]
+    ) -> list[tuple[str, bytes | None]]:
+        """``headers`` of a record of a real topic without those only the retry path writes
+        (see :data:`_RETRY_PATH_ONLY`): it is consumed, retried and dead-lettered as the first
+        delivery it is. Logged as a warning once per topic, then at debug level."""
+        kept = [(name, value) for name, value in headers if name not in _RETRY_PATH_ONLY]
+        ignored = sorted({name for name, _ in headers if name in _RETRY_PATH_ONLY})
+        topic: str = record.topic()
+        level = logging.DEBUG if topic in self._foreign_retry_topics else logging.WARNING
+        self._foreign_retry_topics.add(topic)
+        logger.log(
+            level,
+            "push consumer %s: %s[%s]@%s is a first delivery: ignoring its headers %s, which "
+            "only retry and dead-letter copies carry (further ones of this topic are logged at "
+            "debug level)",
+            self._context.group,
+            topic,
+            record.partition(),
+            record.offset(),
+            ", ".join(ignored),
+        )
+        return kept
 
     def _record_error(self, record: Any, error: KafkaError) -> None:
         if error.code() in _RECORD_ERRORS_IGNORED:

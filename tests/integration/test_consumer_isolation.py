@@ -224,6 +224,45 @@ def test_a_reconsume_time_that_is_no_ascii_count_neither_freezes_nor_is_trusted(
     assert "'²'" in quarantined(config, retry)[b"retry-sup"].reason
 
 
+def test_retry_headers_another_client_wrote_on_a_real_topic_are_no_retry_history(
+    config: ClientConfig, coordinator: Coordinator, consumers: list[PushConsumer],
+    unique: Callable[[str], str],
+) -> None:  # fmt: skip
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    produce_raw(config, topic, [
+        # Records copied out of a retry topic or DLQ by a Kafka tool carry these.
+        (b"counted", [("RECONSUME_TIME", b"3"), ("RECONSUME_TIME", b"16")]),
+        (b"redirected", [
+            ("RETRY_TOPIC", b"elsewhere"), ("ORIGIN_MESSAGE_ID", b"other-id"),
+            ("ORIGIN_KAFKA_TOPIC", b"elsewhere"), ("ORIGIN_QUEUE_OFFSET", b"77"),
+            ("trace-bin", TRACE),
+        ]),
+        (b"after", None),
+    ])  # fmt: skip
+    listener = Listener(fail_first=frozenset({b"counted", b"redirected"}))
+    consumer = start_consumer(consumers, config, group, topic, listener)
+    wait_until(
+        lambda: len(listener.of(b"counted")) == 2 and len(listener.of(b"redirected")) == 2,
+        timeout_s=30,
+    )
+    for body in (b"counted", b"redirected"):
+        first, again = listener.of(body)
+        assert (first.reconsume_times, again.reconsume_times) == (0, 1), body
+        assert again.topic == topic, "retried under the topic it was read from"
+        assert again.kafka_topic == retry_topic(group, config.namespace)
+    first, again = listener.of(b"redirected")
+    assert first.get_property(MessageConst.RETRY_TOPIC) is None
+    assert again.get_property(MessageConst.ORIGIN_MESSAGE_ID) == first.msg_id
+    assert again.get_property(MessageConst.ORIGIN_KAFKA_TOPIC) == topic
+    assert again.get_property(MessageConst.ORIGIN_QUEUE_OFFSET) == "1"
+    assert again.get_property("trace-bin") == TRACE, "other headers are kept"
+    assert len(listener.of(b"after")) == 1
+    wait_until(lambda: committed(config, group, topic) == 3)
+    stats = consumer.stats()
+    assert (stats.sent_back, stats.dead_lettered, stats.quarantined) == (2, 0, 0), stats
+
+
 def test_a_copy_that_cannot_be_built_is_quarantined_and_one_that_cannot_be_sent_is_retried(
     config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
     monkeypatch: pytest.MonkeyPatch,
@@ -790,10 +829,10 @@ def test_an_orderly_dlq_copy_too_large_even_alone_is_sent_alone_once_per_attempt
     send_records = producer_module.Producer.send_records_sync
     alone_sends: list[int] = []
 
-    def counted(self: Producer, records: list[Any]) -> Any:
+    def counted(self: Producer, records: list[Any], **options: Any) -> Any:
         if self.config.kafka.get("batch.num.messages") == "1":
             alone_sends.extend(1 for r in records if len(r.value or b"") >= len(large))
-        return send_records(self, records)
+        return send_records(self, records, **options)
 
     monkeypatch.setattr(producer_module.Producer, "send_records_sync", counted)
     listener = OrderlyFailsAny(frozenset({small, large}))
