@@ -538,7 +538,8 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
     ) -> int:
         """CONSUME_SUCCESS: up to the listener's ``ack_index`` (one that is not an int fails
         the whole batch); anything else: none."""
-        status = cast(MessageListenerConcurrently, listener).consume_message(msgs, context)
+        # Its own list: one it empties or reorders must not change what the consumer holds.
+        status = cast(MessageListenerConcurrently, listener).consume_message(list(msgs), context)
         if status is ConsumeStatus.CONSUME_SUCCESS:
             index = checked_ack_index(context.ack_index, len(msgs))
             if index is None:

@@ -99,6 +99,37 @@ def status_failure(status: object) -> str:
     return name if isinstance(name, str) else truncate_utf8(repr(status), 100)
 
 
+Place = tuple[str, str, int, int]
+"""Where a held message was read: topic (RocketMQ name), Kafka topic, partition, offset."""
+
+
+def places(msgs: list[MessageExt]) -> list[Place]:
+    """Where each of ``msgs`` was read, taken before a listener call (see :func:`restore`)."""
+    return [(m.topic, m.kafka_topic, m.queue_id, m.queue_offset) for m in msgs]
+
+
+def restore(msgs: list[MessageExt], where: list[Place], group: str) -> None:
+    """Put back where ``msgs`` were read (``where``, from :func:`places`) after a listener
+    call changed it. The consumer finds a message it holds by its offset, and routes its retry
+    by its topic: a listener that set ``queue_offset`` or ``topic`` (the messages are its to
+    read, and Python cannot stop it writing) would otherwise leave the message held for ever,
+    its partition's committed offset stuck before it, or send its retry to a topic no
+    subscription reads."""
+    for msg, place in zip(msgs, where, strict=True):
+        now = (msg.topic, msg.kafka_topic, msg.queue_id, msg.queue_offset)
+        if now != place:
+            logger.warning(
+                "push consumer %s: the listener changed where the message at %s[%d]@%d was "
+                "read (to %r); the consumer keeps the original",
+                group,
+                place[1],
+                place[2],
+                place[3],
+                now,
+            )
+            msg.topic, msg.kafka_topic, msg.queue_id, msg.queue_offset = place
+
+
 def leading_successes(
     callback: MessageCallback,
     msgs: list[MessageExt],
@@ -108,7 +139,18 @@ def leading_successes(
     """Call a per-message listener on ``msgs`` in order until one fails (a failure status,
     None or an exception of the class ``caught``); return how many succeeded. The failed
     message and those after it (not called) get the failure noted (:func:`record_failure`).
-    Each call runs in a process span of ``group`` when OpenTelemetry is installed."""
+    Each call runs in a process span of ``group`` when OpenTelemetry is installed. Where the
+    messages were read is restored after the calls (see :func:`restore`)."""
+    where = places(msgs)
+    try:
+        return _leading_successes(callback, msgs, group, caught)
+    finally:
+        restore(msgs, where, group)
+
+
+def _leading_successes(
+    callback: MessageCallback, msgs: list[MessageExt], group: str, caught: type[BaseException]
+) -> int:
     for index, msg in enumerate(msgs):
         with _span([msg], group) as span:
             try:
@@ -189,10 +231,13 @@ class Consumption(abc.ABC, Generic[ContextT]):
         listener did not run, and the caller leaves the messages held (uncommitted, for the
         next owner: the asyncio client is shutting down). The messages not consumed get the
         failure noted (:func:`record_failure`); with OpenTelemetry, each call runs in a
-        process span (one per batch)."""
+        process span (one per batch). A batch listener gets its own list of the messages, and
+        where they were read is restored after it (see :func:`restore`): what it changes
+        there cannot hide a message from the consumer."""
         group = self._context.group
         if isinstance(listener, self._BATCH_LISTENER):
             with _span(msgs, group) as span:
+                where = places(msgs)
                 try:
                     done = self._consume_batch(listener, msgs, context)
                 except EventLoopClosedError:
@@ -202,6 +247,8 @@ class Consumption(abc.ABC, Generic[ContextT]):
                     span.failed("the listener raised", exc)
                     record_failure(msgs, Failure.EXCEPTION, exc)
                     return 0
+                finally:
+                    restore(msgs, where, group)
                 if done < len(msgs):
                     reason = msgs[done].get_property(MessageConst.CONSUME_FAILURE)
                     span.failed(reason if isinstance(reason, str) else "failed")

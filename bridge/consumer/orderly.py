@@ -192,7 +192,8 @@ class OrderlyConsumption(Consumption[ConsumeOrderlyContext]):
         self, listener: BatchListener, msgs: list[MessageExt], context: ConsumeOrderlyContext
     ) -> int:
         """SUCCESS: the whole batch; anything else: none (retried in place)."""
-        status = cast(MessageListenerOrderly, listener).consume_message(msgs, context)
+        # Its own list: one it empties or reorders must not change what the consumer holds.
+        status = cast(MessageListenerOrderly, listener).consume_message(list(msgs), context)
         if status is ConsumeOrderlyStatus.SUCCESS:
             return len(msgs)
         record_failure(msgs, status_failure(status))

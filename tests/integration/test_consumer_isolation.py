@@ -1071,3 +1071,75 @@ def test_an_orderly_listener_raising_system_exit_fails_its_batch_and_the_partiti
     stats = consumer.stats()
     assert (stats.consumed, stats.failed, stats.sent_back) == (4, 1, 0)
     assert any(r.exc_info and r.exc_info[0] is error for r in caplog.records)
+
+
+# --- a listener that changes what it was handed ---------------------------------------------
+class EmptiesConcurrently(MessageListenerConcurrently):
+    """Consumes its batch, then empties the list it was handed."""
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+    ) -> ConsumeStatus:
+        with self.lock:
+            self.seen += [m.body for m in msgs]
+        msgs.clear()
+        return ConsumeStatus.CONSUME_SUCCESS
+
+
+class EmptiesOrderly(MessageListenerOrderly):
+    """Consumes its batch, then empties the list it was handed."""
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        self.seen += [m.body for m in msgs]
+        msgs.reverse()
+        del msgs[1:]
+        return ConsumeOrderlyStatus.SUCCESS
+
+
+class Relocates:
+    """A per-message listener that consumes a message, then rewrites where it was read."""
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, msg: MessageExt) -> ConsumeStatus:
+        with self.lock:
+            self.seen.append(msg.body)
+        msg.queue_offset = 1_000_000
+        msg.topic = "elsewhere"
+        msg.queue_id = 7
+        return ConsumeStatus.CONSUME_SUCCESS
+
+
+@pytest.mark.parametrize(
+    ("make", "orderly"),
+    [(EmptiesConcurrently, False), (EmptiesOrderly, True), (Relocates, False), (Relocates, True)],
+    ids=["batch-concurrent", "batch-orderly", "callable-concurrent", "callable-orderly"],
+)
+def test_a_listener_changing_its_messages_or_their_list_neither_stalls_nor_loses_them(
+    make: Callable[[], EmptiesConcurrently | EmptiesOrderly | Relocates], orderly: bool,
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+) -> None:  # fmt: skip
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    bodies = [f"m{i}".encode() for i in range(10)]
+    produce_raw(config, topic, [(b, None) for b in bodies])
+    listener = make()
+    consumer = start_consumer(
+        consumers, config, group, topic, listener, orderly=orderly,
+        consume_message_batch_max_size=4,
+    )  # fmt: skip
+    wait_until(lambda: committed(config, group, topic) == len(bodies))
+    assert sorted(listener.seen) == bodies, "each consumed once"
+    stats = consumer.stats()
+    assert (stats.consumed, stats.failed) == (len(bodies), 0), stats
