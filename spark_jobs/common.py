@@ -198,8 +198,17 @@ def header_map(headers: Column) -> Column:
     return F.map_from_entries(F.coalesce(headers, F.array()).cast(_HEADERS_AS_STRINGS))
 
 
+def count_property(value: Column) -> Column:
+    """A count property (``RECONSUME_TIME``, ``TRANSACTION_CHECK_TIMES``) as a long, read as the
+    clients read it (``bridge.property_values.parse_count(...) or 0``): 1 to 18 ASCII digits,
+    anything else (missing, empty, signed, spaced, not a number) 0. Spark 4 casts with ANSI
+    semantics, where a plain ``cast`` of ``"abc"`` fails the whole query."""
+    return F.when(value.rlike(r"^[0-9]{1,18}\z"), value.try_cast("long")).otherwise(F.lit(0))
+
+
 def decode_messages(records: DataFrame) -> DataFrame:
-    """Kafka source rows as messages: ``msg_id`` (``UNIQ_KEY``, else topic-partition-offset),
+    """Kafka source rows as messages: ``msg_id`` (``UNIQ_KEY``, else, as the clients do for a
+    missing or empty one, topic-partition-offset),
     ``topic``, ``partition``, ``offset``, ``key``, ``body``, ``tags``, ``keys``, ``properties``
     (the user's and system ones), ``born_host``, ``born_timestamp`` and ``store_timestamp``
     (the record time when the topic stores append times), ``ingested_at``.
@@ -221,7 +230,9 @@ def decode_messages(records: DataFrame) -> DataFrame:
     )
     return with_props.select(
         F.coalesce(
-            props[HEADER_MSG_ID],
+            # An empty UNIQ_KEY (another Kafka client's record) is no id: as the same id, all
+            # such records would be deduplicated into one row.
+            F.nullif(props[HEADER_MSG_ID], F.lit("")),
             F.concat_ws("-", F.col("topic"), F.col("partition"), F.col("offset")),
         ).alias("msg_id"),
         F.col("topic"),

@@ -2,7 +2,9 @@
 
 Reads every retry topic (``%RETRY%<group>``) and dead-letter topic (``%DLQ%<group>``) of the
 namespace and counts their messages by group, kind (retry or DLQ), origin topic
-(``RETRY_TOPIC``) and depth (``RECONSUME_TIME``). Prints a table, writes an HTML chart and,
+(``RETRY_TOPIC``; ``?`` when missing or empty) and depth (``RECONSUME_TIME``; 0 unless 1 to 18
+ASCII digits, as the clients read it). A topic of the namespace whose name holds no escaped
+group counts under group ``?``, with a warning naming it. Prints a table, writes an HTML chart and,
 beside it, the rows as data (:func:`write_report_data`: ``dlq.parquet``, ``dlq.csv`` and
 ``dlq.jsonl`` next to ``dlq.html``)::
 
@@ -15,6 +17,7 @@ import argparse
 import csv
 import dataclasses
 import json
+import logging
 import sys
 import types
 import typing
@@ -34,6 +37,7 @@ if __package__ in (None, ""):  # spark-submit runs the file as a script
 from spark_jobs.common import (
     add_common_arguments,
     add_security_argument,
+    count_property,
     decode_messages,
     kafka_security_options,
     print_table,
@@ -41,8 +45,11 @@ from spark_jobs.common import (
     write_bar_chart,
 )
 from spark_jobs.system_topics import read_pattern
+from topics.errors import InvalidTopicNameError
 from topics.naming import group_topics_pattern, parse_kafka_topic
 from topics.properties import MessageConst
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,22 +75,38 @@ def dlq_report(
     environment)."""
     pattern = group_topics_pattern(namespace)
     records = read_pattern(spark, bootstrap_servers, pattern, security=security).cache()
-    topics = [r["topic"] for r in records.select("topic").distinct().collect()]
-    if not topics:
+    counts = {r["topic"]: r["count"] for r in records.groupBy("topic").count().collect()}
+    if not counts:
         return []
-    groups = {t: parse_kafka_topic(t, namespace) for t in topics}
-    group_of = F.create_map(*[F.lit(x) for t, p in groups.items() for x in (t, p.group or "")])
-    kind_of = F.create_map(*[F.lit(x) for t, p in groups.items() for x in (t, p.kind.value)])
+    groups: dict[str, tuple[str, str]] = {}
+    for topic, count in counts.items():
+        try:
+            parsed = parse_kafka_topic(topic, namespace)
+            groups[topic] = (parsed.group or "", parsed.kind.value)
+        except InvalidTopicNameError as exc:
+            # A topic another tool created under the namespace: its messages are counted
+            # under group "?" rather than stopping the report of every group.
+            kind = topic[len(namespace) + 1 :].split(".", 1)[0].lower()
+            groups[topic] = ("?", kind)
+            logger.warning(
+                "topic %s names no consumer group (%s): its %d record(s) are counted under "
+                "group '?'",
+                topic,
+                exc,
+                count,
+            )
+    group_of = F.create_map(*[F.lit(x) for t, (g, _) in groups.items() for x in (t, g)])
+    kind_of = F.create_map(*[F.lit(x) for t, (_, k) in groups.items() for x in (t, k)])
     messages = decode_messages(records)
     props = F.col("properties")
     rows = (
         messages.select(
             group_of[F.col("topic")].alias("group"),
             kind_of[F.col("topic")].alias("kind"),
-            F.coalesce(props[MessageConst.RETRY_TOPIC], F.lit("?")).alias("origin_topic"),
-            F.coalesce(props[MessageConst.RECONSUME_TIME].cast("int"), F.lit(0)).alias(
-                "reconsume_times"
+            F.coalesce(F.nullif(props[MessageConst.RETRY_TOPIC], F.lit("")), F.lit("?")).alias(
+                "origin_topic"
             ),
+            count_property(props[MessageConst.RECONSUME_TIME]).alias("reconsume_times"),
         )
         .groupBy("group", "kind", "origin_topic", "reconsume_times")
         .count()
@@ -169,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     add_security_argument(parser)
     parser.add_argument("--chart", type=Path, default=Path("reports/dlq.html"))
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     spark = spark_session("bridge-dlq-report", jars=args.jars, master=args.master)
     rows = dlq_report(
         spark,

@@ -3,8 +3,11 @@
 Reads HALF (half messages and their check copies), OP (decisions: COMMIT, ROLLBACK, DISCARD
 when parked) and the check-max topic (parked messages), and reports committed, rolled back,
 pending (no decision yet), parked (ever), check counts and time-to-decision percentiles (from
-the half message's born time to the first decision, ms). Prints a table, writes an HTML
-chart and, beside it, the rows as data (``transactions.parquet``, ``.csv`` and ``.jsonl``)::
+the half message's born time to the first decision, ms). A record of these topics that is not
+a readable record of its schema (a tombstone, another client's bytes, an unknown schema, a
+body that does not decode) is left out with a warning per topic and reason, giving its count;
+the others are audited. Prints a table, writes an HTML chart and, beside it, the rows as data
+(``transactions.parquet``, ``.csv`` and ``.jsonl``)::
 
     python -m spark_jobs.transaction_audit --chart reports/transactions.html
 """
@@ -12,6 +15,7 @@ chart and, beside it, the rows as data (``transactions.parquet``, ``.csv`` and `
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,16 +30,19 @@ if __package__ in (None, ""):  # spark-submit runs the file as a script
 from spark_jobs.common import (
     add_common_arguments,
     add_security_argument,
+    count_property,
     kafka_security_options,
     print_table,
     spark_session,
     write_bar_chart,
 )
 from spark_jobs.dlq_report import write_report_data
-from spark_jobs.system_topics import decode_avro, read_topic
+from spark_jobs.system_topics import decode_avro, read_topic, skipped_records
 from topics.catalog import SystemTopic
 from topics.naming import system_topic
 from topics.properties import MessageConst
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +72,21 @@ def transaction_audit(
     ``kafka.`` options (:func:`spark_jobs.common.kafka_security_options`; None: from the
     environment)."""
 
+    cached: list[DataFrame] = []
+
     def read(topic: SystemTopic, schema: str) -> DataFrame:
         kafka_topic = system_topic(topic.value, namespace)
-        return decode_avro(
-            read_topic(spark, bootstrap_servers, kafka_topic, security=security), schema
-        )
+        records = read_topic(spark, bootstrap_servers, kafka_topic, security=security)
+        # Read once for both the records left out and the audit.
+        records = records.select("value").cache()
+        cached.append(records)
+        for reason, count in skipped_records(records, schema):
+            logger.warning("%s: left out %d record(s): %s", kafka_topic, count, reason)
+        return decode_avro(records, schema)
 
     props = F.col("properties")
     tid = F.coalesce(props[MessageConst.TRANSACTION_ID], F.col("msg_id"))
-    checks = F.coalesce(props[MessageConst.TRANSACTION_CHECK_TIMES].cast("int"), F.lit(0))
+    checks = count_property(props[MessageConst.TRANSACTION_CHECK_TIMES])
     halves = (
         read(SystemTopic.HALF, "MessageEnvelope")
         .select(
@@ -129,6 +142,11 @@ def transaction_audit(
         )
         .orderBy("producer_group", "topic")
     )
+    try:
+        collected = report.collect()
+    finally:
+        for records in cached:
+            records.unpersist()
     return [
         AuditRow(
             r["producer_group"],
@@ -142,7 +160,7 @@ def transaction_audit(
             float(r["decision"][0]) if r["decision"] and r["decision"][0] is not None else None,
             float(r["decision"][1]) if r["decision"] and r["decision"][1] is not None else None,
         )
-        for r in report.collect()
+        for r in collected
     ]
 
 
@@ -206,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     add_security_argument(parser)
     parser.add_argument("--chart", type=Path, default=Path("reports/transactions.html"))
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     spark = spark_session("bridge-transaction-audit", jars=args.jars, master=args.master)
     rows = transaction_audit(
         spark,
