@@ -128,9 +128,11 @@ class RetryPolicy:
         context.scheduler.after(delay_ms, again)
 
     # --- copies --------------------------------------------------------------------------
-    def copy_of(self, msg: MessageExt, level: int) -> tuple[RetryRoute, PreparedRecord]:
+    def copy_of(
+        self, msg: MessageExt, level: int, record_key: bytes | None = None
+    ) -> tuple[RetryRoute, PreparedRecord]:
         """Where failed ``msg`` goes (its listener's ``level``, 0: the default) and the record
-        that takes it there."""
+        that takes it there (keyed ``record_key``, the key of the record it was read from)."""
         route = retry_route(msg.reconsume_times, self.max_reconsume_times, level)
         record = send_back_record(
             msg,
@@ -139,6 +141,7 @@ class RetryPolicy:
             self.max_reconsume_times,
             config=self._context.config,
             born_host=self._born_host,
+            record_key=record_key,
         )
         return route, record
 
@@ -149,7 +152,7 @@ class RetryPolicy:
         quarantined with the reason (a copy is built from the message alone: it would fail
         the same way again)."""
         try:
-            return self.copy_of(msg, level)
+            return self.copy_of(msg, level, _key_of(pq.record_of(msg.queue_offset)))
         except Exception as exc:
             logger.warning(
                 "push consumer %s: cannot build the %s copy of %s, quarantining it: %s",
@@ -373,6 +376,15 @@ class _Copies:
                     route = routes[i]
                     if not route.to_dlq:
                         _log_sent_back(msgs[i], route)
+
+
+def _key_of(record: object) -> bytes | None:
+    """The Kafka key of a held record (None for none, or for a placeholder without one)."""
+    key = getattr(record, "key", None)
+    if key is None:
+        return None
+    value = key()
+    return value if isinstance(value, bytes) else None
 
 
 def _log_sent_back(msg: MessageExt, route: RetryRoute) -> None:

@@ -116,10 +116,18 @@ def send_back_record(
     *,
     config: ClientConfig,
     born_host: bytes,
+    record_key: bytes | None = None,
 ) -> PreparedRecord:
-    """The record that takes failed ``msg`` to ``route`` (retry topic or DLQ)."""
+    """The record that takes failed ``msg`` to ``route`` (retry topic or DLQ).
+
+    ``record_key``: the Kafka key of the record ``msg`` was read from. A record another Kafka
+    client wrote has its key there and not in ``KEYS``: the copy keeps it as its
+    ``SHARDING_KEY`` (whence a record's key comes, through SCHEDULE too), so the retry, the
+    dead letter and a replay to the origin topic are keyed as the original was."""
     target = f"{DLQ_GROUP_TOPIC_PREFIX if route.to_dlq else RETRY_GROUP_TOPIC_PREFIX}{group}"
     copy = _copy(msg, target)
+    if record_key is not None and copy.kafka_key() != record_key:
+        copy.put_system_property(MessageConst.SHARDING_KEY, record_key)
     copy.put_system_property(MessageConst.RETRY_TOPIC, origin_topic(msg))
     copy.put_system_property(MessageConst.RECONSUME_TIME, str(route.reconsume_times))
     copy.put_system_property(

@@ -40,7 +40,7 @@ from bridge.consumer import (
     send_back,
 )
 from bridge.consumer import retry_policy as retry_policy_module
-from bridge.consumer.admin import read_dead_letters
+from bridge.consumer.admin import read_dead_letters, replay_dead_letters
 from bridge.consumer.fetcher import Fetcher
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.kafka.admin import TopicAdmin
@@ -53,7 +53,7 @@ from tests.integration.test_consumer import (
     start_consumer,
 )
 from topics.catalog import TopicSpec
-from topics.naming import retry_topic
+from topics.naming import dlq_topic, retry_topic
 
 pytestmark = pytest.mark.broker
 
@@ -261,6 +261,59 @@ def test_retry_headers_another_client_wrote_on_a_real_topic_are_no_retry_history
     wait_until(lambda: committed(config, group, topic) == 3)
     stats = consumer.stats()
     assert (stats.sent_back, stats.dead_lettered, stats.quarantined) == (2, 0, 0), stats
+
+
+def raw_keys(config: ClientConfig, topic: str) -> dict[bytes | None, Any]:
+    """The key of every record of one-partition ``topic``, by value (the last one's)."""
+    reader = RawConsumer({
+        "bootstrap.servers": config.bootstrap_servers, "group.id": f"reader-{uuid.uuid4().hex}",
+        "enable.auto.commit": False, "enable.partition.eof": True,
+    })  # fmt: skip
+    reader.assign([confluent_kafka.TopicPartition(topic, 0, 0)])
+    keys: dict[bytes | None, Any] = {}
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            record = reader.poll(0.2)
+            if record is None:
+                continue
+            if record.error() is not None:
+                return keys  # the end of the partition
+            keys[record.value()] = record.key()
+        pytest.fail(f"the end of {topic} not reached")
+    finally:
+        reader.close()
+
+
+def test_the_kafka_key_of_a_failed_record_is_kept_through_retry_dlq_and_replay(
+    config: ClientConfig, coordinator: Coordinator, consumers: list[PushConsumer],
+    unique: Callable[[str], str],
+) -> None:  # fmt: skip
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    TopicAdmin(config).ensure_topics(config.catalog().group_specs(group))
+    raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
+    raw.produce(topic, b"text-key", key=b"user-42")
+    raw.produce(topic, b"binary-key", key=b"\xff\x00k")
+    raw.produce(topic, b"no-key")
+    assert raw.flush(10) == 0
+    seen: list[MessageExt] = []
+    lock = threading.Lock()
+
+    def fails(msg: MessageExt) -> ConsumeStatus:
+        with lock:
+            seen.append(msg)
+        return ConsumeStatus.RECONSUME_LATER
+
+    consumer = start_consumer(consumers, config, group, topic, fails, max_reconsume_times=1)
+    wait_until(lambda: consumer.stats().dead_lettered == 3, timeout_s=30)
+    expected = {b"text-key": b"user-42", b"binary-key": b"\xff\x00k", b"no-key": None}
+    retry = retry_topic(group, config.namespace)
+    assert raw_keys(config, retry) == expected
+    assert raw_keys(config, dlq_topic(group, config.namespace)) == expected
+    replay_dead_letters(config, group)
+    replayed = raw_keys(config, topic)
+    assert replayed == expected, "replayed to the origin topic keyed as the original was"
 
 
 def test_a_copy_that_cannot_be_built_is_quarantined_and_one_that_cannot_be_sent_is_retried(
