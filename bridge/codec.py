@@ -172,7 +172,8 @@ def message_from_record(
     """Decode a consumed ``confluent_kafka.Message`` of a real, retry or DLQ topic.
 
     Records written by other Kafka producers decode too: their headers become properties and
-    the message id is ``<topic>-<partition>-<offset>`` when no ``UNIQ_KEY`` header is present.
+    the message id is ``<topic>-<partition>-<offset>`` when no ``UNIQ_KEY`` header is present
+    (or it is empty, or not UTF-8).
     ``headers`` are the record's headers when the caller read them already (see
     :func:`read_headers`); a record whose headers cannot be read decodes without them (logged).
     """
@@ -220,10 +221,9 @@ def received_message(
     ts_type, ts = record.timestamp()
     offset: int = record.offset()
     uniq = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
-    if uniq:
-        msg_id = uniq if type(uniq) is str else property_text(uniq)
-    else:
-        msg_id = f"{kafka_topic}-{partition}-{offset}"
+    # Not UTF-8 (another client's bytes): no id. Its text with U+FFFD for the bad bytes
+    # would give distinct records one id, which listeners deduplicating by id would drop.
+    msg_id = uniq if uniq and type(uniq) is str else f"{kafka_topic}-{partition}-{offset}"
     value = record.value()
     return MessageExt.received(
         topic,
@@ -317,10 +317,11 @@ class _Undecoded(MessageExt):
             tags = props.get(MessageConst.TAGS)
             host = props.get(MessageConst.BORN_HOST, "")
             uniq = props.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
-            if uniq:
-                msg_id = uniq if type(uniq) is str else property_text(uniq)
-            else:
-                msg_id = f"{self.kafka_topic}-{self.queue_id}-{self.queue_offset}"
+            msg_id = (  # see received_message
+                uniq
+                if uniq and type(uniq) is str
+                else f"{self.kafka_topic}-{self.queue_id}-{self.queue_offset}"
+            )
             _SLOTS["_properties"].__set__(self, props)
             _SLOTS["_keys"].__set__(self, keys)
             _SLOTS["tags"].__set__(

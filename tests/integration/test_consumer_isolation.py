@@ -263,6 +263,24 @@ def test_retry_headers_another_client_wrote_on_a_real_topic_are_no_retry_history
     assert (stats.sent_back, stats.dead_lettered, stats.quarantined) == (2, 0, 0), stats
 
 
+def test_records_whose_uniq_key_is_not_utf8_get_distinct_ids(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str]
+) -> None:
+    topic = make_topic(config, unique("t"))
+    produce_raw(config, topic, [
+        (b"a", [("UNIQ_KEY", b"\xff")]), (b"b", [("UNIQ_KEY", b"\xfe")]),
+        (b"c", [("UNIQ_KEY", b"id-c")]),
+    ])  # fmt: skip
+    expected = {b"a": f"{topic}-0-0", b"b": f"{topic}-0-1", b"c": "id-c"}
+    read = {m.body: m.msg_id for m in read_messages(config, [topic], max_messages=3)}
+    assert read == expected
+    listener = Listener()
+    start_consumer(consumers, config, unique("g"), topic, listener)
+    wait_until(lambda: len(listener.seen) == 3)
+    assert {m.body: m.msg_id for m in listener.seen} == expected
+    assert listener.of(b"a")[0].properties["UNIQ_KEY"] == b"\xff", "the header as it is"
+
+
 def raw_keys(config: ClientConfig, topic: str) -> dict[bytes | None, Any]:
     """The key of every record of one-partition ``topic``, by value (the last one's)."""
     reader = RawConsumer({
