@@ -24,6 +24,7 @@ from bridge.consumer.consumption import (
     Failure,
     leading_successes,
     record_failure,
+    restore,
     status_failure,
 )
 from bridge.consumer.context import ConsumerContext, MessageCallback
@@ -287,6 +288,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                     settled_at = now
                     self._count_done(pq, run)
                 run.current = (msg, now, len(consumed))
+                place = (topic, msg.kafka_topic, msg.queue_id, msg.queue_offset)
                 try:
                     result = callback(msg)
                 except EventLoopClosedError:
@@ -309,6 +311,9 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                             logger.warning("listener returned None for %s: a failure", msg.msg_id)
                         record_failure([msg], status_failure(result))
                         failed.append(msg)
+                finally:
+                    if (msg.topic, msg.kafka_topic, msg.queue_id, msg.queue_offset) != place:
+                        restore([msg], [place], group)
                 index += 1
             run.current = None
             if index:

@@ -1193,13 +1193,20 @@ class Relocates:
 
 
 @pytest.mark.parametrize(
-    ("make", "orderly"),
-    [(EmptiesConcurrently, False), (EmptiesOrderly, True), (Relocates, False), (Relocates, True)],
-    ids=["batch-concurrent", "batch-orderly", "callable-concurrent", "callable-orderly"],
-)
+    ("make", "orderly", "batch"),
+    [
+        (EmptiesConcurrently, False, 4), (EmptiesOrderly, True, 4), (Relocates, False, 4),
+        (Relocates, True, 4), (Relocates, False, 1),
+    ],
+    ids=[
+        "batch-concurrent", "batch-orderly", "callable-concurrent", "callable-orderly",
+        "callable-concurrent-one-by-one",
+    ],
+)  # fmt: skip
 def test_a_listener_changing_its_messages_or_their_list_neither_stalls_nor_loses_them(
     make: Callable[[], EmptiesConcurrently | EmptiesOrderly | Relocates], orderly: bool,
-    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+    batch: int, config: ClientConfig, consumers: list[PushConsumer],
+    unique: Callable[[str], str],
 ) -> None:  # fmt: skip
     topic = make_topic(config, unique("t"))
     group = unique("g")
@@ -1208,7 +1215,7 @@ def test_a_listener_changing_its_messages_or_their_list_neither_stalls_nor_loses
     listener = make()
     consumer = start_consumer(
         consumers, config, group, topic, listener, orderly=orderly,
-        consume_message_batch_max_size=4,
+        consume_message_batch_max_size=batch,
     )  # fmt: skip
     wait_until(lambda: committed(config, group, topic) == len(bodies))
     assert sorted(listener.seen) == bodies, "each consumed once"
