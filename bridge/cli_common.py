@@ -22,7 +22,7 @@ from rich.console import Console
 from bridge.config import ClientConfig
 from topics.client_security import ENV_COMMAND_CONFIG, read_properties_file, to_librdkafka
 
-console = Console(highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, markup=False)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -25,6 +25,7 @@ from bridge.cli_output import (
     message_json,
     progress,
     require_broker,
+    shown,
 )
 from bridge.codec import decode_envelope, decode_headers
 from bridge.config import ClientConfig
@@ -352,8 +353,9 @@ def dlq_list(ctx: click.Context, bootstrap_servers: str | None, group: str, as_j
             else "-"
         )
         console.print(
-            f"{m.msg_id} from={m.get_property(MessageConst.RETRY_TOPIC)} "
-            f"failures={m.reconsume_times} keys={' '.join(m.keys)} tags={m.tags or ''} "
+            f"{shown(m.msg_id)} from={shown(m.get_property(MessageConst.RETRY_TOPIC))} "
+            f"failures={m.reconsume_times} keys={shown(' '.join(m.keys))} "
+            f"tags={shown(m.tags or '')} "
             f"body={len(m.body)} bytes first-read={where} "
             f"at={failure[MessageConst.ORIGIN_TIMESTAMP] or '-'} failed-with={why!r}",
             markup=False,

@@ -160,6 +160,15 @@ LOG_FORMATS: Final = ("text", "json")
 _STANDARD_RECORD_FIELDS: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
+def shown(text: object) -> str:
+    """``text`` for a line of plain output: as it is when printable, else its ``repr``. Record
+    fields another Kafka client wrote (tags, message ids, topic names in headers) may hold a
+    newline, which would forge a line of output, or terminal escape sequences."""
+    if isinstance(text, str) and text.isprintable():
+        return text
+    return repr(text)
+
+
 def _text(value: object) -> str:
     """``str(value)``; its ``repr`` when that raises; its type when both raise."""
     for show in (str, repr):

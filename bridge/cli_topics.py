@@ -6,7 +6,7 @@ import click
 from rich.table import Table
 
 from bridge.cli_common import bootstrap_option, client_config, console
-from bridge.cli_output import NotFoundError, emit_json, json_option, message_json
+from bridge.cli_output import NotFoundError, emit_json, json_option, message_json, shown
 from bridge.client.producer import Producer
 from bridge.client.reader import read_messages
 from bridge.config import ClientConfig
@@ -248,6 +248,7 @@ def consume(  # noqa: PLR0917 - click passes every option as a parameter
             emit_json(message_json(msg))
             continue
         console.print(
-            f"{msg.topic}[{msg.queue_id}]@{msg.queue_offset} {msg.msg_id} tags={msg.tags} "
+            f"{msg.topic}[{msg.queue_id}]@{msg.queue_offset} {shown(msg.msg_id)} "
+            f"tags={shown(msg.tags) if msg.tags is not None else None} "
             f"keys={msg.keys} props={msg.user_properties} body={msg.body!r}"
         )

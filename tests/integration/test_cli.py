@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer as RawProducer
 
 from bridge import read_messages
 from bridge.config import ClientConfig
@@ -236,3 +237,23 @@ def test_a_count_or_timeout_below_one_is_bad_usage(
     assert f"Invalid value for '{option}': {value} is not in the range x>=1" in proc.stderr
     (only,) = read_messages(client_config, [topic], timeout_ms=2000)
     assert only.body == b"already there", "a refused send sent nothing"
+
+
+def test_consume_shows_what_another_client_wrote_without_markup_or_forged_lines(
+    client_config: ClientConfig, topic: str
+) -> None:
+    raw = RawProducer({"bootstrap.servers": client_config.bootstrap_servers})
+    raw.produce(topic, b"before")
+    # Rich markup (a closing tag without an opening one), a newline and a terminal escape.
+    tags = b"[bold]x\x1b[2J\nforged line"
+    raw.produce(topic, b"[/oops]", headers=[("TAGS", tags), ("UNIQ_KEY", b"id\nforged")])
+    raw.produce(topic, b"after")
+    assert raw.flush(10) == 0
+    b = ["-b", client_config.bootstrap_servers]
+    out = run_cli("--namespace", client_config.namespace, "consume", *b, topic, "--count", "3")
+    lines = out.splitlines()
+    assert len(lines) == 3, out
+    assert "b'before'" in lines[0] and "b'after'" in lines[2]
+    assert "tags='[bold]x\\x1b[2J\\nforged line'" in lines[1], lines[1]
+    assert "'id\\nforged'" in lines[1] and "body=b'[/oops]'" in lines[1], lines[1]
+    assert "\x1b" not in out
