@@ -26,6 +26,7 @@ from bridge.consumer.consumption import (
     record_failure,
     restore,
     status_failure,
+    warn_not_a_status,
 )
 from bridge.consumer.context import ConsumerContext, MessageCallback
 from bridge.consumer.counters import Count
@@ -307,8 +308,8 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                     ):
                         consumed.append(msg)
                     else:
-                        if result is None:
-                            logger.warning("listener returned None for %s: a failure", msg.msg_id)
+                        if not isinstance(result, ConsumeStatus | ConsumeOrderlyStatus):
+                            warn_not_a_status(result, msg.msg_id)
                         record_failure([msg], status_failure(result))
                         failed.append(msg)
                 finally:
@@ -541,11 +542,14 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
     def _consume_batch(
         self, listener: BatchListener, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
     ) -> int:
-        """CONSUME_SUCCESS: up to the listener's ``ack_index`` (one that is not an int fails
-        the whole batch); anything else: none."""
+        """CONSUME_SUCCESS (or SUCCESS): up to the listener's ``ack_index`` (one that is not an
+        int fails the whole batch); anything else: none."""
         # Its own list: one it empties or reorders must not change what the consumer holds.
-        status = cast(MessageListenerConcurrently, listener).consume_message(list(msgs), context)
-        if status is ConsumeStatus.CONSUME_SUCCESS:
+        # Typed object: a listener may return anything (None, True, the other enum).
+        listening = cast(MessageListenerConcurrently, listener)
+        status: object = listening.consume_message(list(msgs), context)
+        # Either enum's success, as per-message listeners may return.
+        if status is ConsumeStatus.CONSUME_SUCCESS or status is ConsumeOrderlyStatus.SUCCESS:
             index = checked_ack_index(context.ack_index, len(msgs))
             if index is None:
                 logger.warning(
@@ -559,8 +563,8 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                 return 0
             record_failure(msgs[index + 1 :], Failure.ACK_INDEX)
             return index + 1
-        if status is None:
-            logger.warning("listener returned None for %s: RECONSUME_LATER", msgs[0].msg_id)
+        if not isinstance(status, ConsumeStatus | ConsumeOrderlyStatus):
+            warn_not_a_status(status, msgs[0].msg_id)
         record_failure(msgs, status_failure(status))
         return 0
 

@@ -130,6 +130,18 @@ def restore(msgs: list[MessageExt], where: list[Place], group: str) -> None:
             msg.topic, msg.kafka_topic, msg.queue_id, msg.queue_offset = place
 
 
+def warn_not_a_status(result: object, msg_id: str) -> None:
+    """Log that a listener returned ``result`` (None, True, a string ...) for the message
+    ``msg_id``, which is no status: a failure, retried like RECONSUME_LATER. Without it a
+    listener returning ``"CONSUME_SUCCESS"`` or ``True`` would have every message retried
+    until the DLQ with nothing said before."""
+    logger.warning(
+        "listener returned %s for %s, which is no ConsumeStatus: a failure",
+        truncate_utf8(repr(result), 100),
+        msg_id,
+    )
+
+
 def leading_successes(
     callback: MessageCallback,
     msgs: list[MessageExt],
@@ -168,8 +180,8 @@ def _leading_successes(
                 result is not ConsumeStatus.CONSUME_SUCCESS
                 and result is not ConsumeOrderlyStatus.SUCCESS
             ):
-                if result is None:
-                    logger.warning("listener returned None for %s: a failure", msg.msg_id)
+                if not isinstance(result, ConsumeStatus | ConsumeOrderlyStatus):
+                    warn_not_a_status(result, msg.msg_id)
                 failure = status_failure(result)
                 span.failed(failure)
                 record_failure(msgs[index:], failure)

@@ -13,11 +13,18 @@ import logging
 import time
 from typing import ClassVar, Final, cast
 
-from bridge.consumer.consumption import BatchListener, Consumption, record_failure, status_failure
+from bridge.consumer.consumption import (
+    BatchListener,
+    Consumption,
+    record_failure,
+    status_failure,
+    warn_not_a_status,
+)
 from bridge.consumer.counters import Count
 from bridge.consumer.model import (
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
+    ConsumeStatus,
     MessageListenerOrderly,
     MessageQueue,
     checked_suspend_millis,
@@ -191,10 +198,16 @@ class OrderlyConsumption(Consumption[ConsumeOrderlyContext]):
     def _consume_batch(
         self, listener: BatchListener, msgs: list[MessageExt], context: ConsumeOrderlyContext
     ) -> int:
-        """SUCCESS: the whole batch; anything else: none (retried in place)."""
+        """SUCCESS (or CONSUME_SUCCESS): the whole batch; anything else: none (retried in
+        place)."""
         # Its own list: one it empties or reorders must not change what the consumer holds.
-        status = cast(MessageListenerOrderly, listener).consume_message(list(msgs), context)
-        if status is ConsumeOrderlyStatus.SUCCESS:
+        # Typed object: a listener may return anything (None, True, the other enum).
+        status: object = cast(MessageListenerOrderly, listener).consume_message(list(msgs), context)
+        # Either enum's success, as per-message listeners may return: ConsumeStatus's would
+        # otherwise be retried in place for ever (orderly retries are unlimited).
+        if status is ConsumeOrderlyStatus.SUCCESS or status is ConsumeStatus.CONSUME_SUCCESS:
             return len(msgs)
+        if not isinstance(status, ConsumeOrderlyStatus | ConsumeStatus):
+            warn_not_a_status(status, msgs[0].msg_id)
         record_failure(msgs, status_failure(status))
         return 0

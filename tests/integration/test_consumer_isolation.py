@@ -1221,3 +1221,52 @@ def test_a_listener_changing_its_messages_or_their_list_neither_stalls_nor_loses
     assert sorted(listener.seen) == bodies, "each consumed once"
     stats = consumer.stats()
     assert (stats.consumed, stats.failed) == (len(bodies), 0), stats
+
+
+class OrderlyReturnsConcurrentSuccess(MessageListenerOrderly):
+    """An orderly listener returning the concurrent enum's success."""
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        self.seen += [m.body for m in msgs]
+        return ConsumeStatus.CONSUME_SUCCESS  # type: ignore[return-value]
+
+
+def test_an_orderly_listener_returning_consume_success_is_not_retried_in_place_for_ever(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str]
+) -> None:
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    bodies = [f"m{i}".encode() for i in range(5)]
+    produce_raw(config, topic, [(b, None) for b in bodies])
+    listener = OrderlyReturnsConcurrentSuccess()
+    start_consumer(consumers, config, group, topic, listener, suspend_current_queue_time_millis=50)
+    wait_until(lambda: committed(config, group, topic) == len(bodies))
+    assert listener.seen == bodies
+
+
+def test_a_listener_returning_no_status_is_a_failure_and_says_so(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    topic = make_topic(config, unique("t"))
+    group = unique("g")
+    produce_raw(config, topic, [(b"m", None)])
+    returned: list[object] = []
+
+    def says_success(msg: MessageExt) -> Any:
+        returned.append(msg.body)
+        return "CONSUME_SUCCESS"
+
+    with caplog.at_level(logging.WARNING, logger="bridge.consumer"):
+        consumer = start_consumer(
+            consumers, config, group, topic, says_success, max_reconsume_times=0
+        )
+        wait_until(lambda: consumer.stats().dead_lettered == 1)
+    assert "listener returned 'CONSUME_SUCCESS'" in caplog.text, caplog.text
+    [letter] = read_dead_letters(config, group)
+    assert letter.get_property(MessageConst.CONSUME_FAILURE) == "'CONSUME_SUCCESS'"
