@@ -229,12 +229,15 @@ def decode_messages(records: DataFrame) -> DataFrame:
         header_map(F.col("headers")).alias("_props"),
     )
     return with_props.select(
-        F.coalesce(
-            # An empty UNIQ_KEY (another Kafka client's record) is no id: as the same id, all
-            # such records would be deduplicated into one row.
-            F.nullif(props[HEADER_MSG_ID], F.lit("")),
-            F.concat_ws("-", F.col("topic"), F.col("partition"), F.col("offset")),
-        ).alias("msg_id"),
+        # An empty UNIQ_KEY or one that is not UTF-8 (another Kafka client's record) is no
+        # id, as the clients read it: as the same id (or the same text once shown), such
+        # records would be deduplicated into one row, and the clients would name them apart.
+        F.when(
+            (props[HEADER_MSG_ID] != F.lit("")) & F.is_valid_utf8(props[HEADER_MSG_ID]),
+            props[HEADER_MSG_ID],
+        )
+        .otherwise(F.concat_ws("-", F.col("topic"), F.col("partition"), F.col("offset")))
+        .alias("msg_id"),
         F.col("topic"),
         F.col("partition"),
         F.col("offset"),
