@@ -209,8 +209,6 @@ class Producer(Startable):
         """Kafka topics a refusal of a request batch was logged for (once each)."""
         self._resend: ResendAlone | None = None if _sends_alone(self.config) else self._send_alone
         self._serving = _Serving()
-        self._client_id = self.group
-        """The Kafka ``client.id`` (labels the client's statistics in metrics)."""
 
     # --- lifecycle --------------------------------------------------------------------
     @property
@@ -222,7 +220,7 @@ class Producer(Startable):
         """Create the Kafka client and its delivery thread. May be called once."""
         self._lifecycle.transition(ServiceState.RUNNING)
         try:
-            self._kafka = new_producer(self.config, client_id=self._client_id)
+            self._kafka = new_producer(self.config, client_id=self.group)
         except Exception:
             self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
             raise
@@ -343,11 +341,15 @@ class Producer(Startable):
             if self._alone_closed:
                 raise IllegalStateError(f"producer {self.group} is shut down")
             if self._alone is None:
-                kafka = {**self.config.kafka, "batch.num.messages": "1"}
+                # A client.id of its own (the user's, or the group, then "-alone"): the two
+                # clients' librdkafka statistics would otherwise write the same series.
+                client_id = str(self.config.kafka.get("client.id") or self.group)
+                kafka = {
+                    **self.config.kafka,
+                    "batch.num.messages": "1",
+                    "client.id": f"{client_id}-alone",
+                }
                 alone = Producer(self.group, config=self.config.replace(kafka=kafka))
-                # A client.id of its own: librdkafka's statistics of the two would otherwise
-                # overwrite each other's series.
-                alone._client_id = f"{self._client_id}-alone"
                 alone.start()
                 self._alone = alone
             return self._alone

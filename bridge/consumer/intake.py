@@ -22,6 +22,7 @@ from bridge.consumer.quarantine import Headerless
 from bridge.consumer.send_back import RETRY_PROPERTIES
 from bridge.message import DEAD_LETTER_PROPERTIES, MessageConst, MessageExt, parse_count
 from topics.errors import MalformedRecordError
+from topics.naming import DLQ_GROUP_TOPIC_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +31,12 @@ Key = tuple[str, int]
 
 _RECORD_ERRORS_IGNORED: Final = frozenset({KafkaError._PARTITION_EOF})
 _RETRY_PATH_ONLY: Final = RETRY_PROPERTIES | frozenset(DEAD_LETTER_PROPERTIES)
-"""Headers only the retry path writes (what a replay to the origin topic drops). On a real topic
-they come from another Kafka client (a record copied out of a retry topic or DLQ by a Kafka
-tool, a header of its own under one of these names): a record there is a first delivery, and
-trusting them would count failures it never had (straight to the DLQ at ``RECONSUME_TIME``
-16), send its retries to a topic it was never read from (``RETRY_TOPIC``), or name another
-origin in its dead-letter metadata."""
+"""Headers only the retry path writes (what a replay to the origin topic drops). On a real
+topic (not a retry topic or a DLQ) they come from another Kafka client (a record copied out
+of a retry topic or DLQ by a Kafka tool, a header of its own under one of these names): a
+record there is a first delivery, and trusting them would count failures it never had
+(straight to the DLQ at ``RECONSUME_TIME`` 16), send its retries to a topic it was never read
+from (``RETRY_TOPIC``), or name another origin in its dead-letter metadata."""
 
 
 class Incoming:
@@ -121,6 +122,7 @@ class Intake:
         name = ""
         tags: frozenset[str] | None = None
         retry = False
+        first_delivery = False
         for record in records:
             try:
                 error = record.error()
@@ -136,6 +138,9 @@ class Intake:
                     incoming = batches.get(key)
                     name = self._topic_names.get(kafka_topic, kafka_topic)
                     retry = kafka_topic == self._retry_kafka_topic
+                    # A DLQ subscribed to (%DLQ%<group>, RocketMQ's way of handling dead
+                    # letters) holds letters whose retry-path headers the project wrote.
+                    first_delivery = not retry and not name.startswith(DLQ_GROUP_TOPIC_PREFIX)
                     sub = self._context.subscriptions.get(name)
                     tags = (
                         sub.filter.tags
@@ -163,7 +168,7 @@ class Intake:
                     reason = MalformedRecordError(f"{exc}; quarantined without them")
                     incoming.hold_poison(Headerless(record), reason)
                     continue
-                if not retry and headers:
+                if first_delivery and headers:
                     for header, _ in headers:
                         if header in _RETRY_PATH_ONLY:
                             headers = self._first_delivery(record, headers)

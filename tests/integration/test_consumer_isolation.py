@@ -53,7 +53,7 @@ from tests.integration.test_consumer import (
     start_consumer,
 )
 from topics.catalog import TopicSpec
-from topics.naming import dlq_topic, retry_topic
+from topics.naming import DLQ_GROUP_TOPIC_PREFIX, dlq_topic, retry_topic
 
 pytestmark = pytest.mark.broker
 
@@ -261,6 +261,38 @@ def test_retry_headers_another_client_wrote_on_a_real_topic_are_no_retry_history
     wait_until(lambda: committed(config, group, topic) == 3)
     stats = consumer.stats()
     assert (stats.sent_back, stats.dead_lettered, stats.quarantined) == (2, 0, 0), stats
+
+
+def test_a_consumer_of_a_dlq_reads_the_letters_with_their_retry_history(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str]
+) -> None:
+    # Consuming %DLQ%<group> with a group of its own is RocketMQ's way of handling dead
+    # letters: the retry-path headers there are the project's own, not another client's.
+    group = unique("g")
+    dlq = dlq_topic(group, config.namespace)
+    make_topic(config, dlq)
+    produce_raw(config, dlq, [
+        (b"letter", [
+            ("UNIQ_KEY", b"copy-id"), ("RECONSUME_TIME", b"16"), ("RETRY_TOPIC", b"orders"),
+            ("ORIGIN_MESSAGE_ID", b"first-id"), ("CONSUMER_GROUP", group.encode()),
+            ("ORIGIN_KAFKA_TOPIC", b"orders"), ("ORIGIN_QUEUE_OFFSET", b"7"),
+        ]),
+    ])  # fmt: skip
+    listener = Listener()
+    start_consumer(consumers, config, unique("auditors"), DLQ_GROUP_TOPIC_PREFIX + group, listener)
+    wait_until(lambda: len(listener.seen) == 1)
+    letter = listener.seen[0]
+    assert letter.reconsume_times == 16
+    assert {
+        name: letter.get_property(name)
+        for name in (
+            MessageConst.RETRY_TOPIC, MessageConst.ORIGIN_MESSAGE_ID, "CONSUMER_GROUP",
+            "ORIGIN_KAFKA_TOPIC", "ORIGIN_QUEUE_OFFSET",
+        )
+    } == {
+        MessageConst.RETRY_TOPIC: "orders", MessageConst.ORIGIN_MESSAGE_ID: "first-id",
+        "CONSUMER_GROUP": group, "ORIGIN_KAFKA_TOPIC": "orders", "ORIGIN_QUEUE_OFFSET": "7",
+    }  # fmt: skip
 
 
 def test_records_whose_uniq_key_is_not_utf8_get_distinct_ids(

@@ -251,21 +251,30 @@ def test_a_send_sent_again_alone_is_one_sample_of_its_cost(
     assert samples == {"success": len(msgs) - 1, "failure": 1}
 
 
+@pytest.mark.parametrize("client_id", [None, "app-client"], ids=["group", "users-client-id"])
 def test_the_producer_sending_again_alone_has_a_client_id_of_its_own(
-    client_config: ClientConfig, unique: Callable[[str], str], metrics: BridgeMetrics
+    client_config: ClientConfig,
+    unique: Callable[[str], str],
+    metrics: BridgeMetrics,
+    client_id: str | None,
 ) -> None:
-    # Kafka client metrics are labelled by client.id: sharing the group's, the second
-    # producer's statistics overwrote the first one's series.
+    # Kafka client metrics are labelled by client.id: sharing the group's (or the one the
+    # user set), the second producer's statistics overwrote the first one's series.
     topic = _topic(client_config, unique)
-    config = client_config.replace(kafka={"statistics.interval.ms": "100"})
+    kafka = {"statistics.interval.ms": "100"}
     group = unique("pg").replace("-", "_")
+    if client_id is not None:
+        client_id = unique(client_id)
+        kafka["client.id"] = client_id
+    config = client_config.replace(kafka=kafka)
+    first = client_id or group
     get = metrics.registry.get_sample_value
     with Producer(group, config=config) as producer:
         _send_batch(producer, _messages(topic))
         wait_until(
             lambda: all(
                 get("bridge_kafka_producer_queue_messages", {"client": client}) is not None
-                for client in (group, f"{group}-alone")
+                for client in (first, f"{first}-alone")
             ),
             timeout_s=30,
         )
