@@ -26,7 +26,6 @@ from bridge.consumer.consumption import (
     record_failure,
     restore,
     status_failure,
-    warn_not_a_status,
 )
 from bridge.consumer.context import ConsumerContext, MessageCallback
 from bridge.consumer.counters import Count
@@ -308,9 +307,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                     ):
                         consumed.append(msg)
                     else:
-                        if not isinstance(result, ConsumeStatus | ConsumeOrderlyStatus):
-                            warn_not_a_status(result, msg.msg_id)
-                        record_failure([msg], status_failure(result))
+                        record_failure([msg], status_failure(result, msg.msg_id))
                         failed.append(msg)
                 finally:
                     if (msg.topic, msg.kafka_topic, msg.queue_id, msg.queue_offset) != place:
@@ -563,9 +560,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                 return 0
             record_failure(msgs[index + 1 :], Failure.ACK_INDEX)
             return index + 1
-        if not isinstance(status, ConsumeStatus | ConsumeOrderlyStatus):
-            warn_not_a_status(status, msgs[0].msg_id)
-        record_failure(msgs, status_failure(status))
+        record_failure(msgs, status_failure(status, msgs[0].msg_id))
         return 0
 
 

@@ -91,8 +91,12 @@ def record_failure(
             msg.put_system_property(MessageConst.CONSUME_EXCEPTION_MESSAGE, text)
 
 
-def status_failure(status: object) -> str:
-    """``CONSUME_FAILURE`` for a listener that returned ``status`` (not a success)."""
+def status_failure(status: object, msg_id: str) -> str:
+    """``CONSUME_FAILURE`` for a listener that returned ``status`` (not a success) for the
+    message ``msg_id`` (the first of its batch); a value that is no status is logged
+    (:func:`_warn_not_a_status`)."""
+    if not isinstance(status, ConsumeStatus | ConsumeOrderlyStatus):
+        _warn_not_a_status(status, msg_id)
     if status is None:
         return Failure.NONE
     name = getattr(status, "name", None)
@@ -130,7 +134,7 @@ def restore(msgs: list[MessageExt], where: list[Place], group: str) -> None:
             msg.topic, msg.kafka_topic, msg.queue_id, msg.queue_offset = place
 
 
-def warn_not_a_status(result: object, msg_id: str) -> None:
+def _warn_not_a_status(result: object, msg_id: str) -> None:
     """Log that a listener returned ``result`` (None, True, a string ...) for the message
     ``msg_id``, which is no status: a failure, retried like RECONSUME_LATER. Without it a
     listener returning ``"CONSUME_SUCCESS"`` or ``True`` would have every message retried
@@ -180,9 +184,7 @@ def _leading_successes(
                 result is not ConsumeStatus.CONSUME_SUCCESS
                 and result is not ConsumeOrderlyStatus.SUCCESS
             ):
-                if not isinstance(result, ConsumeStatus | ConsumeOrderlyStatus):
-                    warn_not_a_status(result, msg.msg_id)
-                failure = status_failure(result)
+                failure = status_failure(result, msg.msg_id)
                 span.failed(failure)
                 record_failure(msgs[index:], failure)
                 return index

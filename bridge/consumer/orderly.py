@@ -18,7 +18,6 @@ from bridge.consumer.consumption import (
     Consumption,
     record_failure,
     status_failure,
-    warn_not_a_status,
 )
 from bridge.consumer.counters import Count
 from bridge.consumer.model import (
@@ -207,7 +206,5 @@ class OrderlyConsumption(Consumption[ConsumeOrderlyContext]):
         # otherwise be retried in place for ever (orderly retries are unlimited).
         if status is ConsumeOrderlyStatus.SUCCESS or status is ConsumeStatus.CONSUME_SUCCESS:
             return len(msgs)
-        if not isinstance(status, ConsumeOrderlyStatus | ConsumeStatus):
-            warn_not_a_status(status, msgs[0].msg_id)
-        record_failure(msgs, status_failure(status))
+        record_failure(msgs, status_failure(status, msgs[0].msg_id))
         return 0
