@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -137,6 +138,19 @@ def test_topics_the_bridge_creates_get_rf3_and_min_isr_2(
     assert {t: c["min.insync.replicas"] for t, c in configs.items()} == dict.fromkeys(configs, "2")
     assert cluster.controller_leader() in cluster.node_ids
     assert cluster.registered_node_ids() == cluster.node_ids
+
+
+def test_system_topics_are_provisioned_while_the_brokers_still_learn_of_them(
+    cluster: LocalKafkaCluster,
+) -> None:
+    """Each node learns of a new topic on its own schedule, and each metadata answer may come
+    from another node: provisioning must not take the answer after the one that showed every
+    topic as the truth (it once read HALF's partition count from a node that did not know
+    HALF yet: KeyError, 3 times in 20). Twenty fresh namespaces, so that a race that loses
+    one time in seven shows."""
+    for _ in range(20):
+        config = _config(cluster.bootstrap_servers, f"ns{uuid.uuid4().hex[:10]}")
+        TopicAdmin(config).ensure_system_topics(config.catalog())
 
 
 class _Sender(threading.Thread):
