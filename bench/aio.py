@@ -18,13 +18,28 @@ message is done; time from the first message handed over):
   ``confluent_kafka.aio.AIOConsumer`` (``consume`` of 500, a trivial handler per record,
   a commit every 5 s).
 
+Loop lag (how long the loop is held while the clients work): a probe task sleeps 5 ms in a
+loop and records each overshoot, less the time the loop's thread waited for a CPU (the
+kernel's run-queue time: another process's doing), while :data:`LAG_MESSAGES` are sent
+(single sends, batches and oneway sends, all at once) and consumed:
+
+* ``aio``: through ``bridge.aio`` on the probed loop, with an ``async def`` listener;
+* baseline: the same work through the threaded API in the same process while the probe runs on
+  an otherwise idle loop: the GIL hand-offs the clients' threads cost any loop in the process.
+
+Both run with ``sys.setswitchinterval(0.001)`` and the heap frozen before (``gc.freeze()``),
+as docs/asyncio.md advises latency-minded services.
+
 ``python -m bench aio``; ``BENCH_AIO_MESSAGES`` (50,000) and ``BENCH_AIO_ROUNDS`` (3).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import statistics
+import sys
 import threading
 import time
 import uuid
@@ -43,6 +58,8 @@ from topics.catalog import TopicSpec
 
 MESSAGES = int(os.environ.get("BENCH_AIO_MESSAGES", "50000"))
 ROUNDS = int(os.environ.get("BENCH_AIO_ROUNDS", "3"))
+LAG_MESSAGES = 5000
+"""Messages sent and consumed while the loop's lag is probed."""
 WINDOW = 1000
 """Sends awaited at once (tasks, or messages per batch)."""
 PARTITIONS = 4
@@ -262,12 +279,132 @@ def _consume_rows(config: ClientConfig, loop: _Loop) -> list[Row]:
     ]  # fmt: skip
 
 
+# --- loop lag ------------------------------------------------------------------------------
+def _waited_for_a_cpu_s() -> float:
+    """How long the calling thread has been runnable but waiting for a CPU (Linux
+    ``schedstat``), s; 0 where the kernel does not tell."""
+    try:
+        with open("/proc/thread-self/schedstat") as stats:
+            return int(stats.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class _Probe:
+    """Sleeps 5 ms at a time on the loop it runs on; each overshoot less the CPU wait, s."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.stop.is_set():
+            before, starved = loop.time(), _waited_for_a_cpu_s()
+            await asyncio.sleep(0.005)
+            overshoot = loop.time() - before - 0.005
+            self.lags.append(max(0.0, overshoot - (_waited_for_a_cpu_s() - starved)))
+
+
+def _lag_messages(topic: str) -> tuple[list[list[Message]], list[Message], list[Message]]:
+    """The lag workload: batches of 100, single sends and oneway sends, 5 : 1 : 4."""
+    batches = [
+        [Message(topic, BODY, keys=f"{j}") for j in range(100)] for _ in range(LAG_MESSAGES // 200)
+    ]
+    singles = [Message(topic, BODY) for _ in range(LAG_MESSAGES // 10)]
+    oneway = [Message(topic, BODY) for _ in range(LAG_MESSAGES - LAG_MESSAGES // 2 - len(singles))]
+    return batches, singles, oneway
+
+
+async def _aio_lag(config: ClientConfig, topic: str) -> list[float]:
+    probe = _Probe()
+    done = 0
+
+    async def listener(msg: MessageExt) -> ConsumeStatus:
+        nonlocal done
+        done += 1
+        await asyncio.sleep(0)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = bridge_aio.PushConsumer(
+        _group(), config=config, consume_thread_count=8, **_options()
+    )
+    consumer.subscribe(topic, listener)
+    async with bridge_aio.Producer("bench_aio_lag", config=config) as producer, consumer:
+        prober = asyncio.create_task(probe.run())
+        batches, singles, oneway = _lag_messages(topic)
+        sends = [producer.send_batch(b) for b in batches] + [producer.send(m) for m in singles]
+        await asyncio.gather(*sends)
+        for msg in oneway:
+            await producer.send_oneway(msg)
+        while done < LAG_MESSAGES:
+            await asyncio.sleep(0.05)
+        probe.stop.set()
+        await prober
+    return probe.lags
+
+
+def _threaded_lag(config: ClientConfig, topic: str, loop: _Loop) -> list[float]:
+    probe = _Probe()
+    prober = asyncio.run_coroutine_threadsafe(probe.run(), loop.loop)
+    consumer = PushConsumer(_group(), config=config, consume_thread_count=8, **_options())
+    consumer.subscribe(topic, lambda msg: ConsumeStatus.CONSUME_SUCCESS)
+    consumer.start()
+    try:
+        with Producer("bench_threaded_lag", config=config) as producer:
+            batches, singles, oneway = _lag_messages(topic)
+            for batch in batches:
+                producer.send_batch(batch)
+            for msg in singles:
+                producer.send_async(msg)
+            for msg in oneway:
+                producer.send_oneway(msg)
+            producer.flush(60_000)
+        while consumer.stats().consumed < LAG_MESSAGES:
+            time.sleep(0.05)
+    finally:
+        consumer.shutdown()
+        loop.loop.call_soon_threadsafe(probe.stop.set)
+        prober.result()
+    return probe.lags
+
+
+def _lag_rows(config: ClientConfig, loop: _Loop) -> list[Row]:
+    worst: dict[str, list[float]] = {"aio": [], "threaded": []}
+    p99: dict[str, list[float]] = {"aio": [], "threaded": []}
+    gc.collect()
+    gc.freeze()
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    try:
+        for _ in range(ROUNDS):
+            for name in ("aio", "threaded"):
+                topic = f"bench-aio-lag-{uuid.uuid4().hex[:6]}"
+                TopicAdmin(config).ensure_topics([TopicSpec(topic, PARTITIONS)])
+                if name == "aio":
+                    lags = loop.run(_aio_lag(config, topic))
+                else:
+                    lags = _threaded_lag(config, topic, loop)
+                worst[name].append(max(lags) * 1e6)
+                p99[name].append(statistics.quantiles(lags, n=100)[98] * 1e6)
+    finally:
+        sys.setswitchinterval(switch_interval)
+        gc.unfreeze()
+    median = statistics.median
+    return [
+        Row("aio loop lag, worst", "µs", median(worst["aio"]), median(worst["threaded"]),
+            "idle loop beside threaded clients", higher_is_better=False),
+        Row("aio loop lag, p99", "µs", median(p99["aio"]), median(p99["threaded"]),
+            "idle loop beside threaded clients", higher_is_better=False),
+    ]  # fmt: skip
+
+
 def run(bootstrap: str) -> list[Row]:
     """Measure and print; return the rows."""
     config = ClientConfig(bootstrap_servers=bootstrap, namespace=f"ba{uuid.uuid4().hex[:8]}")
     loop = _Loop()
     try:
-        rows = _send_rows(config, loop) + _consume_rows(config, loop)
+        rows = _send_rows(config, loop) + _consume_rows(config, loop) + _lag_rows(config, loop)
     finally:
         loop.close()
     print_rows(f"asyncio API ({MESSAGES:,} messages x 100 B; ratio = first / second figure)", rows)
