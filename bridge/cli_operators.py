@@ -88,7 +88,8 @@ def transactions_list(ctx: click.Context, bootstrap_servers: str | None, as_json
             emit_json(t)
             continue
         console.print(
-            f"{t.transaction_id} group={t.producer_group} topic={t.real_topic} "
+            f"{shown(t.transaction_id)} group={shown(t.producer_group)} "
+            f"topic={shown(t.real_topic)} "
             f"age={t.age_ms / 1000:.1f}s checks={t.check_times} "
             f"half={t.half_partition}@{t.half_offset}"
         )
@@ -113,7 +114,7 @@ def transactions_show(
                 emit_json({"state": "undecided", **dataclasses.asdict(t)})
                 return
             console.print(
-                f"undecided: group={t.producer_group} topic={t.real_topic} "
+                f"undecided: group={shown(t.producer_group)} topic={shown(t.real_topic)} "
                 f"age={t.age_ms / 1000:.1f}s checks={t.check_times}"
             )
             return
@@ -170,8 +171,8 @@ def transactions_parked(ctx: click.Context, bootstrap_servers: str | None, as_js
             emit_json({"msg_id": msg.msg_id, **_parked(msg)})
             continue
         console.print(
-            f"{msg.msg_id} group={msg.get_property(MessageConst.PRODUCER_GROUP)} "
-            f"topic={msg.get_property(MessageConst.REAL_TOPIC)} "
+            f"{shown(msg.msg_id)} group={shown(msg.get_property(MessageConst.PRODUCER_GROUP))} "
+            f"topic={shown(msg.get_property(MessageConst.REAL_TOPIC))} "
             f"checks={msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)} "
             f"body={len(msg.body)} bytes" + _delivery_failure(msg),
             markup=False,
@@ -201,7 +202,9 @@ def transactions_replay(ctx: click.Context, bootstrap_servers: str | None, msg_i
     config = _read_config(ctx, bootstrap_servers)
     _require_parked(config, msg_id)
     msg = resolve_parked(config, msg_id, OpAction.COMMIT)
-    console.print(f"replayed {msg.msg_id} to {msg.get_property(MessageConst.REAL_TOPIC)}")
+    console.print(
+        f"replayed {shown(msg.msg_id)} to {shown(msg.get_property(MessageConst.REAL_TOPIC))}"
+    )
 
 
 @transactions.command("drop")
@@ -214,7 +217,7 @@ def transactions_drop(ctx: click.Context, bootstrap_servers: str | None, msg_id:
     config = _read_config(ctx, bootstrap_servers)
     _require_parked(config, msg_id)
     msg = resolve_parked(config, msg_id, OpAction.ROLLBACK)
-    console.print(f"dropped {msg.msg_id}")
+    console.print(f"dropped {shown(msg.msg_id)}")
 
 
 @click.group()
@@ -279,7 +282,7 @@ def dlq_status(
         if as_json:
             emit_json(s)
             continue
-        origins = ", ".join(f"{t}={n}" for t, n in sorted(s.origin_topics.items()))
+        origins = ", ".join(f"{shown(t)}={n}" for t, n in sorted(s.origin_topics.items()))
         depth = ", ".join(f"{d}x={n}" for d, n in s.reconsume_depth.items())
         console.print(
             f"{s.group}: {s.count} dead letters; from {origins or '-'}; depth {depth or '-'}"
@@ -356,8 +359,8 @@ def dlq_list(ctx: click.Context, bootstrap_servers: str | None, group: str, as_j
             f"{shown(m.msg_id)} from={shown(m.get_property(MessageConst.RETRY_TOPIC))} "
             f"failures={m.reconsume_times} keys={shown(' '.join(m.keys))} "
             f"tags={shown(m.tags or '')} "
-            f"body={len(m.body)} bytes first-read={where} "
-            f"at={failure[MessageConst.ORIGIN_TIMESTAMP] or '-'} failed-with={why!r}",
+            f"body={len(m.body)} bytes first-read={shown(where)} "
+            f"at={shown(failure[MessageConst.ORIGIN_TIMESTAMP] or '-')} failed-with={why!r}",
             markup=False,
         )
     if not as_json:
@@ -496,10 +499,12 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
                 line["error"] = reason
             emit_json(line)
         elif reason is None:
-            console.print(f"{m.msg_id} -> {origin}", markup=False)
+            console.print(f"{shown(m.msg_id)} -> {shown(origin)}", markup=False)
         else:
             not_done = "cannot be replayed" if dry_run else "NOT replayed"
-            console.print(f"{m.msg_id} -> {origin} {not_done}: {reason}", markup=False)
+            console.print(
+                f"{shown(m.msg_id)} -> {shown(origin)} {not_done}: {shown(reason)}", markup=False
+            )
     if not as_json:
         done = len(letters) - len(failed)
         summary = f"would replay {done}" if dry_run else f"replayed {done}"
@@ -527,9 +532,9 @@ def quarantine_list(
         ctx.ensure_object(dict)["quarantine_bootstrap"] = bootstrap_servers
         return
     config = _read_config(ctx, bootstrap_servers)
-    shown = 0
+    listed = 0
     for kept in read_quarantine(config, max_records=count):
-        shown += 1
+        listed += 1
         if as_json:
             emit_json(_quarantined(kept))
             continue
@@ -538,11 +543,12 @@ def quarantine_list(
         else:
             size = f"{len(kept.value) if kept.value is not None else 0} bytes"
         console.print(
-            f"@{kept.offset} from {kept.source_topic}[{kept.source_partition}]@"
-            f"{kept.source_offset} by {kept.quarantined_by} ({size}): {kept.reason}",
+            f"@{kept.offset} from {shown(kept.source_topic)}[{kept.source_partition}]@"
+            f"{kept.source_offset} by {shown(kept.quarantined_by)} ({size}): "
+            f"{shown(kept.reason)}",
             markup=False,
         )
-    if not shown and not as_json:
+    if not listed and not as_json:
         console.print("no quarantined records")
 
 
@@ -630,7 +636,7 @@ def quarantine_replay(ctx: click.Context, bootstrap_servers: str | None, offset:
             )
     done = replay_quarantined(config, offset)
     console.print(
-        f"replayed {done.msg_id} from quarantine offset {offset} to "
+        f"replayed {shown(done.msg_id)} from quarantine offset {offset} to "
         f"{done.topic}[{done.partition}]@{done.offset}",
         markup=False,
     )

@@ -105,3 +105,33 @@ def test_replay_dead_letters_goes_on_past_a_bad_letter_into_later_chunks(
     assert all("InvalidTopicNameError" in f.reason for f in caught.value.failed)
     assert sorted(m.msg_id for m in caught.value.replayed) == good
     assert _replayed_ids(client_config, origin, 2) == good
+
+
+def test_dlq_commands_show_unprintable_ids_and_origins_without_forging_lines(
+    client_config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    """A dead letter keeps the id and origin another client gave its record: a newline there
+    forged a line of ``dlq replay``'s output, a terminal escape reached the terminal."""
+    group, origin = unique("g"), unique("t")
+    dlq = dlq_topic(group, client_config.namespace)
+    TopicAdmin(client_config).ensure_topics([TopicSpec(dlq, 1), TopicSpec(origin, 1)])
+    raw = RawProducer({"bootstrap.servers": client_config.bootstrap_servers})
+    forged_id = "ID-1\nforged -> line"
+    letters = [(forged_id, origin), ("ID-2", "\x1b[2Jx\nforged")]
+    for msg_id, topic in letters:
+        letter = Message(f"%DLQ%{group}", b"body")
+        letter.put_system_property(MessageConst.RETRY_TOPIC, topic)
+        letter.put_system_property(MessageConst.ORIGIN_KAFKA_TOPIC, "t\nforged")
+        record = plain_record(letter, dlq, msg_id, 1, b"h")
+        raw.produce(dlq, record.value, record.key, headers=list(record.headers))
+    assert raw.flush(10) == 0
+
+    for command in (["replay", "--dry-run"], ["list"], ["status"]):
+        done = bridge_cli(client_config, "dlq", *command, "--group", group)
+        out = done.stdout
+        assert "\x1b" not in out, (command, out)
+        assert not any(line.startswith("forged") for line in out.splitlines()), (command, out)
+        if command[0] != "status":
+            assert repr(forged_id) in out, (command, out)
+    lines = bridge_cli(client_config, "dlq", "replay", "--dry-run", "--group", group)
+    assert lines.stdout.splitlines()[0] == f"{forged_id!r} -> {origin}"
