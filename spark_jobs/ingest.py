@@ -31,12 +31,14 @@ if __package__ in (None, ""):  # spark-submit runs the file as a script
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 
 from spark_jobs.common import (
+    TopicNotFoundError,
     add_common_arguments,
     add_security_argument,
     decode_messages,
     kafka_options,
     kafka_security_options,
     spark_session,
+    topic_exists,
 )
 from topics.errors import InvalidArgumentError
 from topics.naming import DEFAULT_NAMESPACE, real_topics_pattern
@@ -87,7 +89,19 @@ class IngestConfig:
 
 
 def start_ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
-    """Start the ingest query (see the module docstring); the caller awaits or stops it."""
+    """Start the ingest query (see the module docstring); the caller awaits or stops it. A
+    topic of ``config.topics`` that does not exist raises :class:`TopicNotFoundError` naming
+    it, before anything starts."""
+    missing = [
+        t
+        for t in config.topics
+        if not topic_exists(spark, config.bootstrap_servers, t, security=config.security)
+    ]
+    if missing:
+        raise TopicNotFoundError(
+            f"topics {missing} do not exist at {config.bootstrap_servers}: nothing to ingest "
+            "from them (leave --topics out to read every real topic)"
+        )
     options = kafka_options(
         config.bootstrap_servers,
         topics=config.topics,

@@ -9,14 +9,17 @@ after a schema evolves.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 
-from spark_jobs.common import kafka_options
+from spark_jobs.common import kafka_options, topic_exists
 from topics.avro import HEADER_LENGTH, SINGLE_OBJECT_MARKER, default_registry
+
+logger = logging.getLogger(__name__)
 
 
 def read_topic(
@@ -28,10 +31,21 @@ def read_topic(
 ) -> DataFrame:
     """Every committed record of ``kafka_topic`` now (a batch read); ``security``: Spark Kafka
     source options (None: from the environment, see
-    :func:`spark_jobs.common.kafka_security_options`)."""
+    :func:`spark_jobs.common.kafka_security_options`). A topic that does not exist reads as
+    empty, with a warning naming it: nothing was written there yet, or the namespace is not
+    the one meant (Spark's own error is a Java stack trace)."""
     options = kafka_options(bootstrap_servers, topics=[kafka_topic], security=security)
     options["endingOffsets"] = "latest"
-    return spark.read.format("kafka").options(**options).load()
+    records = spark.read.format("kafka").options(**options).load()
+    if not topic_exists(spark, bootstrap_servers, kafka_topic, security=security):
+        logger.warning(
+            "%s does not exist at %s: read as empty (nothing was written to it yet, or the "
+            "namespace is not the one meant)",
+            kafka_topic,
+            bootstrap_servers,
+        )
+        return spark.createDataFrame([], records.schema)
+    return records
 
 
 def read_pattern(

@@ -4,6 +4,7 @@ messages only, a stopped and restarted query, the transaction audit and the DLQ 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.kafka.admin import TopicAdmin
 from bridge.transaction.admin import read_parked
 from spark_jobs import dlq_report, transaction_audit
-from spark_jobs.common import spark_session
+from spark_jobs.common import TopicNotFoundError, spark_session
 from spark_jobs.ingest import IngestConfig, start_ingest
 from tests.conftest import REPO_ROOT, wait_until
 from topics.catalog import TopicSpec
@@ -326,3 +327,37 @@ def test_a_job_runs_with_spark_submit(kafka_bootstrap: str, tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "retries and dead letters by consumer group" in proc.stdout
     assert chart.exists()
+
+
+def test_the_audit_of_a_namespace_without_system_topics_is_empty_and_says_so(
+    spark: SparkSession, kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: Spark's Py4JJavaError (UnknownTopicOrPartitionException, a Java stack trace)."""
+    namespace = f"ns{uuid.uuid4().hex[:10]}"  # nothing ever ran in it
+    caplog.set_level(logging.WARNING, logger="spark_jobs.system_topics")
+    assert transaction_audit.transaction_audit(spark, kafka_bootstrap, namespace) == []
+    missing = [r.args[0] for r in caplog.records if "does not exist" in str(r.msg)]  # type: ignore[index]
+    assert missing == [
+        f"{namespace}.RMQ_SYS_TRANS_HALF_TOPIC",
+        f"{namespace}.RMQ_SYS_TRANS_OP_HALF_TOPIC",
+        f"{namespace}.TRANS_CHECK_MAX_TIME_TOPIC",
+    ]
+
+
+def test_ingest_of_a_topic_that_does_not_exist_is_refused_naming_it(
+    spark: SparkSession, kafka_bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
+) -> None:
+    """Before: the query started and failed with Spark's StreamingQueryException."""
+    present, absent = unique("t"), unique("absent")
+    TopicAdmin(ClientConfig(bootstrap_servers=kafka_bootstrap)).ensure_topics(
+        [TopicSpec(present, 1)]
+    )
+    config = IngestConfig(
+        bootstrap_servers=kafka_bootstrap,
+        output=str(tmp_path / "out"),
+        checkpoint=str(tmp_path / "ckpt"),
+        topics=(present, absent),
+    )
+    with pytest.raises(TopicNotFoundError, match=rf"\['{absent}'\] do not exist"):
+        start_ingest(spark, config)
+    assert not (tmp_path / "ckpt").exists(), "nothing started"
