@@ -72,6 +72,9 @@ def test_minus_one_means_rocketmqs_default_budget() -> None:
     [
         ("*", None, True),
         ("", "X", True),
+        ("   ", "X", True),  # RocketMQ's parser keeps no tag: it would pass nothing
+        (" * ", "X", True),  # RocketMQ's: the literal tag "*"
+        (" * ", None, True),
         ("TagA", "TagA", True),
         ("TagA", "TagB", False),
         ("TagA || TagB", "TagB", True),
