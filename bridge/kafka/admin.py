@@ -56,7 +56,13 @@ class TopicAdmin:
         the setting, its value, the value required and the ``kafka-configs.sh`` command that
         fixes it, whatever ``strict`` says.
         """
-        wanted = list(specs)
+        created, _ = self._ensure(list(specs), strict=strict)
+        return created
+
+    def _ensure(self, wanted: list[TopicSpec], *, strict: bool) -> tuple[list[str], dict[str, int]]:
+        """:meth:`ensure_topics`; also the partition counts it checked, from the one metadata
+        answer that showed every topic of ``wanted`` (in a cluster the next answer may come from
+        a node that has not heard of a topic created a moment ago)."""
         existing = self.list_topics(include_internal=True)
         missing = [s for s in wanted if s.kafka_name not in existing]
         created = self._create(missing) if missing else []
@@ -82,7 +88,7 @@ class TopicAdmin:
         self._check_settings(
             [s for s in wanted if s.system is not None and s.kafka_name not in created]
         )
-        return created
+        return created, counts
 
     def _check_settings(self, specs: list[TopicSpec]) -> None:
         """Raise if an existing topic of ``specs`` has a setting a guarantee cannot live with
@@ -180,12 +186,7 @@ class TopicAdmin:
     def ensure_system_topics(self, catalog: TopicCatalog) -> list[str]:
         """Create every system topic of ``catalog``, wait until all are visible, and check
         that HALF and OP are co-partitioned."""
-        created = self.ensure_topics(catalog.system_specs())
-        # Polled again, not listed once: in a cluster the next metadata answer may come from a
-        # broker that has not heard of a topic created a moment ago.
-        counts = self.wait_for_topics(
-            [catalog.topic(SystemTopic.HALF), catalog.topic(SystemTopic.OP)]
-        )
+        created, counts = self._ensure(list(catalog.system_specs()), strict=True)
         half = counts[catalog.topic(SystemTopic.HALF)]
         op = counts[catalog.topic(SystemTopic.OP)]
         if half != op:
