@@ -191,21 +191,27 @@ class TopicNotFoundError(InvalidArgumentError):
     """A topic a job was told to read does not exist."""
 
 
-def topic_exists(
+def batch_read(
     spark: SparkSession,
     bootstrap_servers: str,
-    kafka_topic: str,
     *,
+    topics: Sequence[str] = (),
+    pattern: str | None = None,
     security: Mapping[str, str] | None = None,
-) -> bool:
-    """Whether ``kafka_topic`` exists at ``bootstrap_servers``: a batch read of it is planned,
-    which lists its partitions and reads nothing (a missing topic fails in Spark's Kafka source
-    with a Java stack trace, after its retries: about 4 s). ``security`` as for
-    :func:`kafka_options`."""
-    options = kafka_options(bootstrap_servers, topics=[kafka_topic], security=security)
+) -> DataFrame:
+    """Every committed record now of ``topics`` or of the topics matching ``pattern`` (a
+    batch read, not run yet); options as for :func:`kafka_options`."""
+    options = kafka_options(bootstrap_servers, topics=topics, pattern=pattern, security=security)
     options["endingOffsets"] = "latest"
+    return spark.read.format("kafka").options(**options).load()
+
+
+def topics_exist(records: DataFrame) -> bool:
+    """Whether every topic a :func:`batch_read` of named topics reads exists: the read is
+    planned, which lists the partitions and reads nothing (a missing topic fails in Spark's
+    Kafka source with a Java stack trace, after its retries: about 4 s)."""
     try:
-        spark.read.format("kafka").options(**options).load().rdd.getNumPartitions()
+        records.rdd.getNumPartitions()
     except Py4JJavaError as exc:
         if "UnknownTopicOrPartitionException" in str(exc.java_exception):
             return False

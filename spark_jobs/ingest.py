@@ -34,11 +34,12 @@ from spark_jobs.common import (
     TopicNotFoundError,
     add_common_arguments,
     add_security_argument,
+    batch_read,
     decode_messages,
     kafka_options,
     kafka_security_options,
     spark_session,
-    topic_exists,
+    topics_exist,
 )
 from topics.errors import InvalidArgumentError
 from topics.naming import DEFAULT_NAMESPACE, real_topics_pattern
@@ -95,7 +96,9 @@ def start_ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     missing = [
         t
         for t in config.topics
-        if not topic_exists(spark, config.bootstrap_servers, t, security=config.security)
+        if not topics_exist(
+            batch_read(spark, config.bootstrap_servers, topics=[t], security=config.security)
+        )
     ]
     if missing:
         raise TopicNotFoundError(

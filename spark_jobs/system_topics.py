@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 
-from spark_jobs.common import kafka_options, topic_exists
+from spark_jobs.common import batch_read, topics_exist
 from topics.avro import HEADER_LENGTH, SINGLE_OBJECT_MARKER, default_registry
 
 logger = logging.getLogger(__name__)
@@ -34,10 +34,8 @@ def read_topic(
     :func:`spark_jobs.common.kafka_security_options`). A topic that does not exist reads as
     empty, with a warning naming it: nothing was written there yet, or the namespace is not
     the one meant (Spark's own error is a Java stack trace)."""
-    options = kafka_options(bootstrap_servers, topics=[kafka_topic], security=security)
-    options["endingOffsets"] = "latest"
-    records = spark.read.format("kafka").options(**options).load()
-    if not topic_exists(spark, bootstrap_servers, kafka_topic, security=security):
+    records = batch_read(spark, bootstrap_servers, topics=[kafka_topic], security=security)
+    if not topics_exist(records):
         logger.warning(
             "%s does not exist at %s: read as empty (nothing was written to it yet, or the "
             "namespace is not the one meant)",
@@ -57,9 +55,7 @@ def read_pattern(
 ) -> DataFrame:
     """Every committed record now of the topics matching ``pattern`` (a batch read);
     ``security`` as for :func:`read_topic`."""
-    options = kafka_options(bootstrap_servers, pattern=pattern, security=security)
-    options["endingOffsets"] = "latest"
-    return spark.read.format("kafka").options(**options).load()
+    return batch_read(spark, bootstrap_servers, pattern=pattern, security=security)
 
 
 def schema_versions(name: str) -> list[tuple[str, str]]:
