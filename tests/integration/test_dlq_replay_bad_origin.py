@@ -126,12 +126,13 @@ def test_dlq_commands_show_unprintable_ids_and_origins_without_forging_lines(
         raw.produce(dlq, record.value, record.key, headers=list(record.headers))
     assert raw.flush(10) == 0
 
-    for command in (["replay", "--dry-run"], ["list"], ["status"]):
-        done = bridge_cli(client_config, "dlq", *command, "--group", group)
-        out = done.stdout
+    outputs = {
+        command[0]: bridge_cli(client_config, "dlq", *command, "--group", group).stdout
+        for command in (["replay", "--dry-run"], ["list"], ["status"])
+    }
+    for command, out in outputs.items():
         assert "\x1b" not in out, (command, out)
         assert not any(line.startswith("forged") for line in out.splitlines()), (command, out)
-        if command[0] != "status":
+        if command != "status":
             assert repr(forged_id) in out, (command, out)
-    lines = bridge_cli(client_config, "dlq", "replay", "--dry-run", "--group", group)
-    assert lines.stdout.splitlines()[0] == f"{forged_id!r} -> {origin}"
+    assert outputs["replay"].splitlines()[0] == f"{forged_id!r} -> {origin}"
