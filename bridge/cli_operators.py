@@ -142,7 +142,7 @@ def _delivery_failure(msg: MessageExt) -> str:
     if not error:
         return ""
     attempts = msg.get_property(MessageConst.DELIVERY_ATTEMPTS) or "?"
-    return f" delivery failed {attempts} times: {error}"
+    return f" delivery failed {shown(attempts)} times: {shown(error)}"
 
 
 def _parked(msg: MessageExt) -> dict[str, Any]:
