@@ -1,10 +1,18 @@
 """Check-back of the transaction service (RocketMQ's ``CheckBackService``).
 
-Checks run in a Kafka transaction of their own that writes a copy of the half message with
-``TRANSACTION_CHECK_TIMES`` + 1 (RocketMQ's put-back) and the check request; a half message
-whose check is more than an interval away is put back unchanged once per interval. After
-``transaction_check_max`` checks (or the retention) a half message is parked in the check-max
-topic.
+Checks run in a Kafka transaction of their own that writes the check requests; a half message
+whose check is more than an interval away is put back unchanged once per interval. A check
+counts when a producer of the group answers it (UNKNOWN included): the answer is read from the
+HALF partition and a copy of the half message with ``TRANSACTION_CHECK_TIMES`` + 1 is written
+(RocketMQ's put-back, which RocketMQ writes when it sends the check). A check also counts when
+its group has no live producer (:mod:`bridge.transaction.liveness`): then no request is sent,
+and one sent that no answer followed within a check interval counts too. One unanswered while
+the group has a live producer is asked again, not counted. After ``transaction_check_max``
+checks that count (or the retention) a half message is parked in the check-max topic.
+
+Pacing (:mod:`bridge.transaction.pacing`): each group is sent no more checks than its window
+of unanswered ones; the others wait, due, in the order they fell due, so a storm of checks
+drains at the pace the group's producers answer instead of being counted unasked.
 
 Isolation: a check that cannot be made (its group's check topic cannot be created) counts as a
 check, and a transaction whose check outputs cannot be written is checked on its own and
@@ -18,6 +26,7 @@ with the reason.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -37,7 +46,9 @@ from bridge.transaction.half_batch import (
     envelope,
     with_check_times,
 )
+from bridge.transaction.liveness import ProducerLiveness
 from bridge.transaction.model import CheckRequest, OpAction
+from bridge.transaction.pacing import CheckPacing
 from bridge.transaction.parking import ALONE_PER_CYCLE
 from bridge.transaction.state import CheckAction, HalfPartition, PendingHalf
 from bridge.transaction.targets import MISSING_CACHE_MS
@@ -81,6 +92,9 @@ class CheckBack:
         """Check topic -> (why it could not be had, when that was found, ms)."""
         self._bad_checks: dict[str, _BadCheck] = {}
         """Transactions checked on their own (their check-back outputs failed), by id."""
+        self.pacing = CheckPacing()
+        """The checks awaiting an answer, and each group's window."""
+        self._liveness = ProducerLiveness(service.client)
 
     def start(self, admin: TopicAdmin) -> None:
         """Use ``admin`` to create check topics."""
@@ -90,11 +104,43 @@ class CheckBack:
         """Transaction ``tid`` was decided by its producer: no check of it is needed any more,
         on its own or not."""
         self._bad_checks.pop(tid, None)
+        self.pacing.forget(tid)
 
-    def clear(self) -> None:
-        """After a revocation: the transactions checked on their own are found again (if
-        still bad) by whoever owns them next."""
+    def clear(self, revoked: set[int]) -> None:
+        """After a revocation of the HALF partitions ``revoked``: the transactions checked on
+        their own are found again (if still bad) by whoever owns them next, and the answers
+        to their checks are awaited there."""
         self._bad_checks.clear()
+        self.pacing.forget_partitions(revoked)
+
+    def answered(
+        self, state: HalfPartition, pending: PendingHalf, check_times: int, batch: HalfBatch
+    ) -> None:
+        """A producer of ``pending``'s group answered UNKNOWN to its check ``check_times``
+        (0: a producer that does not say which): the check counts, once. A copy of the half
+        message with the new ``TRANSACTION_CHECK_TIMES`` is written in ``batch`` (so the count
+        survives a restart, and the copy moves the checkpoint on); the next check is a check
+        interval later. An answer to a check counted already (a check asked twice, or before
+        a restart), or to no check, changes nothing."""
+        tid = pending.transaction_id
+        awaited = self.pacing.answered(tid, check_times)
+        counted = pending.check_times + 1
+        if check_times != counted and not (check_times == 0 and awaited is not None):
+            return
+        if pending.held:
+            return
+        try:
+            copy = with_check_times(pending, counted)
+        except BridgeError:
+            logger.exception("transaction %s: check %d answered, not counted", tid, counted)
+            return
+        state.checked(pending, now_ms())
+        pending.check_error = None
+        batch.current = tid
+        batch.about[tid] = state.partition
+        self._add_half_copy(state, tid, copy, batch)
+        batch.current = None
+        batch.dirty = True
 
     def run(self, now: int) -> None:
         """Write the put-backs and checks due at ``now`` (epoch ms) in one Kafka transaction;
@@ -102,12 +148,16 @@ class CheckBack:
         svc = self._svc
         checks = HalfBatch()
         alone: list[tuple[HalfPartition, PendingHalf]] = []
+        # Checks sent three intervals ago and neither answered nor due since: their
+        # transactions left this view (decided meanwhile); they hold no room any more.
+        self.pacing.forget_older(now - 3 * svc.policy.check_interval_ms)
+        admit = self._admission(now)
         for state in list(svc._partitions.values()):
             for pending in state.put_backs_due(now, CHECKS_PER_CYCLE):
                 checks.current = pending.transaction_id
                 checks.about[pending.transaction_id] = state.partition
                 self._put_back(state, pending, checks)
-            for pending in state.due(now, CHECKS_PER_CYCLE):
+            for pending in state.due(now, CHECKS_PER_CYCLE, admit):
                 bad = self._bad_checks.get(pending.transaction_id)
                 if bad is not None:
                     if bad.next_attempt_ms > now:
@@ -122,12 +172,38 @@ class CheckBack:
         if not svc._commit(checks):
             # A check topic deleted meanwhile is created again by the next check.
             self._known_check_topics.clear()
+            for tid in checks.about:  # their requests were not written: none is awaited
+                self.pacing.forget(tid)
             self._set_aside_checks(checks)
         for state, pending in alone[:ALONE_PER_CYCLE]:
             if svc._partitions.get(state.partition) is state:
                 self._check_alone(state, pending, now)
         for state, pending in alone[ALONE_PER_CYCLE:]:
             state.postpone(pending, now, svc.config.delivery_backoff_ms)
+
+    def _admission(self, now: int) -> Callable[[PendingHalf], bool]:
+        """Whether a due transaction is handed out now: always, unless what it needs is a
+        check request its group's window has no room for (then it waits, due)."""
+        svc = self._svc
+        taken: dict[str, int] = {}
+
+        def admit(pending: PendingHalf) -> bool:
+            tid = pending.transaction_id
+            if tid in self._bad_checks or self.pacing.awaited(tid) is not None:
+                return True  # checked on its own; or asked again in the room it holds
+            if svc.policy.action(pending.check_times, pending.born_ms, now) is CheckAction.DISCARD:
+                return True
+            group = pending.producer_group
+            if svc.limits.producer_groups.refusal("producer group", group) is not None:
+                return True
+            if self._liveness.live(group, now) is False:
+                return True  # counted, no request sent
+            if self.pacing.room(group) <= taken.get(group, 0):
+                return False
+            taken[group] = taken.get(group, 0) + 1
+            return True
+
+        return admit
 
     def _set_aside_checks(self, batch: HalfBatch) -> None:
         """After a failed checks transaction: the transactions whose outputs (check copy,
@@ -263,13 +339,47 @@ class CheckBack:
             if action is CheckAction.DISCARD:
                 self._discard(state, pending, batch)
             else:
-                self._check(state, pending, now, batch)
+                self._check_live(state, pending, now, batch)
         except BridgeError as exc:
             # One failing check (e.g. its group's check topic cannot be created) must not
             # stall the others (RocketMQ #9500). It counts as a check, so a check that can
             # never be made ends with the message parked (with the reason), not pinning the
             # checkpoint for ever.
             self._check_failed(state, pending, now, f"check-back failed: {exc}", batch)
+
+    def _check_live(
+        self, state: HalfPartition, pending: PendingHalf, now: int, batch: HalfBatch
+    ) -> None:
+        """Check ``pending`` when its group has a live producer (or that is not known); count
+        the check when it has none. A check sent and unanswered for an interval is asked again
+        while the group has a live producer, and counts when it has none (or that is not
+        known, as RocketMQ counts every check)."""
+        group = pending.producer_group
+        tid = pending.transaction_id
+        live = self._liveness.live(group, now)
+        awaited = self.pacing.unanswered(tid, live=live is True)
+        if awaited is not None and live is not True:
+            known = "no live producer" if live is False else "no producer known to be live"
+            reason = (
+                f"check {awaited.check_times} was not answered within the check interval and "
+                f"producer group {group!r} has {known}"
+            )
+            self._check_failed(state, pending, now, reason, batch)
+            return
+        if live is False:
+            self._check_failed(
+                state, pending, now, f"producer group {group!r} has no live producer", batch
+            )
+            return
+        if awaited is not None:
+            logger.info(
+                "transaction %s (group %s): check %d not answered within the check interval; "
+                "asked again",
+                tid,
+                group,
+                awaited.check_times,
+            )
+        self._check(state, pending, now, batch)
 
     def _check_failed(
         self, state: HalfPartition, pending: PendingHalf, now: int, reason: str, batch: HalfBatch
@@ -353,6 +463,7 @@ class CheckBack:
         )
         self._svc.write_op(state, pending, OpAction.DISCARD, batch)
         state.resolve(pending)
+        self.pacing.forget(pending.transaction_id)
         if refused is not None:
             reason = "refused"
         elif pending.check_times >= self._svc.policy.transaction_check_max:
@@ -372,30 +483,32 @@ class CheckBack:
     def _check(
         self, state: HalfPartition, pending: PendingHalf, now: int, batch: HalfBatch
     ) -> None:
+        """Send a check request of ``pending`` to its group; it counts once answered
+        (:meth:`answered`)."""
         group = pending.producer_group
         topic = self._ensure_check_topic(group, now)
-        checked_offset = pending.offset
-        copy = with_check_times(pending, pending.check_times + 1)
-        state.checked(pending, now)
-        pending.check_error = None
+        number = pending.check_times + 1
+        # The message as the listener sees it: TRANSACTION_CHECK_TIMES is this check's number.
+        copy = with_check_times(pending, number)
         tid = pending.transaction_id
-        self._add_half_copy(state, tid, copy, batch)
         request = CheckRequest(
             transaction_id=tid,
             msg_id=pending.message.msg_id,
             half_partition=state.partition,
-            half_offset=checked_offset,
-            check_times=pending.check_times,
+            half_offset=pending.offset,
+            check_times=number,
             message=copy,
         )
         batch.put(topic, request.encode(), key=tid.encode())
+        state.asked(pending, now)
+        self.pacing.sent(tid, state.partition, group, number, now)
         ns = self._svc.client.namespace
         self._svc.count(batch, lambda m: m.checks_sent.labels(ns, group).inc())
         logger.info(
             "transaction %s (group %s): check %d of %d",
             tid,
             group,
-            pending.check_times,
+            number,
             self._svc.policy.transaction_check_max,
         )
 

@@ -139,18 +139,20 @@ class Decisions:
     ) -> None:
         if end.status is TransactionStatus.UNKNOWN:
             state.on_other(offset)
-            metrics = active_metrics()
             current = state.pending.get(end.transaction_id)
             if (
-                metrics is not None
-                and end.from_transaction_check
+                end.from_transaction_check
                 and current is not None
                 and current.producer_group == end.producer_group
             ):
-                # Counted only for a pending transaction of that group: any name a HALF
-                # writer puts in an UNKNOWN would otherwise become a series of its own.
-                ns = self._svc.client.namespace
-                metrics.check_answers.labels(ns, end.producer_group, end.status.value).inc()
+                # The check counts (once) now that a producer of the group answered it.
+                self._svc.checks.answered(state, current, end.check_times, batch)
+                metrics = active_metrics()
+                if metrics is not None:
+                    # Counted only for a pending transaction of that group: any name a HALF
+                    # writer puts in an UNKNOWN would otherwise become a series of its own.
+                    ns = self._svc.client.namespace
+                    metrics.check_answers.labels(ns, end.producer_group, end.status.value).inc()
             logger.debug("transaction %s: UNKNOWN from %s", end.transaction_id, end.producer_id)
             return
         current = state.pending.get(end.transaction_id)

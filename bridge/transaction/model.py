@@ -87,6 +87,9 @@ class EndTransaction:
     from_transaction_check: bool
     producer_id: str
     requested_at_ms: int
+    check_times: int = 0
+    """The check it answers (the request's ``check_times``); 0 when it answers none (the end
+    request of ``send_message_in_transaction``, or a producer that does not say)."""
 
     def encode(self) -> bytes:
         """Avro single-object bytes."""
@@ -100,6 +103,7 @@ class EndTransaction:
                 "from_transaction_check": self.from_transaction_check,
                 "producer_id": self.producer_id,
                 "requested_at_ms": self.requested_at_ms,
+                "check_times": self.check_times,
             },
         )
 
@@ -114,6 +118,7 @@ class EndTransaction:
             from_transaction_check=record["from_transaction_check"],
             producer_id=record["producer_id"],
             requested_at_ms=record["requested_at_ms"],
+            check_times=record.get("check_times", 0),
         )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from bridge.client.producer import Producer, SendStatus
 from bridge.client.send_checks import PartitionCounts, kafka_topic_for
@@ -54,8 +54,11 @@ from topics.naming import transaction_check_group, validate_user_group
 
 logger = logging.getLogger(__name__)
 
-_HOLD_WAIT_S = 0.2
-"""How often the check loop, waiting for room in the check hold, looks at the stop flag, s."""
+_HOLD_WAIT_S = 0.05
+"""How long the check loop waits for a request, or for room in the check hold, before it
+looks at the stop flag and the hung checks again, s."""
+_COMMIT_INTERVAL_S = 1.0
+"""The check consumer commits the offsets of the requests it took at most this often, s."""
 
 
 @dataclass(slots=True)
@@ -348,7 +351,13 @@ class TransactionMQProducer(Startable):
         )
 
     def _end(
-        self, tid: str, half_partition: int, status: TransactionStatus, *, from_check: bool
+        self,
+        tid: str,
+        half_partition: int,
+        status: TransactionStatus,
+        *,
+        from_check: bool,
+        check_times: int = 0,
     ) -> None:
         end = EndTransaction(
             transaction_id=tid,
@@ -358,6 +367,7 @@ class TransactionMQProducer(Startable):
             from_transaction_check=from_check,
             producer_id=self.producer_id,
             requested_at_ms=time.time_ns() // 1_000_000,
+            check_times=check_times,
         )
         record = PreparedRecord(
             self._half_topic, tid.encode(), end.encode(), [], tid, end.requested_at_ms
@@ -378,6 +388,45 @@ class TransactionMQProducer(Startable):
 
     # --- check-back ---------------------------------------------------------------------------
     def _check_loop(self) -> None:
+        """Take check requests while the check hold has room, and keep the group membership
+        whatever the request rate: offsets are committed at most once per
+        :data:`_COMMIT_INTERVAL_S` (one commit per storm of requests, not one a request:
+        thousands of commits queued on the connection held back the heartbeats until the
+        session timed out), and while the hold is full the partitions are paused and polled
+        (a consumer that stops polling leaves its group)."""
+        topic = self.catalog.check_topic(self.group)
+        taken: dict[int, int] = {}
+        """Partition -> the offset after the last request taken, not committed yet."""
+        committed_at = time.monotonic()
+        paused: list[TopicPartition] = []
+        rewind: set[int] = set()
+        """Partitions sought back (while paused) to a request read but not taken."""
+
+        def commit(partitions: list[TopicPartition] | None = None) -> None:
+            # Synchronous when partitions are named (revoked, or closing): their next owner
+            # starts after what this member took.
+            nonlocal committed_at
+            committed_at = time.monotonic()
+            wanted = [p.partition for p in partitions] if partitions is not None else list(taken)
+            offsets = [TopicPartition(topic, p, taken.pop(p)) for p in wanted if p in taken]
+            if not offsets:
+                return
+            try:
+                if partitions is None:
+                    consumer.commit(offsets=offsets, asynchronous=True)
+                else:
+                    consumer.commit(offsets=offsets, asynchronous=False)
+            except KafkaException as exc:
+                # Not lost: a request taken again is answered again (answers are idempotent),
+                # and one never answered is asked again by the coordinator.
+                logger.info("check consumer: offsets not committed (%s)", exc)
+
+        def revoked(_: Any, partitions: list[TopicPartition]) -> None:
+            nonlocal paused
+            commit(partitions)
+            paused = []  # a new assignment starts unpaused
+            rewind.clear()
+
         consumer = new_consumer(
             self.config,
             transaction_check_group(self.config.namespace, self.group),
@@ -385,26 +434,49 @@ class TransactionMQProducer(Startable):
             session_timeout_ms=self._session_timeout_ms,
             heartbeat_interval_ms=max(self._session_timeout_ms // 6, 500),
         )
-        consumer.subscribe([self.catalog.check_topic(self.group)])
+        consumer.subscribe([topic], on_revoke=revoked, on_lost=revoked)
         try:
             while not self._stop.is_set():
                 self._watch_checks()
-                record = consumer.poll(0.2)
+                if time.monotonic() - committed_at >= _COMMIT_INTERVAL_S:
+                    commit()
+                if not self._check_hold.acquire(blocking=False):
+                    # RocketMQ's checkRequestHoldMax: the hold is full (perhaps of checks
+                    # behind a hung one). Requests wait in Kafka, for this member or another.
+                    if not paused:
+                        paused = consumer.assignment()
+                        consumer.pause(paused)
+                    record = consumer.poll(_HOLD_WAIT_S)
+                    partition = None if record is None else record.partition()
+                    if record is not None and partition is not None and partition not in rewind:
+                        # Read before the pause took effect: read again after it.
+                        rewind.add(partition)
+                        consumer.seek(TopicPartition(topic, partition, record.offset() or 0))
+                    continue
+                if paused:
+                    consumer.resume(paused)
+                    paused, rewind = [], set()
+                record = consumer.poll(_HOLD_WAIT_S)
                 if record is None:
+                    self._check_hold.release()
                     continue
                 error = record.error()
                 if error is not None:
+                    self._check_hold.release()
                     if error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                         logger.warning("check consumer: %s", error.str())
                     continue
                 if not self._answer(record):
-                    break  # stopping: the request stays uncommitted, for another member
-                consumer.commit(message=record, asynchronous=True)
+                    self._check_hold.release()
+                taken[record.partition() or 0] = (record.offset() or 0) + 1
+            commit(consumer.assignment())
         finally:
             consumer.close()
 
     def _answer(self, record: Any) -> bool:
-        """Queue a check request for the check threads; False if stopping first."""
+        """Queue a check request for the check threads, in the place the caller took in the
+        check hold; False when it is not queued (unreadable: its place is the caller's to
+        release)."""
         try:
             request = CheckRequest.decode(record.value())
             msg = decode_envelope(request.message)
@@ -412,20 +484,9 @@ class TransactionMQProducer(Startable):
             logger.error(
                 "unreadable check request at %s@%d: %s", record.partition(), record.offset(), exc
             )
-            return True
+            return False
         listener = self._require_listener()
         tid = request.transaction_id
-        # RocketMQ's checkRequestHoldMax: wait while the hold is full, but never past stop.
-        while not self._check_hold.acquire(timeout=_HOLD_WAIT_S):
-            self._watch_checks()  # the hold is full: perhaps of checks behind a hung one
-            if self._stop.is_set():
-                logger.info(
-                    "transaction %s: check %d not taken, the check hold is full and the "
-                    "producer is stopping; it is asked again",
-                    tid,
-                    request.check_times,
-                )
-                return False
 
         number = next(self._check_numbers)
 
@@ -447,12 +508,21 @@ class TransactionMQProducer(Startable):
                             tid, request.check_times, time.monotonic()
                         )
                 if busy is not None:
+                    # Asked, and still at it: UNKNOWN, so the check counts (a listener that
+                    # never returns for it ends with the message parked, not checked for ever).
                     logger.warning(
                         "transaction %s: check %d not called, check %d of it still runs; "
-                        "the coordinator asks again",
+                        "answered UNKNOWN",
                         tid,
                         request.check_times,
                         busy.check_times,
+                    )
+                    self._end(
+                        tid,
+                        request.half_partition,
+                        TransactionStatus.UNKNOWN,
+                        from_check=True,
+                        check_times=request.check_times,
                     )
                     return
                 status = _run_listener(
@@ -487,7 +557,13 @@ class TransactionMQProducer(Startable):
                     "transaction %s: check %d answered %s", tid, request.check_times, status.value
                 )
                 try:
-                    self._end(tid, request.half_partition, status, from_check=True)
+                    self._end(
+                        tid,
+                        request.half_partition,
+                        status,
+                        from_check=True,
+                        check_times=request.check_times,
+                    )
                 except IllegalStateError:  # shut down meanwhile (at the shutdown deadline)
                     logger.info("transaction %s: check answer not sent, shut down", tid)
             finally:

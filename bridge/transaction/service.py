@@ -151,7 +151,7 @@ class TransactionService(TransactionalService):
             self._partitions.pop(p, None)
             self._to_recover.discard(p)
         self.parking.revoke(revoked)
-        self.checks.clear()
+        self.checks.clear(revoked)
         self._committed.clear()
         logger.info("%s: revoked HALF partitions %s", self.name, sorted(revoked))
 

@@ -5,8 +5,10 @@ The rules are RocketMQ's (``TransactionalMessageServiceImpl#check``):
 
 * a half message is first checked once it is older than ``transaction_timeout_ms``, or than its
   own ``CHECK_IMMUNITY_TIME_IN_SECONDS`` when set; then every ``check_interval_ms``;
-* each check increments ``TRANSACTION_CHECK_TIMES``; a message whose count has reached
-  ``transaction_check_max`` is discarded (parked) instead of checked again;
+* each check that counts increments ``TRANSACTION_CHECK_TIMES``; a message whose count has
+  reached ``transaction_check_max`` is discarded (parked) instead of checked again. Unlike
+  RocketMQ, which counts a check when it sends it, a check counts once its producer answered
+  it or once it found no live producer (:mod:`bridge.transaction.pacing`);
 * a message older than the retention is discarded too, but (unlike RocketMQ, #8311) never
   before it was checked at least once;
 * a message whose next check is more than an interval away (a long immunity) is put back at the
@@ -36,6 +38,8 @@ Guarantees kept here (see ``docs/guarantees.md``): G3 (decisions by transaction 
 from __future__ import annotations
 
 import heapq
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -219,6 +223,9 @@ class HalfPartition:
     _schedule: list[tuple[int, str, int]] = field(default_factory=list)
     _put_backs: list[tuple[int, str, int]] = field(default_factory=list)
     """(when, transaction id, offset of the copy to put back), a heap."""
+    _waiting: dict[str, deque[tuple[int, str, int]]] = field(default_factory=dict)
+    """Producer group -> schedule entries that fell due while the group's window of
+    unanswered checks was full, oldest first (see :meth:`due`)."""
 
     @property
     def caught_up(self) -> bool:
@@ -344,23 +351,60 @@ class HalfPartition:
         self.pending.pop(pending.transaction_id, None)
         self.mark_decided(pending.transaction_id, pending.latest_offset)
 
-    def due(self, now_ms: int, limit: int) -> list[PendingHalf]:
-        """Up to ``limit`` pending transactions whose check is due (none before caught up)."""
+    def due(
+        self,
+        now_ms: int,
+        limit: int,
+        admit: Callable[[PendingHalf], bool] | None = None,
+    ) -> list[PendingHalf]:
+        """Up to ``limit`` pending transactions whose check is due (none before caught up).
+
+        ``admit`` (None: all) says whether one is handed out now; one it refuses (its group's
+        window of unanswered checks is full) waits, due, in its group's queue, and is handed
+        out first once admitted: each group's checks go out in the order they fell due."""
         out: list[PendingHalf] = []
         if not self.caught_up:
             return out
+        for group in list(self._waiting):
+            waiting = self._waiting[group]
+            while waiting and len(out) < limit:
+                pending = self._scheduled(waiting[0])
+                if pending is not None:
+                    if admit is not None and not admit(pending):
+                        break
+                    out.append(pending)
+                waiting.popleft()
+            if not waiting:
+                del self._waiting[group]
         while self._schedule and len(out) < limit and self._schedule[0][0] <= now_ms:
-            due, tid, times = heapq.heappop(self._schedule)
-            pending = self.pending.get(tid)
-            # Skip stale schedule entries (resolved, or rescheduled since) and held commits.
-            if (
-                pending is not None
-                and pending.next_check_ms == due
-                and pending.check_times == times
-                and not pending.held
-            ):
-                out.append(pending)
+            entry = heapq.heappop(self._schedule)
+            pending = self._scheduled(entry)
+            if pending is None:
+                continue
+            if admit is not None and not admit(pending):
+                self._waiting.setdefault(pending.producer_group, deque()).append(entry)
+                continue
+            out.append(pending)
         return out
+
+    @property
+    def waiting(self) -> int:
+        """Due checks waiting for room in their group's window (stale entries included)."""
+        return sum(len(w) for w in self._waiting.values())
+
+    def _scheduled(self, entry: tuple[int, str, int]) -> PendingHalf | None:
+        """The pending transaction a schedule entry stands for; None when the entry is stale
+        (resolved, or rescheduled since) or its commit is held."""
+        due, tid, times = entry
+        pending = self.pending.get(tid)
+        if (
+            pending is not None
+            and pending.next_check_ms == due
+            and pending.check_times == times
+            and not pending.held
+        ):
+            return pending
+        return None
 
     def put_backs_due(self, now_ms: int, limit: int) -> list[PendingHalf]:
         """Up to ``limit`` pending transactions to copy to the end of the partition, unchanged
@@ -384,7 +428,8 @@ class HalfPartition:
         return out
 
     def checked(self, pending: PendingHalf, now_ms: int) -> None:
-        """``pending`` was just checked: count it and schedule the next check. Its new copy's
+        """A check of ``pending`` counts (its producer answered it, or it found no live
+        producer): count it and schedule the next check. Its new copy's
         offset arrives with :meth:`copy_written`; until that copy is read back, the checkpoint
         stays at the old one (an end request may sit between the two)."""
         pending.check_times += 1
@@ -392,6 +437,11 @@ class HalfPartition:
         heapq.heappush(
             self._schedule, (pending.next_check_ms, pending.transaction_id, pending.check_times)
         )
+
+    def asked(self, pending: PendingHalf, now_ms: int) -> None:
+        """A check of ``pending`` was sent, not counted yet (it counts once answered:
+        :meth:`checked`): unanswered, it is due again a check interval later."""
+        self.postpone(pending, now_ms)
 
     def check_failed(self, pending: PendingHalf, now_ms: int, reason: str) -> None:
         """A check of ``pending`` could not be made, for ``reason``: it counts as a check (so
@@ -447,6 +497,13 @@ class HalfPartition:
         if len(self._schedule) > 4 * len(self.pending) + 1024:
             self._schedule = [e for e in self._schedule if e[1] in self.pending]
             heapq.heapify(self._schedule)
+        if self.waiting > 2 * len(self.pending) + 1024:
+            for group in list(self._waiting):
+                kept = deque(e for e in self._waiting[group] if self._scheduled(e) is not None)
+                if kept:
+                    self._waiting[group] = kept
+                else:
+                    del self._waiting[group]
         if len(self._put_backs) > 2 * len(self.pending) + 1024:
             self._put_backs = [e for e in self._put_backs if e[1] in self.pending]
             heapq.heapify(self._put_backs)

@@ -1,0 +1,130 @@
+"""Pacing of check-back per producer group: which check of which transaction awaits its answer,
+and how many may await one at once. Pure logic, no I/O.
+
+RocketMQ's broker counts a check when it sends it (``TRANSACTION_CHECK_TIMES`` is raised
+before the request goes out, whether or not a producer takes it), and its producer holds
+``checkRequestHoldMax`` (2000) requests and drops the rest; under a storm of checks,
+transactions are discarded whose producer was never asked. Here a check counts once a
+producer of the group answered it (UNKNOWN included), or once it found no live producer
+(see ``docs/guarantees.md``, G4); so the coordinator sends each group no more checks than
+its window of unanswered ones, and the rest wait, due, for room:
+
+* the window starts at :data:`CHECK_WINDOW_MAX` (RocketMQ's ``checkRequestHoldMax``), grows
+  by one with each answer up to it, and halves (down to :data:`CHECK_WINDOW_MIN`) each time a
+  check of a group with a live producer goes unanswered for a check interval: producers slower
+  than the window are sent what they take;
+* a check unanswered after a check interval is asked again (not counted) while the group has
+  a live producer; with none, it counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Final
+
+CHECK_WINDOW_MAX: Final = 2000
+"""Unanswered checks a coordinator keeps out per producer group, at most (RocketMQ's
+``checkRequestHoldMax`` default: what one producer holds)."""
+CHECK_WINDOW_MIN: Final = 10
+"""The window never shrinks below this many checks."""
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitedCheck:
+    """A check sent and not answered yet."""
+
+    partition: int
+    """The HALF partition of its transaction."""
+    group: str
+    check_times: int
+    """The check's number (the request's ``check_times``: this check included)."""
+    sent_ms: int
+    """When it was sent, epoch ms."""
+
+
+class CheckPacing:
+    """Awaited checks by transaction id, and each producer group's window."""
+
+    def __init__(
+        self, window_max: int = CHECK_WINDOW_MAX, window_min: int = CHECK_WINDOW_MIN
+    ) -> None:
+        if not 1 <= window_min <= window_max:
+            raise ValueError(f"need 1 <= window_min <= window_max, got {window_min}, {window_max}")
+        self._max = window_max
+        self._min = window_min
+        self._awaited: dict[str, AwaitedCheck] = {}
+        self._in_flight: Counter[str] = Counter()
+        self._window: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._awaited)
+
+    def window(self, group: str) -> int:
+        """How many unanswered checks ``group`` may have at once."""
+        return self._window.get(group, self._max)
+
+    def in_flight(self, group: str) -> int:
+        """How many checks of ``group`` await an answer."""
+        return self._in_flight[group]
+
+    def room(self, group: str) -> int:
+        """How many more checks ``group`` may be sent now."""
+        return max(self.window(group) - self._in_flight[group], 0)
+
+    def awaited(self, transaction_id: str) -> AwaitedCheck | None:
+        """The check of ``transaction_id`` that awaits its answer, if any."""
+        return self._awaited.get(transaction_id)
+
+    def sent(
+        self, transaction_id: str, partition: int, group: str, check_times: int, now_ms: int
+    ) -> None:
+        """Check ``check_times`` of ``transaction_id`` was sent at ``now_ms``."""
+        self._drop(transaction_id)
+        self._awaited[transaction_id] = AwaitedCheck(partition, group, check_times, now_ms)
+        self._in_flight[group] += 1
+
+    def answered(self, transaction_id: str, check_times: int) -> AwaitedCheck | None:
+        """An answer to check ``check_times`` of ``transaction_id`` (0: a producer that does
+        not say which) was read: the awaited check it answers (no longer awaited; its group's
+        window grows by one), or None when it answers none awaited."""
+        awaited = self._awaited.get(transaction_id)
+        if awaited is None or check_times not in (0, awaited.check_times):
+            return None
+        self._drop(transaction_id)
+        self._window[awaited.group] = min(self.window(awaited.group) + 1, self._max)
+        return awaited
+
+    def unanswered(self, transaction_id: str, *, live: bool) -> AwaitedCheck | None:
+        """The awaited check of ``transaction_id`` went unanswered (a check interval passed):
+        no longer awaited. When its group has a live producer (``live``), the group's window
+        halves: its producers take fewer than they are sent."""
+        awaited = self._drop(transaction_id)
+        if awaited is not None and live:
+            self._window[awaited.group] = max(self.window(awaited.group) // 2, self._min)
+        return awaited
+
+    def forget(self, transaction_id: str) -> None:
+        """``transaction_id`` was decided: no answer is awaited any more."""
+        self._drop(transaction_id)
+
+    def forget_partitions(self, partitions: set[int]) -> None:
+        """The checks of the transactions of ``partitions`` (revoked) are awaited no more."""
+        for tid in [t for t, a in self._awaited.items() if a.partition in partitions]:
+            self._drop(tid)
+
+    def forget_older(self, before_ms: int) -> list[str]:
+        """Drop checks sent before ``before_ms`` (their transactions left this coordinator's
+        view without an answer); returns their transaction ids."""
+        old = [t for t, a in self._awaited.items() if a.sent_ms < before_ms]
+        for tid in old:
+            self._drop(tid)
+        return old
+
+    def _drop(self, transaction_id: str) -> AwaitedCheck | None:
+        awaited = self._awaited.pop(transaction_id, None)
+        if awaited is not None:
+            self._in_flight[awaited.group] -= 1
+            if not self._in_flight[awaited.group]:
+                del self._in_flight[awaited.group]
+        return awaited
