@@ -123,21 +123,30 @@ def _coordinator(config: ClientConfig, log: Path) -> subprocess.Popen[bytes]:
 
 def _ordinary(
     config: ClientConfig, topic: str, producers: list[TransactionMQProducer]
-) -> list[float]:
+) -> list[list[float]]:
     """:data:`ORDINARY` committing transactions at :data:`ORDINARY_RATE_PER_S`, taking turns
-    among ``producers``: milliseconds from the end of each send until it is visible."""
-    ended: dict[str, float] = {}
+    among ``producers``: for each producer, milliseconds from the end of each of its sends
+    until it is visible."""
+    ended: dict[str, tuple[int, float]] = {}
     reader = _Reader(config, topic, _uniq_key)
     try:
         for i in range(ORDINARY):
             producer = producers[i % len(producers)]
             result = producer.send_message_in_transaction(Message(topic, f"o{i}"))
-            ended[result.msg_id] = time.monotonic()
+            ended[result.msg_id] = (i % len(producers), time.monotonic())
             time.sleep(1 / ORDINARY_RATE_PER_S)
         reader.wait_for(ended, 60)
     finally:
         reader.close()
-    return [(reader.seen[m] - t) * 1000 for m, t in ended.items() if m in reader.seen]
+    out: list[list[float]] = [[] for _ in producers]
+    for m, (slot, t) in ended.items():
+        if m in reader.seen:
+            out[slot].append((reader.seen[m] - t) * 1000)
+    return out
+
+
+def _all(per_producer: list[list[float]]) -> list[float]:
+    return [v for values in per_producer for v in values]
 
 
 def _send_storm(producer: TransactionMQProducer, topic: str) -> None:
@@ -167,8 +176,8 @@ def run(bootstrap: str) -> list[Row]:
             TransactionMQProducer("storm", listener, config=config) as same,
             TransactionMQProducer("storm_other", _Listener(), config=config) as other,
         ):
-            warm = _ordinary(config, f"{topic}-warm", [same, other])  # the coordinator is up
-            baseline = _ordinary(config, f"{topic}-base", [same, other])
+            warm = _all(_ordinary(config, f"{topic}-warm", [same, other]))  # coordinator up
+            baseline = _all(_ordinary(config, f"{topic}-base", [same, other]))
             committed = _Reader(config, topic, _uniq_key)
             parked = _Count(config, catalog.topic(SystemTopic.CHECK_MAX))
             checks = _Count(config, catalog.check_topic("storm"))
@@ -178,7 +187,8 @@ def run(bootstrap: str) -> list[Row]:
                 sent_s = time.monotonic() - sent_at
                 while listener.first_check is None and time.monotonic() - sent_at < 60:
                     time.sleep(0.05)
-                during = _ordinary(config, f"{topic}-during", [same, other])
+                split = _ordinary(config, f"{topic}-during", [same, other])
+                during = _all(split)
                 drained_at = None
                 while time.monotonic() - sent_at < DRAIN_LIMIT_S:
                     if len(committed.seen) + len(parked.keys) >= TRANSACTIONS:
@@ -213,6 +223,11 @@ def run(bootstrap: str) -> list[Row]:
                     f"{_pct(during, 0.99):.0f} ms ({len(during)}/{ORDINARY} seen); without a "
                     f"storm: p50 {_pct(baseline, 0.5):.0f} ms, p99 {_pct(baseline, 0.99):.0f} ms "
                     f"(warm-up p99 {_pct(warm, 0.99):.0f} ms)"
+                )
+                print(
+                    f"  of them, the storm's group: p50 {_pct(split[0], 0.5):.0f} ms, p99 "
+                    f"{_pct(split[0], 0.99):.0f} ms; another group: p50 "
+                    f"{_pct(split[1], 0.5):.0f} ms, p99 {_pct(split[1], 0.99):.0f} ms"
                 )
                 print(f"coordinator log: {log}")
                 rows = [

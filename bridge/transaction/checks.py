@@ -92,7 +92,7 @@ class CheckBack:
         """Check topic -> (why it could not be had, when that was found, ms)."""
         self._bad_checks: dict[str, _BadCheck] = {}
         """Transactions checked on their own (their check-back outputs failed), by id."""
-        self.pacing = CheckPacing()
+        self.pacing = CheckPacing(service.policy.check_interval_ms)
         """The checks awaiting an answer, and each group's window."""
         self._liveness = ProducerLiveness(service.client)
 
@@ -123,7 +123,8 @@ class CheckBack:
         interval later. An answer to a check counted already (a check asked twice, or before
         a restart), or to no check, changes nothing."""
         tid = pending.transaction_id
-        awaited = self.pacing.answered(tid, check_times)
+        now = now_ms()
+        awaited = self.pacing.answered(tid, check_times, now)
         counted = pending.check_times + 1
         if check_times != counted and not (check_times == 0 and awaited is not None):
             return
@@ -134,7 +135,7 @@ class CheckBack:
         except BridgeError:
             logger.exception("transaction %s: check %d answered, not counted", tid, counted)
             return
-        state.checked(pending, now_ms())
+        state.checked(pending, now)
         pending.check_error = None
         batch.current = tid
         batch.about[tid] = state.partition
@@ -357,7 +358,7 @@ class CheckBack:
         group = pending.producer_group
         tid = pending.transaction_id
         live = self._liveness.live(group, now)
-        awaited = self.pacing.unanswered(tid, live=live is True)
+        awaited = self.pacing.unanswered(tid, now, live=live is True)
         if awaited is not None and live is not True:
             known = "no live producer" if live is False else "no producer known to be live"
             reason = (
@@ -488,16 +489,16 @@ class CheckBack:
         group = pending.producer_group
         topic = self._ensure_check_topic(group, now)
         number = pending.check_times + 1
-        # The message as the listener sees it: TRANSACTION_CHECK_TIMES is this check's number.
-        copy = with_check_times(pending, number)
         tid = pending.transaction_id
+        # The half message as read: the producer gives its listener the message with
+        # TRANSACTION_CHECK_TIMES set to this check's number (RocketMQ's put-back copy).
         request = CheckRequest(
             transaction_id=tid,
             msg_id=pending.message.msg_id,
             half_partition=state.partition,
             half_offset=pending.offset,
             check_times=number,
-            message=copy,
+            message=pending.envelope,
         )
         batch.put(topic, request.encode(), key=tid.encode())
         state.asked(pending, now)

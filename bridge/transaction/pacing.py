@@ -28,6 +28,10 @@ CHECK_WINDOW_MAX: Final = 2000
 ``checkRequestHoldMax`` default: what one producer holds)."""
 CHECK_WINDOW_MIN: Final = 10
 """The window never shrinks below this many checks."""
+CHECK_WINDOW_START: Final = 100
+"""A group's window before any answer came back."""
+ANSWER_TARGET_MS: Final = 500
+"""Answers that take longer than this from request to coordinator shrink the window, ms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,22 +51,38 @@ class CheckPacing:
     """Awaited checks by transaction id, and each producer group's window."""
 
     def __init__(
-        self, window_max: int = CHECK_WINDOW_MAX, window_min: int = CHECK_WINDOW_MIN
+        self,
+        check_interval_ms: int,
+        *,
+        window_max: int = CHECK_WINDOW_MAX,
+        window_min: int = CHECK_WINDOW_MIN,
+        window_start: int = CHECK_WINDOW_START,
+        answer_target_ms: int = ANSWER_TARGET_MS,
     ) -> None:
-        if not 1 <= window_min <= window_max:
-            raise ValueError(f"need 1 <= window_min <= window_max, got {window_min}, {window_max}")
+        if not 1 <= window_min <= window_start <= window_max:
+            raise ValueError(
+                "need 1 <= window_min <= window_start <= window_max, got "
+                f"{window_min}, {window_start}, {window_max}"
+            )
+        self._interval_ms = check_interval_ms
         self._max = window_max
         self._min = window_min
+        self._start = window_start
+        self._target_ms = answer_target_ms
         self._awaited: dict[str, AwaitedCheck] = {}
         self._in_flight: Counter[str] = Counter()
         self._window: dict[str, int] = {}
+        self._shrunk_ms: dict[str, int] = {}
+        """Group -> when its window last shrank for late answers, epoch ms."""
+        self._halved_ms: dict[str, int] = {}
+        """Group -> when its window last halved for an unanswered check, epoch ms."""
 
     def __len__(self) -> int:
         return len(self._awaited)
 
     def window(self, group: str) -> int:
         """How many unanswered checks ``group`` may have at once."""
-        return self._window.get(group, self._max)
+        return self._window.get(group, self._start)
 
     def in_flight(self, group: str) -> int:
         """How many checks of ``group`` await an answer."""
@@ -84,24 +104,35 @@ class CheckPacing:
         self._awaited[transaction_id] = AwaitedCheck(partition, group, check_times, now_ms)
         self._in_flight[group] += 1
 
-    def answered(self, transaction_id: str, check_times: int) -> AwaitedCheck | None:
+    def answered(self, transaction_id: str, check_times: int, now_ms: int) -> AwaitedCheck | None:
         """An answer to check ``check_times`` of ``transaction_id`` (0: a producer that does
-        not say which) was read: the awaited check it answers (no longer awaited; its group's
-        window grows by one), or None when it answers none awaited."""
+        not say which) was read at ``now_ms``: the awaited check it answers (no longer
+        awaited; its group's window follows how long the answer took), or None when it answers
+        none awaited."""
         awaited = self._awaited.get(transaction_id)
         if awaited is None or check_times not in (0, awaited.check_times):
             return None
         self._drop(transaction_id)
-        self._window[awaited.group] = min(self.window(awaited.group) + 1, self._max)
+        group = awaited.group
+        if now_ms - awaited.sent_ms <= self._target_ms:
+            self._window[group] = min(self.window(group) + 1, self._max)
+        elif now_ms - self._shrunk_ms.get(group, -self._target_ms) >= self._target_ms:
+            self._shrunk_ms[group] = now_ms
+            self._window[group] = max(self.window(group) * 3 // 4, self._min)
         return awaited
 
-    def unanswered(self, transaction_id: str, *, live: bool) -> AwaitedCheck | None:
+    def unanswered(self, transaction_id: str, now_ms: int, *, live: bool) -> AwaitedCheck | None:
         """The awaited check of ``transaction_id`` went unanswered (a check interval passed):
         no longer awaited. When its group has a live producer (``live``), the group's window
-        halves: its producers take fewer than they are sent."""
+        halves, at most once per check interval: its producers take fewer than they are
+        sent."""
         awaited = self._drop(transaction_id)
-        if awaited is not None and live:
-            self._window[awaited.group] = max(self.window(awaited.group) // 2, self._min)
+        if awaited is None or not live:
+            return awaited
+        group = awaited.group
+        if now_ms - self._halved_ms.get(group, -self._interval_ms) >= self._interval_ms:
+            self._halved_ms[group] = now_ms
+            self._window[group] = max(self.window(group) // 2, self._min)
         return awaited
 
     def forget(self, transaction_id: str) -> None:

@@ -21,6 +21,7 @@ import queue
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
@@ -57,6 +58,9 @@ logger = logging.getLogger(__name__)
 _HOLD_WAIT_S = 0.05
 """How long the check loop waits for a request, or for room in the check hold, before it
 looks at the stop flag and the hung checks again, s."""
+_ANSWERS_KEPT = 20_000
+"""Answers of the last this many checks are kept: a check asked again is answered the same
+way without a second call of ``check_local_transaction``."""
 _COMMIT_INTERVAL_S = 1.0
 """The check consumer commits the offsets of the requests it took at most this often, s."""
 
@@ -179,6 +183,9 @@ class TransactionMQProducer(Startable):
         """Check number -> (transaction id, ``queued`` or ``running``), for each check taken
         and not answered yet."""
         self._check_numbers = count()
+        self._answered: OrderedDict[tuple[str, int], TransactionStatus] = OrderedDict()
+        """(transaction id, check number) -> the listener's answer, for the last
+        :data:`_ANSWERS_KEPT` checks called."""
         self._answers_closed = False
         # The watchdog (run by the check loop): a check call past check_timeout_ms no longer
         # counts as one of the pool's threads; one more is started in its place, and a thread
@@ -480,6 +487,9 @@ class TransactionMQProducer(Startable):
         try:
             request = CheckRequest.decode(record.value())
             msg = decode_envelope(request.message)
+            # As RocketMQ's listener sees it: this check counted (the coordinator sends the
+            # half message as stored).
+            msg.properties[MessageConst.TRANSACTION_CHECK_TIMES] = str(request.check_times)
         except WireFormatError as exc:
             logger.error(
                 "unreadable check request at %s@%d: %s", record.partition(), record.offset(), exc
@@ -499,14 +509,32 @@ class TransactionMQProducer(Startable):
                     # One call per transaction at a time: the checks of a transaction whose
                     # call hangs would each take a thread (up to check_request_hold_max).
                     # Unanswered, it is asked again; the running call's answer still counts.
+                    # A check asked again (its answer was late, or lost) is answered as
+                    # before, without a second call.
+                    before = self._answered.get((tid, request.check_times))
                     busy = next(
                         (r for r in self._running.values() if r.transaction_id == tid), None
                     )
-                    if busy is None:
+                    if before is None and busy is None:
                         self._checks[number] = (tid, "running")
                         self._running[number] = _RunningCheck(
                             tid, request.check_times, time.monotonic()
                         )
+                if before is not None:
+                    logger.info(
+                        "transaction %s: check %d asked again; answered %s again",
+                        tid,
+                        request.check_times,
+                        before.value,
+                    )
+                    self._end(
+                        tid,
+                        request.half_partition,
+                        before,
+                        from_check=True,
+                        check_times=request.check_times,
+                    )
+                    return
                 if busy is not None:
                     # Asked, and still at it: UNKNOWN, so the check counts (a listener that
                     # never returns for it ends with the message parked, not checked for ever).
@@ -531,6 +559,9 @@ class TransactionMQProducer(Startable):
                 with self._checks_lock:
                     late = self._answers_closed
                     run = self._running.pop(number)
+                    self._answered[(tid, request.check_times)] = status
+                    if len(self._answered) > _ANSWERS_KEPT:
+                        self._answered.popitem(last=False)
                     replaced = run.replaced
                     if replaced:
                         self._replaced_running -= 1

@@ -223,6 +223,13 @@ class HalfPartition:
     _schedule: list[tuple[int, str, int]] = field(default_factory=list)
     _put_backs: list[tuple[int, str, int]] = field(default_factory=list)
     """(when, transaction id, offset of the copy to put back), a heap."""
+    _by_offset: list[tuple[int, str]] = field(default_factory=list)
+    """(offset, transaction id) of each pending transaction's copy, a heap (stale entries
+    included): the checkpoint without a look at every pending transaction."""
+    _decided_kept: int = 0
+    """Decisions kept when they were last forgotten up to the checkpoint."""
+    _pinned: set[str] = field(default_factory=set)
+    """Pending transactions with :attr:`PendingHalf.pins` (some may have none left)."""
     _waiting: dict[str, deque[tuple[int, str, int]]] = field(default_factory=dict)
     """Producer group -> schedule entries that fell due while the group's window of
     unanswered checks was full, oldest first (see :meth:`due`)."""
@@ -303,6 +310,9 @@ class HalfPartition:
                 # from between them must read from that copy.
                 pending.pins.append((current.offset, current.conflict_after))
         self.pending[tid] = pending
+        heapq.heappush(self._by_offset, (offset, tid))
+        if pending.pins:
+            self._pinned.add(tid)
         if current is None or (due, check_times) != (current.next_check_ms, current.check_times):
             # Not when that check is scheduled already (a put-back copy; a check copy stamped
             # no later than its check): a second entry would hand it out, and check it, twice.
@@ -478,9 +488,14 @@ class HalfPartition:
         A conflicting message read after a transaction's current copy needs nothing (the
         checkpoint is never past that copy); one read before it holds the checkpoint at the
         copy before the message only while something older than the message is pending."""
-        checkpoint = min((p.offset for p in self.pending.values()), default=self.position)
-        checkpoint = min(checkpoint, self.position)
-        pinned = [p for p in self.pending.values() if p.pins]
+        by_offset = self._by_offset
+        while by_offset and (
+            (head := self.pending.get(by_offset[0][1])) is None or head.offset != by_offset[0][0]
+        ):
+            heapq.heappop(by_offset)
+        checkpoint = min(by_offset[0][0], self.position) if by_offset else self.position
+        pinned = [p for t in self._pinned if (p := self.pending.get(t)) is not None and p.pins]
+        self._pinned = {p.transaction_id for p in pinned}
         moved = True
         while moved:  # each pin applied can bring another's conflicting message within reach
             moved = False
@@ -492,11 +507,15 @@ class HalfPartition:
             # A restart from here on never reads those messages, and the checkpoint only
             # moves forward (a failed Kafka transaction rebuilds the state): forget them.
             p.pins = [pin for pin in p.pins if pin[1] >= checkpoint]
-        if len(self._decided) > 1024:
+        if len(self._decided) > max(1024, 2 * self._decided_kept):
             self._decided = {t: o for t, o in self._decided.items() if o >= checkpoint}
+            self._decided_kept = len(self._decided)
         if len(self._schedule) > 4 * len(self.pending) + 1024:
             self._schedule = [e for e in self._schedule if e[1] in self.pending]
             heapq.heapify(self._schedule)
+        if len(by_offset) > 4 * len(self.pending) + 1024:
+            self._by_offset = [(p.offset, t) for t, p in self.pending.items()]
+            heapq.heapify(self._by_offset)
         if self.waiting > 2 * len(self.pending) + 1024:
             for group in list(self._waiting):
                 kept = deque(e for e in self._waiting[group] if self._scheduled(e) is not None)
