@@ -11,6 +11,7 @@ from chaos.check_ledger import Ledger
 from chaos.check_report import (
     DUPLICATED,
     EARLY,
+    PARKED_WOULD_COMMIT,
     UNCHECKED,
     VISIBLE_ROLLBACK,
     VISIBLE_UNDECIDED,
@@ -36,6 +37,11 @@ class CopyChecks(Ledger):
         copies = reads.copies if reads else 0
         if reads:
             self._wrong_topic(op, reads)
+        if op.id in self.run.parked and op.intent in ("commit", "unknown_then_commit"):
+            # Its producer answers COMMIT whenever asked, the database being back: it was
+            # parked unasked (every fault of a run is shorter than transaction_check_max
+            # check intervals).
+            self._flag(PARKED_WOULD_COMMIT, "parked in the check-max topic; its producer commits")
         if decided == ROLLBACK:
             if copies:
                 self._flag(VISIBLE_ROLLBACK, f"rolled back, yet read {copies} time(s)")

@@ -174,6 +174,8 @@ class Run:
     """Ids in the order of their first successful listener call."""
     dlq: dict[str, float] = field(default_factory=dict)
     quarantine: dict[str, float] = field(default_factory=dict)
+    parked: dict[str, float] = field(default_factory=dict)
+    """Id -> when a reader of the check-max topic first saw it parked there."""
     windows: list[Window] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     spark: Mapping[str, Any] | None = None
@@ -231,6 +233,8 @@ def collect(events: Iterable[Mapping[str, Any]]) -> Run:
                 run.dlq.setdefault(op_id, t)
             elif role == "quarantine_reader":
                 run.quarantine.setdefault(op_id, t)
+            elif role == "parked_reader":
+                run.parked.setdefault(op_id, t)
             else:
                 raise HistoryFormatError(f"recv with unknown role {role!r}: {describe(event)}")
         elif etype == "send":

@@ -39,6 +39,7 @@ SPARK_MISSING: Final = "spark_missing"
 SPARK_DUPLICATED: Final = "spark_duplicated"
 SPARK_VISIBLE_ROLLBACK: Final = "spark_visible_rollback"
 STALLED: Final = "stalled"
+PARKED_WOULD_COMMIT: Final = "parked_would_commit"
 
 COLUMN_OF_KIND: Final[Mapping[str, str]] = {
     LOST: "lost",
@@ -48,6 +49,7 @@ COLUMN_OF_KIND: Final[Mapping[str, str]] = {
     EARLY: "early",
     REORDERED: "reordered",
     STUCK: "stuck",
+    PARKED_WOULD_COMMIT: "lost",
     UNCHECKED: "stuck",
     STALLED: "stuck",
     VISIBLE_ROLLBACK: "other",

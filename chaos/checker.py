@@ -27,7 +27,10 @@ Copies on a topic
     send to do so (up to the ``drained`` marker, else the history's end; defaults 6 s, 30 s,
     10 s, 10 s) is ``unchecked``. Its time is the first decision with the final status (the
     send's when there is none); commit-to-visible latency is the first copy's ``t`` minus
-    that time.
+    that time. Parked in the check-max topic (a ``parked_reader`` observation) although its
+    intent is ``commit`` or ``unknown_then_commit`` is ``parked_would_commit`` (column
+    ``lost``): its producer answers COMMIT whenever asked once a ``db_outage`` is over, and
+    every fault of a run is shorter than ``transaction_check_max`` check intervals.
 
 ``delay`` / ``timer`` (G2, G3, G5)
     Due at ``send.t + delay_ms`` (a lower bound of the true due time: the send's ``t`` is taken

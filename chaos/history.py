@@ -70,10 +70,11 @@ TX_INTENTS: Final = ("commit", "rollback", "unknown_then_commit", "unknown_then_
 """What the workload's transaction listener answers for one message: at once on execute, or
 UNKNOWN on execute and the rest on the first check-back."""
 
-ROLES: Final = ("reader", "listener", "dlq_reader", "quarantine_reader")
+ROLES: Final = ("reader", "listener", "dlq_reader", "quarantine_reader", "parked_reader")
 """``reader``: a ``read_committed`` Kafka consumer of the real topics (exactly-once checks);
 ``listener``: a push consumer's listener call; ``dlq_reader``: a reader of a DLQ topic;
-``quarantine_reader``: a reader of the QUARANTINE topic."""
+``quarantine_reader``: a reader of the QUARANTINE topic; ``parked_reader``: a reader of the
+check-max topic (transactions parked after their checks)."""
 
 NEMESES: Final = (
     "coordinator_kill",
@@ -85,6 +86,7 @@ NEMESES: Final = (
     "net_partition",
     "disk_full",
     "poison",
+    "db_outage",
 )
 
 

@@ -22,7 +22,12 @@ Kinds (names as in :data:`chaos.history.NEMESES`) and what each hits:
   connection cut once, every connection refused and cut until it heals;
 * ``disk_full``: one broker's log directory (a small tmpfs mounted for the run) filled up, then
   freed; the broker usually stops on the I/O error and is started again;
-* ``poison``: a burst of poison records (see :mod:`chaos.workload`).
+* ``poison``: a burst of poison records (see :mod:`chaos.workload`);
+* ``db_outage``: the application's database goes away for a while: every
+  ``execute_local_transaction`` and ``check_local_transaction`` answers UNKNOWN, and a storm of
+  a thousand or more transactions (intent ``unknown_then_commit``) is sent meanwhile; once it
+  is back, checks answer per intent. Shorter than ``transaction_check_max`` check intervals:
+  none of them may be parked, each committed must be read once.
 
 The parts: :mod:`chaos.nemesis_plan` (the schedule) and :mod:`chaos.disk_filler` (the tmpfs of
 ``disk_full``); this module holds what the nemeses act on and the thread that injects them.
@@ -108,6 +113,15 @@ class CoordinatorControl(Protocol):
     def resume(self, name: str) -> str: ...
 
 
+class DatabaseControl(Protocol):
+    """The application's database behind the transaction listener
+    (:class:`chaos.workload.Workload`)."""
+
+    def database_down(self, down: bool) -> None: ...
+
+    def send_storm(self, count: int) -> list[str]: ...
+
+
 class PoisonSource(Protocol):
     """Sends poison records (:meth:`chaos.workload.Workload.send_poison`)."""
 
@@ -126,12 +140,15 @@ class Targets:
     """``partition_of`` name -> Kafka topic (workload, half, schedule, timer)."""
     disk: DiskFiller | None = None
     disk_node: int | None = None
+    database: DatabaseControl | None = None
     health_timeout_s: float = 90.0
 
 
 def available_kinds(targets: Targets) -> list[str]:
     """The nemeses this run can inject."""
     out = ["coordinator_kill", "coordinator_pause", "poison"]
+    if targets.database is not None:
+        out.append("db_outage")
     if targets.cluster is not None and len(targets.cluster.node_ids) > 1:
         # One node: killing "the leader" would be an outage of the whole cluster.
         out += ["leader_kill", "rolling_restart"]
@@ -308,3 +325,25 @@ class Nemesis(threading.Thread):
         self._event(fault, "start", "workload", f"{count} poison records")
         ids = self.targets.poison.send_poison(count)
         self._event(fault, "end", "workload", "sent " + ", ".join(ids))
+
+    # --- the application's database -------------------------------------------------------
+    def _db_outage(self, fault: Fault) -> None:
+        database = self.targets.database
+        if database is None:
+            raise RuntimeError("db_outage needs a database to take down")
+        count = int(fault.params["storm"])
+        started = time.monotonic()
+        self._event(
+            fault,
+            "start",
+            "database",
+            f"every local transaction and check answers UNKNOWN for {fault.length_s:.1f} s; "
+            f"{count} transactions sent meanwhile",
+        )
+        database.database_down(True)
+        try:
+            ids = database.send_storm(count)
+            self._wait(fault.length_s - (time.monotonic() - started))
+        finally:
+            database.database_down(False)
+        self._event(fault, "end", "database", f"back; {len(ids)} sent during the outage")

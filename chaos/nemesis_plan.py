@@ -21,6 +21,7 @@ TELLING: Final = (
     "net_latency",
     "net_drop",
     "poison",
+    "db_outage",
 )
 """The kinds a short run (``make chaos``) gets one of each, when available."""
 
@@ -57,6 +58,7 @@ _ESTIMATE_S: Final = {
     "net_partition": 0.0,
     "disk_full": 25.0,
     "poison": 2.0,
+    "db_outage": 4.0,
 }
 """Time a fault takes besides its length (restarts, health waits), s: only to plan a short
 run's schedule so that it fits."""
@@ -90,6 +92,11 @@ def _draw(name: str, rng: random.Random, session_timeout_s: float, nodes: int) -
     elif name == "poison":
         length = 0.0
         params = {"count": rng.randint(4, 8)}
+    elif name == "db_outage":
+        # Shorter than transaction_check_max (15) checks at the run's interval (3 s): its
+        # transactions must be committed once the database is back, none parked.
+        length = rng.uniform(6.0, 12.0)
+        params = {"storm": rng.choice((1000, 1500, 2000))}
     else:
         raise ValueError(f"unknown nemesis {name!r}; known: {', '.join(NEMESES)}")
     return Fault(name, quiet, length, params)

@@ -254,6 +254,7 @@ def _run(config: RunConfig, out: Path, history_path: Path) -> int:
             proxy=proxy,
             coordinators=coordinators,
             poison=workload,
+            database=workload,
             leader_topics={
                 "workload": TX_TOPIC,
                 "half": catalog.topic(SystemTopic.HALF),

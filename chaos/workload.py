@@ -203,6 +203,7 @@ class Workload(WorkloadSenders):
             Reader(self, "reader", "reader", plain, plain_id),
             Reader(self, "dlq", "dlq_reader", [self.dlq_topic], plain_id),
             Reader(self, "quarantine", "quarantine_reader", [self.quarantine_topic], quarantine_id),
+            Reader(self, "parked", "parked_reader", [self.parked_topic], quarantine_id),
         ]
         for reader in self._readers:
             reader.start()

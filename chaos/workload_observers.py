@@ -53,6 +53,8 @@ class DecisionListener(TransactionListener):
 
     def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
         wid, intent = self._intent(msg)
+        if self._w.database_is_down.is_set():
+            intent = None  # the local transaction's outcome cannot be told: UNKNOWN
         status = {
             "commit": TransactionStatus.COMMIT,
             "rollback": TransactionStatus.ROLLBACK,
@@ -63,6 +65,8 @@ class DecisionListener(TransactionListener):
 
     def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
         wid, intent = self._intent(msg)
+        if self._w.database_is_down.is_set():
+            intent = None
         if intent in ("commit", "unknown_then_commit"):
             status = TransactionStatus.COMMIT
         elif intent in ("rollback", "unknown_then_rollback"):

@@ -86,6 +86,48 @@ class WorkloadSenders(WorkloadState):
             return
         self._record_ack(spec.id, True, msg_id=result.msg_id)
 
+    def database_down(self, down: bool) -> None:
+        """Take the application's database away (``db_outage``), or bring it back."""
+        if down:
+            self.database_is_down.set()
+        else:
+            self.database_is_down.clear()
+
+    def send_storm(self, count: int, threads: int = 4) -> list[str]:
+        """Send ``count`` transactions meant to commit on check-back (``unknown_then_commit``)
+        from ``threads`` threads at once, as the application goes on taking orders while its
+        database is away; their ids."""
+        assert self._tx_producer is not None
+        producer = self._tx_producer
+        ids: list[str] = []
+
+        def work(n: int) -> None:
+            for _ in range(n):
+                if self._stop_load.is_set():
+                    return
+                spec = Spec(self._new_id("tx"), "tx", intent="unknown_then_commit")
+                self._record_send(spec, TX_TOPIC, intent=spec.intent, storm=True)
+                msg = self._message(TX_TOPIC, spec.id, keys=spec.id)
+                try:
+                    result = producer.send_message_in_transaction(msg, spec.id)
+                except BridgeError as exc:
+                    self._record_ack(spec.id, False, error=exc, indeterminate=is_indeterminate(exc))
+                    continue
+                self._record_ack(spec.id, True, msg_id=result.msg_id)
+                with self._lock:
+                    ids.append(spec.id)
+
+        shares = [count // threads + (1 if i < count % threads else 0) for i in range(threads)]
+        workers = [
+            threading.Thread(target=work, args=(n,), name=f"chaos-storm-{i}", daemon=True)
+            for i, n in enumerate(shares)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        return ids
+
     def _send_delay(self, rng: random.Random) -> None:
         level = rng.randint(1, 3)
         spec = Spec(self._new_id("delay"), "delay")

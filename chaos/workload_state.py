@@ -48,6 +48,8 @@ class WorkloadState:
         self._counters: dict[str, int] = defaultdict(int)
         self._seq: dict[str, int] = defaultdict(int)
         self._stop_load = threading.Event()
+        self.database_is_down = threading.Event()
+        """Set during a ``db_outage``: the listener answers UNKNOWN to everything."""
         self._threads: list[threading.Thread] = []
         self._readers: list[Reader] = []
         self._consumers: list[PushConsumer] = []
@@ -60,6 +62,7 @@ class WorkloadState:
         catalog = client.catalog()
         self.schedule_topic = catalog.topic(SystemTopic.SCHEDULE)
         self.quarantine_topic = catalog.topic(SystemTopic.QUARANTINE)
+        self.parked_topic = catalog.topic(SystemTopic.CHECK_MAX)
         self.retry_topic = to_kafka_topic(f"%RETRY%{CONSUME_GROUP}", config.namespace)
         self.dlq_topic = to_kafka_topic(f"%DLQ%{CONSUME_GROUP}", config.namespace)
 
