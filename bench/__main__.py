@@ -1,5 +1,6 @@
 """Run the benchmarks: ``python -m bench [producer] [transactions] [delays] [consumer] [aio]
 [spark]`` (all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker);
+``python -m bench storm`` measures a storm of checks (a few minutes: only when asked);
 ``python -m bench rocketmq`` runs the same benchmarks against Apache RocketMQ and the bridge
 side by side."""
 
@@ -8,7 +9,16 @@ from __future__ import annotations
 import logging
 import sys
 
-from bench import aio, consumer, delays, producer, rocketmq, spark_ingest, transactions
+from bench import (
+    aio,
+    check_storm,
+    consumer,
+    delays,
+    producer,
+    rocketmq,
+    spark_ingest,
+    transactions,
+)
 from bench.harness import broker
 
 
@@ -31,6 +41,8 @@ def main() -> None:
             aio.run(bootstrap)
         if not only or "spark" in only:
             spark_ingest.run(bootstrap)
+        if "storm" in only:  # only when asked: 20,000 transactions checked at once
+            check_storm.run(bootstrap)
         if "rocketmq" in only:  # only when asked: it starts Apache RocketMQ beside Kafka
             rocketmq.run(bootstrap)
 

@@ -218,3 +218,50 @@ def test_a_check_that_could_not_be_made_counts_and_parks_in_the_end() -> None:
         now += 1_000
     (due,) = state.due(now, 10)
     assert policy.action(due.check_times, due.born_ms, now) is CheckAction.DISCARD
+
+
+def test_checks_refused_room_wait_in_the_order_they_fell_due() -> None:
+    state = HalfPartition(0, POLICY)
+    for i, tid in enumerate(("a", "b", "c")):
+        state.on_half(i, T0, b"", half(tid, born=T0 + i), now_ms=T0)
+    room = [1]
+
+    def admit(pending: object) -> bool:
+        if room[0] <= 0:
+            return False
+        room[0] -= 1
+        return True
+
+    now = T0 + 10_000
+    assert [p.transaction_id for p in state.due(now, 10, admit)] == ["a"]
+    assert state.waiting == 2
+    assert state.due(now, 10, admit) == []  # still no room: nothing handed out twice
+    room[0] = 5
+    assert [p.transaction_id for p in state.due(now, 10, admit)] == ["b", "c"]
+    assert state.waiting == 0
+
+
+def test_an_asked_check_is_due_again_an_interval_later_uncounted() -> None:
+    state = HalfPartition(0, POLICY)
+    state.on_half(0, T0, b"", half("a"), now_ms=T0)
+    (pending,) = state.due(T0 + 6_000, 10)
+    state.asked(pending, T0 + 6_000)
+    assert pending.check_times == 0
+    assert state.due(T0 + 35_999, 10) == []
+    assert [p.transaction_id for p in state.due(T0 + 36_000, 10)] == ["a"]
+
+
+def test_the_checkpoint_is_the_oldest_pending_copy() -> None:
+    state = HalfPartition(0, POLICY)
+    state.on_half(0, T0, b"", half("a"), now_ms=T0)
+    state.on_half(1, T0, b"", half("b"), now_ms=T0)
+    state.on_half(2, T0, b"", half("a", {MessageConst.TRANSACTION_CHECK_TIMES: "1"}), now_ms=T0)
+    assert state.checkpoint() == 1
+    pending = state.on_end(3, "b")
+    assert pending is not None
+    state.resolve(pending)
+    assert state.checkpoint() == 2
+    pending = state.on_end(4, "a")
+    assert pending is not None
+    state.resolve(pending)
+    assert state.checkpoint() == state.position == 5
