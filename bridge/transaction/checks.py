@@ -137,11 +137,7 @@ class CheckBack:
             return
         state.checked(pending, now)
         pending.check_error = None
-        batch.current = tid
-        batch.about[tid] = state.partition
         self._add_half_copy(state, tid, copy, batch)
-        batch.current = None
-        batch.dirty = True
 
     def run(self, now: int) -> None:
         """Write the put-backs and checks due at ``now`` (epoch ms) in one Kafka transaction;
