@@ -30,7 +30,7 @@ CHECK_WINDOW_MIN: Final = 10
 """The window never shrinks below this many checks."""
 CHECK_WINDOW_START: Final = 100
 """A group's window before any answer came back."""
-ANSWER_TARGET_MS: Final = 500
+ANSWER_TARGET_MS: Final = 300
 """Answers that take longer than this from request to coordinator shrink the window, ms."""
 
 

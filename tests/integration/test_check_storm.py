@@ -4,6 +4,7 @@ producer was asked ``transaction_check_max`` times."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.transaction.admin import read_parked
 from tests.conftest import REPO_ROOT, wait_until
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 STORM = 20_000
 SENDERS = 8
@@ -92,8 +93,13 @@ def _send(producer: TransactionMQProducer, topic: str) -> list[str]:
     "answer", [TransactionStatus.COMMIT, TransactionStatus.UNKNOWN], ids=["commit", "unknown"]
 )
 def test_a_check_storm_parks_nothing_its_live_producer_was_not_asked(
-    client_config: ClientConfig, topic: str, answer: TransactionStatus
+    client_config: ClientConfig,
+    topic: str,
+    answer: TransactionStatus,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # A line a check answered: 60,000 of them would only slow the storm down.
+    caplog.set_level(logging.WARNING, logger="bridge.transaction.producer")
     TopicAdmin(client_config).ensure_system_topics(client_config.catalog())
     coordinator = _coordinator(client_config)
     listener = _Answers(answer)
