@@ -288,6 +288,12 @@ def _coordinator(g: _Grants, catalog: TopicCatalog, topics: Iterable[str]) -> No
     for kind in ("transaction", "schedule", "timer"):
         g.group(coordinator_group(ns, kind), R, f"the {kind} service's group")
     g.group(RECOVERY_GROUP_PREFIX, R, "transaction recovery readers", prefixed=True)
+    g.group(
+        f"{ns}.transaction-check.",
+        D,
+        "whether a producer group has a live producer (a member of its check consumers)",
+        prefixed=True,
+    )
     g.transactional_id(f"{ns}.coordinator.", "each service writes in Kafka transactions")
     g.cluster(DC, "whether the broker creates topics on first write")
 
