@@ -228,6 +228,8 @@ class HalfPartition:
     included): the checkpoint without a look at every pending transaction."""
     _decided_kept: int = 0
     """Decisions kept when they were last forgotten up to the checkpoint."""
+    _decided_from: int = 0
+    """The checkpoint they were last forgotten up to."""
     _pinned: set[str] = field(default_factory=set)
     """Pending transactions with :attr:`PendingHalf.pins` (some may have none left)."""
     _waiting: dict[str, deque[tuple[int, str, int]]] = field(default_factory=dict)
@@ -507,9 +509,15 @@ class HalfPartition:
             # A restart from here on never reads those messages, and the checkpoint only
             # moves forward (a failed Kafka transaction rebuilds the state): forget them.
             p.pins = [pin for pin in p.pins if pin[1] >= checkpoint]
-        if len(self._decided) > max(1024, 2 * self._decided_kept):
+        if len(self._decided) > 1024 and (
+            checkpoint > self._decided_from or len(self._decided) > 2 * self._decided_kept
+        ):
+            # Only when the checkpoint moved, or the decisions doubled, since the last time:
+            # a checkpoint pinned by an old transaction (a storm of checks) would otherwise
+            # have every decision looked at on every call.
             self._decided = {t: o for t, o in self._decided.items() if o >= checkpoint}
             self._decided_kept = len(self._decided)
+            self._decided_from = checkpoint
         if len(self._schedule) > 4 * len(self.pending) + 1024:
             self._schedule = [e for e in self._schedule if e[1] in self.pending]
             heapq.heapify(self._schedule)
