@@ -249,6 +249,27 @@ def test_a_visible_rollback_is_caught(history: History) -> None:
     assert report.row("coordinator_pause").other == 1
 
 
+def test_a_transaction_parked_that_its_producer_commits_is_caught(history: History) -> None:
+    history.fault("db_outage", T0, T0 + 10 * S, target="database")
+    history.send("stormed", "tx", T0 + 1 * S, intent="unknown_then_commit")
+    history.decide("stormed", T0 + 1 * S, "UNKNOWN")
+    history.ack("stormed", T0 + 1 * S + 5)
+    history.decide("stormed", T0 + 4 * S, "UNKNOWN", via="check")
+    history.write(
+        "recv", T0 + 9 * S, id="stormed", observer="parked", role="parked_reader",
+        topic="rmq.TRANS_CHECK_MAX_TIME_TOPIC", partition=0, offset=0,
+    )  # fmt: skip
+    history.send("gave_up", "tx", T0 + 2 * S, intent="unknown_then_rollback")
+    history.decide("gave_up", T0 + 2 * S, "UNKNOWN")
+    history.ack("gave_up", T0 + 2 * S + 5)
+    history.decide("gave_up", T0 + 5 * S, "ROLLBACK", via="check")
+    history.drained(T0 + 60 * S)
+    report = history.check()
+    assert ("parked_would_commit", "stormed", ("db_outage",)) in kinds(report)
+    assert all(k[1] != "gave_up" for k in kinds(report))
+    assert report.row("db_outage").lost >= 1
+
+
 def test_a_commit_after_rollback_in_check_keeps_the_last_decision(history: History) -> None:
     """An UNKNOWN after a decision changes nothing: the last COMMIT or ROLLBACK counts."""
     history.send("x", "tx", T0 + 1 * S, intent="unknown_then_rollback")
