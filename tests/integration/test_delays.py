@@ -103,6 +103,7 @@ def test_each_level_is_never_early_and_late_by_at_most_precision_plus_slack(
     assert MessageConst.REAL_TOPIC not in first.properties
 
 
+@pytest.mark.check("G5")
 def test_timers_are_never_early_and_late_by_at_most_precision_plus_slack(
     delay_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:
