@@ -1,5 +1,5 @@
 # Quick start: `make up` (bring the stack up and show a message round trip), `make test`.
-# Inner loop: `make check` (lint, unit tests, one broker test per guarantee; under 3 min).
+# Inner loop: `make check` (lint, unit tests, one broker test per guarantee).
 .PHONY: up test check bench lint bootstrap clean chaos soak differential
 SEED ?= 1
 # Worker processes for pytest (pytest-xdist), sharing one broker: most integration tests wait
