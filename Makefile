@@ -1,6 +1,12 @@
 # Quick start: `make up` (bring the stack up and show a message round trip), `make test`.
-.PHONY: up test bench lint bootstrap clean chaos soak differential
+# Inner loop: `make check` (lint, unit tests, one broker test per guarantee).
+.PHONY: up test check bench lint bootstrap clean chaos soak differential
 SEED ?= 1
+# Worker processes for pytest (pytest-xdist), sharing one broker: most integration tests wait
+# on timers, check intervals and session timeouts rather than use the CPU, so more workers
+# than cores pay. Tests marked serial run after them, alone.
+WORKERS ?= 4
+PYTEST_PARALLEL = .venv/bin/python -m pytest -n $(WORKERS) --dist loadgroup
 
 up:
 	@BRIDGE_EXTRAS=test,dev ./scripts/bootstrap.sh
@@ -9,9 +15,14 @@ up:
 # The whole suite: unit and integration tests against a real broker, the side-by-side run
 # against Apache RocketMQ, and the fault suite.
 test: bootstrap
-	.venv/bin/python -m pytest
+	$(PYTEST_PARALLEL) -m "not serial"
+	.venv/bin/python -m pytest -m serial || [ $$? -eq 5 ]  # 5: no test is marked serial
 	.venv/bin/python -m pytest tests/differential
 	.venv/bin/python -m chaos run --seed $(SEED) --duration 150
+
+# The inner loop: lint, the unit tests and the broker tests marked check (one a guarantee).
+check: lint
+	$(PYTEST_PARALLEL) -m "unit or check"
 
 # Fault injection on a three-broker cluster (fixed seed, a few minutes; fails on a violation).
 chaos: bootstrap

@@ -94,6 +94,7 @@ def assert_decoded_as_text_or_bytes(msg: MessageExt) -> None:
     assert msg.get_property("empty") == ""
 
 
+@pytest.mark.check("G10")
 def test_a_retry_copy_keeps_binary_headers_through_schedule_and_the_coordinator(
     delay_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:

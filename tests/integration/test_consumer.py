@@ -171,6 +171,7 @@ def committed(config: ClientConfig, group: str, topic: str, partition: int = 0) 
         reader.close()
 
 
+@pytest.mark.check("G6")
 def test_failing_n_times_gets_n_plus_one_deliveries_with_growing_gaps(
     retry_config: ClientConfig, coordinator: Coordinator, consumers: list[PushConsumer],
     unique: Callable[[str], str],

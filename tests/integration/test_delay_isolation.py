@@ -151,6 +151,8 @@ def test_permanent_delivery_errors_are_told_from_transient_ones(
     assert is_permanent_delivery_error(error) is permanent
 
 
+# Serial: it bounds lateness against the wall clock, which the other workers' load moves.
+@pytest.mark.serial
 def test_poison_of_every_kind_leaves_every_good_message_delivered_once_and_on_time(
     kafka_bootstrap: str, namespace: str, unique: Callable[[str], str]
 ) -> None:

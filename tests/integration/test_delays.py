@@ -81,6 +81,8 @@ def arrivals(config: ClientConfig, topic: str, count: int) -> dict[str, float]:
     return out
 
 
+# Serial: it bounds lateness against the wall clock, which the other workers' load moves.
+@pytest.mark.serial
 def test_each_level_is_never_early_and_late_by_at_most_precision_plus_slack(
     delay_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:
@@ -103,6 +105,8 @@ def test_each_level_is_never_early_and_late_by_at_most_precision_plus_slack(
     assert MessageConst.REAL_TOPIC not in first.properties
 
 
+# Serial: it bounds lateness against the wall clock, which the other workers' load moves.
+@pytest.mark.serial
 def test_timers_are_never_early_and_late_by_at_most_precision_plus_slack(
     delay_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:
@@ -194,6 +198,7 @@ def test_sigkill_while_thousands_are_due_delivers_each_exactly_once(
     assert all(m.born_timestamp_ms > 0 for m in timers)
 
 
+@pytest.mark.check("G5")
 def test_a_timer_far_in_the_future_survives_restarts(
     delay_config: ClientConfig, topic: str
 ) -> None:

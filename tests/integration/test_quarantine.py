@@ -52,6 +52,7 @@ def quarantine(
     )
 
 
+@pytest.mark.check("G8")
 def test_malformed_half_record_is_quarantined_with_reason_and_origin(
     client_config: ClientConfig,
 ) -> None:

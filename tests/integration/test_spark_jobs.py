@@ -110,6 +110,7 @@ def run_available_now(spark: SparkSession, config: IngestConfig) -> None:
     assert query.exception() is None
 
 
+@pytest.mark.check("G7")
 def test_ingest_lands_committed_messages_once_and_late_commits_later(
     spark: SparkSession, spark_config: ClientConfig, coordinator: Coordinator,
     unique: Callable[[str], str], tmp_path: Path,

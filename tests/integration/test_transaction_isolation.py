@@ -218,6 +218,7 @@ class Arrivals:
 # --- commits whose real record cannot be written --------------------------------------------------
 
 
+@pytest.mark.check("G9")
 def test_poison_commits_are_parked_with_their_reason_and_the_others_flow(
     client_config: ClientConfig, unique: Callable[[str], str]
 ) -> None:

@@ -99,6 +99,7 @@ def bodies(config: ClientConfig, topic: str, expected: int, idle_ms: int = 3000)
     return sorted(out)
 
 
+@pytest.mark.check("G1")
 def test_commit_rollback_check_outcomes_and_parking(
     client_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:
@@ -138,6 +139,7 @@ def test_commit_rollback_check_outcomes_and_parking(
     assert "commit" not in listener.checks and "rollback" not in listener.checks
 
 
+@pytest.mark.check("G4")
 def test_first_check_follows_the_timeout_and_checks_follow_the_interval(
     client_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:
@@ -189,6 +191,7 @@ def test_a_coordinator_taking_over_half_messages_recovers_without_waiting_on_its
     assert max(took.values()) < 0.5 and sum(took.values()) < 1.0, took
 
 
+@pytest.mark.check("G3")
 def test_duplicate_late_and_racing_decisions_commit_once(
     client_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:
@@ -554,6 +557,7 @@ def send_committing(
     return sent
 
 
+@pytest.mark.check("G2")
 def test_sigkill_of_the_coordinator_mid_commit_loses_and_duplicates_nothing(
     client_config: ClientConfig, topic: str
 ) -> None:

@@ -142,6 +142,7 @@ def refusals(caplog: pytest.LogCaptureFixture, tid: str) -> list[str]:
 # --- end requests and check answers of another group ----------------------------------------
 
 
+@pytest.mark.check("G12")
 def test_a_forged_end_from_another_group_changes_nothing_then_the_group_commits_once(
     client_config: ClientConfig,
     coordinator: Coordinator,

@@ -101,6 +101,7 @@ class Commit(TransactionListener):
         return TransactionStatus.COMMIT
 
 
+@pytest.mark.check("G11")
 def test_a_transaction_call_that_never_returns_stalls_no_service(
     hangs: _Hangs, kafka_bootstrap: str, namespace: str, topic: str
 ) -> None:
