@@ -3,7 +3,7 @@
 SEED ?= 1
 
 up:
-	@BRIDGE_EXTRAS=test,dev ./scripts/bootstrap.sh
+	@BRIDGE_EXTRAS=test,dev,db ./scripts/bootstrap.sh
 	.venv/bin/bridge -v up
 
 # The whole suite: unit and integration tests against a real broker, the side-by-side run

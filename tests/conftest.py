@@ -20,6 +20,7 @@ import pytest
 
 from bridge.config import ClientConfig
 from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
+from tests.db_fixtures import database_url, db_engine, postgres_server  # noqa: F401
 
 logger = logging.getLogger(__name__)
 

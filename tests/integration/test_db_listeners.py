@@ -1,0 +1,348 @@
+"""The database-backed listeners against real databases (a PostgreSQL server from the
+machine's binaries, and SQLite): the work and its log row commit together or not at all, a
+check answers only what can no longer change, and the idempotent consumer runs a handler once
+per key. The Kafka side is in test_db_transactions.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+
+from bridge.consumer.model import ConsumeStatus
+from bridge.db import (
+    DatabaseTransactionListener,
+    IdempotentListener,
+    consumed_message,
+    purge,
+    transaction_log,
+)
+from bridge.db.aio import AsyncDatabaseTransactionListener, AsyncIdempotentListener
+from bridge.message import MessageConst, MessageExt
+from bridge.transaction.model import TransactionStatus
+
+business = MetaData()
+orders = Table(
+    "orders",
+    business,
+    Column("id", String(64), primary_key=True),
+    Column("note", String(200)),
+)
+effects = Table(  # no unique key on purpose: a second effect would show
+    "effects",
+    business,
+    Column("n", Integer, primary_key=True, autoincrement=True),
+    Column("key", String(255), nullable=False),
+    Column("body", LargeBinary, nullable=False),
+)
+
+
+@pytest.fixture()
+def engine(db_engine: Engine) -> Engine:
+    business.create_all(db_engine)
+    return db_engine
+
+
+def half(tid: str | None = None, topic: str = "orders", body: bytes = b"x") -> MessageExt:
+    tid = tid or uuid.uuid4().hex.upper()
+    return MessageExt(
+        topic,
+        body,
+        msg_id=tid,
+        properties={MessageConst.TRANSACTION_ID: tid, MessageConst.PRODUCER_GROUP: "g"},
+    )
+
+
+def count(engine: Engine, table: Table, **where: Any) -> int:
+    query = select(func.count()).select_from(table)
+    for name, value in where.items():
+        query = query.where(table.c[name] == value)
+    with engine.connect() as conn:
+        return int(conn.execute(query).scalar_one())
+
+
+def add_order(order_id: str, note: str = "ok") -> Any:
+    def work(conn: Connection) -> None:
+        conn.execute(insert(orders).values(id=order_id, note=note))
+
+    return work
+
+
+def test_commit_writes_work_and_row_together(engine: Engine) -> None:
+    listener = DatabaseTransactionListener(engine)
+    msg = half(topic="订单")
+    assert listener.execute_local_transaction(msg, add_order("o-1", "über ☃")) is (
+        TransactionStatus.COMMIT
+    )
+    with engine.connect() as conn:
+        row = conn.execute(select(transaction_log)).one()
+        assert conn.execute(select(orders.c.note)).scalar_one() == "über ☃"
+    assert (row.transaction_id, row.state, row.topic, row.producer_group) == (
+        msg.transaction_id, "COMMIT", "订单", "g",
+    )  # fmt: skip
+    assert listener.check_local_transaction(msg) is TransactionStatus.COMMIT
+
+
+def test_failing_work_rolls_back_and_is_fenced(engine: Engine) -> None:
+    listener = DatabaseTransactionListener(engine)
+    msg = half()
+
+    def work(conn: Connection) -> None:
+        conn.execute(insert(orders).values(id="o-2"))
+        raise RuntimeError("payment declined")
+
+    assert listener.execute_local_transaction(msg, work) is TransactionStatus.ROLLBACK
+    assert count(engine, orders) == 0
+    assert count(engine, transaction_log, state="ROLLBACK") == 1
+    assert listener.check_local_transaction(msg) is TransactionStatus.ROLLBACK
+
+
+def test_work_that_commits_by_itself_then_raises_is_answered_commit(engine: Engine) -> None:
+    # The answer comes from the log, not from the exception.
+    listener = DatabaseTransactionListener(engine)
+    msg = half()
+
+    def work(conn: Connection) -> None:
+        conn.execute(insert(orders).values(id="o-3"))
+        conn.commit()
+        raise RuntimeError("after its own commit")
+
+    assert listener.execute_local_transaction(msg, work) is TransactionStatus.COMMIT
+    assert count(engine, orders) == 1
+
+
+def test_check_before_the_local_transaction_fences_it_out(engine: Engine) -> None:
+    listener = DatabaseTransactionListener(engine)
+    msg = half()
+    assert listener.check_local_transaction(msg) is TransactionStatus.ROLLBACK
+    # The local transaction comes late (a paused process): it can no longer commit.
+    assert listener.execute_local_transaction(msg, add_order("o-4")) is (TransactionStatus.ROLLBACK)
+    assert count(engine, orders) == 0
+    assert listener.check_local_transaction(msg) is TransactionStatus.ROLLBACK
+
+
+@pytest.mark.parametrize("outcome", ["commit", "raise"])
+def test_check_waits_for_a_running_local_transaction(engine: Engine, outcome: str) -> None:
+    listener = DatabaseTransactionListener(engine, check_lock_timeout_ms=20_000)
+    msg = half()
+    inside, release = threading.Event(), threading.Event()
+    answers: list[TransactionStatus] = []
+
+    def work(conn: Connection) -> None:
+        conn.execute(insert(orders).values(id="o-5"))
+        inside.set()
+        assert release.wait(30)
+        if outcome == "raise":
+            raise RuntimeError("rolled back after the check began")
+
+    local = threading.Thread(
+        target=lambda: answers.append(listener.execute_local_transaction(msg, work))
+    )
+    local.start()
+    assert inside.wait(30)
+    checker = threading.Thread(target=lambda: answers.append(listener.check_local_transaction(msg)))
+    checker.start()
+    checker.join(0.5)
+    assert checker.is_alive(), "the check answered while the local transaction was open"
+    release.set()
+    local.join(30)
+    checker.join(30)
+    expected = TransactionStatus.COMMIT if outcome == "commit" else TransactionStatus.ROLLBACK
+    assert answers == [expected, expected]
+    assert count(engine, orders) == (1 if outcome == "commit" else 0)
+
+
+def test_check_gives_up_waiting_with_unknown(database_url: str) -> None:
+    # SQLite bounds the wait by its busy timeout, PostgreSQL by lock_timeout.
+    engine = create_engine(
+        database_url, connect_args={"timeout": 0.3} if "sqlite" in database_url else {}
+    )
+    try:
+        business.create_all(engine)
+        listener = DatabaseTransactionListener(engine, check_lock_timeout_ms=300)
+        msg = half()
+        inside, release = threading.Event(), threading.Event()
+
+        def work(conn: Connection) -> None:
+            inside.set()
+            assert release.wait(30)
+
+        local = threading.Thread(target=listener.execute_local_transaction, args=(msg, work))
+        local.start()
+        assert inside.wait(30)
+        assert listener.check_local_transaction(msg) is TransactionStatus.UNKNOWN
+        release.set()
+        local.join(30)
+        assert listener.check_local_transaction(msg) is TransactionStatus.COMMIT
+    finally:
+        engine.dispose()
+
+
+def consumed(msg_id: str, body: bytes, keys: str | None = None, **props: str) -> MessageExt:
+    return MessageExt("orders", body, msg_id=msg_id, keys=keys, properties=props)
+
+
+def record_effect(conn: Connection, msg: MessageExt) -> None:
+    conn.execute(insert(effects).values(key=msg.msg_id, body=msg.body))
+
+
+def test_inbox_runs_a_handler_once_per_message(engine: Engine) -> None:
+    listener = IdempotentListener(engine, "inventory", record_effect)
+    body = b"\xff\xfe not utf-8 \x00"
+    msg = consumed("M1", body)
+    assert listener(msg) is ConsumeStatus.CONSUME_SUCCESS
+    assert listener(msg) is ConsumeStatus.CONSUME_SUCCESS  # a redelivery
+    # A retry copy: a new id, the first one kept in ORIGIN_MESSAGE_ID.
+    retry = consumed("M2", body, **{MessageConst.ORIGIN_MESSAGE_ID: "M1", "RECONSUME_TIME": "1"})
+    assert listener(retry) is ConsumeStatus.CONSUME_SUCCESS
+    with engine.connect() as conn:
+        assert conn.execute(select(effects.c.body)).scalars().all() == [body]
+    # Another group handles it once too.
+    assert IdempotentListener(engine, "billing", record_effect)(msg) is (
+        ConsumeStatus.CONSUME_SUCCESS
+    )
+    assert count(engine, effects) == 2
+    assert count(engine, consumed_message) == 2
+
+
+def test_inbox_failure_rolls_back_the_effect_and_the_row(engine: Engine) -> None:
+    calls = []
+
+    def handler(conn: Connection, msg: MessageExt) -> ConsumeStatus | None:
+        record_effect(conn, msg)
+        calls.append(msg.msg_id)
+        if len(calls) == 1:
+            raise RuntimeError("stock service down")
+        if len(calls) == 2:
+            return ConsumeStatus.RECONSUME_LATER
+        return None
+
+    listener = IdempotentListener(engine, "inventory", handler)
+    msg = consumed("M3", "ünïcode".encode())
+    with pytest.raises(RuntimeError):
+        listener(msg)
+    assert listener(msg) is ConsumeStatus.RECONSUME_LATER
+    assert count(engine, effects) == 0 and count(engine, consumed_message) == 0
+    assert listener(msg) is ConsumeStatus.CONSUME_SUCCESS
+    assert listener(msg) is ConsumeStatus.CONSUME_SUCCESS
+    assert calls == ["M3", "M3", "M3"]
+    assert count(engine, effects) == 1
+
+
+def test_inbox_by_business_key_and_a_bad_key(engine: Engine) -> None:
+    listener = IdempotentListener(engine, "inventory", record_effect, key=lambda m: m.keys[0])
+    assert listener(consumed("A", b"1", keys="order-9")) is ConsumeStatus.CONSUME_SUCCESS
+    assert listener(consumed("B", b"2", keys="order-9")) is ConsumeStatus.CONSUME_SUCCESS
+    assert count(engine, effects) == 1
+    with pytest.raises(ValueError, match="key must be"):
+        listener(consumed("C", b"3", keys="k" * 256))
+
+
+def test_inbox_concurrent_copies_run_the_handler_once(engine: Engine) -> None:
+    inside, release = threading.Event(), threading.Event()
+    calls = []
+
+    def slow(conn: Connection, msg: MessageExt) -> None:
+        calls.append(msg.msg_id)
+        record_effect(conn, msg)
+        inside.set()
+        assert release.wait(30)
+
+    listener = IdempotentListener(engine, "inventory", slow)
+    first = threading.Thread(target=listener, args=(consumed("M4", b"x"),))
+    first.start()
+    assert inside.wait(30)
+    second_answer: list[ConsumeStatus] = []
+    second = threading.Thread(target=lambda: second_answer.append(listener(consumed("M4", b"x"))))
+    second.start()
+    second.join(0.3)
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert second_answer == [ConsumeStatus.CONSUME_SUCCESS]
+    assert calls == ["M4"]
+
+
+def test_purge_keeps_recent_rows(engine: Engine) -> None:
+    listener = DatabaseTransactionListener(engine)
+    listener.execute_local_transaction(half(), add_order("o-6"))
+    IdempotentListener(engine, "g", record_effect)(consumed("M5", b"x"))
+    kept = purge(engine)
+    assert (kept.transactions, kept.consumed) == (0, 0)
+    gone = purge(engine, transaction_retention_ms=0, consumed_retention_ms=0)
+    # created in the past millisecond or earlier: "older than 0 ms" may still hold them
+    assert gone.transactions + count(engine, transaction_log) == 1
+    assert gone.consumed + count(engine, consumed_message) == 1
+
+
+def _async_url(url: str) -> str:
+    return url.replace("sqlite://", "sqlite+aiosqlite://", 1)
+
+
+def test_async_twins(database_url: str, engine: Engine) -> None:
+    async def scenario() -> None:
+        aengine = create_async_engine(_async_url(database_url))
+        try:
+            listener = AsyncDatabaseTransactionListener(aengine)
+            msg = half()
+
+            async def work(conn: AsyncConnection) -> None:
+                await conn.execute(insert(orders).values(id="a-1"))
+
+            assert await listener.execute_local_transaction(msg, work) is (TransactionStatus.COMMIT)
+            assert await listener.check_local_transaction(msg) is TransactionStatus.COMMIT
+
+            async def failing(conn: AsyncConnection) -> None:
+                await conn.execute(insert(orders).values(id="a-2"))
+                raise RuntimeError("declined")
+
+            failed = half()
+            assert await listener.execute_local_transaction(failed, failing) is (
+                TransactionStatus.ROLLBACK
+            )
+            assert await listener.check_local_transaction(half()) is TransactionStatus.ROLLBACK
+
+            async def handler(conn: AsyncConnection, m: MessageExt) -> None:
+                await conn.execute(insert(effects).values(key=m.msg_id, body=m.body))
+
+            inbox = AsyncIdempotentListener(aengine, "inventory", handler)
+            copy = consumed("M6", b"\x80\x81")
+            assert await inbox(copy) is ConsumeStatus.CONSUME_SUCCESS
+            assert await inbox(copy) is ConsumeStatus.CONSUME_SUCCESS
+        finally:
+            await aengine.dispose()
+
+    asyncio.run(scenario())
+    assert count(engine, orders) == 1
+    assert count(engine, effects) == 1
+    assert count(engine, transaction_log, state="ROLLBACK") == 2
+
+
+def test_integrity_error_of_the_work_is_not_taken_for_a_fence(engine: Engine) -> None:
+    listener = DatabaseTransactionListener(engine)
+    assert listener.execute_local_transaction(half(), add_order("dup")) is (
+        TransactionStatus.COMMIT
+    )
+    msg = half()
+    assert listener.execute_local_transaction(msg, add_order("dup")) is (TransactionStatus.ROLLBACK)
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(insert(orders).values(id="dup"))
