@@ -1,5 +1,5 @@
 """Run the benchmarks: ``python -m bench [producer] [transactions] [delays] [consumer] [aio]
-[spark]`` (all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker);
+[db] [spark]`` (all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker);
 ``python -m bench rocketmq`` runs the same benchmarks against Apache RocketMQ and the bridge
 side by side."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from bench import aio, consumer, delays, producer, rocketmq, spark_ingest, transactions
+from bench import aio, consumer, db, delays, producer, rocketmq, spark_ingest, transactions
 from bench.harness import broker
 
 
@@ -29,6 +29,8 @@ def main() -> None:
             consumer.run(bootstrap)
         if not only or "aio" in only:
             aio.run(bootstrap)
+        if not only or "db" in only:
+            db.run(bootstrap)
         if not only or "spark" in only:
             spark_ingest.run(bootstrap)
         if "rocketmq" in only:  # only when asked: it starts Apache RocketMQ beside Kafka

@@ -1,0 +1,73 @@
+"""bridge.db's pure rules: which key names a message, what a log row answers, the printed DDL,
+and the arguments refused with a typed error."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import create_engine
+
+from bridge.cli import cli
+from bridge.db import DatabaseTransactionListener, IdempotentListener, ddl, message_key, purge
+from bridge.db.rows import consumed_row, state_of
+from bridge.errors import InvalidArgumentError
+from bridge.message import MessageConst, MessageExt
+from bridge.transaction.model import TransactionStatus
+
+
+def test_the_default_key_is_the_first_message_id() -> None:
+    assert message_key(MessageExt("t", b"x", msg_id="M1")) == "M1"
+    retry = MessageExt(
+        "%RETRY%g", b"x", msg_id="M2", properties={MessageConst.ORIGIN_MESSAGE_ID: "M1"}
+    )
+    assert message_key(retry) == "M1"
+
+
+@given(st.one_of(st.none(), st.text(max_size=20)))
+def test_only_commit_and_rollback_rows_decide(found: str | None) -> None:
+    expected = {"COMMIT": TransactionStatus.COMMIT, "ROLLBACK": TransactionStatus.ROLLBACK}
+    assert state_of(found) is expected.get(found or "", TransactionStatus.UNKNOWN)
+
+
+@pytest.mark.parametrize("key", ["", "k" * 256, None, 7])
+def test_a_bad_key_is_refused_by_name(key: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="key must be"):
+        consumed_row(MessageExt("t", b"x", msg_id="M"), "g", key)  # type: ignore[arg-type]
+
+
+def test_ddl_for_both_dialects_has_both_tables_and_their_indexes() -> None:
+    for dialect in ("postgresql", "sqlite"):
+        text = ddl(dialect)
+        assert text.count("CREATE TABLE") == 2 and text.count("CREATE INDEX") == 2
+        assert "PRIMARY KEY (transaction_id)" in text
+        assert "PRIMARY KEY (consumer_group, message_key)" in text
+        assert all(line == line.rstrip() for line in text.splitlines())
+    with pytest.raises(InvalidArgumentError, match="unknown dialect"):
+        ddl("oracle")
+    printed = CliRunner().invoke(cli, ["db", "ddl", "--dialect", "sqlite"])
+    assert printed.exit_code == 0 and printed.output == ddl("sqlite")
+
+
+def test_bad_arguments_get_typed_errors() -> None:
+    engine = create_engine("sqlite://")
+    with pytest.raises(InvalidArgumentError, match="Engine"):
+        DatabaseTransactionListener("sqlite://")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="check_lock_timeout_ms"):
+        DatabaseTransactionListener(engine, check_lock_timeout_ms=0)
+    with pytest.raises(InvalidArgumentError, match="consumer_group"):
+        IdempotentListener(engine, "", lambda conn, msg: None)
+    with pytest.raises(InvalidArgumentError, match="callable"):
+        DatabaseTransactionListener(engine).execute_local_transaction(
+            MessageExt("t", b"x", msg_id="M"), "not work"
+        )
+    with pytest.raises(InvalidArgumentError, match="transaction_retention_ms"):
+        purge(engine, transaction_retention_ms=-1)
+
+
+def test_purge_refuses_a_transaction_retention_under_the_check_window() -> None:
+    refused = CliRunner().invoke(
+        cli, ["db", "purge", "sqlite://", "--transaction-retention-hours", "1"]
+    )
+    assert refused.exit_code == 2 and "72" in refused.output
