@@ -48,6 +48,7 @@ def coordinator(client_config: ClientConfig) -> Any:
     config = CoordinatorConfig(
         client=client_config, coordinator_id=f"db-{uuid.uuid4().hex[:6]}",
         transaction_partitions=1, transaction_timeout_ms=1000, check_interval_ms=1000,
+        transaction_check_max=60,
     )  # fmt: skip
     with Coordinator(config) as running:
         yield running
@@ -76,7 +77,7 @@ def fail(conn: Connection) -> None:
 
 
 def keys_on(config: ClientConfig, topic: str, count: int) -> list[str]:
-    got = read_messages(config, [topic], max_messages=count, timeout_ms=60_000)
+    got = list(read_messages(config, [topic], max_messages=count, timeout_ms=60_000))
     assert all(m.body == BODY for m in got)
     return sorted(m.keys[0] for m in got)
 
@@ -84,6 +85,7 @@ def keys_on(config: ClientConfig, topic: str, count: int) -> list[str]:
 def test_outcomes_and_check_back_answered_from_the_log(
     client_config: ClientConfig, engine: Engine, coordinator: Any, topic: str
 ) -> None:
+    TopicAdmin(client_config).ensure_topics([TopicSpec(topic, 2)])  # read before it is written
     with TransactionMQProducer(
         f"g-{uuid.uuid4().hex[:6]}", _EndLost(engine), config=client_config
     ) as producer:
