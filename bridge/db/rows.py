@@ -11,7 +11,13 @@ from sqlalchemy import Insert, Select, insert, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from bridge.consumer.model import ConsumeStatus
-from bridge.db.tables import KEY_MAX_CHARS, consumed_message, now_ms, transaction_log
+from bridge.db.tables import (
+    KEY_MAX_CHARS,
+    TEXT_MAX_CHARS,
+    consumed_message,
+    now_ms,
+    transaction_log,
+)
 from bridge.errors import InvalidArgumentError
 from bridge.message import MessageConst, MessageExt
 from bridge.transaction.model import TransactionStatus
@@ -47,8 +53,8 @@ def log_row(msg: MessageExt, state: TransactionStatus) -> Insert:
     return insert(transaction_log).values(
         transaction_id=transaction_id_of(msg),
         producer_group=group if isinstance(group, str) else "",
-        message_id=msg.msg_id,
-        topic=msg.topic,
+        message_id=msg.msg_id[:TEXT_MAX_CHARS],
+        topic=msg.topic[:TEXT_MAX_CHARS],
         state=state.value,
         created_ms=now_ms(),
     )
@@ -114,8 +120,8 @@ def consumed_row(msg: MessageExt, group: str, key: str) -> Insert:
     return insert(consumed_message).values(
         consumer_group=group,
         message_key=key,
-        message_id=msg.msg_id,
-        topic=msg.topic,
+        message_id=msg.msg_id[:TEXT_MAX_CHARS],
+        topic=msg.topic[:TEXT_MAX_CHARS],
         consumed_ms=now_ms(),
     )
 

@@ -41,6 +41,7 @@ from bridge.errors import InvalidArgumentError
 __all__ = [
     "DEFAULT_RETENTION_MS",
     "KEY_MAX_CHARS",
+    "TEXT_MAX_CHARS",
     "ArgumentError",
     "NoSuchModuleError",
     "Purged",
@@ -58,6 +59,9 @@ imports this module only when it runs."""
 
 KEY_MAX_CHARS = 255
 """The longest business key (or message id) the consumed-message table takes, characters."""
+TEXT_MAX_CHARS = 255
+"""The width of the informational ``message_id`` and ``topic`` columns, characters; a longer
+value (an id another Kafka client made up) is stored cut to it."""
 
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 """How long :func:`purge` keeps a row by default, ms (7 days): longer than any half message
@@ -71,8 +75,8 @@ transaction_log = Table(
     metadata,
     Column("transaction_id", String(64), primary_key=True),
     Column("producer_group", String(255), nullable=False),
-    Column("message_id", String(64), nullable=False),
-    Column("topic", String(255), nullable=False),
+    Column("message_id", String(TEXT_MAX_CHARS), nullable=False),
+    Column("topic", String(TEXT_MAX_CHARS), nullable=False),
     Column("state", String(16), nullable=False),
     Column("created_ms", BigInteger, nullable=False),
     Index("ix_bridge_transaction_log_created_ms", "created_ms"),
@@ -83,8 +87,8 @@ consumed_message = Table(
     metadata,
     Column("consumer_group", String(255), primary_key=True),
     Column("message_key", String(KEY_MAX_CHARS), primary_key=True),
-    Column("message_id", String(64), nullable=False),
-    Column("topic", String(255), nullable=False),
+    Column("message_id", String(TEXT_MAX_CHARS), nullable=False),
+    Column("topic", String(TEXT_MAX_CHARS), nullable=False),
     Column("consumed_ms", BigInteger, nullable=False),
     Index("ix_bridge_consumed_message_consumed_ms", "consumed_ms"),
 )

@@ -119,8 +119,9 @@ def test_outcomes_and_check_back_answered_from_the_log(
 
 
 def test_idempotent_consumer_applies_each_message_once(
-    client_config: ClientConfig, engine: Engine, topic: str
+    client_config: ClientConfig, engine: Engine, coordinator: Any, topic: str
 ) -> None:
+    # The coordinator delivers the retry copy (delay level 3, 10 s).
     TopicAdmin(client_config).ensure_topics([TopicSpec(topic, 2)])
     attempts: dict[str, int] = {}
 
