@@ -249,7 +249,10 @@ def test_inbox_failure_rolls_back_the_effect_and_the_row(engine: Engine) -> None
 
 
 def test_inbox_by_business_key_and_a_bad_key(engine: Engine) -> None:
-    listener = IdempotentListener(engine, "inventory", record_effect, key=lambda m: m.keys[0])
+    def record_by_key(conn: Connection, msg: MessageExt) -> None:
+        conn.execute(insert(effects).values(key=msg.keys[0], body=msg.body))
+
+    listener = IdempotentListener(engine, "inventory", record_by_key, key=lambda m: m.keys[0])
     assert listener(consumed("A", b"1", keys="order-9")) is ConsumeStatus.CONSUME_SUCCESS
     assert listener(consumed("B", b"2", keys="order-9")) is ConsumeStatus.CONSUME_SUCCESS
     assert count(engine, effects) == 1
