@@ -23,10 +23,12 @@ from bridge.db.rows import (
     fence_failed,
     group_name,
     is_consumed_row_conflict,
+    is_log_row_conflict,
     lock_timeout,
     log_row,
     logged_state,
     message_key,
+    require_transaction,
     state_of,
     work_failed,
 )
@@ -76,11 +78,14 @@ class AsyncDatabaseTransactionListener(AsyncTransactionListener):
         try:
             try:
                 await conn.begin()
+                require_transaction(msg, (await conn.get_raw_connection()).driver_connection)
                 await conn.execute(log_row(msg, TransactionStatus.COMMIT))
                 await work(conn)
             except Exception as exc:
                 await conn.rollback()
                 work_failed(msg, exc)
+                if is_log_row_conflict(exc):
+                    return TransactionStatus.ROLLBACK  # its own row never went in
                 return await self._fence(conn, msg)
             try:
                 await conn.commit()
@@ -139,6 +144,7 @@ class AsyncIdempotentListener:
         async with self.engine.connect() as conn:
             try:
                 await conn.begin()
+                require_transaction(msg, (await conn.get_raw_connection()).driver_connection)
                 await conn.execute(row)
             except IntegrityError as exc:
                 await conn.rollback()

@@ -22,6 +22,7 @@ from bridge.db.rows import (
     group_name,
     is_consumed_row_conflict,
     message_key,
+    require_transaction,
 )
 from bridge.errors import InvalidArgumentError
 from bridge.message import MessageExt
@@ -71,6 +72,7 @@ class IdempotentListener:
         with self.engine.connect() as conn:
             try:
                 conn.begin()
+                require_transaction(msg, conn.connection.driver_connection)
                 conn.execute(row)
             except IntegrityError as exc:
                 conn.rollback()

@@ -3,6 +3,7 @@ by the threaded and the asyncio listeners (no I/O here)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -34,9 +35,15 @@ DEFAULT_CHECK_LOCK_TIMEOUT_MS = 5_000
 
 def message_key(msg: MessageExt) -> str:
     """The default key: the first message id (``ORIGIN_MESSAGE_ID`` on a retry or DLQ copy),
-    the same for the original, its retry copies and a replay from the DLQ."""
+    the same for the original, its retry copies and a replay from the DLQ. An id longer than
+    the key column (``topic-partition-offset`` of another Kafka client's record on a long
+    topic name, or a long id it made up) is replaced by ``sha256:`` and its digest: cutting
+    it could give two messages one key, and refusing it would dead-letter the message."""
     origin = msg.get_property(MessageConst.ORIGIN_MESSAGE_ID)
-    return origin if isinstance(origin, str) and origin else msg.msg_id
+    key = origin if isinstance(origin, str) and origin else msg.msg_id
+    if len(key) > KEY_MAX_CHARS:
+        return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return key
 
 
 def transaction_id_of(msg: MessageExt) -> str:
@@ -64,6 +71,33 @@ def logged_state(msg: MessageExt) -> Select[Any]:
     return select(transaction_log.c.state).where(
         transaction_log.c.transaction_id == transaction_id_of(msg)
     )
+
+
+def autocommit_problem(driver_connection: object) -> str | None:
+    """Why a database transaction begun on this driver connection would not hold its
+    statements together (each one committed on its own), or None. Looked at after
+    ``begin()``: a log row committed before the work would answer COMMIT for work that
+    failed, and a consumed row committed before the handler would skip a redelivery."""
+    if getattr(driver_connection, "autocommit", False) is True:
+        return "the connection is in autocommit mode (isolation_level='AUTOCOMMIT')"
+    if (
+        getattr(driver_connection, "isolation_level", "") is None
+        and getattr(driver_connection, "in_transaction", True) is False
+    ):
+        return (
+            "the SQLite connection commits each statement (isolation_level='AUTOCOMMIT', or "
+            "the driver's isolation_level=None without a 'begin' event emitting BEGIN)"
+        )
+    return None
+
+
+def require_transaction(msg: MessageExt, driver_connection: object) -> None:
+    """Raise :class:`InvalidArgumentError` when the connection would autocommit."""
+    problem = autocommit_problem(driver_connection)
+    if problem is not None:
+        raise InvalidArgumentError(
+            f"message {msg.msg_id}: the database work needs a transaction, but {problem}"
+        )
 
 
 def state_of(found: str | None) -> TransactionStatus:
@@ -101,11 +135,17 @@ def fence_failed(msg: MessageExt, exc: DBAPIError) -> TransactionStatus:
     return TransactionStatus.UNKNOWN
 
 
+def is_log_row_conflict(exc: BaseException) -> bool:
+    """The local transaction's own log row met a row under its key: a check's fence, or
+    (ids recur only in a process running for months) an older transaction's row."""
+    return isinstance(exc, IntegrityError) and "bridge_transaction_log" in str(exc.statement or "")
+
+
 def work_failed(msg: MessageExt, exc: BaseException) -> None:
     """Log why a local transaction did not commit (a check's fence already in the log is a
     warning, not an error: the transaction was too slow to begin)."""
     tid = transaction_id_of(msg)
-    if isinstance(exc, IntegrityError) and "bridge_transaction_log" in str(exc.statement or ""):
+    if is_log_row_conflict(exc):
         logger.warning("transaction %s: already fenced by a check; rolled back", tid)
     else:
         logger.error("transaction %s: local transaction failed; rolled back", tid, exc_info=exc)

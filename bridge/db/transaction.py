@@ -28,9 +28,11 @@ from bridge.db.rows import (
     DEFAULT_CHECK_LOCK_TIMEOUT_MS,
     check_milliseconds,
     fence_failed,
+    is_log_row_conflict,
     lock_timeout,
     log_row,
     logged_state,
+    require_transaction,
     state_of,
     work_failed,
 )
@@ -85,11 +87,17 @@ class DatabaseTransactionListener(TransactionListener):
         with conn:
             try:
                 conn.begin()
+                require_transaction(msg, conn.connection.driver_connection)
                 conn.execute(log_row(msg, TransactionStatus.COMMIT))
                 work(conn)
             except Exception as exc:
                 conn.rollback()
                 work_failed(msg, exc)
+                if is_log_row_conflict(exc):
+                    # Its own row never went in, so this work never committed, whatever the
+                    # row under its key says (a check's fence: ROLLBACK; a recurring id's
+                    # older transaction: COMMIT, which is not this one's answer).
+                    return TransactionStatus.ROLLBACK
                 # Fenced, not assumed: a work that committed on its own before raising has its
                 # row in the log, and the answer is COMMIT.
                 return self._fence(conn, msg)

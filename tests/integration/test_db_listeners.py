@@ -37,6 +37,7 @@ from bridge.db import (
     transaction_log,
 )
 from bridge.db.aio import AsyncDatabaseTransactionListener, AsyncIdempotentListener
+from bridge.errors import InvalidArgumentError
 from bridge.message import MessageConst, MessageExt
 from bridge.transaction.model import TransactionStatus
 
@@ -353,3 +354,86 @@ def test_integrity_error_of_the_work_is_not_taken_for_a_fence(engine: Engine) ->
     assert listener.execute_local_transaction(msg, add_order("dup")) is (TransactionStatus.ROLLBACK)
     with pytest.raises(IntegrityError), engine.begin() as conn:
         conn.execute(insert(orders).values(id="dup"))
+
+
+def test_own_row_meeting_an_older_row_is_rolled_back_not_committed(engine: Engine) -> None:
+    # Ids recur (the id's time field counts from the start of the month): a log row under
+    # the same key that is not this transaction's says nothing of this one's work.
+    listener = DatabaseTransactionListener(engine)
+    msg = half()
+    assert listener.execute_local_transaction(msg, add_order("o-old")) is TransactionStatus.COMMIT
+    again = listener.execute_local_transaction(msg, add_order("o-new"))
+    assert again is TransactionStatus.ROLLBACK
+    assert count(engine, orders, id="o-new") == 0
+
+
+def test_an_autocommit_engine_is_refused_before_anything_commits(database_url: str) -> None:
+    # Autocommit would commit the log row (or the consumed row) before the work: a work that
+    # then fails would be answered COMMIT, a handler that fails would never run again.
+    engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    try:
+        business.create_all(engine)
+        listener = DatabaseTransactionListener(engine)
+        msg = half()
+
+        def work(conn: Connection) -> None:
+            raise RuntimeError("payment declined")
+
+        assert listener.execute_local_transaction(msg, work) is TransactionStatus.ROLLBACK
+        assert count(engine, transaction_log, state="COMMIT") == 0
+        assert listener.check_local_transaction(msg) is TransactionStatus.ROLLBACK
+
+        def handler(conn: Connection, m: MessageExt) -> None:
+            raise RuntimeError("out of stock")
+
+        inbox = IdempotentListener(engine, "inventory", handler)
+        with pytest.raises(InvalidArgumentError, match="needs a transaction"):
+            inbox(consumed("M-auto", b"x"))
+        assert count(engine, consumed_message) == 0
+    finally:
+        engine.dispose()
+
+
+def test_async_twins_refuse_an_autocommit_engine_and_an_older_row(database_url: str) -> None:
+    async def scenario() -> None:
+        aengine = create_async_engine(_async_url(database_url), isolation_level="AUTOCOMMIT")
+        plain = create_async_engine(_async_url(database_url))
+        try:
+            listener = AsyncDatabaseTransactionListener(aengine)
+            msg = half()
+
+            async def failing(conn: AsyncConnection) -> None:
+                raise RuntimeError("declined")
+
+            assert await listener.execute_local_transaction(msg, failing) is (
+                TransactionStatus.ROLLBACK
+            )
+            assert await listener.check_local_transaction(msg) is TransactionStatus.ROLLBACK
+
+            async def handler(conn: AsyncConnection, m: MessageExt) -> None:
+                raise RuntimeError("out of stock")
+
+            with pytest.raises(InvalidArgumentError, match="needs a transaction"):
+                await AsyncIdempotentListener(aengine, "inventory", handler)(consumed("A", b"x"))
+
+            async def nothing(conn: AsyncConnection) -> None:
+                return None
+
+            again = half()
+            ok = AsyncDatabaseTransactionListener(plain)
+            assert await ok.execute_local_transaction(again, nothing) is TransactionStatus.COMMIT
+            assert await ok.execute_local_transaction(again, failing) is (
+                TransactionStatus.ROLLBACK
+            )
+            assert await ok.execute_local_transaction(again, nothing) is (
+                TransactionStatus.ROLLBACK
+            )
+        finally:
+            await aengine.dispose()
+            await plain.dispose()
+
+    asyncio.run(scenario())
+    with create_engine(database_url).connect() as conn:
+        assert conn.execute(select(func.count()).select_from(consumed_message)).scalar_one() == 0
+        states = conn.execute(select(transaction_log.c.state)).scalars().all()
+    assert sorted(states) == ["COMMIT", "ROLLBACK"]
