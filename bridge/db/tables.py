@@ -41,6 +41,7 @@ from bridge.errors import InvalidArgumentError
 __all__ = [
     "DEFAULT_RETENTION_MS",
     "KEY_MAX_CHARS",
+    "MIN_TRANSACTION_RETENTION_MS",
     "TEXT_MAX_CHARS",
     "ArgumentError",
     "NoSuchModuleError",
@@ -67,6 +68,11 @@ DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 """How long :func:`purge` keeps a row by default, ms (7 days): longer than any half message
 can still be checked (72 h at most, G4), and than the whole retry ladder (about 4 h 46 min
 over 16 retries)."""
+
+MIN_TRANSACTION_RETENTION_MS = 72 * 3600 * 1000
+"""The shortest transaction-log retention :func:`purge` takes, ms (72 h, the coordinator's
+default ``file_reserved_time_ms``): a row purged while its half message can still be checked
+would let the check fence a committed transaction as rolled back."""
 
 metadata = MetaData()
 
@@ -136,9 +142,9 @@ class Purged:
     consumed: int
 
 
-def _retention(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a non-negative int (ms), got {value!r}")
+def _retention(name: str, value: int, least: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise InvalidArgumentError(f"{name} must be an int of at least {least} (ms), got {value!r}")
     return value
 
 
@@ -152,11 +158,15 @@ def purge(
     rows older than ``consumed_retention_ms`` (ms, default 7 days), in one database
     transaction.
 
-    Keep ``transaction_retention_ms`` above the longest a half message can wait for checks
-    (72 h): a check that finds no row fences the transaction as rolled back. A message
+    ``transaction_retention_ms`` under :data:`MIN_TRANSACTION_RETENTION_MS` (72 h, the longest
+    a half message waits for checks with the coordinator's defaults) raises
+    :class:`InvalidArgumentError`: a check that finds no row fences the transaction as rolled
+    back (keep it above a longer ``file_reserved_time_ms`` of your own too). A message
     redelivered after its consumed row is gone (a DLQ replay weeks later, say) is handled
     again."""
-    tx_keep = _retention("transaction_retention_ms", transaction_retention_ms)
+    tx_keep = _retention(
+        "transaction_retention_ms", transaction_retention_ms, MIN_TRANSACTION_RETENTION_MS
+    )
     consumed_keep = _retention("consumed_retention_ms", consumed_retention_ms)
     now = now_ms()
     with engine.begin() as conn:

@@ -24,12 +24,14 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    update,
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from bridge.consumer.model import ConsumeStatus
 from bridge.db import (
+    DEFAULT_RETENTION_MS,
     DatabaseTransactionListener,
     IdempotentListener,
     consumed_message,
@@ -37,6 +39,7 @@ from bridge.db import (
     transaction_log,
 )
 from bridge.db.aio import AsyncDatabaseTransactionListener, AsyncIdempotentListener
+from bridge.db.tables import now_ms
 from bridge.errors import InvalidArgumentError
 from bridge.message import MessageConst, MessageExt
 from bridge.transaction.model import TransactionStatus
@@ -296,10 +299,15 @@ def test_purge_keeps_recent_rows(engine: Engine) -> None:
     IdempotentListener(engine, "g", record_effect)(consumed("M5", b"x"))
     kept = purge(engine)
     assert (kept.transactions, kept.consumed) == (0, 0)
-    gone = purge(engine, transaction_retention_ms=0, consumed_retention_ms=0)
-    # created in the past millisecond or earlier: "older than 0 ms" may still hold them
-    assert gone.transactions + count(engine, transaction_log) == 1
-    assert gone.consumed + count(engine, consumed_message) == 1
+    week_ago = now_ms() - DEFAULT_RETENTION_MS - 1
+    with engine.begin() as conn:
+        conn.execute(update(transaction_log).values(created_ms=week_ago))
+        conn.execute(update(consumed_message).values(consumed_ms=week_ago))
+    listener.execute_local_transaction(half(), add_order("o-7"))  # recent: kept
+    gone = purge(engine)
+    assert (gone.transactions, gone.consumed) == (1, 1)
+    assert count(engine, transaction_log) == 1
+    assert count(engine, consumed_message) == 0
 
 
 def _async_url(url: str) -> str:

@@ -64,6 +64,10 @@ def test_bad_arguments_get_typed_errors() -> None:
         )
     with pytest.raises(InvalidArgumentError, match="transaction_retention_ms"):
         purge(engine, transaction_retention_ms=-1)
+    # Hours given as ms, say: every log row older than 72 ms would go, and a check of a
+    # committed transaction whose END was lost would then fence it as rolled back.
+    with pytest.raises(InvalidArgumentError, match="transaction_retention_ms"):
+        purge(engine, transaction_retention_ms=72)
 
 
 def test_purge_refuses_a_transaction_retention_under_the_check_window() -> None:
