@@ -32,6 +32,13 @@ def _engine(url: str) -> Any:
         raise click.ClickException(f"cannot use database URL: {exc}") from exc
 
 
+def _unusable(url: Any, exc: Exception) -> click.ClickException:
+    """The database at ``url`` refused the command (unreachable, no such file, no tables)."""
+    cause = getattr(exc, "orig", None) or exc
+    where = url.render_as_string(hide_password=True)
+    return click.ClickException(f"database {where}: {type(cause).__name__}: {cause}")
+
+
 @click.group()
 def db() -> None:
     """Create, print and clean the transaction-log and consumed-message tables."""
@@ -45,6 +52,8 @@ def db_init(url: str) -> None:
     engine = _engine(url)
     try:
         _tables().create_tables(engine)
+    except _tables().DBAPIError as exc:
+        raise _unusable(engine.url, exc) from exc
     finally:
         engine.dispose()
     click.echo(f"tables ready in {engine.url.render_as_string(hide_password=True)}")
@@ -87,6 +96,8 @@ def db_purge(url: str, transaction_retention_hours: float, consumed_retention_ho
             transaction_retention_ms=int(transaction_retention_hours * _HOUR_MS),
             consumed_retention_ms=int(consumed_retention_hours * _HOUR_MS),
         )
+    except _tables().DBAPIError as exc:
+        raise _unusable(engine.url, exc) from exc
     finally:
         engine.dispose()
     click.echo(f"deleted {done.transactions} transaction-log rows, {done.consumed} consumed rows")

@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from bridge.errors import InvalidArgumentError
@@ -44,6 +44,7 @@ __all__ = [
     "MIN_TRANSACTION_RETENTION_MS",
     "TEXT_MAX_CHARS",
     "ArgumentError",
+    "DBAPIError",
     "NoSuchModuleError",
     "Purged",
     "consumed_message",
@@ -55,8 +56,8 @@ __all__ = [
     "purge",
     "transaction_log",
 ]
-"""``create_engine`` and SQLAlchemy's URL errors are re-exported for ``bridge db``, which
-imports this module only when it runs."""
+"""``create_engine``, SQLAlchemy's URL errors and its database error are re-exported for
+``bridge db``, which imports this module only when it runs."""
 
 KEY_MAX_CHARS = 255
 """The longest business key (or message id) the consumed-message table takes, characters."""

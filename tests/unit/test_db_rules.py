@@ -3,6 +3,8 @@ and the arguments refused with a typed error."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 from hypothesis import given
@@ -88,3 +90,14 @@ def test_a_long_default_key_is_digested_not_cut_nor_refused(a: str, b: str) -> N
     assert 0 < len(key_a) <= 255
     consumed_row(MessageExt("t", b"x", msg_id=long_a), "g", key_a)  # taken by the table
     assert (key_a == key_b) is (a == b)
+
+
+def test_a_database_that_cannot_be_used_is_named_not_a_traceback(tmp_path: Path) -> None:
+    runner = CliRunner()
+    missing_dir = f"sqlite:///{tmp_path}/no/such/dir/x.db"
+    refused = runner.invoke(cli, ["db", "init", missing_dir])
+    assert refused.exit_code == 1 and isinstance(refused.exception, SystemExit), refused.output
+    assert "unable to open database file" in refused.output
+    no_tables = runner.invoke(cli, ["db", "purge", f"sqlite:///{tmp_path}/empty.db"])
+    assert no_tables.exit_code == 1 and isinstance(no_tables.exception, SystemExit)
+    assert "bridge_transaction_log" in no_tables.output  # no such table, by name
