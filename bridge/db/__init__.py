@@ -21,6 +21,14 @@ handles each consumed message once, recording it in the same database transactio
 handler's work. :mod:`bridge.db.aio` has the asyncio twins. See ``docs/database.md``.
 """
 
+try:
+    import sqlalchemy  # noqa: F401 - the extra's dependency, named in the error below
+except ImportError as exc:
+    raise ModuleNotFoundError(
+        "bridge.db needs the db extra: pip install 'rocketmq-kafka-bridge[db]' (SQLAlchemy 2)",
+        name=exc.name,
+    ) from exc
+
 from bridge.db.inbox import Handler, IdempotentListener
 from bridge.db.rows import message_key
 from bridge.db.tables import (

@@ -3,6 +3,8 @@ and the arguments refused with a typed error."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,16 @@ def test_a_database_that_cannot_be_used_is_named_not_a_traceback(tmp_path: Path)
     no_tables = runner.invoke(cli, ["db", "purge", f"sqlite:///{tmp_path}/empty.db"])
     assert no_tables.exit_code == 1 and isinstance(no_tables.exception, SystemExit)
     assert "bridge_transaction_log" in no_tables.output  # no such table, by name
+
+
+def test_importing_bridge_db_without_the_extra_names_it() -> None:
+    # SQLAlchemy is the db extra's: without it, the error says what to install.
+    code = (
+        "import sys; sys.modules['sqlalchemy'] = None\n"
+        "try:\n    import bridge.db\n"
+        "except ModuleNotFoundError as exc:\n    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert "pip install 'rocketmq-kafka-bridge[db]'" in out
