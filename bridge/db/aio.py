@@ -20,6 +20,7 @@ from bridge.db.rows import (
     check_milliseconds,
     consume_status,
     consumed_row,
+    ended_by_user,
     fence_failed,
     group_name,
     is_consumed_row_conflict,
@@ -77,10 +78,12 @@ class AsyncDatabaseTransactionListener(AsyncTransactionListener):
             return TransactionStatus.ROLLBACK
         try:
             try:
-                await conn.begin()
+                ours = await conn.begin()
                 require_transaction(msg, (await conn.get_raw_connection()).driver_connection)
                 await conn.execute(log_row(msg, TransactionStatus.COMMIT))
                 await work(conn)
+                if not ours.is_active:
+                    raise ended_by_user(msg, "work")
             except Exception as exc:
                 await conn.rollback()
                 work_failed(msg, exc)
@@ -143,7 +146,7 @@ class AsyncIdempotentListener:
         row = consumed_row(msg, self.consumer_group, self.key(msg))
         async with self.engine.connect() as conn:
             try:
-                await conn.begin()
+                ours = await conn.begin()
                 require_transaction(msg, (await conn.get_raw_connection()).driver_connection)
                 await conn.execute(row)
             except IntegrityError as exc:
@@ -157,6 +160,9 @@ class AsyncIdempotentListener:
             except BaseException:
                 await conn.rollback()
                 raise
+            if not ours.is_active:
+                await conn.rollback()
+                raise ended_by_user(msg, "handler")
             if status is ConsumeStatus.CONSUME_SUCCESS:
                 await conn.commit()
             else:

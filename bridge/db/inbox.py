@@ -19,6 +19,7 @@ from bridge.db.rows import (
     MessageKey,
     consume_status,
     consumed_row,
+    ended_by_user,
     group_name,
     is_consumed_row_conflict,
     message_key,
@@ -71,7 +72,7 @@ class IdempotentListener:
         row = consumed_row(msg, self.consumer_group, self.key(msg))
         with self.engine.connect() as conn:
             try:
-                conn.begin()
+                ours = conn.begin()
                 require_transaction(msg, conn.connection.driver_connection)
                 conn.execute(row)
             except IntegrityError as exc:
@@ -85,6 +86,11 @@ class IdempotentListener:
             except Exception:
                 conn.rollback()
                 raise  # the consumer logs it and sends the message back
+            if not ours.is_active:
+                # The handler committed or rolled back by itself: what it wrote since is rolled
+                # back, and the message retried (a copy finds the row if it was committed).
+                conn.rollback()
+                raise ended_by_user(msg, "handler")
             if status is ConsumeStatus.CONSUME_SUCCESS:
                 conn.commit()
             else:

@@ -151,6 +151,15 @@ def work_failed(msg: MessageExt, exc: BaseException) -> None:
         logger.error("transaction %s: local transaction failed; rolled back", tid, exc_info=exc)
 
 
+def ended_by_user(msg: MessageExt, what: str) -> InvalidArgumentError:
+    """The error of a work or handler that committed or rolled back the database transaction
+    itself: what it wrote after that is rolled back, and the answer comes from the tables."""
+    return InvalidArgumentError(
+        f"message {msg.msg_id}: the {what} ended the database transaction itself (commit or "
+        "rollback); it must raise (or return RECONSUME_LATER) instead, the bridge commits"
+    )
+
+
 def consumed_row(msg: MessageExt, group: str, key: str) -> Insert:
     if not isinstance(key, str) or not key or len(key) > KEY_MAX_CHARS:
         raise InvalidArgumentError(

@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from bridge.db.rows import (
     DEFAULT_CHECK_LOCK_TIMEOUT_MS,
     check_milliseconds,
+    ended_by_user,
     fence_failed,
     is_log_row_conflict,
     lock_timeout,
@@ -86,10 +87,15 @@ class DatabaseTransactionListener(TransactionListener):
             return TransactionStatus.ROLLBACK  # nothing began: nothing can commit
         with conn:
             try:
-                conn.begin()
+                ours = conn.begin()
                 require_transaction(msg, conn.connection.driver_connection)
                 conn.execute(log_row(msg, TransactionStatus.COMMIT))
                 work(conn)
+                if not ours.is_active:
+                    # The work committed or rolled back by itself: committing now would answer
+                    # COMMIT whether or not the row went in. Whatever it wrote since is
+                    # rolled back, and the log answers (the fence below).
+                    raise ended_by_user(msg, "work")
             except Exception as exc:
                 conn.rollback()
                 work_failed(msg, exc)

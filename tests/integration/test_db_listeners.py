@@ -445,3 +445,75 @@ def test_async_twins_refuse_an_autocommit_engine_and_an_older_row(database_url: 
         assert conn.execute(select(func.count()).select_from(consumed_message)).scalar_one() == 0
         states = conn.execute(select(transaction_log.c.state)).scalars().all()
     assert sorted(states) == ["COMMIT", "ROLLBACK"]
+
+
+def test_work_or_handler_ending_the_transaction_itself_is_answered_from_the_log(
+    engine: Engine,
+) -> None:
+    # A work that rolls back and returns (giving up without raising) was answered COMMIT:
+    # the message delivered with neither the order row nor a log row.
+    listener = DatabaseTransactionListener(engine)
+    gave_up, wrote_after = half(), half()
+
+    def give_up(conn: Connection) -> None:
+        conn.execute(insert(orders).values(id="o-8"))
+        conn.rollback()
+
+    def write_after_rollback(conn: Connection) -> None:
+        conn.rollback()
+        conn.execute(insert(orders).values(id="o-9"))
+
+    assert listener.execute_local_transaction(gave_up, give_up) is TransactionStatus.ROLLBACK
+    assert listener.execute_local_transaction(wrote_after, write_after_rollback) is (
+        TransactionStatus.ROLLBACK
+    )
+    assert count(engine, orders) == 0
+    assert listener.check_local_transaction(wrote_after) is TransactionStatus.ROLLBACK
+
+    calls: list[str] = []
+
+    def handler(conn: Connection, msg: MessageExt) -> None:
+        calls.append(msg.msg_id)
+        record_effect(conn, msg)
+        if len(calls) == 1:
+            conn.rollback()  # the first time only
+
+    inbox = IdempotentListener(engine, "inventory", handler)
+    with pytest.raises(InvalidArgumentError, match="ended the database transaction"):
+        inbox(consumed("M9", b"x"))
+    assert count(engine, consumed_message) == 0
+    assert inbox(consumed("M9", b"x")) is ConsumeStatus.CONSUME_SUCCESS  # the retry runs it
+    assert calls == ["M9", "M9"]
+    assert count(engine, effects) == 1
+
+
+def test_async_twins_answer_from_the_log_when_the_work_ends_the_transaction(
+    database_url: str, engine: Engine
+) -> None:
+    async def scenario() -> None:
+        aengine = create_async_engine(_async_url(database_url))
+        try:
+            msg = half()
+
+            async def give_up(conn: AsyncConnection) -> None:
+                await conn.execute(insert(orders).values(id="a-9"))
+                await conn.rollback()
+
+            listener = AsyncDatabaseTransactionListener(aengine)
+            assert await listener.execute_local_transaction(msg, give_up) is (
+                TransactionStatus.ROLLBACK
+            )
+
+            async def handler(conn: AsyncConnection, m: MessageExt) -> None:
+                await conn.execute(insert(effects).values(key=m.msg_id, body=m.body))
+                await conn.rollback()
+
+            with pytest.raises(InvalidArgumentError, match="ended the database transaction"):
+                await AsyncIdempotentListener(aengine, "inventory", handler)(consumed("A9", b"x"))
+        finally:
+            await aengine.dispose()
+
+    asyncio.run(scenario())
+    assert count(engine, orders) == 0
+    assert count(engine, transaction_log, state="COMMIT") == 0
+    assert count(engine, consumed_message) == 0
