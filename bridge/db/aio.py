@@ -29,6 +29,7 @@ from bridge.db.rows import (
     log_row,
     logged_state,
     message_key,
+    require_shared_database,
     require_transaction,
     state_of,
     work_failed,
@@ -48,6 +49,7 @@ def _engine(engine: object) -> AsyncEngine:
         raise InvalidArgumentError(
             f"engine must be a sqlalchemy AsyncEngine, got {type(engine).__name__}"
         )
+    require_shared_database(engine.url)
     return engine
 
 

@@ -23,6 +23,7 @@ from bridge.db.rows import (
     group_name,
     is_consumed_row_conflict,
     message_key,
+    require_shared_database,
     require_transaction,
 )
 from bridge.errors import InvalidArgumentError
@@ -63,6 +64,7 @@ class IdempotentListener:
             )
         if not callable(handler) or not callable(key):
             raise InvalidArgumentError("handler and key must be callables")
+        require_shared_database(engine.url)
         self.engine = engine
         self.consumer_group = group_name(consumer_group)
         self.handler = handler

@@ -118,6 +118,19 @@ def lock_timeout(dialect: str, timeout_ms: int) -> Any | None:
     return None
 
 
+def require_shared_database(url: Any) -> None:
+    """Refuse an in-memory SQLite database: each connection (each thread, under SQLAlchemy's
+    pool for it) has one of its own, so a check or another consumer thread would find neither
+    the tables nor the rows the local transaction wrote."""
+    if url.get_backend_name() == "sqlite" and (
+        url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+    ):
+        raise InvalidArgumentError(
+            f"{url}: an in-memory SQLite database is private to each connection; use a file "
+            "(sqlite:///path.db)"
+        )
+
+
 def check_milliseconds(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgumentError(f"{name} must be a positive int (ms), got {value!r}")

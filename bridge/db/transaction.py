@@ -33,6 +33,7 @@ from bridge.db.rows import (
     lock_timeout,
     log_row,
     logged_state,
+    require_shared_database,
     require_transaction,
     state_of,
     work_failed,
@@ -68,6 +69,7 @@ class DatabaseTransactionListener(TransactionListener):
             raise InvalidArgumentError(
                 f"engine must be a sqlalchemy Engine, got {type(engine).__name__}"
             )
+        require_shared_database(engine.url)
         self.engine = engine
         self.check_lock_timeout_ms = check_milliseconds(
             "check_lock_timeout_ms", check_lock_timeout_ms

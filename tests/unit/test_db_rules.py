@@ -54,8 +54,8 @@ def test_ddl_for_both_dialects_has_both_tables_and_their_indexes() -> None:
     assert printed.exit_code == 0 and printed.output == ddl("sqlite")
 
 
-def test_bad_arguments_get_typed_errors() -> None:
-    engine = create_engine("sqlite://")
+def test_bad_arguments_get_typed_errors(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path}/db.sqlite")
     with pytest.raises(InvalidArgumentError, match="Engine"):
         DatabaseTransactionListener("sqlite://")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="check_lock_timeout_ms"):
@@ -116,3 +116,13 @@ def test_importing_bridge_db_without_the_extra_names_it() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert "pip install 'rocketmq-kafka-bridge[db]'" in out
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_sqlite_database_is_refused(url: str) -> None:
+    # Each connection has its own: the check thread would never see the local transaction's row.
+    engine = create_engine(url)
+    with pytest.raises(InvalidArgumentError, match="in-memory"):
+        DatabaseTransactionListener(engine)
+    with pytest.raises(InvalidArgumentError, match="in-memory"):
+        IdempotentListener(engine, "g", lambda conn, msg: None)
