@@ -1,5 +1,5 @@
 """Run the benchmarks: ``python -m bench [producer] [transactions] [delays] [consumer] [aio]
-[spark]`` (all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker);
+[db] [spark]`` (all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker);
 ``python -m bench storm`` measures a storm of checks (a few minutes: only when asked);
 ``python -m bench rocketmq`` runs the same benchmarks against Apache RocketMQ and the bridge
 side by side."""
@@ -13,6 +13,7 @@ from bench import (
     aio,
     check_storm,
     consumer,
+    db,
     delays,
     producer,
     rocketmq,
@@ -39,6 +40,8 @@ def main() -> None:
             consumer.run(bootstrap)
         if not only or "aio" in only:
             aio.run(bootstrap)
+        if not only or "db" in only:
+            db.run(bootstrap)
         if not only or "spark" in only:
             spark_ingest.run(bootstrap)
         if "storm" in only:  # only when asked: 20,000 transactions checked at once

@@ -25,6 +25,7 @@ from bridge import __version__
 from bridge.cli_broker import DEFAULT_LOCAL_PORT, broker, local_broker
 from bridge.cli_common import bootstrap_option, client_config, console, stop_on_signals
 from bridge.cli_coordinator import coordinator, health
+from bridge.cli_db import db
 from bridge.cli_operators import delays, dlq, quarantine_list, transactions
 from bridge.cli_output import LOG_FORMATS, UnreachableError, configure_logging, progress
 from bridge.cli_security import acls
@@ -202,6 +203,7 @@ for _group in (
     dlq,
     quarantine_list,
     acls,
+    db,
 ):
     cli.add_command(_group)
 

@@ -30,6 +30,7 @@ import pytest
 
 from bridge.config import ClientConfig
 from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig, free_port
+from tests.db_fixtures import database_url, db_engine, postgres_server  # noqa: F401
 
 logger = logging.getLogger(__name__)
 

@@ -52,6 +52,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("clients", ("bridge.client",)),
     ("services", ("bridge.consumer", "bridge.delay", "bridge.transaction")),
     ("coordinator and asyncio clients", ("bridge.coordinator", "bridge.aio")),
+    # The database in the loop: listeners for the producer and consumer clients, threaded and
+    # asyncio (SQLAlchemy, an optional extra: the entry points import it only when called).
+    ("database in the loop", ("bridge.db",)),
     (
         "entry points",
         (
@@ -63,6 +66,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.cli_security",
             "bridge.cli_topics",
             "bridge.cli_operators",
+            "bridge.cli_db",
             "bridge",
         ),
     ),
