@@ -3,9 +3,9 @@
 Each record is handled on its own: a record Kafka reports an error for is logged, one that
 cannot be decoded (a header name that is not UTF-8, a malformed retry record) is held under a
 placeholder to be quarantined, one the subscription's filter does not take (its tag, or its
-SQL92 expression on the properties) is skipped, and a
-partition that holds all it may (``pull_threshold_for_queue``, ``pull_threshold_size_for_queue``)
-takes no more of the poll: it is sought back, and Kafka brings the rest again once it resumes.
+SQL92 expression on the properties) is skipped, and a partition that holds all it may
+(``pull_threshold_for_queue``, ``pull_threshold_size_for_queue``) takes no more of the poll: it
+is sought back, and Kafka brings the rest again once it resumes.
 """
 
 from __future__ import annotations

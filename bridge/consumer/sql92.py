@@ -626,7 +626,7 @@ def _compile(node: _Node) -> Eval:  # noqa: PLR0911 - one case per node type
         read = _property(node.operand.name)
         return lambda props: None if read(props) is None else False
     if isinstance(node, _Logic):
-        return (_and if node.is_and else _or)(_compile(node.left), _compile(node.right))
+        return _logic(_compile(node.left), _compile(node.right), decisive=not node.is_and)
     if isinstance(node, _Equal):
         return _equal(_compile(node.left), _compile(node.right))
     if isinstance(node, _Order):
@@ -656,28 +656,18 @@ def _not(operand: Eval) -> Eval:
     return evaluate
 
 
-def _and(left: Eval, right: Eval) -> Eval:
+def _logic(left: Eval, right: Eval, decisive: bool) -> Eval:
+    """AND (``decisive`` FALSE) or OR (TRUE): the decisive value of either side decides, the
+    left first (the right is then not evaluated); else null if a side is null."""
+
     def evaluate(props: PropertyLookup) -> Value:
         lv = left(props)
-        if lv is False:
-            return False
+        if lv is decisive:
+            return decisive
         rv = right(props)
-        if rv is False:
-            return False
-        return None if lv is None or rv is None else True
-
-    return evaluate
-
-
-def _or(left: Eval, right: Eval) -> Eval:
-    def evaluate(props: PropertyLookup) -> Value:
-        lv = left(props)
-        if lv is True:
-            return True
-        rv = right(props)
-        if rv is True:
-            return True
-        return None if lv is None or rv is None else False
+        if rv is decisive:
+            return decisive
+        return None if lv is None or rv is None else not decisive
 
     return evaluate
 

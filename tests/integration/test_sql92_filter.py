@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from confluent_kafka import Consumer as RawConsumer
@@ -32,6 +31,7 @@ from bridge import (
 )
 from bridge.kafka.admin import TopicAdmin
 from tests.conftest import wait_until
+from tests.integration.test_consumer import start_consumer as start
 from tests.integration.test_consumer_isolation import produce_with_raw_header_names
 from topics.catalog import TopicSpec
 
@@ -89,28 +89,6 @@ def send_all(config: ClientConfig, topic: str) -> None:
     with Producer("sql92_pg", config=config) as producer:
         for i, (body, tag, props) in enumerate(SENT):
             producer.send_sync(Message(topic, body, tags=tag, keys=f"k{i}", properties=props))
-
-
-def start(
-    made: list[PushConsumer],
-    config: ClientConfig,
-    group: str,
-    topic: str,
-    listener: Callable[[MessageExt], ConsumeStatus],
-    expression: str | FilterExpression,
-    **options: Any,
-) -> PushConsumer:
-    consumer = PushConsumer(
-        group,
-        config=config,
-        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-        persist_consumer_offset_interval_ms=200,
-        **options,
-    )
-    consumer.subscribe(topic, listener, expression)
-    consumer.start()
-    made.append(consumer)
-    return consumer
 
 
 def committed_total(config: ClientConfig, group: str, topic: str, partitions: int = 2) -> int:
