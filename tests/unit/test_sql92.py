@@ -657,7 +657,13 @@ def _reference(tree: tuple[Any, ...], props: dict[str, str | bytes]) -> bool | N
     return None if value is None else value[1]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(tree=CONDITIONS, maps=st.lists(PROPERTY_MAPS, min_size=1, max_size=4))
 def test_the_module_agrees_with_the_reference_evaluator(
     tree: tuple[Any, ...], maps: list[dict[str, str | bytes]]
@@ -684,7 +690,7 @@ WORDS = [
 """Pieces of expressions, for random text that gets further than the first token."""
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
 @given(
     text=st.one_of(
         st.text(max_size=30),
