@@ -231,9 +231,12 @@ class _BooleanCast(_Node):
 
 @dataclass(frozen=True, slots=True)
 class _Logic(_Node):
+    """AND or OR of two or more conditions: a chain ``a OR b OR c`` is one node, evaluated
+    left to right as RocketMQ's left-nested pairs are, so that a long list of alternatives
+    nests no deeper than two."""
+
     is_and: bool
-    left: _Node
-    right: _Node
+    operands: tuple[_Node, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +250,19 @@ class _Order(_Node):
     operator: str
     left: _Node
     right: _Node
+
+
+@dataclass(frozen=True, slots=True)
+class _Between(_Node):
+    """``value [NOT] BETWEEN low AND high``: RocketMQ's ``(value >= low) AND (value <= high)``,
+    or ``(value < low) OR (value > high)``, with ``value`` evaluated once rather than once per
+    comparison (it is the same text, and evaluating it again gives the same result): shared,
+    a value holding another BETWEEN would double the work at each level."""
+
+    value: _Node
+    low: _Node
+    high: _Node
+    negated: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +280,41 @@ class _StringTest(_Node):
     negated: bool
 
 
-_BOOLEAN_NODES: Final = (_Not, _BooleanCast, _Logic, _Equal, _Order, _In, _StringTest)
+_BOOLEAN_NODES: Final = (_Not, _BooleanCast, _Logic, _Equal, _Order, _Between, _In, _StringTest)
+
+
+def _children(node: _Node) -> tuple[_Node, ...]:
+    if isinstance(node, _Logic):
+        return node.operands
+    if isinstance(node, _Equal | _Order):
+        return (node.left, node.right)
+    if isinstance(node, _Between):
+        return (node.value, node.low, node.high)
+    if isinstance(node, _Negate | _Not | _BooleanCast | _In | _StringTest):
+        return (node.operand,)
+    return ()
+
+
+_MAX_NESTING: Final = 64
+"""Parentheses, NOT and signs nested in one another, at most: the parser recurses once per
+level (RocketMQ's, in Java, turns the stack overflow of a much deeper one into an invalid
+expression; Python's stack is shorter, so the limit is explicit and an error names it)."""
+_MAX_DEPTH: Final = 128
+"""Levels of the syntax tree, at most: building the filter and evaluating it recurse once per
+level. Chains of AND and OR are one level each (:class:`_Logic`); chains such as
+``a IS NULL IS NULL ...`` or ``a = 1 = TRUE = ...`` add one level per operator."""
+
+
+def _too_deep(root: _Node) -> _Node | None:
+    """The first node found deeper than :data:`_MAX_DEPTH` in ``root``'s tree (walked
+    without recursion), or None."""
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            return node
+        stack.extend((child, depth + 1) for child in _children(node))
+    return None
 
 
 def _is_boolean(node: _Node) -> bool:
@@ -365,6 +415,8 @@ class _Parser:
         self.expression = expression
         self.tokens = _tokens(expression)
         self.index = 0
+        self.nesting = 0
+        """How many :meth:`unary` calls are open (each nesting level opens one)."""
 
     # --- helpers
     @property
@@ -412,23 +464,32 @@ class _Parser:
                 "the end of the expression, AND, OR or a comparison (RocketMQ would ignore "
                 "the rest; refused so that it cannot change the meaning unseen)"
             )
+        deepest = _too_deep(node)
+        if deepest is not None:
+            raise self.refuse(deepest, f"an expression nested at most {_MAX_DEPTH} operators deep")
         return node
 
     def disjunction(self) -> _Node:
-        left = self.conjunction()
-        while self._is("OR"):
-            op = self._advance()
-            right = self.conjunction()
-            left = _Logic(op.position, op.text, False, self.condition(left), self.condition(right))
-        return left
+        return self._chain("OR", self.conjunction)
 
     def conjunction(self) -> _Node:
-        left = self.equality()
-        while self._is("AND"):
-            op = self._advance()
-            right = self.equality()
-            left = _Logic(op.position, op.text, True, self.condition(left), self.condition(right))
-        return left
+        return self._chain("AND", self.equality)
+
+    def _chain(self, keyword: str, operand: Callable[[], _Node]) -> _Node:
+        """``operand (keyword operand)*`` as one :class:`_Logic`; each side is checked to be a
+        condition once the operand after it is read, in the order RocketMQ's parser checks."""
+        left = operand()
+        if not self._is(keyword):
+            return left
+        op = self.token
+        operands: list[_Node] = []
+        while self._is(keyword):
+            self._advance()
+            right = operand()
+            if not operands:
+                operands.append(self.condition(left))
+            operands.append(self.condition(right))
+        return _Logic(op.position, op.text, keyword == "AND", tuple(operands))
 
     def equality(self) -> _Node:
         left = self.comparison()
@@ -522,10 +583,10 @@ class _Parser:
     ) -> _Node:
         if negated:  # (value < low) OR (value > high), with no check of the bounds
             what = "NOT BETWEEN"
-            below = _Order(token.position, "<", "<", self._check_ordered(value, what),
-                           self._check_ordered(low, what))  # fmt: skip
-            above = _Order(token.position, ">", ">", value, self._check_ordered(high, what))
-            return _Logic(token.position, "OR", False, below, above)
+            self._check_ordered(value, what)
+            self._check_ordered(low, what)
+            self._check_ordered(high, what)
+            return _Between(token.position, token.text, value, low, high, negated)
         if isinstance(low, _Constant) and isinstance(high, _Constant):
             if low.value is None or high.value is None:
                 raise self.refuse(low if low.value is None else high, "BETWEEN bounds, not NULL")
@@ -537,10 +598,10 @@ class _Parser:
                 raise self.refuse(
                     high, f"an upper bound of BETWEEN comparable with {low.text} and not below it"
                 )
-        at_least = _Order(token.position, ">=", ">=", self._check_ordered(value, "BETWEEN"),
-                          self._check_ordered(low, "BETWEEN"))  # fmt: skip
-        at_most = _Order(token.position, "<=", "<=", value, self._check_ordered(high, "BETWEEN"))
-        return _Logic(token.position, "AND", True, at_least, at_most)
+        self._check_ordered(value, "BETWEEN")
+        self._check_ordered(low, "BETWEEN")
+        self._check_ordered(high, "BETWEEN")
+        return _Between(token.position, token.text, value, low, high, negated)
 
     def _string(self, expected: str) -> str:
         token = self.token
@@ -550,6 +611,17 @@ class _Parser:
         return token.text[1:-1].replace("''", "'")
 
     def unary(self) -> _Node:
+        if self.nesting >= _MAX_NESTING:
+            raise self.error(
+                f"an expression nested at most {_MAX_NESTING} deep in parentheses, NOT and signs"
+            )
+        self.nesting += 1
+        try:
+            return self._unary()
+        finally:
+            self.nesting -= 1
+
+    def _unary(self) -> _Node:
         token = self.token
         if self._is("+"):
             self._advance()
@@ -588,7 +660,10 @@ class _Parser:
         raise self.error("a property, a constant, NOT, - or (")
 
     def _decimal(self, token: _Token) -> int:
-        value = int(token.text.rstrip("lL"))
+        digits = token.text.rstrip("lL")
+        # No leading zeros (the lexer reads "007" as three tokens), so the length says it all;
+        # int() would refuse past 4,300 digits with a ValueError.
+        value = int(digits) if len(digits) <= len(str(_INT64)) else _INT64
         if value >= _INT64:
             raise self.error("an integer below 2^63 (RocketMQ's Long)", token)
         return value if value < _INT32 else _Long(value)
@@ -626,11 +701,13 @@ def _compile(node: _Node) -> Eval:  # noqa: PLR0911 - one case per node type
         read = _property(node.operand.name)
         return lambda props: None if read(props) is None else False
     if isinstance(node, _Logic):
-        return _logic(_compile(node.left), _compile(node.right), decisive=not node.is_and)
+        return _logic(tuple(map(_compile, node.operands)), decisive=not node.is_and)
     if isinstance(node, _Equal):
         return _equal(_compile(node.left), _compile(node.right))
     if isinstance(node, _Order):
         return _order(node.operator, _compile(node.left), _compile(node.right))
+    if isinstance(node, _Between):
+        return _between(_compile(node.value), _compile(node.low), _compile(node.high), node.negated)
     if isinstance(node, _In):
         return _in(_property(node.operand.name), node.values, node.negated)
     if isinstance(node, _StringTest):
@@ -656,18 +733,22 @@ def _not(operand: Eval) -> Eval:
     return evaluate
 
 
-def _logic(left: Eval, right: Eval, decisive: bool) -> Eval:
-    """AND (``decisive`` FALSE) or OR (TRUE): the decisive value of either side decides, the
-    left first (the right is then not evaluated); else null if a side is null."""
+def _logic(operands: tuple[Eval, ...], decisive: bool) -> Eval:
+    """AND (``decisive`` FALSE) or OR (TRUE) of ``operands``, as RocketMQ's left-nested pairs
+    ``((a OR b) OR c)`` evaluate: the decisive value decides at once (what follows is not
+    evaluated); else null if an operand so far is null."""
+    first, rest = operands[0], operands[1:]
 
     def evaluate(props: PropertyLookup) -> Value:
-        lv = left(props)
-        if lv is decisive:
-            return decisive
-        rv = right(props)
-        if rv is decisive:
-            return decisive
-        return None if lv is None or rv is None else not decisive
+        value = first(props)
+        for operand in rest:
+            if value is decisive:
+                return decisive
+            current = operand(props)
+            if current is decisive:
+                return decisive
+            value = None if value is None or current is None else not decisive
+        return value
 
     return evaluate
 
@@ -703,9 +784,40 @@ def _order(operator: str, left: Eval, right: Eval) -> Eval:
         rv = right(props)
         if rv is None:
             return None
-        if type(lv) is str and type(rv) is str:  # two properties: compared as numbers
-            return holds(_compare_doubles(_java_double(lv), _java_double(rv)))
-        return holds(_compare(lv, rv))
+        return _ordered(holds, lv, rv)
+
+    return evaluate
+
+
+def _ordered(holds: Callable[[int], bool], lv: Value, rv: Value) -> bool:
+    """An ordering of two values, neither null."""
+    if type(lv) is str and type(rv) is str:  # two properties: compared as numbers
+        return holds(_compare_doubles(_java_double(lv), _java_double(rv)))
+    return holds(_compare(lv, rv))
+
+
+def _between(value: Eval, low: Eval, high: Eval, negated: bool) -> Eval:
+    """``(value >= low) AND (value <= high)``, or ``(value < low) OR (value > high)``, as
+    RocketMQ evaluates those: the second comparison only when the first does not decide, and
+    null when either is null and none decides. ``value`` is evaluated once: RocketMQ evaluates
+    it for each comparison, with the same result."""
+    first = _ORDERINGS["<" if negated else ">="]
+    second = _ORDERINGS[">" if negated else "<="]
+    decisive = negated  # OR stops at TRUE, AND at FALSE
+
+    def evaluate(props: PropertyLookup) -> Value:
+        v = value(props)
+        if v is None:
+            return None  # both comparisons are null
+        bound = low(props)
+        lower = None if bound is None else _ordered(first, v, bound)
+        if lower is decisive:
+            return decisive
+        bound = high(props)
+        upper = None if bound is None else _ordered(second, v, bound)
+        if upper is decisive:
+            return decisive
+        return None if lower is None or upper is None else not decisive
 
     return evaluate
 

@@ -724,3 +724,59 @@ def test_the_reference_agrees_on_the_quirks_of_the_table() -> None:
     for tree, expected in checks:
         assert _reference(tree, PROPS) is expected, tree
         assert run(_render(tree)) is expected, tree
+
+
+def test_deep_nesting_is_a_typed_error_and_long_chains_work() -> None:
+    # RocketMQ's parser turns a stack overflow into an invalid expression; here nesting past
+    # the limit is a FilterExpressionError naming where, never a RecursionError, and a long
+    # flat list of alternatives (no nesting) is accepted and evaluated.
+    for deep in ("(" * 200 + "a = 5" + ")" * 200, "NOT " * 200 + "a", "- " * 200 + "a > 1"):
+        with pytest.raises(FilterExpressionError, match="nest") as caught:
+            compile_sql92(deep)
+        assert deep[caught.value.position :].startswith(caught.value.found)
+    with pytest.raises(FilterExpressionError, match="nest") as caught:
+        compile_sql92("a" + " IS NULL" * 2000)
+    assert caught.value.found == "IS"
+    assert run("a" + " IS NOT NULL = TRUE" * 20) is True
+    assert run("(" * 20 + "a = 5" + ")" * 20) is True
+    alternatives = " OR ".join(f"a = {n}" for n in range(10_000, 0, -1))
+    assert run(alternatives) is True
+    assert run(alternatives, {"a": "0"}) is False
+    assert run(" AND ".join(["a > 1"] * 10_000)) is True
+    assert run(" AND ".join(["a > 1"] * 10_000) + " AND s > 1") is None  # "abc" is no number
+
+
+def test_an_integer_literal_of_any_length_is_checked_not_crashed_on() -> None:
+    with pytest.raises(FilterExpressionError, match="2\\^63") as caught:
+        compile_sql92("a > " + "9" * 5000)
+    assert caught.value.position == 4
+
+
+def test_between_reads_its_value_once_however_deeply_it_is_nested() -> None:
+    # The value of BETWEEN used to be one subtree under both comparisons, so each level of
+    # BETWEEN inside a BETWEEN's value doubled the work of building and evaluating the filter.
+    expression = "a"
+    for _ in range(12):
+        expression = f"-({expression} BETWEEN 1 AND 2)"
+    reads: list[str] = []
+
+    def lookup(name: str) -> str:
+        reads.append(name)
+        return "1"
+
+    sql = compile_sql92(expression + " IS NULL")
+    assert sql.evaluate(lookup) is True  # a negated condition is null
+    assert reads == ["a"]
+    reads.clear()
+    assert compile_sql92("a NOT BETWEEN 2 AND 3").evaluate(lookup) is True
+    assert reads == ["a"]
+
+
+def test_a_between_refused_in_an_ordering_is_named_by_its_own_text() -> None:
+    for expression, position, found in (
+        ("(b BETWEEN 1 AND 2) > 1", 3, "BETWEEN"),
+        ("(b NOT BETWEEN 1 AND 2) > 1", 3, "NOT"),
+    ):
+        with pytest.raises(FilterExpressionError) as caught:
+            compile_sql92(expression)
+        assert (caught.value.position, caught.value.found) == (position, found)
