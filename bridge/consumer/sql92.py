@@ -66,13 +66,15 @@ _JAVA_INTEGER: Final = re.compile(r"[+-]?(\d+)")
 (``Character.digit``; ``\\d`` on text is Unicode's decimal digits too), nothing else."""
 _JAVA_DOUBLE: Final = re.compile(
     r"[+-]?(?:NaN|Infinity"
-    r"|(?P<dec>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)[fFdD]?"
+    r"|(?P<dec>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)[fFdD]?"
     r"|(?P<hex>0[xX](?:[0-9a-fA-F]+\.?|[0-9a-fA-F]*\.[0-9a-fA-F]+)[pP][+-]?\d+)[fFdD]?)",
     re.ASCII,
 )
 """``Double.valueOf`` (after trimming): ASCII digits only, an optional type suffix, ``NaN``,
 ``Infinity`` and hexadecimal floats. Python's ``float`` accepts more (``inf``, ``1_0``,
-other scripts' digits), so it only ever sees text this accepted."""
+other scripts' digits), so it only ever sees text this accepted. No two parts may match the
+same digits (``\\d+\\.?\\d*`` could split a run of digits anywhere): property values come from
+producers, and a long run of digits that does not match must fail in linear time."""
 _JAVA_TRIM: Final = "".join(map(chr, range(0x21)))
 """``String.trim`` removes every character up to U+0020 at both ends."""
 

@@ -780,3 +780,16 @@ def test_a_between_refused_in_an_ordering_is_named_by_its_own_text() -> None:
         with pytest.raises(FilterExpressionError) as caught:
             compile_sql92(expression)
         assert (caught.value.position, caught.value.found) == (position, found)
+
+
+@pytest.mark.timeout(60)
+def test_a_long_property_value_that_is_not_a_number_fails_in_linear_time() -> None:
+    # Property values come from producers: the Double pattern once let a run of digits split
+    # between two parts, so 8,000 digits and a letter took 13 s to refuse (this one, hours).
+    value = "1" * 50_000
+    for tail in ("x", "e", ".5x", "d5"):
+        assert run("a > 1.5", {"a": value + tail}) is None
+    assert run("a > 1.5", {"a": value + ".5e0d"}) is True
+    hexadecimal = "0x" + "f" * 50_000
+    assert run("a > 1.5", {"a": hexadecimal + "g"}) is None
+    assert run("a > 1.5", {"a": hexadecimal + "p0"}) is True
