@@ -31,6 +31,7 @@ from bridge import (
 )
 from bridge.kafka.admin import TopicAdmin
 from tests.conftest import wait_until
+from tests.integration.test_consumer import coordinator, retry_config  # noqa: F401 - fixtures
 from tests.integration.test_consumer import start_consumer as start
 from tests.integration.test_consumer_isolation import produce_with_raw_header_names
 from topics.catalog import TopicSpec
@@ -248,3 +249,30 @@ def test_an_invalid_expression_fails_at_subscribe_and_leaves_the_consumer_usable
         for amount in ("50", "150"):
             producer.send_sync(Message(topic, amount, properties={"amount": amount}))
     wait_until(lambda: received.snapshot() == ["150"] and consumer.stats().filtered == 1)
+
+
+def test_a_retry_copy_is_not_filtered_again(
+    retry_config: ClientConfig,  # noqa: F811 - the fixture imported above
+    coordinator: object,  # noqa: F811
+    consumers: list[PushConsumer],
+    unique: Callable[[str], str],
+) -> None:
+    """The retry copy carries RECONSUME_TIME, which this selector refuses: filtered again, it
+    would be committed and lost instead of redelivered."""
+    topic = make_topic(retry_config, unique("t"), partitions=1)
+    seen: list[tuple[str, int]] = []
+
+    def fail_first(msg: MessageExt) -> ConsumeStatus:
+        seen.append((msg.body.decode(), msg.reconsume_times))
+        if msg.reconsume_times:
+            return ConsumeStatus.CONSUME_SUCCESS
+        return ConsumeStatus.RECONSUME_LATER
+
+    selector = MessageSelector.by_sql("RECONSUME_TIME IS NULL AND TAGS = 'TagA'")
+    consumer = start(consumers, retry_config, unique("g"), topic, fail_first, selector)
+    with Producer("sql92_pg", config=retry_config) as producer:
+        producer.send_sync(Message(topic, "first", tags="TagA"))
+        producer.send_sync(Message(topic, "other", tags="TagB"))
+    wait_until(lambda: len(seen) == 2 and consumer.stats().filtered == 1, timeout_s=60)
+    assert seen == [("first", 0), ("first", 1)]
+    assert consumer.stats().filtered == 1
