@@ -444,10 +444,15 @@ class _Parser:
 
     def error(self, expected: str, token: _Token | None = None) -> FilterExpressionError:
         token = token or self.token
-        return FilterExpressionError(self.expression, token.position, token.text, expected)
+        return self._error(token.position, token.text, expected)
 
     def refuse(self, node: _Node, expected: str) -> FilterExpressionError:
-        return FilterExpressionError(self.expression, node.position, node.text, expected)
+        return self._error(node.position, node.text, expected)
+
+    def _error(self, position: int, text: str, expected: str) -> FilterExpressionError:
+        # The text as written: a keyword's token is upper-cased (``and`` is ``AND``).
+        found = self.expression[position : position + len(text)]
+        return FilterExpressionError(self.expression, position, found, expected)
 
     def condition(self, node: _Node) -> _Node:
         """RocketMQ's ``asBooleanExpression``: a property is read as a boolean; anything else
@@ -557,7 +562,7 @@ class _Parser:
             elif op.kind == _Kind.KEYWORD and op.text in ("CONTAINS", "STARTSWITH", "ENDSWITH"):
                 self.index += 2 if negated else 1
                 search = self._string(f"a string after {op.text}")
-                left = _StringTest(token.position, op.text, op.text, left, search, negated)
+                left = _StringTest(token.position, token.text, op.text, left, search, negated)
             elif self._is("BETWEEN", op):
                 self.index += 2 if negated else 1
                 low = self.unary()
@@ -574,7 +579,7 @@ class _Parser:
                     self._advance()
                     values.append(self._string("a string in the IN list"))
                 self._expect(")", ", or ) in the IN list")
-                left = _In(token.position, "IN", left, frozenset(values), negated)
+                left = _In(token.position, token.text, left, frozenset(values), negated)
             elif negated:
                 raise self.error("CONTAINS, STARTSWITH, ENDSWITH, BETWEEN or IN after NOT", op)
             else:

@@ -772,10 +772,22 @@ def test_between_reads_its_value_once_however_deeply_it_is_nested() -> None:
     assert reads == ["a"]
 
 
-def test_a_between_refused_in_an_ordering_is_named_by_its_own_text() -> None:
+def test_a_condition_refused_in_an_ordering_is_named_by_its_own_text() -> None:
     for expression, position, found in (
         ("(b BETWEEN 1 AND 2) > 1", 3, "BETWEEN"),
         ("(b NOT BETWEEN 1 AND 2) > 1", 3, "NOT"),
+        ("(b NOT CONTAINS 'x') > 1", 3, "NOT"),
+        ("(b NOT STARTSWITH 'x') > 1", 3, "NOT"),
+        ("(b NOT IN ('x')) > 1", 3, "NOT"),
+        ("(b in ('x')) > 1", 3, "in"),
+        ("a between 1 or 2", 12, "or"),
+        ("a = 1 and 5", 10, "5"),
+        ("a Is 5", 5, "5"),
+        ("a not x", 6, "x"),
+        ("a = 1 Is Null b", 14, "b"),
+        ("a Is NoT 5", 9, "5"),
+        ("a BETWEEN 1 And 2 aNd", 21, ""),
+        ("a BETWEEN 1 oR 2", 12, "oR"),
     ):
         with pytest.raises(FilterExpressionError) as caught:
             compile_sql92(expression)
