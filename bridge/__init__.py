@@ -9,6 +9,7 @@ Public API (RocketMQ's names)::
 
     consumer = PushConsumer("my_consumer_group", bootstrap_servers="127.0.0.1:9092")
     consumer.subscribe("orders", lambda msg: ConsumeStatus.CONSUME_SUCCESS, "TagA || TagB")
+    # or MessageSelector.by_sql("TAGS = 'TagA' AND amount > 100") for RocketMQ's SQL92 filter
     with consumer:
         ...
 """
@@ -23,13 +24,16 @@ from bridge.consumer import (
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     ConsumeStatus,
+    FilterExpression,
+    FilterExpressionType,
     MessageListenerConcurrently,
     MessageListenerOrderly,
     MessageModel,
+    MessageSelector,
     PushConsumer,
     PushConsumerConfig,
 )
-from bridge.errors import BridgeError, InvalidDelayError
+from bridge.errors import BridgeError, FilterExpressionError, InvalidDelayError
 from bridge.message import Message, MessageConst, MessageExt
 from bridge.transaction import (
     TransactionListener,
@@ -51,6 +55,9 @@ __all__ = [
     "ConsumeOrderlyContext",
     "ConsumeOrderlyStatus",
     "ConsumeStatus",
+    "FilterExpression",
+    "FilterExpressionError",
+    "FilterExpressionType",
     "InvalidDelayError",
     "Message",
     "MessageConst",
@@ -58,6 +65,7 @@ __all__ = [
     "MessageListenerConcurrently",
     "MessageListenerOrderly",
     "MessageModel",
+    "MessageSelector",
     "Producer",
     "PushConsumer",
     "PushConsumerConfig",

@@ -9,6 +9,7 @@
     |   |   +-- MessageTooLargeError             body larger than max_message_bytes
     |   |   +-- InvalidDelayError                delay level or timer value not honoured
     |   +-- InvalidPropertyError                 a user property uses a reserved name
+    |   +-- FilterExpressionError                an SQL92 filter expression is invalid
     +-- WireFormatError                          undecodable record (quarantined)
     |   +-- UnknownSchemaError, MalformedRecordError
     +-- IllegalStateError                        illegal lifecycle or state transition
@@ -41,6 +42,7 @@ __all__ = [
     "BrokerStartError",
     "BrokerUnreachableError",
     "EventLoopClosedError",
+    "FilterExpressionError",
     "IllegalStateError",
     "InvalidArgumentError",
     "InvalidDelayError",
@@ -81,6 +83,25 @@ class InvalidDelayError(InvalidMessageError):
 
 class InvalidPropertyError(InvalidArgumentError):
     """A user property uses a name reserved for the system, or is not a string."""
+
+
+class FilterExpressionError(InvalidArgumentError):
+    """An SQL92 filter expression cannot be used: it does not follow RocketMQ's grammar, or
+    RocketMQ's parser would refuse it (a comparison that can never be evaluated, a float
+    literal of zero, ...). ``position`` is the character offset of the problem in
+    ``expression`` (0-based), ``found`` the text there (empty at the end), ``expected`` what
+    would have been accepted there. Not worth retrying: the expression must change."""
+
+    def __init__(self, expression: str, position: int, found: str, expected: str) -> None:
+        where = f"{found!r}" if found else "the end"
+        super().__init__(
+            f"invalid SQL92 expression {expression!r} at offset {position} ({where}): "
+            f"expected {expected}"
+        )
+        self.expression = expression
+        self.position = position
+        self.found = found
+        self.expected = expected
 
 
 class IllegalStateError(BridgeError):

@@ -29,8 +29,11 @@ from bridge.consumer.model import (
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     ConsumeStatus,
+    FilterExpression,
+    FilterExpressionType,
     MessageListenerConcurrently,
     MessageListenerOrderly,
+    MessageSelector,
 )
 from bridge.transaction.model import TransactionListener, TransactionStatus
 from bridge.transaction.producer import TransactionSendResult
@@ -43,8 +46,11 @@ __all__ = [
     "ConsumeOrderlyContext",
     "ConsumeOrderlyStatus",
     "ConsumeStatus",
+    "FilterExpression",
+    "FilterExpressionType",
     "MessageListenerConcurrently",
     "MessageListenerOrderly",
+    "MessageSelector",
     "Producer",
     "PushConsumer",
     "SendResult",

@@ -40,6 +40,7 @@ from bridge.consumer.model import (
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     ConsumeStatus,
+    FilterExpression,
     MessageListenerConcurrently,
     MessageListenerOrderly,
     MessageModel,
@@ -209,9 +210,14 @@ class PushConsumer(AsyncClient):
         """Failures before the DLQ."""
         return self._consumer.max_reconsume_times
 
-    def subscribe(self, topic: str, listener: object, expression: str = "*") -> None:
+    def subscribe(
+        self, topic: str, listener: object, expression: str | FilterExpression = "*"
+    ) -> None:
         """Consume ``topic`` with ``listener`` (see :meth:`bridge.PushConsumer.subscribe`),
-        which may be ``async def``. Before :meth:`start`."""
+        which may be ``async def``, keeping what ``expression`` selects (a tag expression, or
+        a ``MessageSelector.by_sql(...)`` / ``FilterExpression``). Before :meth:`start`.
+
+        Raises :class:`~bridge.errors.FilterExpressionError` for an invalid SQL92 expression."""
         # A concurrent listener past consume_timeout has had its messages sent back (the
         # consumer looks at least every second) and its result will be ignored: its task is
         # cancelled soon after, so that it holds neither a pool thread nor the loop for ever.

@@ -24,7 +24,7 @@ from bridge.consumer.model import (
     MessageListenerConcurrently,
     MessageListenerOrderly,
     MessageModel,
-    TagFilter,
+    SubscriptionFilter,
 )
 from bridge.consumer.scheduler import Scheduler
 from bridge.errors import IllegalStateError
@@ -39,11 +39,12 @@ Listener = MessageListenerConcurrently | MessageListenerOrderly | MessageCallbac
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
-    """A subscribed topic (RocketMQ and Kafka names), its tag filter and its listener."""
+    """A subscribed topic (RocketMQ and Kafka names), its filter (tags, or a compiled SQL92
+    expression) and its listener."""
 
     topic: str
     kafka_topic: str
-    filter: TagFilter
+    filter: SubscriptionFilter
     listener: Listener
 
 

@@ -2,14 +2,16 @@
 
 Each record is handled on its own: a record Kafka reports an error for is logged, one that
 cannot be decoded (a header name that is not UTF-8, a malformed retry record) is held under a
-placeholder to be quarantined, one whose tag the subscription does not take is skipped, and a
-partition that holds all it may (``pull_threshold_for_queue``, ``pull_threshold_size_for_queue``)
-takes no more of the poll: it is sought back, and Kafka brings the rest again once it resumes.
+placeholder to be quarantined, one the subscription's filter does not take (its tag, or its
+SQL92 expression on the properties) is skipped, and a partition that holds all it may
+(``pull_threshold_for_queue``, ``pull_threshold_size_for_queue``) takes no more of the poll: it
+is sought back, and Kafka brings the rest again once it resumes.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, TopicPartition
@@ -17,9 +19,11 @@ from confluent_kafka import KafkaError, TopicPartition
 from bridge.codec import read_headers, undecoded_message
 from bridge.consumer.context import ConsumerContext
 from bridge.consumer.counters import Count
+from bridge.consumer.model import TagFilter
 from bridge.consumer.process_queue import ProcessQueue
 from bridge.consumer.quarantine import Headerless
 from bridge.consumer.send_back import RETRY_PROPERTIES
+from bridge.consumer.sql92 import PropertyLookup, SqlFilter
 from bridge.message import DEAD_LETTER_PROPERTIES, MessageConst, MessageExt, parse_count
 from topics.errors import MalformedRecordError
 from topics.naming import DLQ_GROUP_TOPIC_PREFIX
@@ -109,9 +113,11 @@ class Intake:
         """Each partition's share of ``records``, each record handled on its own: one that
         cannot be handled is to be quarantined with the reason, and the rest proceed.
 
-        What is the same for a partition (its queue and share, its topic's RocketMQ name, tag
+        What is the same for a partition (its queue and share, its topic's RocketMQ name,
         filter and whether it is the retry topic) is looked up when the partition changes from
-        one record to the next, not per record: a poll brings runs of one partition."""
+        one record to the next, not per record: a poll brings runs of one partition. Copies read
+        from the retry topic are not filtered again (they passed the filter once, and RocketMQ's
+        broker does not filter them by default either)."""
         batches: dict[Key, Incoming] = {}
         queues = self._queues
         last_topic: str | None = None
@@ -121,6 +127,7 @@ class Intake:
         incoming: Incoming | None = None
         name = ""
         tags: frozenset[str] | None = None
+        sql: Callable[[PropertyLookup], bool] | None = None
         retry = False
         first_delivery = False
         for record in records:
@@ -142,11 +149,13 @@ class Intake:
                     # letters) holds letters whose retry-path headers the project wrote.
                     first_delivery = not retry and not name.startswith(DLQ_GROUP_TOPIC_PREFIX)
                     sub = self._context.subscriptions.get(name)
-                    tags = (
-                        sub.filter.tags
+                    chosen = (
+                        sub.filter
                         if sub is not None and not retry and sub.kafka_topic == kafka_topic
                         else None
                     )
+                    tags = chosen.tags if isinstance(chosen, TagFilter) else None
+                    sql = chosen.matches if isinstance(chosen, SqlFilter) else None
                 if pq is None or pq.dropped:
                     continue  # revoked meanwhile: the next owner reads it
                 if incoming is None:
@@ -179,7 +188,9 @@ class Intake:
                     if malformed is not None:
                         incoming.hold_poison(record, malformed)
                         continue
-                elif tags is not None and msg.tags not in tags:
+                elif (tags is not None and msg.tags not in tags) or (
+                    sql is not None and not sql(msg.get_property)
+                ):
                     pq.skip(msg.queue_offset)
                     self._context.counters.add(Count.FILTERED)
                     continue

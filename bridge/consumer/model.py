@@ -4,6 +4,9 @@
 * :class:`MessageListenerConcurrently` / :class:`MessageListenerOrderly` and their contexts;
 * :class:`MessageModel`, :class:`ConsumeFromWhere`;
 * :class:`TagFilter`: a subscription expression (``"*"`` or ``"TagA || TagB"``);
+* :class:`FilterExpression` / :class:`MessageSelector` (RocketMQ 5's and 4's names) and
+  :class:`FilterExpressionType`: a TAG or SQL92 expression for ``subscribe``, made into a
+  filter by :func:`subscription_filter` (SQL92 ones by :mod:`bridge.consumer.sql92`);
 * :func:`retry_route`: where a failed message goes next (retry level or dead-letter queue);
 * :func:`checked_ack_index`, :func:`checked_delay_level`, :func:`checked_suspend_millis`: what
   a listener left in its context, checked before it is trusted.
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final, NamedTuple, cast
 
+from bridge.consumer.sql92 import SqlFilter, compile_sql92
 from bridge.errors import InvalidArgumentError
 from bridge.message import MessageExt
 
@@ -142,6 +146,74 @@ class TagFilter:
     def matches(self, tag: str | None) -> bool:
         """True if a message with ``tag`` passes the filter."""
         return self.tags is None or (tag is not None and tag in self.tags)
+
+
+class FilterExpressionType(Enum):
+    """What a subscription's expression is: TAG (``"*"`` or ``"TagA || TagB"``) or SQL92 (a
+    condition on the message's properties, RocketMQ's property filter)."""
+
+    TAG = "TAG"
+    SQL92 = "SQL92"
+
+
+@dataclass(frozen=True, slots=True)
+class FilterExpression:
+    """RocketMQ 5's ``FilterExpression``: an expression and its type (TAG by default), for
+    ``subscribe(topic, listener, FilterExpression("a > 5", FilterExpressionType.SQL92))``.
+
+    The expression is checked by ``subscribe``, which raises
+    :class:`~bridge.errors.FilterExpressionError` for an invalid SQL92 one."""
+
+    expression: str = "*"
+    filter_type: FilterExpressionType = FilterExpressionType.TAG
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.expression, str):
+            raise InvalidArgumentError(
+                f"a filter expression must be a string, got {type(self.expression).__name__}"
+            )
+        if not isinstance(self.filter_type, FilterExpressionType):
+            raise InvalidArgumentError(
+                f"filter_type must be a FilterExpressionType, got {self.filter_type!r}"
+            )
+
+    @property
+    def expression_type(self) -> FilterExpressionType:
+        """The type (RocketMQ 4's ``getExpressionType``)."""
+        return self.filter_type
+
+
+class MessageSelector(FilterExpression):
+    """RocketMQ 4's ``MessageSelector``: ``MessageSelector.by_sql("a > 5")`` or
+    ``MessageSelector.by_tag("TagA || TagB")`` (Java's ``bySql``/``byTag``)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def by_sql(cls, sql: str) -> MessageSelector:
+        """An SQL92 condition on the message's properties (``TAGS``, ``KEYS`` and the user's)."""
+        return cls(sql, FilterExpressionType.SQL92)
+
+    @classmethod
+    def by_tag(cls, tag: str) -> MessageSelector:
+        """A tag expression: ``"*"`` or ``"TagA || TagB"``."""
+        return cls(tag, FilterExpressionType.TAG)
+
+
+SubscriptionFilter = TagFilter | SqlFilter
+"""What a subscription keeps of its expression: the tags it takes, or a compiled SQL92 filter."""
+
+
+def subscription_filter(expression: str | FilterExpression) -> SubscriptionFilter:
+    """The filter of a subscription: a string is a tag expression, as in RocketMQ's
+    ``subscribe(topic, "TagA || TagB")``; a :class:`FilterExpression` (or
+    :class:`MessageSelector`) says its type. An SQL92 expression is parsed here, once:
+    :class:`~bridge.errors.FilterExpressionError` names where it is invalid."""
+    if isinstance(expression, FilterExpression):
+        if expression.filter_type is FilterExpressionType.SQL92:
+            return compile_sql92(expression.expression)
+        return TagFilter(expression.expression)
+    return TagFilter(expression)
 
 
 class RetryRoute(NamedTuple):

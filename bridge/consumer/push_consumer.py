@@ -55,11 +55,12 @@ from bridge.consumer.context import (
 from bridge.consumer.counters import ConsumerStats
 from bridge.consumer.fetcher import Fetcher
 from bridge.consumer.model import (
+    FilterExpression,
     MessageListenerConcurrently,
     MessageListenerOrderly,
     MessageModel,
-    TagFilter,
     effective_max_reconsume_times,
+    subscription_filter,
 )
 from bridge.consumer.orderly import OrderlyConsumption
 from bridge.consumer.quarantine import Quarantine
@@ -238,15 +239,23 @@ class PushConsumer(Startable):
             self.settings.max_reconsume_times, orderly=self.orderly
         )
 
-    def subscribe(self, topic: str, listener: Listener, expression: str = "*") -> None:
-        """Consume ``topic`` (a RocketMQ name) with ``listener``, keeping messages whose tag
-        matches ``expression`` (``"*"`` or ``"TagA || TagB"``). Call before :meth:`start`.
+    def subscribe(
+        self, topic: str, listener: Listener, expression: str | FilterExpression = "*"
+    ) -> None:
+        """Consume ``topic`` (a RocketMQ name) with ``listener``, keeping the messages
+        ``expression`` selects: a tag expression (``"*"`` or ``"TagA || TagB"``), or a
+        :class:`MessageSelector` / :class:`FilterExpression`, e.g.
+        ``MessageSelector.by_sql("TAGS = 'TagA' AND amount > 100")`` (RocketMQ's SQL92
+        property filter, parsed here once). Messages filtered out count as done: their offsets
+        are committed, and they are never retried. Call before :meth:`start`.
 
         A :class:`MessageListenerOrderly` makes the consumer orderly (see :attr:`orderly`), so
         it must come first or join other orderly listeners and callables.
 
         Raises :class:`InvalidArgumentError` for a missing listener, a bad expression or
-        topic name, or a listener of the other kind than the consumer's (orderly or not).
+        topic name, or a listener of the other kind than the consumer's (orderly or not);
+        :class:`~bridge.errors.FilterExpressionError` (one of them) names where an SQL92
+        expression is invalid and what was expected there.
         """
         if self._lifecycle.state is not ServiceState.CREATE_JUST:
             raise IllegalStateError(f"push consumer {self.group}: subscribe before start()")
@@ -265,7 +274,7 @@ class PushConsumer(Startable):
             )
         kafka_topic = to_kafka_topic(topic, self.config.namespace)
         self._subscriptions[topic] = Subscription(
-            topic, kafka_topic, TagFilter(expression), listener
+            topic, kafka_topic, subscription_filter(expression), listener
         )
         if kind is _ListenerKind.ORDERLY and not self.orderly:
             logger.info("push consumer %s: orderly, for the listener of %s", self.group, topic)

@@ -1,3 +1,4 @@
+import java.net.URLDecoder;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -11,12 +12,14 @@ import java.util.function.BooleanSupplier;
 
 import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
+import org.apache.rocketmq.client.consumer.MessageSelector;
 import org.apache.rocketmq.client.consumer.PullResult;
 import org.apache.rocketmq.client.consumer.PullStatus;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
 import org.apache.rocketmq.client.consumer.listener.ConsumeOrderlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerOrderly;
+import org.apache.rocketmq.client.exception.MQClientException;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.LocalTransactionState;
 import org.apache.rocketmq.client.producer.SendResult;
@@ -871,6 +874,107 @@ public final class RocketMQDriver {
         consumer.shutdown();
     }
 
+    /** "k=v&k=v" with URL-encoded keys and values, in order. */
+    static Map<String, String> query(String text) {
+        Map<String, String> out = new java.util.LinkedHashMap<>();
+        for (String pair : text.split("&")) {
+            if (pair.isEmpty()) {
+                continue;
+            }
+            String[] kv = pair.split("=", 2);
+            out.put(URLDecoder.decode(kv[0], StandardCharsets.UTF_8),
+                URLDecoder.decode(kv.length > 1 ? kv[1] : "", StandardCharsets.UTF_8));
+        }
+        return out;
+    }
+
+    /** Try a call up to 10 times, 1 s apart, while it throws (a loaded machine times calls out). */
+    static <T> T tried(java.util.concurrent.Callable<T> call) throws Exception {
+        for (int attempt = 1; ; attempt++) {
+            try {
+                return call.call();
+            } catch (Exception e) {
+                if (attempt == 10) {
+                    throw e;
+                }
+                Thread.sleep(1000);
+            }
+        }
+    }
+
+    /**
+     * SQL92 property filters: sends the messages m0, m1, ... ("key", "keys", "tags" and user
+     * properties, URL-encoded), then for each expression e0, e1, ...: whether the broker takes
+     * it (the CHECK_CLIENT_CONFIG request a push consumer sends when it starts: the broker
+     * compiles the expression and answers SUBSCRIPTION_PARSE_FAILED if it cannot), and which
+     * messages the broker's filter selects (pulled from every queue with the selector).
+     */
+    static void sql(String namesrv) throws Exception {
+        String topic = arg("topic");
+        DefaultMQProducer producer = producer(arg("producer_group"), namesrv);
+        for (int i = 0; args.containsKey("m" + i); i++) {
+            Map<String, String> fields = query(arg("m" + i));
+            String key = fields.remove("key");
+            Message msg = new Message(topic, key.getBytes(StandardCharsets.UTF_8));
+            msg.setKeys(java.util.Arrays.asList(fields.remove("keys").split(" ")));
+            String tags = fields.remove("tags");
+            if (tags != null) {
+                msg.setTags(tags);
+            }
+            for (Map.Entry<String, String> e : fields.entrySet()) {
+                msg.putUserProperty(e.getKey(), e.getValue());
+            }
+            tried(() -> sendRouted(producer, msg));  // a repeated send only repeats a key
+            emit("sent", "key", key, "t", now());
+        }
+        producer.shutdown();
+        DefaultMQPullConsumer puller = puller(namesrv);
+        Set<MessageQueue> queues = tried(() -> puller.fetchSubscribeMessageQueues(topic));
+        org.apache.rocketmq.client.impl.factory.MQClientInstance client =
+            puller.getDefaultMQPullConsumerImpl().getRebalanceImpl().getmQClientFactory();
+        for (int i = 0; args.containsKey("e" + i); i++) {
+            String expression = URLDecoder.decode(arg("e" + i), StandardCharsets.UTF_8);
+            String group = arg("consumer_group") + "_" + i;
+            org.apache.rocketmq.remoting.protocol.heartbeat.SubscriptionData sub =
+                org.apache.rocketmq.remoting.protocol.filter.FilterAPI.build(topic, expression, "SQL92");
+            String refused = tried(() -> {
+                try {
+                    client.getMQClientAPIImpl().checkClientInBroker(
+                        arg("broker_addr"), group, client.getClientId(), sub, 10_000);
+                    return null;
+                } catch (MQClientException e) {
+                    if (e.getResponseCode() == 23) {  // ResponseCode.SUBSCRIPTION_PARSE_FAILED
+                        return String.valueOf(e.getErrorMessage());
+                    }
+                    throw e;
+                }
+            });
+            if (refused != null) {
+                emit("invalid", "index", i, "expression", expression, "error", refused);
+                continue;
+            }
+            List<String> keys = new ArrayList<>();
+            for (MessageQueue mq : queues) {
+                long offset = 0;
+                long end = tried(() -> puller.maxOffset(mq));
+                while (offset < end) {
+                    long from = offset;
+                    PullResult r = tried(() -> puller.pull(mq, MessageSelector.bySql(expression), from, 32, 10_000));
+                    if (r.getPullStatus() == PullStatus.FOUND) {
+                        for (MessageExt m : r.getMsgFoundList()) {
+                            keys.add(new String(m.getBody(), StandardCharsets.UTF_8));
+                        }
+                    } else if (r.getPullStatus() != PullStatus.NO_MATCHED_MSG) {
+                        break;
+                    }
+                    offset = r.getNextBeginOffset();
+                }
+            }
+            emit("selected", "index", i, "expression", expression, "keys", String.join(",", keys));
+        }
+        puller.shutdown();
+    }
+
     /** Change broker settings at run time ("name:value;name:value"), as mqadmin updateBrokerConfig does. */
     static void brokerConfig(String namesrv, String settings) throws Exception {
         if (settings == null || settings.isEmpty()) {
@@ -923,6 +1027,7 @@ public final class RocketMQDriver {
             case "retry": retry(namesrv); break;
             case "orderly": orderly(namesrv); break;
             case "broadcasting": broadcasting(namesrv); break;
+            case "sql": sql(namesrv); break;
             case "bench-burst": benchBurst(namesrv); break;
             case "bench-steady": benchSteady(namesrv); break;
             case "bench-levels": benchLevels(namesrv); break;

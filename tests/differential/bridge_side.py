@@ -3,11 +3,11 @@ bridge's public API (``Producer``, ``TransactionMQProducer``, ``PushConsumer``, 
 and the operator view of parked transactions), producing the same events.
 
 Events are dicts with ``ev`` (``sent``, ``ready``, ``execute``, ``check``, ``consume``,
-``parked``, ``dlq``, ``done``) and, for a message: ``key``, ``body``, ``topic``, ``tags``,
-``reconsume``, ``msg_id``, ``props``, ``t`` (ms since the workload started), ``since_sent``
-(ms since its send began) and ``store_minus_born`` (ms from its birth to its storage in the
-topic it was read from, on the broker's clock; the topics are created with
-``LogAppendTime``).
+``parked``, ``dlq``, ``selected``, ``invalid``, ``done``) and, for a message: ``key``,
+``body``, ``topic``, ``tags``, ``reconsume``, ``msg_id``, ``props``, ``t`` (ms since the
+workload started), ``since_sent`` (ms since its send began) and ``store_minus_born`` (ms from
+its birth to its storage in the topic it was read from, on the broker's clock; the topics are
+created with ``LogAppendTime``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -27,11 +28,13 @@ from bridge import (
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     ConsumeStatus,
+    FilterExpressionError,
     Message,
     MessageExt,
     MessageListenerConcurrently,
     MessageListenerOrderly,
     MessageModel,
+    MessageSelector,
     Producer,
     PushConsumer,
     TransactionListener,
@@ -469,3 +472,77 @@ def broadcasting(
                 consumer.shutdown()
     rec.emit("done", t=rec.now())
     return rec.events
+
+
+def sql(
+    env: BridgeEnv,
+    *,
+    topic: str,
+    producer_group: str,
+    consumer_group: str,
+    **rows: str,
+) -> list[Event]:
+    """SQL92 property filters (see ``RocketMQDriver.sql``): the messages ``m0``, ``m1``, ...
+    are sent, then each expression ``e0``, ``e1``, ... either is refused by ``subscribe``
+    (``invalid``) or gets a push consumer of its own, whose listener records the messages the
+    filter lets through (``selected``, once every message was consumed or filtered out). The
+    consumers are BROADCASTING ones: dozens of them start without a group join or group
+    topics each, and the filter is the same in both modes (the integration tests run it
+    CLUSTERING)."""
+    rec = Recorder("sql")
+    env.create_topic(topic)
+    messages = [parse_qs(rows[f"m{i}"]) for i in range(len(rows)) if f"m{i}" in rows]
+    with Producer(producer_group, config=env.client) as producer:
+        for fields in messages:
+            key, keys, tags = fields.pop("key"), fields.pop("keys"), fields.pop("tags", None)
+            producer.send_sync(Message(topic, key, keys=keys, tags=tags, properties=fields))
+            rec.sent(key)
+    expressions = [unquote(rows[f"e{i}"]) for i in range(len(rows)) if f"e{i}" in rows]
+    running: list[tuple[int, str, PushConsumer, list[str]]] = []
+    try:
+        for index, expression in enumerate(expressions):
+            consumer = env.push_consumer(
+                f"{consumer_group}_{index}", message_model=MessageModel.BROADCASTING
+            )
+            selected: list[str] = []
+            listener = _Selected(selected)
+            try:
+                consumer.subscribe(topic, listener, MessageSelector.by_sql(expression))
+            except FilterExpressionError as exc:
+                rec.emit("invalid", index=index, expression=expression, error=str(exc))
+                continue
+            consumer.start()
+            running.append((index, expression, consumer, selected))
+        for index, expression, consumer, selected in running:
+            stats = consumer.stats
+            if not await_(
+                lambda s=stats: s().consumed + s().filtered >= len(messages),  # type: ignore[misc]
+                time.monotonic() + 120,
+            ):
+                raise RuntimeError(f"{expression!r}: not every message seen: {stats()}")
+            rec.emit("selected", index=index, expression=expression, keys=",".join(selected))
+    finally:
+        for _, _, consumer, _ in running:
+            consumer.shutdown()
+    rec.emit("done", t=rec.now())
+    return rec.events
+
+
+class _Selected:
+    """Records the bodies (the keys) of the messages a filter let through."""
+
+    def __init__(self, into: list[str]) -> None:
+        self.into = into
+        self.lock = threading.Lock()
+
+    def __call__(self, msg: MessageExt) -> ConsumeStatus:
+        with self.lock:
+            self.into.append(msg.body.decode())
+        return ConsumeStatus.CONSUME_SUCCESS
+
+
+def parse_qs(text: str) -> dict[str, str]:
+    """``k=v&k=v`` with URL-encoded keys and values (what the driver reads too)."""
+    return dict(
+        (unquote(k), unquote(v)) for k, _, v in (p.partition("=") for p in text.split("&") if p)
+    )

@@ -49,6 +49,8 @@ class _Starting:
                 transaction_check_max=settings.TRANSACTION_CHECK_MAX,
                 transaction_op_batch_interval_ms=settings.OP_BATCH_INTERVAL_MS,
                 timer_precision_ms=settings.TIMER_PRECISION_MS,
+                # SQL92 property filters (off by default in RocketMQ's broker).
+                broker_properties={"enablePropertyFilter": "true"},
             )
         )
         self.error: BaseException | None = None

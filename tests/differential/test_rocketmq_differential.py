@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
 
 import pytest
 
@@ -424,3 +426,125 @@ def test_broadcasting_delivers_to_each_instance_and_drops_failures(
             "ok1": [0], "bad": [0], "ok2": [0],
         }  # fmt: skip
         assert tries["bad"][0]["fail"] is True
+
+
+# --- SQL92 property filters --------------------------------------------------------------
+
+# The messages (key: tag, user properties); every message's body and first key is its key.
+SQL_MESSAGES: dict[str, tuple[str | None, dict[str, str]]] = {
+    "m01": ("TagA", {"a": "5", "b": "abc"}),
+    "m02": ("TagB", {"a": "-3", "f": "1.5"}),
+    "m03": ("TagC", {"a": "2147483648"}),
+    "m04": (None, {"a": "NaN"}),
+    "m05": ("TagA", {"a": " 7 "}),
+    "m06": ("TagA", {"a": "\u0663"}),  # ARABIC-INDIC DIGIT THREE
+    "m07": ("TagB", {"a": "true"}),
+    "m08": ("TagA", {"a": "1e3", "b": "1e3"}),
+    "m09": ("TagA", {"a": "0x1p4"}),
+    "m10": ("TagB", {"a": "-0.0"}),
+    "m11": ("TagA", {}),
+    "m12": ("TagA", {"a": "5.0", "b": "5"}),  # RocketMQ refuses an empty property value
+    "m13": ("TagC", {"a": "10", "b": "9"}),
+    "m14": ("TagA", {"a": "Infinity"}),
+    "m15": ("TagB", {"a": "it's"}),
+    "m16": ("TagA", {"a": "2.5d"}),
+    "m17": ("TagA", {"a": "+5"}),
+    "m18": ("TagA", {"a": "1_000"}),
+    "m19": ("TagB", {"a": "\U0001f600", "b": "\U0001f600"}),
+}
+SQL_KEYS = {"m19": "m19 extra"}
+"""Messages with more than one key (RocketMQ joins them with a space in ``KEYS``)."""
+
+SQL_SAME = [
+    "a = 5", "a > 4", "a >= 5.0", "a < 0", "a BETWEEN 1 AND 10", "a NOT BETWEEN 1 AND 10",
+    "a > 2147483647", "a = 1000.0", "a = 16.0", "a > 100.0", "a = TRUE", "a = FALSE",
+    "a = 'it''s'", "a IS NULL", "a IS NOT NULL", "a IN ('5', 'true', '')", "a NOT IN ('5')",
+    "TAGS IN ('TagA', 'TagB')", "TAGS IS NULL", "TAGS <> 'TagA'", "NOT a = 5", "NOT (a = 5)",
+    "a = 5 OR b = 5", "b = 5 OR a = 5", "a > b", "a = b", "nosuch = other", "a = -'x'",
+    "a CONTAINS '1'", "a NOT CONTAINS '1'", "a STARTSWITH '-'", "a ENDSWITH 'd'",
+    "KEYS = 'm19 extra'", "KEYS CONTAINS 'extra'", "a", "TRUE", "FALSE", "NULL", "a = 2.5",
+    "a > -1 AND TAGS = 'TagA' AND b IS NULL", "-a = -5", "a = 5L", "a = 0", "a = 5e0",
+    "a = 5 -- a comment to the end", "a /* here */ = 5", "a between 1 and 10 or a is null",
+    "a = '\U0001f600'", "a <> b",
+]  # fmt: skip
+"""Expressions both sides must take and filter alike."""
+SQL_BOTH_REFUSE = [
+    "a = NULL", "a > 'x'", "a BETWEEN 10 AND 1", "a = 0.0", "5 IN ('5')",
+    "NOT a BETWEEN 1 AND 2", "TRUE = 1", "a != 5", "a = ", "(a = 5",
+]  # fmt: skip
+SQL_TRAILING = {"a = 5 b = 6": "a = 5", "a = 5) OR TRUE": "a = 5", "a > 4 5": "a > 4"}
+"""What RocketMQ reads as a shorter expression (ignoring the rest), which the bridge refuses
+(docs/compatibility.md)."""
+SQL_ALL = SQL_SAME + SQL_BOTH_REFUSE + list(SQL_TRAILING)
+
+
+def _sql_message(key: str) -> str:
+    tag, props = SQL_MESSAGES[key]
+    fields = {"key": key, "keys": SQL_KEYS.get(key, key), **({"tags": tag} if tag else {})}
+    return urlencode({**fields, **props}, quote_via=quote)
+
+
+@pytest.fixture(scope="module")
+def sql92(
+    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
+) -> dict[str, dict[str, set[str] | None]]:
+    """Each side's outcome per expression: the keys it delivered, or None if it refused it."""
+    args: dict[str, Any] = {f"m{i}": _sql_message(key) for i, key in enumerate(SQL_MESSAGES)}
+    args |= {f"e{i}": quote(expression) for i, expression in enumerate(SQL_ALL)}
+    rmq, bridge = run_both(
+        "sql", rocketmq, bridge_env, driver_home,
+        rocketmq_only={"broker_addr": rocketmq.broker_addr}, **args,
+    )  # fmt: skip
+    outcomes: dict[str, dict[str, set[str] | None]] = {}
+    for side, events in (("rocketmq", rmq), ("bridge", bridge)):
+        seen: dict[str, set[str] | None] = {e["expression"]: None for e in of(events, "invalid")}
+        for e in of(events, "selected"):
+            seen[e["expression"]] = set(filter(None, e["keys"].split(",")))
+        assert set(seen) == set(SQL_ALL), side
+        outcomes[side] = seen
+    return outcomes
+
+
+@pytest.mark.parametrize("expression", SQL_SAME)
+def test_sql92_filters_select_the_same_messages(
+    sql92: dict[str, dict[str, set[str] | None]], expression: str
+) -> None:
+    rocketmq = sql92["rocketmq"][expression]
+    assert rocketmq is not None, "RocketMQ refused it"
+    assert sql92["bridge"][expression] == rocketmq
+
+
+def test_sql92_expressions_both_refuse(sql92: dict[str, dict[str, set[str] | None]]) -> None:
+    for expression in SQL_BOTH_REFUSE:
+        assert sql92["rocketmq"][expression] is None, expression
+        assert sql92["bridge"][expression] is None, expression
+
+
+def test_sql92_trailing_text_is_ignored_by_rocketmq_and_refused_by_the_bridge(
+    sql92: dict[str, dict[str, set[str] | None]],
+) -> None:
+    for expression, read_as in SQL_TRAILING.items():
+        assert sql92["rocketmq"][expression] == sql92["rocketmq"][read_as], expression
+        assert sql92["bridge"][expression] is None, expression
+    agree = sum(1 for e in SQL_SAME if sql92["rocketmq"][e] == sql92["bridge"][e])
+    note("sql92", f"of {len(SQL_SAME)} expressions, selecting the same messages", agree, agree)
+
+
+SQL_ANCHORS = {
+    "TRUE": set(SQL_MESSAGES),
+    "FALSE": set(),
+    "a = 5": {"m01", "m17"},  # "+5" is 5 to Integer.valueOf; "5.0" is an error
+    "a IS NULL": {"m11"},
+    "a > 100.0": {"m03", "m04", "m08", "m14"},  # 2147483648, NaN, 1e3, Infinity
+    "NOT a = 5": set(),
+    "KEYS = 'm19 extra'": {"m19"},
+}
+"""A few rows' outcomes written out, so that the table cannot agree by selecting nothing."""
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_sql92_anchor_rows_select_what_rocketmqs_rules_say(
+    sql92: dict[str, dict[str, set[str] | None]], side: str
+) -> None:
+    for expression, expected in SQL_ANCHORS.items():
+        assert sql92[side][expression] == expected, expression

@@ -28,7 +28,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from bridge import ClientConfig, Message, MessageConst, MessageExt, Producer
+from bridge import ClientConfig, FilterExpression, Message, MessageConst, MessageExt, Producer
 from bridge.cli import cli
 from bridge.consumer import (
     ConsumeConcurrentlyContext,
@@ -150,7 +150,7 @@ def start_consumer(
     group: str,
     topic: str,
     listener: Any,
-    expression: str = "*",
+    expression: str | FilterExpression = "*",
     **options: Any,
 ) -> PushConsumer:
     options.setdefault("consume_from_where", ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)

@@ -103,3 +103,16 @@ def test_what_is_no_listener_is_refused_as_by_the_threaded_consumer() -> None:
     assert consumer.orderly, "an orderly listener makes the consumer orderly, as in threads"
     with pytest.raises(InvalidArgumentError, match="a concurrent listener on an orderly"):
         consumer.subscribe("other", AsyncBatch())
+
+
+def test_the_asyncio_api_offers_the_selectors_and_checks_them_at_subscribe() -> None:
+    import bridge
+    import bridge.aio
+    from bridge.errors import FilterExpressionError
+
+    for name in ("MessageSelector", "FilterExpression", "FilterExpressionType"):
+        assert name in bridge.aio.__all__ and getattr(bridge.aio, name) is getattr(bridge, name)
+    consumer = PushConsumer("aio_sql92_unit", bootstrap_servers="127.0.0.1:1")
+    with pytest.raises(FilterExpressionError) as caught:
+        consumer.subscribe("orders", print, bridge.aio.MessageSelector.by_sql("a = NULL"))
+    assert (caught.value.position, caught.value.found) == (4, "NULL")

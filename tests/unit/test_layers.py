@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.delay.model",
             "bridge.delay.routing",
             "bridge.consumer.model",
+            "bridge.consumer.sql92",
             "bridge.consumer.process_queue",
             "bridge.transaction.model",
             "bridge.transaction.state",
