@@ -2,10 +2,10 @@
 # Inner loop: `make check` (lint, unit tests, one broker test per guarantee).
 .PHONY: up test check bench lint bootstrap clean chaos soak differential
 SEED ?= 1
-# Worker processes for pytest (pytest-xdist), sharing one broker: most integration tests wait
-# on timers, check intervals and session timeouts rather than use the CPU, so more workers
-# than cores pay. Tests marked serial run after them, alone.
-WORKERS ?= 4
+# Worker processes for pytest (pytest-xdist), sharing one broker; tests marked serial run after
+# them, alone. 0 (the default) runs the suite in one process, as CI does: the parallel run has
+# not yet been shown to pass on a 2-core machine (make test WORKERS=4 to try it).
+WORKERS ?= 0
 PYTEST_PARALLEL = .venv/bin/python -m pytest -n $(WORKERS) --dist loadgroup
 
 up:
@@ -15,8 +15,12 @@ up:
 # The whole suite: unit and integration tests against a real broker, the side-by-side run
 # against Apache RocketMQ, and the fault suite.
 test: bootstrap
+ifeq ($(WORKERS),0)
+	.venv/bin/python -m pytest
+else
 	$(PYTEST_PARALLEL) -m "not serial"
 	.venv/bin/python -m pytest -m serial || [ $$? -eq 5 ]  # 5: no test is marked serial
+endif
 	.venv/bin/python -m pytest tests/differential
 	.venv/bin/python -m chaos run --seed $(SEED) --duration 150
 
