@@ -454,6 +454,50 @@ def test_a_hung_check_left_without_a_thread_gets_one_once_a_thread_is_free(
             gate.set()
 
 
+def test_checks_a_wedged_producer_cannot_take_count_and_its_messages_are_parked(
+    client_config: ClientConfig, topic: str
+) -> None:
+    """A live producer whose check hold (1) is full of calls that never return (the one
+    thread in place of a hung call is taken too) takes no more check requests: its check
+    consumer stays in the group, so the checks it cannot take are asked again. Asked again and
+    still unanswered, a check counts (as RocketMQ counts every check): "third" is parked after
+    ``transaction_check_max`` checks instead of waiting for ever."""
+    group = "tx_wedged"
+    release = threading.Event()
+    entered = {name: threading.Event() for name in ("first", "second")}
+    listener = Scripted(execute={}, check={"first": C, "second": C, "third": C})
+
+    def on_check(msg: MessageExt) -> None:
+        body = msg.body.decode()
+        if body in entered:
+            entered[body].set()
+            release.wait()
+
+    listener.on_check = on_check
+    try:
+        with (
+            Coordinator(coordinator_config(client_config)),
+            TransactionMQProducer(
+                group, listener, config=client_config, check_request_hold_max=1,
+                check_timeout_ms=300,
+            ) as producer,
+        ):  # fmt: skip
+            producer.send_message_in_transaction(Message(topic, "first"))
+            wait_until(entered["first"].is_set, timeout_s=30)
+            producer.send_message_in_transaction(Message(topic, "second"))
+            wait_until(entered["second"].is_set, timeout_s=30)
+            third = producer.send_message_in_transaction(Message(topic, "third"))
+
+            def third_parked() -> bool:
+                parked = read_parked(client_config, timeout_ms=1000)
+                return third.msg_id in [m.msg_id for m in parked]
+
+            wait_until(third_parked, timeout_s=90)
+            assert "third" not in listener.checks
+    finally:
+        release.set()
+
+
 def test_a_check_raising_system_exit_does_not_end_the_check_thread(
     client_config: ClientConfig, topic: str, coordinator: Coordinator
 ) -> None:
