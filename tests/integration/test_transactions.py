@@ -405,6 +405,37 @@ def test_a_transaction_whose_check_hangs_is_not_called_again_meanwhile(
         release.set()
 
 
+def test_a_check_that_never_returns_ends_parked_after_transaction_check_max(
+    client_config: ClientConfig, topic: str
+) -> None:
+    """A live producer whose listener never returns for a transaction: its re-asked checks are
+    answered UNKNOWN and count (as RocketMQ counts every check), so the message is parked after
+    ``transaction_check_max`` checks instead of being asked for ever; the listener is called
+    once."""
+    group = "tx_hung_forever"
+    release, entered = threading.Event(), threading.Event()
+    listener = Scripted(execute={}, check={"hangs": C})
+
+    def on_check(msg: MessageExt) -> None:
+        entered.set()
+        release.wait()
+
+    listener.on_check = on_check
+    try:
+        with (
+            Coordinator(coordinator_config(client_config)),
+            TransactionMQProducer(group, listener, config=client_config, check_timeout_ms=300)
+            as producer,
+        ):  # fmt: skip
+            sent = producer.send_message_in_transaction(Message(topic, "hangs"))
+            parked = wait_until(lambda: read_parked(client_config, timeout_ms=2000), timeout_s=60)
+            assert [m.msg_id for m in parked] == [sent.msg_id]
+            assert parked[0].get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "3"
+            assert len(listener.checks["hangs"]) == 1
+    finally:
+        release.set()
+
+
 def test_a_hung_check_left_without_a_thread_gets_one_once_a_thread_is_free(
     client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
