@@ -367,13 +367,9 @@ def _check_workers(group: str) -> int:
     return sum(t.name.startswith(prefix) for t in threading.enumerate())
 
 
-def test_a_transaction_whose_check_hangs_is_not_called_again_meanwhile(
-    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The coordinator asks every second; the call for the transaction never returns. Each
-    new request for it would take one more thread once past ``check_timeout_ms``: it is not
-    called while the first runs, and the first call's late answer still decides."""
-    group = "tx_hung_again"
+def _hanging_listener() -> tuple[Scripted, threading.Event, threading.Event]:
+    """A listener whose check of "hangs" (COMMIT) does not return until ``release`` is set;
+    with the event set once it is called, and ``release``."""
     release, entered = threading.Event(), threading.Event()
     listener = Scripted(execute={}, check={"hangs": C})
 
@@ -382,6 +378,17 @@ def test_a_transaction_whose_check_hangs_is_not_called_again_meanwhile(
         release.wait()
 
     listener.on_check = on_check
+    return listener, entered, release
+
+
+def test_a_transaction_whose_check_hangs_is_not_called_again_meanwhile(
+    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The coordinator asks every second; the call for the transaction never returns. Each
+    new request for it would take one more thread once past ``check_timeout_ms``: it is not
+    called while the first runs, and the first call's late answer still decides."""
+    group = "tx_hung_again"
+    listener, entered, release = _hanging_listener()
     caplog.set_level(logging.WARNING, logger="bridge.transaction.producer")
 
     def skipped() -> int:
@@ -413,14 +420,7 @@ def test_a_check_that_never_returns_ends_parked_after_transaction_check_max(
     ``transaction_check_max`` checks instead of being asked for ever; the listener is called
     once."""
     group = "tx_hung_forever"
-    release, entered = threading.Event(), threading.Event()
-    listener = Scripted(execute={}, check={"hangs": C})
-
-    def on_check(msg: MessageExt) -> None:
-        entered.set()
-        release.wait()
-
-    listener.on_check = on_check
+    listener, _, release = _hanging_listener()
     try:
         with (
             Coordinator(coordinator_config(client_config)),
