@@ -7,9 +7,10 @@ HALF partition and a copy of the half message with ``TRANSACTION_CHECK_TIMES`` +
 (RocketMQ's put-back, which RocketMQ writes when it sends the check). A check also counts when
 its group has no live producer (:mod:`bridge.transaction.liveness`): then no request is sent,
 and one sent that no answer followed within a check interval counts too. One unanswered while
-the group has a live producer is asked again, not counted (and counts when
-that goes unanswered too: a live producer can take no checks). After ``transaction_check_max``
-checks that count (or the retention) a half message is parked in the check-max topic.
+the group has a live producer is asked again, not counted (and counts when that goes
+unanswered too while the group answers no check: a live producer can take none). After
+``transaction_check_max`` checks that count (or the retention) a half message is parked in the
+check-max topic.
 
 Pacing (:mod:`bridge.transaction.pacing`): each group is sent no more checks than its window
 of unanswered ones; the others wait, due, in the order they fell due, so a storm of checks
@@ -352,14 +353,20 @@ class CheckBack:
         the check when it has none. A check sent and unanswered for an interval is asked again
         while the group has a live producer, and counts when it has none (or that is not
         known, as RocketMQ counts every check), or when it was asked
-        :data:`UNANSWERED_ASKS_MAX` times already (a live producer that takes no checks)."""
+        :data:`UNANSWERED_ASKS_MAX` times already and the group answered no check for an
+        interval (a live producer that takes no checks)."""
         group = pending.producer_group
         tid = pending.transaction_id
         live = self._liveness.live(group, now)
         awaited = self.pacing.unanswered(tid, now, live=live is True)
-        if awaited is not None and (live is not True or awaited.asks >= UNANSWERED_ASKS_MAX):
+        wedged = (
+            awaited is not None
+            and awaited.asks >= UNANSWERED_ASKS_MAX
+            and not self.pacing.answering(group, now)
+        )
+        if awaited is not None and (live is not True or wedged):
             if live is True:
-                # Its producer is live but takes no checks (every check thread in a call
+                # Its producers are live but answer no checks (every check thread in a call
                 # that never returns, say): counted, or the message would wait for ever.
                 known = f"a live producer that answered none of {awaited.asks} requests"
             else:

@@ -15,9 +15,10 @@ its window of unanswered ones, and the rest wait, due, for room:
   than the window are sent what they take;
 * a check unanswered after a check interval is asked again (not counted) while the group has
   a live producer; with none, it counts. Asked :data:`UNANSWERED_ASKS_MAX` times and
-  unanswered each time, it counts whatever the group's liveness: a producer can be live and
-  take no checks (every check thread in a call that never returns, its check hold full), and
-  RocketMQ counts every check.
+  unanswered each time, it counts too when no check of its group was answered for a check
+  interval: a producer can be live and take no checks (every check thread in a call that never
+  returns, its check hold full), and RocketMQ counts every check. A group whose producers
+  answer, only slower than it is asked, is asked again instead.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class CheckPacing:
         """Group -> when its window last shrank for late answers, epoch ms."""
         self._halved_ms: dict[str, int] = {}
         """Group -> when its window last halved for an unanswered check, epoch ms."""
+        self._answer_ms: dict[str, int] = {}
+        """Group -> when an answer to one of its checks was last read, epoch ms."""
 
     def __len__(self) -> int:
         return len(self._awaited)
@@ -130,12 +133,19 @@ class CheckPacing:
             return None
         self._drop(transaction_id)
         group = awaited.group
+        self._answer_ms[group] = now_ms
         if now_ms - awaited.sent_ms <= self._target_ms:
             self._window[group] = min(self.window(group) + 1, self._max)
         elif now_ms - self._shrunk_ms.get(group, -self._target_ms) >= self._target_ms:
             self._shrunk_ms[group] = now_ms
             self._window[group] = max(self.window(group) * 3 // 4, self._min)
         return awaited
+
+    def answering(self, group: str, now_ms: int) -> bool:
+        """Whether an awaited check of ``group`` was answered within the last check
+        interval."""
+        last = self._answer_ms.get(group)
+        return last is not None and now_ms - last < self._interval_ms
 
     def unanswered(self, transaction_id: str, now_ms: int, *, live: bool) -> AwaitedCheck | None:
         """The awaited check of ``transaction_id`` went unanswered (a check interval passed):
