@@ -7,8 +7,10 @@ HALF partition and a copy of the half message with ``TRANSACTION_CHECK_TIMES`` +
 (RocketMQ's put-back, which RocketMQ writes when it sends the check). A check also counts when
 its group has no live producer (:mod:`bridge.transaction.liveness`): then no request is sent,
 and one sent that no answer followed within a check interval counts too. One unanswered while
-the group has a live producer is asked again, not counted. After ``transaction_check_max``
-checks that count (or the retention) a half message is parked in the check-max topic.
+the group has a live producer is asked again, not counted (and counts when that goes
+unanswered too while the group answers no check: a live producer can take none). After
+``transaction_check_max`` checks that count (or the retention) a half message is parked in the
+check-max topic.
 
 Pacing (:mod:`bridge.transaction.pacing`): each group is sent no more checks than its window
 of unanswered ones; the others wait, due, in the order they fell due, so a storm of checks
@@ -48,7 +50,7 @@ from bridge.transaction.half_batch import (
 )
 from bridge.transaction.liveness import ProducerLiveness
 from bridge.transaction.model import CheckRequest, OpAction
-from bridge.transaction.pacing import CheckPacing
+from bridge.transaction.pacing import UNANSWERED_ASKS_MAX, CheckPacing
 from bridge.transaction.parking import ALONE_PER_CYCLE
 from bridge.transaction.state import CheckAction, HalfPartition, PendingHalf
 from bridge.transaction.targets import MISSING_CACHE_MS
@@ -350,13 +352,25 @@ class CheckBack:
         """Check ``pending`` when its group has a live producer (or that is not known); count
         the check when it has none. A check sent and unanswered for an interval is asked again
         while the group has a live producer, and counts when it has none (or that is not
-        known, as RocketMQ counts every check)."""
+        known, as RocketMQ counts every check), or when it was asked
+        :data:`UNANSWERED_ASKS_MAX` times already and the group answered no check for an
+        interval (a live producer that takes no checks)."""
         group = pending.producer_group
         tid = pending.transaction_id
         live = self._liveness.live(group, now)
         awaited = self.pacing.unanswered(tid, now, live=live is True)
-        if awaited is not None and live is not True:
-            known = "no live producer" if live is False else "no producer known to be live"
+        wedged = (
+            awaited is not None
+            and awaited.asks >= UNANSWERED_ASKS_MAX
+            and not self.pacing.answering(group, now)
+        )
+        if awaited is not None and (live is not True or wedged):
+            if live is True:
+                # Its producers are live but answer no checks (every check thread in a call
+                # that never returns, say): counted, or the message would wait for ever.
+                known = f"a live producer that answered none of {awaited.asks} requests"
+            else:
+                known = "no live producer" if live is False else "no producer known to be live"
             reason = (
                 f"check {awaited.check_times} was not answered within the check interval and "
                 f"producer group {group!r} has {known}"
@@ -376,7 +390,7 @@ class CheckBack:
                 group,
                 awaited.check_times,
             )
-        self._check(state, pending, now, batch)
+        self._check(state, pending, now, batch, asks=1 if awaited is None else awaited.asks + 1)
 
     def _check_failed(
         self, state: HalfPartition, pending: PendingHalf, now: int, reason: str, batch: HalfBatch
@@ -478,10 +492,10 @@ class CheckBack:
         logger.debug("transaction %s: put back (next check at %d)", tid, pending.next_check_ms)
 
     def _check(
-        self, state: HalfPartition, pending: PendingHalf, now: int, batch: HalfBatch
+        self, state: HalfPartition, pending: PendingHalf, now: int, batch: HalfBatch, *, asks: int
     ) -> None:
-        """Send a check request of ``pending`` to its group; it counts once answered
-        (:meth:`answered`)."""
+        """Send a check request of ``pending`` to its group, for the ``asks``-th time; it
+        counts once answered (:meth:`answered`)."""
         group = pending.producer_group
         topic = self._ensure_check_topic(group, now)
         number = pending.check_times + 1
@@ -498,7 +512,7 @@ class CheckBack:
         )
         batch.put(topic, request.encode(), key=tid.encode())
         state.asked(pending, now)
-        self.pacing.sent(tid, state.partition, group, number, now)
+        self.pacing.sent(tid, state.partition, group, number, now, asks=asks)
         ns = self._svc.client.namespace
         self._svc.count(batch, lambda m: m.checks_sent.labels(ns, group).inc())
         logger.info(

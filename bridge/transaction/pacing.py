@@ -14,7 +14,11 @@ its window of unanswered ones, and the rest wait, due, for room:
   check of a group with a live producer goes unanswered for a check interval: producers slower
   than the window are sent what they take;
 * a check unanswered after a check interval is asked again (not counted) while the group has
-  a live producer; with none, it counts.
+  a live producer; with none, it counts. Asked :data:`UNANSWERED_ASKS_MAX` times and
+  unanswered each time, it counts too when no check of its group was answered for a check
+  interval: a producer can be live and take no checks (every check thread in a call that never
+  returns, its check hold full), and RocketMQ counts every check. A group whose producers
+  answer, only slower than it is asked, is asked again instead.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ CHECK_WINDOW_MIN: Final = 10
 """The window never shrinks below this many checks."""
 CHECK_WINDOW_START: Final = 100
 """A group's window before any answer came back."""
+UNANSWERED_ASKS_MAX: Final = 2
+"""A check asked this many times, unanswered each time for a check interval, counts even while
+its group has a live producer."""
 ANSWER_TARGET_MS: Final = 300
 """Answers that take longer than this from request to coordinator shrink the window, ms."""
 
@@ -45,6 +52,8 @@ class AwaitedCheck:
     """The check's number (the request's ``check_times``: this check included)."""
     sent_ms: int
     """When it was sent, epoch ms."""
+    asks: int = 1
+    """How many times this check was sent, unanswered each time before this one."""
 
 
 class CheckPacing:
@@ -76,6 +85,8 @@ class CheckPacing:
         """Group -> when its window last shrank for late answers, epoch ms."""
         self._halved_ms: dict[str, int] = {}
         """Group -> when its window last halved for an unanswered check, epoch ms."""
+        self._answer_ms: dict[str, int] = {}
+        """Group -> when an answer to one of its checks was last read, epoch ms."""
 
     def __len__(self) -> int:
         return len(self._awaited)
@@ -97,11 +108,19 @@ class CheckPacing:
         return self._awaited.get(transaction_id)
 
     def sent(
-        self, transaction_id: str, partition: int, group: str, check_times: int, now_ms: int
+        self,
+        transaction_id: str,
+        partition: int,
+        group: str,
+        check_times: int,
+        now_ms: int,
+        *,
+        asks: int = 1,
     ) -> None:
-        """Check ``check_times`` of ``transaction_id`` was sent at ``now_ms``."""
+        """Check ``check_times`` of ``transaction_id`` was sent at ``now_ms``, for the
+        ``asks``-th time (the earlier ones went unanswered)."""
         self._drop(transaction_id)
-        self._awaited[transaction_id] = AwaitedCheck(partition, group, check_times, now_ms)
+        self._awaited[transaction_id] = AwaitedCheck(partition, group, check_times, now_ms, asks)
         self._in_flight[group] += 1
 
     def answered(self, transaction_id: str, check_times: int, now_ms: int) -> AwaitedCheck | None:
@@ -114,12 +133,19 @@ class CheckPacing:
             return None
         self._drop(transaction_id)
         group = awaited.group
+        self._answer_ms[group] = now_ms
         if now_ms - awaited.sent_ms <= self._target_ms:
             self._window[group] = min(self.window(group) + 1, self._max)
         elif now_ms - self._shrunk_ms.get(group, -self._target_ms) >= self._target_ms:
             self._shrunk_ms[group] = now_ms
             self._window[group] = max(self.window(group) * 3 // 4, self._min)
         return awaited
+
+    def answering(self, group: str, now_ms: int) -> bool:
+        """Whether an awaited check of ``group`` was answered within the last check
+        interval."""
+        last = self._answer_ms.get(group)
+        return last is not None and now_ms - last < self._interval_ms
 
     def unanswered(self, transaction_id: str, now_ms: int, *, live: bool) -> AwaitedCheck | None:
         """The awaited check of ``transaction_id`` went unanswered (a check interval passed):

@@ -370,13 +370,9 @@ def _check_workers(group: str) -> int:
     return sum(t.name.startswith(prefix) for t in threading.enumerate())
 
 
-def test_a_transaction_whose_check_hangs_is_not_called_again_meanwhile(
-    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The coordinator asks every second; the call for the transaction never returns. Each
-    new request for it would take one more thread once past ``check_timeout_ms``: it is not
-    called while the first runs, and the first call's late answer still decides."""
-    group = "tx_hung_again"
+def _hanging_listener() -> tuple[Scripted, threading.Event, threading.Event]:
+    """A listener whose check of "hangs" (COMMIT) does not return until ``release`` is set;
+    with the event set once it is called, and ``release``."""
     release, entered = threading.Event(), threading.Event()
     listener = Scripted(execute={}, check={"hangs": C})
 
@@ -385,6 +381,17 @@ def test_a_transaction_whose_check_hangs_is_not_called_again_meanwhile(
         release.wait()
 
     listener.on_check = on_check
+    return listener, entered, release
+
+
+def test_a_transaction_whose_check_hangs_is_not_called_again_meanwhile(
+    client_config: ClientConfig, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The coordinator asks every second; the call for the transaction never returns. Each
+    new request for it would take one more thread once past ``check_timeout_ms``: it is not
+    called while the first runs, and the first call's late answer still decides."""
+    group = "tx_hung_again"
+    listener, entered, release = _hanging_listener()
     caplog.set_level(logging.WARNING, logger="bridge.transaction.producer")
 
     def skipped() -> int:
@@ -404,6 +411,30 @@ def test_a_transaction_whose_check_hangs_is_not_called_again_meanwhile(
             assert _check_workers(group) == 2, "the pool's thread and one in the hung call's place"
             release.set()
             assert bodies(client_config, topic, 1) == ["hangs"]
+    finally:
+        release.set()
+
+
+def test_a_check_that_never_returns_ends_parked_after_transaction_check_max(
+    client_config: ClientConfig, topic: str
+) -> None:
+    """A live producer whose listener never returns for a transaction: its re-asked checks are
+    answered UNKNOWN and count (as RocketMQ counts every check), so the message is parked after
+    ``transaction_check_max`` checks instead of being asked for ever; the listener is called
+    once."""
+    group = "tx_hung_forever"
+    listener, _, release = _hanging_listener()
+    try:
+        with (
+            Coordinator(coordinator_config(client_config)),
+            TransactionMQProducer(group, listener, config=client_config, check_timeout_ms=300)
+            as producer,
+        ):  # fmt: skip
+            sent = producer.send_message_in_transaction(Message(topic, "hangs"))
+            parked = wait_until(lambda: read_parked(client_config, timeout_ms=2000), timeout_s=60)
+            assert [m.msg_id for m in parked] == [sent.msg_id]
+            assert parked[0].get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "3"
+            assert len(listener.checks["hangs"]) == 1
     finally:
         release.set()
 
@@ -455,6 +486,50 @@ def test_a_hung_check_left_without_a_thread_gets_one_once_a_thread_is_free(
     finally:
         for gate in gates.values():
             gate.set()
+
+
+def test_checks_a_wedged_producer_cannot_take_count_and_its_messages_are_parked(
+    client_config: ClientConfig, topic: str
+) -> None:
+    """A live producer whose check hold (1) is full of calls that never return (the one
+    thread in place of a hung call is taken too) takes no more check requests: its check
+    consumer stays in the group, so the checks it cannot take are asked again. Asked again and
+    still unanswered, a check counts (as RocketMQ counts every check): "third" is parked after
+    ``transaction_check_max`` checks instead of waiting for ever."""
+    group = "tx_wedged"
+    release = threading.Event()
+    entered = {name: threading.Event() for name in ("first", "second")}
+    listener = Scripted(execute={}, check={"first": C, "second": C, "third": C})
+
+    def on_check(msg: MessageExt) -> None:
+        body = msg.body.decode()
+        if body in entered:
+            entered[body].set()
+            release.wait()
+
+    listener.on_check = on_check
+    try:
+        with (
+            Coordinator(coordinator_config(client_config)),
+            TransactionMQProducer(
+                group, listener, config=client_config, check_request_hold_max=1,
+                check_timeout_ms=300,
+            ) as producer,
+        ):  # fmt: skip
+            producer.send_message_in_transaction(Message(topic, "first"))
+            wait_until(entered["first"].is_set, timeout_s=30)
+            producer.send_message_in_transaction(Message(topic, "second"))
+            wait_until(entered["second"].is_set, timeout_s=30)
+            third = producer.send_message_in_transaction(Message(topic, "third"))
+
+            def third_parked() -> bool:
+                parked = read_parked(client_config, timeout_ms=1000)
+                return third.msg_id in [m.msg_id for m in parked]
+
+            wait_until(third_parked, timeout_s=90)
+            assert "third" not in listener.checks
+    finally:
+        release.set()
 
 
 def test_a_check_raising_system_exit_does_not_end_the_check_thread(

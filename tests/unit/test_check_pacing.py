@@ -118,3 +118,19 @@ def test_in_flight_counts_the_awaited_checks_and_the_window_stays_in_bounds(
         awaited = [pacing.awaited(f"t{k}") for k in range(31)]
         for g in ("g1", "g2"):
             assert pacing.in_flight(g) == sum(1 for a in awaited if a is not None and a.group == g)
+
+
+def test_a_group_is_answering_for_a_check_interval_after_an_awaited_check_is_answered() -> None:
+    """What tells a producer that answers slowly (asked again) from one that takes no checks
+    (a check asked twice and unanswered counts)."""
+    pacing = CheckPacing(INTERVAL)
+    assert not pacing.answering("g", 0)
+    pacing.sent("t1", 0, "g", 1, now_ms=0, asks=2)
+    awaited = pacing.awaited("t1")
+    assert awaited is not None and awaited.asks == 2
+    pacing.answered("t2", 1, now_ms=50)  # no check of t2 awaited: not an answer of the group
+    assert not pacing.answering("g", 50)
+    pacing.answered("t1", 1, now_ms=100)
+    assert pacing.answering("g", 100 + INTERVAL - 1)
+    assert not pacing.answering("g", 100 + INTERVAL)
+    assert not pacing.answering("other", 100)
