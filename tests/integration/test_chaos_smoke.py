@@ -44,7 +44,8 @@ def test_a_short_run_with_cheap_faults_breaks_no_guarantee(tmp_path: Path) -> No
     kinds = Counter(e["kind"] for e in events if e["type"] == "send")
     assert set(kinds) == {"tx", "delay", "timer", "consume", "orderly", "broadcast", "poison"}
     roles = Counter(e["role"] for e in events if e["type"] == "recv")
-    assert set(roles) == set(ROLES), roles
+    # Nothing is parked in the check-max topic without a db_outage: its reader sees nothing.
+    assert set(roles) == set(ROLES) - {"parked_reader"}, roles
     decisions = {(e["status"], e["via"]) for e in events if e["type"] == "decide"}
     assert {("COMMIT", "execute"), ("ROLLBACK", "execute"), ("UNKNOWN", "execute"),
             ("COMMIT", "check"), ("ROLLBACK", "check")} <= decisions, decisions  # fmt: skip
