@@ -34,6 +34,8 @@ from bridge import (
     TransactionMQProducer,
 )
 from bridge.db import DatabaseTransactionListener, IdempotentListener, create_tables
+from bridge.kafka.admin import TopicAdmin
+from topics.catalog import TopicSpec
 
 ORDERS = [("order-1", "tea", 2), ("order-2", "café", 1), ("order-3", "unobtainium", 1),
           ("order-4", "tea", 3), ("order-5", "茶碗", 1)]  # fmt: skip
@@ -112,6 +114,9 @@ def main() -> None:
     logging.getLogger("bridge.db").setLevel(logging.CRITICAL)  # the failing order is expected
     config = ClientConfig.from_env()
     topic = f"orders-{uuid.uuid4().hex[:6]}"
+    # Created up front: the coordinator would create it with the first committed order, but a
+    # consumer subscribed before then learns of it only at its next metadata refresh.
+    TopicAdmin(config).ensure_topics([TopicSpec(topic, 2)])
     with tempfile.TemporaryDirectory() as workdir:
         orders_db = database("ORDERS_DATABASE_URL", "orders", workdir)
         inventory_db = database("INVENTORY_DATABASE_URL", "inventory", workdir)
