@@ -489,7 +489,7 @@ class TransactionMQProducer(Startable):
             msg = decode_envelope(request.message)
             # As RocketMQ's listener sees it: this check counted (the coordinator sends the
             # half message as stored).
-            msg.properties[MessageConst.TRANSACTION_CHECK_TIMES] = str(request.check_times)
+            msg.put_system_property(MessageConst.TRANSACTION_CHECK_TIMES, str(request.check_times))
         except WireFormatError as exc:
             logger.error(
                 "unreadable check request at %s@%d: %s", record.partition(), record.offset(), exc
