@@ -31,6 +31,10 @@ def read_messages(
     """Yield committed messages of ``topics`` (RocketMQ names) until ``max_messages`` were
     read or ``timeout_ms`` passed without a new one.
 
+    The ``timeout_ms`` idle clock starts once the reader has its partitions and has read each
+    to the end it had then, so what a topic already holds is read in full however slowly the
+    group forms on a busy machine; until then each wait is bounded by ``request_timeout_ms``.
+
     Without ``group`` a throw-away group reads from the beginning and commits nothing; a
     ``group`` that is one of the bridge's own raises :class:`InvalidTopicNameError`. Raises
     :class:`BrokerUnreachableError` if no broker answers within ``request_timeout_ms``
@@ -45,6 +49,7 @@ def read_messages(
         group or reader_group("reader", uuid.uuid4().hex[:12]),
         client_id="bridge-reader",
         auto_offset_reset="earliest" if from_beginning else "latest",
+        enable_partition_eof=True,
     )
     count = 0
     try:
@@ -56,27 +61,65 @@ def read_messages(
                 f"reading {kafka_topics} from {config.bootstrap_servers}",
                 default=BrokerUnreachableError,
             ) from exc
-        consumer.subscribe(kafka_topics)
-        idle_deadline = time.monotonic() + timeout_ms / 1000
+        catch_up = _CatchUp()
+        consumer.subscribe(kafka_topics, on_assign=catch_up.assigned, on_revoke=catch_up.revoked)
+        idle_s = timeout_ms / 1000
+        catch_up_s = max(idle_s, config.request_timeout_ms / 1000)
+
+        def next_deadline() -> float:
+            return time.monotonic() + (idle_s if catch_up.done else catch_up_s)
+
+        idle_deadline = next_deadline()
         while max_messages is None or count < max_messages:
             remaining = idle_deadline - time.monotonic()
             if remaining <= 0:
                 return
+            was_done = catch_up.done
             record = consumer.poll(min(remaining, 0.5))
+            if catch_up.done and not was_done:
+                idle_deadline = next_deadline()
             if record is None:
                 continue
             error = record.error()
             if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    catch_up.reached_end(record.topic() or "", record.partition() or 0)
+                    idle_deadline = next_deadline()
+                    continue
                 if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                     continue  # not created yet: wait for it, as Kafka consumers do
                 raise KafkaClientError(f"reading {kafka_topics}: {error.str()}", error)
             count += 1
-            idle_deadline = time.monotonic() + timeout_ms / 1000
+            idle_deadline = next_deadline()
             if commit:
                 consumer.commit(message=record, asynchronous=False)
             yield message_from_record(record, catalog)
     finally:
         consumer.close()
+
+
+class _CatchUp:
+    """Which assigned partitions a reader has not yet read to their end; ``done`` once it
+    has partitions (or an empty assignment) and each reported its end."""
+
+    def __init__(self) -> None:
+        self._assigned = False
+        self._behind: set[tuple[str, int]] = set()
+
+    @property
+    def done(self) -> bool:
+        return self._assigned and not self._behind
+
+    def assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned = True
+        self._behind |= {(tp.topic, tp.partition) for tp in partitions}
+
+    def revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned = False  # until the group hands out partitions again
+        self._behind -= {(tp.topic, tp.partition) for tp in partitions}
+
+    def reached_end(self, topic: str, partition: int) -> None:
+        self._behind.discard((topic, partition))
 
 
 def _scanner(config: ClientConfig) -> Consumer:

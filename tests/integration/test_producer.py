@@ -80,6 +80,20 @@ def test_send_sync_round_trip_readable_by_a_raw_kafka_consumer(
     assert abs(received.born_timestamp_ms - time.time() * 1000) < 60_000
 
 
+def test_read_messages_reads_what_a_topic_holds_whatever_its_idle_timeout(
+    client_config: ClientConfig, topic: str
+) -> None:
+    """The idle clock starts once the reader has read its partitions to their end: joining
+    the group is not idleness (a 1 s timeout read nothing on a busy machine)."""
+    with Producer("pg", config=client_config) as producer:
+        for i in range(3):
+            producer.send_sync(Message(topic, f"m{i}".encode()))
+
+    got = [m.body for m in read_messages(client_config, [topic], timeout_ms=1)]
+
+    assert sorted(got) == [b"m0", b"m1", b"m2"]
+
+
 def test_send_async_and_oneway_deliver_every_message_once(
     client_config: ClientConfig, topic: str
 ) -> None:
