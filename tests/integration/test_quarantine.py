@@ -100,6 +100,11 @@ def test_malformed_half_record_is_quarantined_with_reason_and_origin(
     assert f"from {half}[0]@0 by test-service (8 bytes): expected a MessageEnvelope" in cli.stdout
 
 
+BORN_MS = int(time.time() * 1000) - 60_000
+"""The born time of the quarantined message (and its replayed record's timestamp): recent, as
+a born time older than the topic's retention may be deleted right after the replay."""
+
+
 def _quarantined_delayed_message(
     config: ClientConfig,
     catalog: TopicCatalog,
@@ -126,11 +131,13 @@ def _quarantined_delayed_message(
         # A property named like the quarantine's own headers comes back under its own name.
         props["QUARANTINE_REASON"] = "the user's"
         headers: list[tuple[str, str | bytes | None]] = [
-            *delayed_headers([], "ID-R", "h", props, 1)
+            *delayed_headers([], "ID-R", "h", props, BORN_MS)
         ]
         raw.produce(schedule, b"late", b"k", partition=0, headers=headers)
     else:
-        raw.produce(schedule, encode_envelope("ID-R", b"late", props, 1, "h"), b"k", partition=0)
+        raw.produce(
+            schedule, encode_envelope("ID-R", b"late", props, BORN_MS, "h"), b"k", partition=0
+        )
     assert raw.flush(10) == 0
     consumer = new_consumer(config, f"replay-test-{target}", "test")
     consumer.subscribe([schedule])
@@ -175,7 +182,7 @@ def test_a_quarantined_delayed_message_is_replayed_once_after_the_cause_is_fixed
     assert (replayed.msg_id, replayed.topic, replayed.partition) == ("ID-R", topic, 2)
     (msg,) = read_messages(client_config, [topic], timeout_ms=3000)
     assert (msg.body, msg.msg_id, msg.queue_id, msg.tags) == (b"late", "ID-R", 2, "T")
-    assert (msg.born_timestamp_ms, msg.born_host) == (1, "h")
+    assert (msg.born_timestamp_ms, msg.born_host) == (BORN_MS, "h")
     assert msg.properties["color"] == "red"
     if header_format:
         assert msg.properties["QUARANTINE_REASON"] == "the user's"
