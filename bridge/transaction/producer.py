@@ -434,6 +434,16 @@ class TransactionMQProducer(Startable):
             paused = []  # a new assignment starts unpaused
             rewind.clear()
 
+        def flow_control(call: Callable[[Any], None], partitions: Any) -> bool:
+            # Pausing, seeking or resuming a partition revoked meanwhile raises: the loop goes
+            # on (a request not taken is read by the partition's next owner, or asked again).
+            try:
+                call(partitions)
+            except KafkaException as exc:
+                logger.info("check consumer: %s of %s failed (%s)", call.__name__, partitions, exc)
+                return False
+            return True
+
         consumer = new_consumer(
             self.config,
             transaction_check_group(self.config.namespace, self.group),
@@ -452,16 +462,20 @@ class TransactionMQProducer(Startable):
                     # behind a hung one). Requests wait in Kafka, for this member or another.
                     if not paused:
                         paused = consumer.assignment()
-                        consumer.pause(paused)
+                        flow_control(consumer.pause, paused)
                     record = consumer.poll(_HOLD_WAIT_S)
                     partition = None if record is None else record.partition()
                     if record is not None and partition is not None and partition not in rewind:
                         # Read before the pause took effect: read again after it.
                         rewind.add(partition)
-                        consumer.seek(TopicPartition(topic, partition, record.offset() or 0))
+                        flow_control(
+                            consumer.seek, TopicPartition(topic, partition, record.offset() or 0)
+                        )
                     continue
                 if paused:
-                    consumer.resume(paused)
+                    if not flow_control(consumer.resume, paused):
+                        # Whatever was not resumed, this member must not stay paused.
+                        flow_control(consumer.resume, consumer.assignment())
                     paused, rewind = [], set()
                 record = consumer.poll(_HOLD_WAIT_S)
                 if record is None:

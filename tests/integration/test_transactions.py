@@ -55,6 +55,8 @@ class Scripted(TransactionListener):
         self.execute = execute
         self.check = check or {}
         self.checks: dict[str, list[float]] = {}
+        self.check_times: dict[str, list[str | None]] = {}
+        """Body -> TRANSACTION_CHECK_TIMES as each check's message carried it."""
         self.lock = threading.Lock()
         self.on_check: Callable[[MessageExt], None] | None = None
 
@@ -71,6 +73,8 @@ class Scripted(TransactionListener):
         body = msg.body.decode()
         with self.lock:
             self.checks.setdefault(body, []).append(time.time())
+            seen = msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)
+            self.check_times.setdefault(body, []).append(seen)
         if self.on_check is not None:
             self.on_check(msg)
         return self._answer(self.check.get(body, U))
@@ -136,6 +140,7 @@ def test_commit_rollback_check_outcomes_and_parking(
     assert [m.body for m in parked] == [b"forever"]
     assert parked[0].get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "3"
     assert len(listener.checks["forever"]) == 3
+    assert listener.check_times["forever"] == ["1", "2", "3"]  # as RocketMQ's listener sees
     assert "commit" not in listener.checks and "rollback" not in listener.checks
 
 
