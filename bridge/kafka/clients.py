@@ -100,6 +100,11 @@ def producer_config(config: ClientConfig, client_id: str, **overrides: Any) -> d
     return conf
 
 
+CONSUMER_METADATA_REFRESH_MS: Final = 30_000
+"""How often a consumer looks up its topics (ms): a topic created after a subscription to it is
+consumed within this, as with RocketMQ's route polling."""
+
+
 def consumer_config(
     config: ClientConfig, group_id: str, client_id: str, **overrides: Any
 ) -> dict[str, Any]:
@@ -112,6 +117,9 @@ def consumer_config(
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "enable.partition.eof": False,
+            # RocketMQ's clients look up routes every 30 s (pollNameServerInterval);
+            # librdkafka's 5 minutes left a subscription to a topic created after it idle.
+            "topic.metadata.refresh.interval.ms": CONSUMER_METADATA_REFRESH_MS,
         }
     )
     conf.update(_extras(config, _PRODUCER_ONLY_PREFIXES))

@@ -225,6 +225,15 @@ def test_bridge_kafka_transaction_timeout_ms_is_only_the_coordinators_setting() 
     assert "transaction.timeout.ms" not in consumer_config(client, "g", "c")
 
 
+def test_consumers_look_their_topics_up_every_30_s_unless_the_user_says_otherwise() -> None:
+    """RocketMQ's route polling interval: a topic created after the subscription is found
+    within it (librdkafka's own default, 5 minutes, left such a consumer idle)."""
+    assert consumer_config(ClientConfig(), "g", "c")["topic.metadata.refresh.interval.ms"] == 30_000
+    env = {"BRIDGE_KAFKA_TOPIC_METADATA_REFRESH_INTERVAL_MS": "5000"}
+    conf = consumer_config(ClientConfig.from_env(env), "g", "c")
+    assert conf["topic.metadata.refresh.interval.ms"] == "5000"
+
+
 def test_the_bridge_still_sets_protected_properties_itself() -> None:
     conf = consumer_config(
         ClientConfig(), "g", "c", enable_partition_eof=True, group_instance_id="c1-timer",
