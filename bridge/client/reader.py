@@ -54,14 +54,20 @@ def read_messages(
     count = 0
     try:
         try:
-            consumer.list_topics(kafka_topics[0], timeout=config.request_timeout_ms / 1000)
+            existing = [
+                t
+                for t in kafka_topics
+                if _has_partitions(consumer, t, config.request_timeout_ms / 1000)
+            ]
         except KafkaException as exc:
             raise translate_error(
                 exc,
                 f"reading {kafka_topics} from {config.bootstrap_servers}",
                 default=BrokerUnreachableError,
             ) from exc
-        catch_up = _CatchUp()
+        # No topic to read yet: no group to join, so nothing to catch up with (the topics
+        # are read as they are created, within the idle timeout).
+        catch_up = _CatchUp(expect_partitions=bool(existing))
         consumer.subscribe(kafka_topics, on_assign=catch_up.assigned, on_revoke=catch_up.revoked)
         idle_s = timeout_ms / 1000
         catch_up_s = max(idle_s, config.request_timeout_ms / 1000)
@@ -98,12 +104,20 @@ def read_messages(
         consumer.close()
 
 
+def _has_partitions(consumer: Consumer, kafka_topic: str, timeout_s: float) -> bool:
+    """True if ``kafka_topic`` exists with partitions (a metadata request; raises
+    ``KafkaException`` when no broker answers within ``timeout_s``)."""
+    info = consumer.list_topics(kafka_topic, timeout=timeout_s).topics.get(kafka_topic)
+    return info is not None and info.error is None and bool(info.partitions)
+
+
 class _CatchUp:
     """Which assigned partitions a reader has not yet read to their end; ``done`` once it
-    has partitions (or an empty assignment) and each reported its end."""
+    has partitions (or an empty assignment, or expects none: its topics do not exist yet)
+    and each reported its end."""
 
-    def __init__(self) -> None:
-        self._assigned = False
+    def __init__(self, *, expect_partitions: bool) -> None:
+        self._assigned = not expect_partitions
         self._behind: set[tuple[str, int]] = set()
 
     @property
