@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from typing import BinaryIO
+
 import click
 from rich.table import Table
 
 from bridge.cli_common import bootstrap_option, client_config, console
-from bridge.cli_output import NotFoundError, emit_json, json_option, message_json, shown
+from bridge.cli_output import (
+    NotFoundError,
+    emit_json,
+    json_option,
+    message_json,
+    require_broker,
+    shown,
+)
 from bridge.client.producer import Producer
 from bridge.client.reader import read_messages
 from bridge.config import ClientConfig
@@ -144,13 +153,59 @@ def _parse_properties(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _body(body: str | None, body_file: BinaryIO | None) -> bytes:
+    """The message body: BODY as UTF-8, or every byte of ``--file`` (``-``: standard input)."""
+    if (body is None) == (body_file is None):
+        raise click.UsageError("give the body as BODY or with --file (- for standard input)")
+    return body_file.read() if body_file is not None else (body or "").encode()
+
+
+def _delay(message: Message, level: int | None, delay_ms: int | None, at_ms: int | None) -> None:
+    chosen = [name for name, v in (("--delay-level", level), ("--delay-ms", delay_ms),
+                                   ("--deliver-at-ms", at_ms)) if v is not None]  # fmt: skip
+    if len(chosen) > 1:
+        raise click.UsageError(f"{' and '.join(chosen)}: choose one way to delay a message")
+    if level is not None:
+        message.set_delay_time_level(level)
+    elif delay_ms is not None:
+        message.set_delay_time_ms(delay_ms)
+    elif at_ms is not None:
+        message.set_deliver_time_ms(at_ms)
+
+
 @click.command()
 @bootstrap_option("Kafka to send to.")
 @click.argument("topic")
-@click.argument("body")
+@click.argument("body", required=False)
+@click.option(
+    "-f",
+    "--file",
+    "body_file",
+    type=click.File("rb"),
+    default=None,
+    help="Send the bytes of this file as the body (- for standard input) instead of BODY.",
+)
 @click.option("--keys", default=None, help="Space-separated business keys.")
 @click.option("--tags", default=None, help="The message tag.")
 @click.option("-p", "--property", "properties", multiple=True, help="NAME=VALUE user property.")
+@click.option(
+    "--delay-level",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Deliver after this delay level (RocketMQ 4; level 1 is 1 s by default).",
+)
+@click.option(
+    "--delay-ms",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Deliver this many milliseconds after sending (a timer, RocketMQ 5).",
+)
+@click.option(
+    "--deliver-at-ms",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Deliver at this time, epoch milliseconds (a timer, RocketMQ 5).",
+)
 @click.option("--group", default="bridge-cli", show_default=True, help="Producer group.")
 @click.option(
     "--count",
@@ -165,22 +220,30 @@ def send(  # noqa: PLR0917 - click passes every option as a parameter
     ctx: click.Context,
     bootstrap_servers: str | None,
     topic: str,
-    body: str,
+    body: str | None,
+    body_file: BinaryIO | None,
     keys: str | None,
     tags: str | None,
     properties: tuple[str, ...],
+    delay_level: int | None,
+    delay_ms: int | None,
+    deliver_at_ms: int | None,
     group: str,
     count: int,
     as_json: bool,
 ) -> None:
-    """Send BODY to TOPIC and print where it was stored (--json: status, msg_id, topic,
-    queue_id, offset)."""
+    """Send BODY (or the bytes of --file) to TOPIC and print where it was stored (--json:
+    status, msg_id, topic, queue_id, offset). Kafka not reachable within the request timeout:
+    exit status 3, as for every command."""
     config = client_config(ctx, bootstrap_servers)
+    payload = _body(body, body_file)
+    user_properties = _parse_properties(properties)
+    # Before sending: an unreachable broker is told apart from a send that timed out.
+    require_broker(config)
     with Producer(group, config=config) as producer:
         for _ in range(count):
-            msg = Message(
-                topic, body, keys=keys, tags=tags, properties=_parse_properties(properties)
-            )
+            msg = Message(topic, payload, keys=keys, tags=tags, properties=user_properties)
+            _delay(msg, delay_level, delay_ms, deliver_at_ms)
             result = producer.send_sync(msg)
             if as_json:
                 emit_json(

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from confluent_kafka import Producer as RawProducer
 
 from bridge import read_messages
 from bridge.config import ClientConfig
+from bridge.delay.admin import delay_status
 from bridge.runtime.local_kafka import free_port
 from tests.conftest import wait_until
 
@@ -181,6 +183,60 @@ def test_consume_from_an_unreachable_broker_fails() -> None:
     )
     assert "BrokerUnreachableError" in proc.stderr, proc.stderr
     assert proc.returncode == 3, "the documented status of an unreachable broker"
+
+
+def test_send_to_an_unreachable_broker_exits_3_as_every_command_does() -> None:
+    env = {**env_without_bootstrap(), "BRIDGE_REQUEST_TIMEOUT_MS": "2000"}
+    proc = run_cli_failing("send", "-b", f"127.0.0.1:{free_port()}", "orders", "x", env=env)
+    assert proc.stderr.startswith("Error: BrokerUnreachableError"), proc.stderr
+    assert proc.returncode == 3, "the documented status of an unreachable broker"
+
+
+def test_send_takes_any_bytes_from_a_file_or_stdin_and_delays_or_times_a_message(
+    client_config: ClientConfig, topic: str, tmp_path: Path
+) -> None:
+    ns = ["--namespace", client_config.namespace]
+    b = ["-b", client_config.bootstrap_servers]
+    run_cli(*ns, "topics", "create", *b, "--system")
+    from_file = bytes(range(256))  # not UTF-8
+    (tmp_path / "body.bin").write_bytes(from_file)
+    run_cli(*ns, "send", *b, topic, "--file", str(tmp_path / "body.bin"))
+    piped = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", *ns, "send", *b, topic, "-f", "-"],
+        input=b"\xff\xfe from stdin\x00",
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert piped.returncode == 0, piped.stderr
+
+    got = [m.body for m in read_messages(client_config, [topic], max_messages=2)]
+    assert sorted(got) == sorted([from_file, b"\xff\xfe from stdin\x00"])
+
+    run_cli(*ns, "send", *b, topic, "level 3", "--delay-level", "3")
+    run_cli(*ns, "send", *b, topic, "in 10 min", "--delay-ms", "600000")
+    at = int(time.time() * 1000) + 3_600_000
+    run_cli(*ns, "send", *b, topic, "in an hour", "--deliver-at-ms", str(at))
+    waiting = {(q.kind, q.index): q.pending for q in delay_status(client_config) if q.pending}
+    assert waiting.pop(("level", 3)) == 1, waiting
+    assert {kind for kind, _ in waiting} == {"tier"} and sum(waiting.values()) == 2, waiting
+    assert [m.body for m in read_messages(client_config, [topic], timeout_ms=1)] == got
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["x", "--file", "-"], "give the body as BODY or with --file"),
+        ([], "give the body as BODY or with --file"),
+        (["x", "--delay-level", "1", "--delay-ms", "5"], "choose one way to delay"),
+        (["x", "--file", "/no/such/file"], "/no/such/file"),
+    ],
+)
+def test_a_send_without_one_body_or_with_two_delays_is_bad_usage(
+    client_config: ClientConfig, topic: str, args: list[str], says: str
+) -> None:
+    proc = run_cli_usage_error("send", "-b", client_config.bootstrap_servers, topic, *args)
+    assert says in proc.stderr, proc.stderr
 
 
 def test_a_coordinator_with_a_protected_kafka_property_fails_fast(

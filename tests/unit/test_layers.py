@@ -59,6 +59,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "entry points",
         (
+            "bridge.__main__",
             "bridge.cli",
             "bridge.cli_common",
             "bridge.cli_output",
