@@ -1,7 +1,9 @@
 # Images of the compose stack (see docker-compose.yml).
 #   docker build --target coordinator -t rocketmq-kafka-bridge:0.1.0 .
 #   docker build --target ingest -t rocketmq-kafka-bridge-ingest:0.1.0 .
-FROM python:3.11-slim AS base
+# A named Debian release, not a floating tag: python:3.11-slim moved to Debian 13, which has no
+# openjdk-17-jre-headless for the ingest image (tests/unit/test_compose.py checks both).
+FROM python:3.11-slim-bookworm AS base
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY bridge ./bridge

@@ -30,6 +30,56 @@ def test_images_are_pinned_and_kafka_matches_the_local_broker() -> None:
     assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
 
 
+DEBIAN_RELEASES = ("bookworm", "trixie")
+"""Debian releases a base image may name (a tag such as ``3.11-slim-bookworm``)."""
+JAVA_RUNTIMES = {"bookworm": "openjdk-17-jre-headless"}
+"""The Java runtime package the ingest image installs, per Debian release that has it
+(``apt-cache policy openjdk-17-jre-headless`` on Debian 12 shows it; Debian 13 has none)."""
+
+
+def base_images() -> list[str]:
+    """The image of each ``FROM`` in the Dockerfile that is not an earlier stage."""
+    stages: set[str] = set()
+    images = []
+    for line in (REPO_ROOT / "Dockerfile").read_text().splitlines():
+        parts = line.split()
+        if parts[:1] == ["FROM"]:
+            if parts[1] not in stages:
+                images.append(parts[1])
+            if len(parts) >= 4 and parts[2].upper() == "AS":
+                stages.add(parts[3])
+    return images
+
+
+def release_of(image: str) -> str | None:
+    """The Debian release an image's tag names, or None (a digest pins it anyway)."""
+    tag = image.split("@", maxsplit=1)[0].rpartition(":")[2]
+    return next((r for r in DEBIAN_RELEASES if tag.endswith(r)), None)
+
+
+def test_dockerfile_bases_are_pinned_and_the_ingest_java_exists_in_their_release() -> None:
+    """A floating tag (python:3.11-slim) moves to a new Debian release without a change here,
+    and the ingest image's Java runtime may not exist there."""
+    images = base_images()
+    assert images, "no FROM in the Dockerfile"
+    for image in images:
+        assert "@sha256:" in image or release_of(image), f"{image} floats: name a release"
+    java = [
+        word
+        for word in (REPO_ROOT / "Dockerfile").read_text().split()
+        if word.startswith("openjdk-")
+    ]
+    for image in images:
+        release = release_of(image)
+        if release is not None and java:
+            assert set(java) == {JAVA_RUNTIMES.get(release)}, (image, java)
+
+
+@pytest.mark.parametrize("image", ["python:3.11-slim", "python:3.11", "python:latest"])
+def test_a_floating_base_is_told_apart(image: str) -> None:
+    assert release_of(image) is None
+
+
 def test_coordinator_env_uses_names_the_code_reads() -> None:
     env = compose()["services"]["coordinator"]["environment"]
     known = {ENV_BOOTSTRAP_SERVERS, ENV_METRICS_PORT, ENV_METRICS_HOST} | {
