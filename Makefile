@@ -9,7 +9,7 @@ WORKERS ?= 0
 PYTEST_PARALLEL = .venv/bin/python -m pytest -n $(WORKERS) --dist loadgroup
 
 up:
-	@BRIDGE_EXTRAS=test,dev,db ./scripts/bootstrap.sh
+	@BRIDGE_EXTRAS=db ./scripts/bootstrap.sh
 	.venv/bin/bridge -v up
 
 # The whole suite: unit and integration tests against a real broker, the side-by-side run

@@ -10,8 +10,6 @@ need() {
 }
 PYTHON="${PYTHON:-python3}"
 need "$PYTHON" "Python 3.11+"
-need java "a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)"
-need mvn "Apache Maven 3.6+ (Debian: apt-get install maven)"
 "$PYTHON" - <<'PY' || { echo "error: Python 3.11+ is required" >&2; exit 1; }
 import sys
 sys.exit(0 if sys.version_info >= (3, 11) else 1)
@@ -28,7 +26,18 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
-# Jars: the broker's always; Spark's Kafka source when the spark extra is installed.
-sets="kafka"
-case ",$EXTRAS," in *,spark,*) sets="kafka spark delta" ;; esac
-.venv/bin/bridge fetch $sets
+# Jars, fetched with Maven and run on Java, only where something runs them: the broker's unless
+# KAFKA_BOOTSTRAP_SERVERS names a Kafka to use (the test extra always wants them: the suite
+# starts brokers of its own); Spark's Kafka source when the spark extra is installed.
+sets=""
+case ",$EXTRAS," in
+  *,test,*) sets="kafka" ;;
+  *) [ -n "${KAFKA_BOOTSTRAP_SERVERS:-}" ] || sets="kafka" ;;
+esac
+case ",$EXTRAS," in *,spark,*) sets="$sets spark delta" ;; esac
+if [ -n "$sets" ]; then
+  need java "a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)"
+  need mvn "Apache Maven 3.6+ (Debian: apt-get install maven)"
+  # shellcheck disable=SC2086 # one argument per jar set
+  .venv/bin/bridge fetch $sets
+fi
