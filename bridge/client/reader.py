@@ -57,7 +57,7 @@ def read_messages(
             existing = [
                 t
                 for t in kafka_topics
-                if _has_partitions(consumer, t, config.request_timeout_ms / 1000)
+                if _partitions(consumer, t, config.request_timeout_ms / 1000)
             ]
         except KafkaException as exc:
             raise translate_error(
@@ -104,11 +104,11 @@ def read_messages(
         consumer.close()
 
 
-def _has_partitions(consumer: Consumer, kafka_topic: str, timeout_s: float) -> bool:
-    """True if ``kafka_topic`` exists with partitions (a metadata request; raises
-    ``KafkaException`` when no broker answers within ``timeout_s``)."""
+def _partitions(consumer: Consumer, kafka_topic: str, timeout_s: float) -> set[int]:
+    """The partitions of ``kafka_topic``, none if it does not exist (a metadata request;
+    raises ``KafkaException`` when no broker answers within ``timeout_s``)."""
     info = consumer.list_topics(kafka_topic, timeout=timeout_s).topics.get(kafka_topic)
-    return info is not None and info.error is None and bool(info.partitions)
+    return set() if info is None or info.error is not None else set(info.partitions)
 
 
 class _CatchUp:
@@ -149,11 +149,9 @@ def read_to_end(config: ClientConfig, kafka_topic: str, timeout_ms: int = 10_000
     record."""
     consumer = _scanner(config)
     try:
-        meta = consumer.list_topics(kafka_topic, timeout=config.request_timeout_ms / 1000)
-        info = meta.topics.get(kafka_topic)
-        if info is None or info.error is not None or not info.partitions:
+        open_partitions = _partitions(consumer, kafka_topic, config.request_timeout_ms / 1000)
+        if not open_partitions:
             return
-        open_partitions = set(info.partitions)
         consumer.assign([TopicPartition(kafka_topic, p, OFFSET_BEGINNING) for p in open_partitions])
         deadline = time.monotonic() + timeout_ms / 1000
         while open_partitions:
