@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -221,15 +222,25 @@ def test_kill_9_at_every_step_leaves_exactly_once_effects(
             return done >= expected
 
         wait_until(converged, timeout_s=240, interval_s=0.5)
+
+        def log_states() -> Counter[str]:
+            with orders_db.connect() as conn:
+                return Counter(conn.execute(select(transaction_log.c.state)).scalars())
+
+        # 15 committed; 4 rolled back by their work, 1 fenced by a check after its crash. The
+        # fence is written when a check of the crashed order reaches the last (live) producer,
+        # which the consumer's effects above do not wait for.
+        want = {"COMMIT": len(expected), "ROLLBACK": 5}
+        deadline = time.monotonic() + 120
+        while log_states() != want and time.monotonic() < deadline:
+            time.sleep(0.5)
         violations = check(client_config, topic, orders_db, inventory_db)
         for line in violations:
             print("VIOLATION", line)
         assert violations == []
         with orders_db.connect() as conn:
             assert set(conn.execute(select(orders.c.id)).scalars()) == expected
-            states = Counter(conn.execute(select(transaction_log.c.state)).scalars())
-        # 15 committed; 4 rolled back by their work, 1 fenced by a check after its crash.
-        assert states == {"COMMIT": len(expected), "ROLLBACK": 5}
+        assert log_states() == want
     finally:
         apps.stop_all()
         orders_db.dispose()

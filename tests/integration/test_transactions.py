@@ -185,15 +185,18 @@ def test_a_coordinator_taking_over_half_messages_recovers_without_waiting_on_its
         # The same coordinator id: its static membership takes the partitions back at once.
         with Coordinator(config):
             wait_until(lambda: len(listener.checks) == len(half), timeout_s=30)
-    took: dict[int, float] = {}
+    took: dict[int, float] = {}  # in the order the partitions were recovered
     for record in caplog.records:
         if record.name == "bridge.transaction.recovery" and "recovered in" in str(record.msg):
             _, partition, seconds, _, end, _ = cast(tuple[Any, ...], record.args)
             if end > 0:  # the partition held half messages
                 took[partition] = seconds
     assert set(took) == {0, 1, 2, 3}
-    # About 1 s each before (0.5-1 s for the first); 0.02-0.08 s now.
-    assert max(took.values()) < 0.5 and sum(took.values()) < 1.0, took
+    # About 1 s each before; 0.02-0.08 s now. The first partition recovered also pays for the
+    # new reader's connection and first metadata (0.5-1 s on a busy machine), so the bound is
+    # on the three after it: each would wait behind a fetch again if lookups did.
+    after_first = list(took.values())[1:]
+    assert max(after_first) < 0.5 and sum(after_first) < 1.0, took
 
 
 @pytest.mark.check("G3")
