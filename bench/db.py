@@ -4,6 +4,9 @@ bridge, measured in the same run, in interleaved rounds (``BENCH_DB_ROUNDS``, 3)
 * business transactions per second through ``DatabaseTransactionListener`` (one order row,
   its log row, the half message and its END), against the same database transaction alone
   (the order row), from ``BENCH_DB_THREADS`` (8) threads for ``BENCH_DB_SECONDS`` (4 s) each;
+  and, to show where the ceiling is, the same transactional sends with a listener that answers
+  COMMIT without a database (the half message's round trip, the END and the coordinator's
+  commit on the same broker and cores);
 * ``IdempotentListener`` consuming ``BENCH_DB_MESSAGES`` (5,000) messages with a handler that
   inserts a row, against a plain ``PushConsumer`` listener running the same insert in its own
   database transaction.
@@ -25,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import (
     Column,
@@ -49,7 +53,9 @@ from bridge import (
     MessageExt,
     Producer,
     PushConsumer,
+    TransactionListener,
     TransactionMQProducer,
+    TransactionStatus,
 )
 from bridge.db import DatabaseTransactionListener, IdempotentListener, create_tables
 from bridge.kafka.admin import TopicAdmin
@@ -131,11 +137,24 @@ def _save_order(conn: Connection, order_id: str) -> None:
     conn.execute(insert(orders).values(id=order_id, body=BODY))
 
 
+class _CommitAlways(TransactionListener):
+    """The bridge's half of a business transaction without a database: COMMIT at once."""
+
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        return TransactionStatus.COMMIT
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        return TransactionStatus.COMMIT
+
+
 def _producer_rows(config: ClientConfig, engine: Engine, backend: str) -> list[Row]:
     topic = f"bench-db-{uuid.uuid4().hex[:6]}"
-    with TransactionMQProducer(
-        "bench_db_tx", DatabaseTransactionListener(engine), config=config
-    ) as producer:
+    with (
+        TransactionMQProducer(
+            "bench_db_tx", DatabaseTransactionListener(engine), config=config
+        ) as producer,
+        TransactionMQProducer("bench_db_tx_kafka", _CommitAlways(), config=config) as kafka_only,
+    ):
 
         def alone() -> None:
             with engine.begin() as conn:
@@ -147,12 +166,17 @@ def _producer_rows(config: ClientConfig, engine: Engine, backend: str) -> list[R
                 Message(topic, BODY, keys=oid), lambda conn: _save_order(conn, oid)
             )
 
+        def without_database() -> None:
+            kafka_only.send_message_in_transaction(Message(topic, BODY, keys=uuid.uuid4().hex))
+
         through_bridge()  # warm: topics, metadata, connections
+        without_database()
         rates = interleaved_rates(
             ROUNDS,
             {
                 "alone": lambda: _threads_rate(alone),
                 "bridge": lambda: _threads_rate(through_bridge),
+                "kafka": lambda: _threads_rate(without_database),
             },
         )
         if os.environ.get("BENCH_DB_PROFILE"):
@@ -161,7 +185,17 @@ def _producer_rows(config: ClientConfig, engine: Engine, backend: str) -> list[R
         Row(
             f"db tx producer ({backend})", "tx/s", rates["bridge"], rates["alone"],
             "the same DB transactions alone",
-        )
+        ),
+        # Where the ceiling is: the transactional sends alone (half message, END, the
+        # coordinator's commit), on the same broker, threads and machine.
+        Row(
+            f"tx sends without a DB ({backend})", "tx/s", rates["kafka"], rates["alone"],
+            "the same DB transactions alone",
+        ),
+        Row(
+            f"db tx producer ({backend})", "tx/s", rates["bridge"], rates["kafka"],
+            "the same tx sends without a DB",
+        ),
     ]  # fmt: skip
 
 
