@@ -24,9 +24,11 @@ endif
 	.venv/bin/python -m pytest tests/differential
 	.venv/bin/python -m chaos run --seed $(SEED) --duration 150
 
-# The inner loop: lint, the unit tests and the broker tests marked check (one a guarantee).
+# The inner loop: lint, the unit tests and the broker tests marked check (one a guarantee), on
+# CHECK_WORKERS pytest-xdist processes sharing one broker (0: one process).
+CHECK_WORKERS ?= 3
 check: lint
-	$(PYTEST_PARALLEL) -m "unit or check"
+	.venv/bin/python -m pytest -n $(CHECK_WORKERS) --dist loadgroup -m "unit or check"
 
 # Fault injection on a three-broker cluster (fixed seed, a few minutes; fails on a violation).
 chaos: bootstrap

@@ -86,6 +86,7 @@ def keys_on(config: ClientConfig, topic: str, count: int) -> list[str]:
     return sorted(m.keys[0] for m in got)
 
 
+@pytest.mark.check("G13")
 def test_outcomes_and_check_back_answered_from_the_log(
     client_config: ClientConfig, engine: Engine, coordinator: Any, topic: str
 ) -> None:
