@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,13 @@ from bridge.client.reader import read_message_at
 from bridge.config import ClientConfig
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import BridgeError, BrokerUnreachableError, KafkaClientError
+from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import translate_error
 from bridge.message import Message
 from bridge.runtime.jars import ARTIFACT_SETS, ensure_jars
 from bridge.runtime.local_kafka import LocalKafka
+from topics.catalog import TopicSpec
+from topics.naming import to_kafka_topic
 
 logger = logging.getLogger("bridge.cli")
 
@@ -99,9 +103,20 @@ def cli(ctx: click.Context, namespace: str | None, verbose: int, log_format: str
     ctx.obj = {"namespace": namespace, "verbose": verbose}
 
 
+_SELF_CHECK_SEND_TIMEOUT_MS = 30_000
+"""The self-check's send timeout, ms (at least): its first send may wait for its topic's leader
+on a broker that has just started, which takes more than the 3 s default on a busy machine."""
+
+
 def _self_check(config: ClientConfig) -> None:
     """Send one message and read it back, printing both."""
     started = time.monotonic()
+    TopicAdmin(config).ensure_topics(
+        [TopicSpec(to_kafka_topic(SELF_CHECK_TOPIC, config.namespace), 1)], strict=False
+    )
+    config = replace(
+        config, send_msg_timeout_ms=max(config.send_msg_timeout_ms, _SELF_CHECK_SEND_TIMEOUT_MS)
+    )
     with Producer("bridge-self-check", config=config) as producer:
         result = producer.send_sync(
             Message(SELF_CHECK_TOPIC, b"hello from the bridge", keys="self-check", tags="SelfCheck")

@@ -81,10 +81,13 @@ class Apps:
                 "BRIDGE_COORDINATOR_ID": f"crash-{uuid.uuid4().hex[:6]}",
                 "BRIDGE_TRANSACTION_PARTITIONS": "1",
                 "BRIDGE_TRANSACTION_TIMEOUT_MS": "1000",
-                # Checks every 2 s, 60 of them: no transaction is parked while the test's
-                # producer is down between two runs.
+                # Checks every 2 s, 300 of them (10 min): no transaction is parked while no
+                # producer takes checks. Each killed run's check consumer holds its partitions
+                # until its session times out (10 s), and a run killed within seconds of its
+                # start may never get them: the crashed order's first answer can come only
+                # from the last run, minutes later on a loaded machine.
                 "BRIDGE_CHECK_INTERVAL_MS": "2000",
-                "BRIDGE_TRANSACTION_CHECK_MAX": "60",
+                "BRIDGE_TRANSACTION_CHECK_MAX": "300",
                 "BRIDGE_SESSION_TIMEOUT_MS": "6000",
             },
         )  # fmt: skip
