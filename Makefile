@@ -4,7 +4,7 @@
 SEED ?= 1
 # Worker processes for pytest (pytest-xdist), sharing one broker; tests marked serial run after
 # them, alone. 0 (the default) runs the suite in one process, as CI does: the parallel run has
-# not yet been shown to pass on a 2-core machine (make test WORKERS=4 to try it).
+# not yet been shown to pass reliably on a 2-core machine (make test WORKERS=3 to try it).
 WORKERS ?= 0
 PYTEST_PARALLEL = .venv/bin/python -m pytest -n $(WORKERS) --dist loadgroup
 
