@@ -28,7 +28,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from sqlalchemy import (
     Column,
@@ -45,6 +44,7 @@ from sqlalchemy import (
 
 from bench.delays import _await_coordinator, _coordinator
 from bench.harness import Row, interleaved_rates, print_rows
+from bench.transactions import _Commit
 from bridge import (
     ClientConfig,
     ConsumeFromWhere,
@@ -53,9 +53,7 @@ from bridge import (
     MessageExt,
     Producer,
     PushConsumer,
-    TransactionListener,
     TransactionMQProducer,
-    TransactionStatus,
 )
 from bridge.db import DatabaseTransactionListener, IdempotentListener, create_tables
 from bridge.kafka.admin import TopicAdmin
@@ -137,23 +135,14 @@ def _save_order(conn: Connection, order_id: str) -> None:
     conn.execute(insert(orders).values(id=order_id, body=BODY))
 
 
-class _CommitAlways(TransactionListener):
-    """The bridge's half of a business transaction without a database: COMMIT at once."""
-
-    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
-        return TransactionStatus.COMMIT
-
-    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
-        return TransactionStatus.COMMIT
-
-
 def _producer_rows(config: ClientConfig, engine: Engine, backend: str) -> list[Row]:
     topic = f"bench-db-{uuid.uuid4().hex[:6]}"
     with (
         TransactionMQProducer(
             "bench_db_tx", DatabaseTransactionListener(engine), config=config
         ) as producer,
-        TransactionMQProducer("bench_db_tx_kafka", _CommitAlways(), config=config) as kafka_only,
+        # The bridge's half of a business transaction without a database: COMMIT at once.
+        TransactionMQProducer("bench_db_tx_kafka", _Commit(), config=config) as kafka_only,
     ):
 
         def alone() -> None:
