@@ -195,37 +195,50 @@ class ClientConfig:
 
     # --- connection -----------------------------------------------------------------------
     bootstrap_servers: str = DEFAULT_BOOTSTRAP_SERVERS
-    """Kafka's ``bootstrap.servers``: comma-separated ``host:port`` pairs."""
+    """Kafka's ``bootstrap.servers``: comma-separated ``host:port`` pairs (``bridge up`` starts
+    a local broker when ``KAFKA_BOOTSTRAP_SERVERS`` is unset)."""
     namespace: str = DEFAULT_NAMESPACE
     """Prefix of system, retry and DLQ topics."""
     send_msg_timeout_ms: int = 3000
     """RocketMQ's ``sendMsgTimeout``: how long a send may take before it fails, in ms."""
     max_message_bytes: int = 1_048_576
-    """Largest body accepted, in bytes (Kafka's default broker limit is about 1 MiB)."""
+    """Largest body accepted, in bytes (Kafka's default broker limit is about 1 MiB); keep it
+    some kilobytes below the ``max.message.bytes`` of the topics sent to."""
     linger_ms: int = 5
-    """How long the client waits to fill a batch, in ms (Kafka's ``linger.ms``)."""
+    """How long the client waits to fill a batch, in ms (Kafka's ``linger.ms``). A
+    ``TransactionMQProducer`` sends with none (each send waits for its half message anyway); a
+    push consumer's retry and quarantine copies wait at least 50 ms, since only the held
+    message waits on them."""
     request_timeout_ms: int = 10_000
-    """Bound on admin and metadata calls, in ms."""
+    """Bound on admin and metadata calls, in ms; the command line reports Kafka unreachable
+    (exit status 3) when no broker answers within it."""
     # --- delay policy (kept flat, before ``kafka``: the constructor's order is public) -------
     message_delay_level: str = DEFAULT_MESSAGE_DELAY_LEVEL
-    """RocketMQ's ``messageDelayLevel``: the delay of each level, e.g. ``"1s 5s 10s 30s 1m"``."""
+    """RocketMQ's ``messageDelayLevel``: the delay of each level, e.g. ``"1s 5s 10s 30s 1m"``
+    (one SCHEDULE partition per level)."""
     timer_precision_ms: int = 1000
     """RocketMQ 5's ``timerPrecisionMs`` (100, 200, 500 or 1000): the shortest
     tier's wait, ms."""
     timer_max_delay_ms: int = 3 * 86_400_000
-    """RocketMQ 5's ``timerMaxDelaySec`` in ms (3 days; up to 400 days): longer is an error."""
+    """RocketMQ 5's ``timerMaxDelaySec`` in ms (3 days; up to 400 days): a longer timer is
+    refused at send time. Producers pick a timer's tier with this and ``timer_precision_ms``,
+    so every producer and coordinator of a namespace must use the same two values (a mismatch
+    in the tier count is refused with ``TopicProvisioningError``; a producer with another
+    precision and the same count makes its timers late)."""
     # --- connection, continued ------------------------------------------------------------
     kafka: Mapping[str, str] = field(default_factory=dict)
     """Extra librdkafka properties (security, tuning); they win over the defaults, except the
     :data:`PROTECTED_KAFKA_PROPERTIES`, which are refused."""
     # --- compatibility (after ``kafka``: the fields before it keep their positions) -----------
     delay_record_format: str = "headers"
-    """How delayed and timer records are written to SCHEDULE and the timer topic (one of
+    """How producers, push consumers' send-backs and the coordinator's back-off copies write
+    delayed and timer records to SCHEDULE and the timer topic (one of
     :data:`DELAY_RECORD_FORMATS`): ``"headers"`` (the body as the Kafka value, the routing in
     headers) or ``"envelope"`` (an Avro ``MessageEnvelope``, as releases before the header
     format wrote them, which their coordinators read). Kafka's ``log.message.format.version``
     for a rolling upgrade: clients and coordinators keep ``"envelope"`` until every coordinator
-    of the namespace reads the header format. Records of either format are always read."""
+    of the namespace reads the header format. Records of either format are always read;
+    another value is an ``InvalidArgumentError`` naming the setting."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers or not all(

@@ -3,16 +3,24 @@ environment.
 
 Settings are frozen dataclasses validated in ``__post_init__`` with :func:`require_int` and
 :func:`require_number`, and read from the environment with :func:`env_values`, which converts
-each value to its field's type as ``typing.get_type_hints`` resolves it.
+each value to its field's type as ``typing.get_type_hints`` resolves it. Each field, and each
+constant naming an environment variable, has a docstring (the string right after it), which
+:func:`attribute_docs` reads: the configuration reference of the documentation is built from
+them.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import itertools
 import math
+import textwrap
 import typing
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from types import ModuleType
+from typing import Any, Final
 
 from bridge.errors import InvalidArgumentError
 
@@ -71,3 +79,38 @@ def env_values(
             kind = "an integer" if parse is int else "a number"
             raise InvalidArgumentError(f"{key} must be {kind}, got {raw!r}") from None
     return values
+
+
+OTHER_ENVIRONMENT: Final = (
+    "topics.client_security:ENV_KAFKA_PREFIX",
+    "bridge.observability.server:ENV_METRICS_HOST",
+    "bridge.runtime.jars:ENV_CACHE_DIR",
+    "bridge.cli_broker:ENV_SCRAM_USERS",
+    "spark_jobs.common:ENV_SPARK_JARS",
+    "spark_jobs.common:ENV_SPARK_PARTITIONS",
+)
+"""The environment variables read neither by a settings dataclass's ``from_env`` nor as a
+command line option's ``envvar``, as ``module:CONSTANT``: the constant holds the variable's
+name (or prefix) and its docstring says what it does."""
+
+
+def attribute_docs(owner: type | ModuleType) -> dict[str, str]:
+    """The docstrings of the attributes of class or module ``owner``: for each name assigned
+    in its body and followed by a string literal, that string, dedented and stripped."""
+    source = textwrap.dedent(inspect.getsource(owner))
+    body = ast.parse(source).body
+    if isinstance(owner, type):
+        body = next(node for node in body if isinstance(node, ast.ClassDef)).body
+    docs: dict[str, str] = {}
+    for node, after in itertools.pairwise(body):
+        if not (
+            isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for target in targets:
+            if isinstance(target, ast.Name):
+                docs[target.id] = inspect.cleandoc(after.value.value)
+    return docs

@@ -55,7 +55,14 @@ SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|jaas|keystore[
 (their values hold a password or a private key)."""
 
 ENV_SPARK_PARTITIONS = "BRIDGE_SPARK_PARTITIONS"
-"""Shuffle partitions of the jobs' queries."""
+"""Shuffle partitions of the jobs' queries: a positive integer (else an
+``InvalidArgumentError`` naming it), 4 by default; a query restarted from its checkpoint keeps
+the count it started with."""
+ENV_SPARK_JARS = "BRIDGE_SPARK_JARS"
+"""Where the jobs' Spark Kafka source comes from (``--spark-jars``): ``cache`` (the jar cache,
+as local jars: nothing downloads when it is warm), ``packages`` (``spark.jars.packages``, on a
+machine with internet), ``none`` (``spark-submit --jars`` brought them) or ``auto`` (the
+default: ``none`` under ``spark-submit``, else ``cache``)."""
 DEFAULT_SPARK_PARTITIONS = 4
 """One per core measured no faster on the shared 2-core machine (``python -m bench spark``):
 fewer, longer deduplication tasks balance worse against other load."""
@@ -303,7 +310,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         "--spark-jars",
         dest="jars",
         choices=("auto", "cache", "packages", "none"),
-        default=os.environ.get("BRIDGE_SPARK_JARS", "auto"),
+        default=os.environ.get(ENV_SPARK_JARS, "auto"),
         help="where Spark's Kafka source comes from: the jar cache, spark.jars.packages, or "
         "spark-submit --jars (auto: the latter under spark-submit, else the cache; "
         "env BRIDGE_SPARK_JARS)",

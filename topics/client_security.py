@@ -26,6 +26,12 @@ from typing import Final
 from topics.errors import InvalidArgumentError
 
 ENV_KAFKA_PREFIX: Final = "BRIDGE_KAFKA_"
+"""``BRIDGE_KAFKA_<PROPERTY>`` sets ``ClientConfig.kafka``: any librdkafka property, upper case
+with ``_`` for ``.`` (``BRIDGE_KAFKA_SECURITY_PROTOCOL=SASL_SSL``), except the protected ones
+(refused with an ``InvalidArgumentError`` that says why and what to use instead) and
+``BRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS`` (a coordinator setting). Producers skip consumer-only
+properties such as ``session.timeout.ms``, and consumers producer-only ones; a property
+librdkafka refuses is an ``InvalidArgumentError`` naming it."""
 ENV_COMMAND_CONFIG: Final = "BRIDGE_COMMAND_CONFIG"
 """The environment variable naming a client properties file (the ``--command-config``)."""
 NOT_CLIENT_ENV: Final = frozenset({"BRIDGE_KAFKA_TRANSACTION_TIMEOUT_MS"})

@@ -16,7 +16,12 @@ class PushConsumerConfig:
     """How a :class:`~bridge.consumer.PushConsumer` consumes. Validated on construction."""
 
     message_model: MessageModel = MessageModel.CLUSTERING
+    """``CLUSTERING`` (a group shares the messages; failures are retried through the group's
+    retry topic) or ``BROADCASTING`` (every instance gets every message; failures are dropped
+    with a warning, as in RocketMQ)."""
     consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    """Where the group starts on a partition it has no committed offset for (retry topics always
+    start from their first message)."""
     consume_timestamp_ms: int = 0
     """With CONSUME_FROM_TIMESTAMP: start at this time (epoch ms); 0 means half an hour ago."""
     consume_thread_count: int = 20

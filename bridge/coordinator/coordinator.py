@@ -46,9 +46,15 @@ class CoordinatorConfig:
     """Settings of one coordinator process."""
 
     client: ClientConfig = field(default_factory=ClientConfig)
+    """The Kafka connection and delay settings (``ClientConfig.from_env`` in ``from_env``)."""
     coordinator_id: str = field(default_factory=_default_coordinator_id)
-    """Names this process in logs and Kafka client ids."""
+    """Names this process in logs and Kafka client ids (default ``<host>-<pid>``); its services'
+    static member ids and transactional ids derive from it, so a coordinator started again with
+    the same id takes its partitions back at once."""
     transaction_partitions: int = DEFAULT_TRANSACTION_PARTITIONS
+    """Partitions of the HALF and OP topics when the coordinator creates them (checked at
+    start only: add partitions to both together, with the coordinators and transactional
+    producers stopped)."""
     status_interval_ms: int = 60_000
     """How often the coordinator logs the state of its services, ms."""
     transaction_timeout_ms: int = 6_000
@@ -62,20 +68,25 @@ class CoordinatorConfig:
     """RocketMQ's ``fileReservedTime``: older half messages are parked (after one check), ms."""
     session_timeout_ms: int = 10_000
     """Kafka's ``session.timeout.ms`` for the coordinator's consumers: how long a crashed
-    coordinator keeps its partitions before the others take them over, ms (Kafka: 45 s)."""
+    coordinator keeps its partitions before the others take them over, ms (Kafka: 45 s). A
+    stopped one's too (its consumers are static members, which do not leave their groups),
+    unless a coordinator with the same ``coordinator_id`` starts again."""
     kafka_transaction_timeout_ms: int = 10_000
     """``transaction.timeout.ms`` of the coordinator's Kafka transactions: how long a crashed
-    coordinator's unfinished transaction can hold readers back, ms."""
+    coordinator's unfinished transaction can hold readers back, ms (only the coordinator's
+    transactions have one: it is no client property)."""
     delivery_attempts: int = 3
-    """Deliveries of a delayed message that fail for a permanent reason (missing topic,
-    partition out of range, too large, not authorized) before it goes to QUARANTINE."""
+    """Deliveries of a committed or delayed message that its real topic refuses (missing,
+    internal, partition out of range, too large, not authorized) before it is parked (a
+    committed message) or quarantined (a delayed one)."""
     delivery_backoff_ms: int = 1000
     """Wait before the second such delivery attempt, ms; doubles for each further one."""
     allowed_topics: str = ALLOW_ALL
     """The real topics the coordinator may write, committed and delayed messages alike:
     comma-separated glob patterns over Kafka topic names (``orders,payments-*``; retry topics
-    are ``<namespace>.RETRY.<group>``). A commit to another topic is parked, a delayed message
-    quarantined, each with the reason; ``*`` (the default) allows every topic. See
+    are ``<namespace>.RETRY.<group>``; a pattern with a character no Kafka topic name has, e.g.
+    ``%RETRY%g``, is refused, naming the setting). A commit to another topic is parked, a
+    delayed message quarantined, each with the reason; ``*`` (the default) allows every topic. See
     ``docs/trust-model.md``."""
     allowed_producer_groups: str = ALLOW_ALL
     """The producer groups whose half messages the coordinator checks (creating their check

@@ -22,7 +22,11 @@ DEFAULT_METRICS_HOST: Final = "127.0.0.1"
 """Loopback by default: set ``BRIDGE_METRICS_HOST=0.0.0.0`` (a container) to be scraped from
 elsewhere; the endpoint has no authentication."""
 ENV_METRICS_PORT: Final = "BRIDGE_METRICS_PORT"
+"""The port of the metrics and health endpoint (``bridge coordinator --metrics-port``)."""
 ENV_METRICS_HOST: Final = "BRIDGE_METRICS_HOST"
+"""The address the metrics and health endpoint listens on: ``127.0.0.1`` (loopback) by default;
+``0.0.0.0`` (e.g. in a container) to be scraped from elsewhere. The endpoint has no
+authentication."""
 
 
 @dataclass(frozen=True, slots=True)

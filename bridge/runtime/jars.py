@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import Final
 from xml.sax.saxutils import escape
 
 from bridge.errors import ArtifactFetchError, MissingToolError
@@ -96,9 +97,14 @@ def _checkout_root() -> Path | None:
     return None
 
 
+ENV_CACHE_DIR: Final = "BRIDGE_CACHE_DIR"
+"""Where the jars and the local broker's data go; default: ``.cache/`` of the source checkout
+(git-ignored), else ``~/.cache/rocketmq-kafka-bridge``."""
+
+
 def cache_dir() -> Path:
     """The cache directory (created on demand)."""
-    configured = os.environ.get("BRIDGE_CACHE_DIR")
+    configured = os.environ.get(ENV_CACHE_DIR)
     if configured:
         path = Path(configured)
     else:
