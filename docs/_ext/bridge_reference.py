@@ -1,0 +1,349 @@
+"""Reference tables generated from the code at build time, so they cannot drift from it.
+
+Directives (each emits a table; descriptions are the code's own docstrings and help texts):
+
+* ``bridge-settings MODULE.CLASS``: the fields of a settings dataclass, with type, default,
+  the environment variable ``CLASS.from_env`` reads (found by running it on an environment
+  that records what is asked) and the field's docstring.
+* ``bridge-environment``: every environment variable: the settings dataclasses' (arguments:
+  the classes), the command line options' ``envvar`` (walked from the click group) and the
+  constants listed in ``bridge.settings.OTHER_ENVIRONMENT``.
+* ``bridge-protected-properties``: ``bridge.config.PROTECTED_KAFKA_PROPERTIES``.
+* ``bridge-metrics NAME...``: the metrics of ``BridgeMetrics`` named in the content (one
+  per line); the ``bridge-metrics-complete`` check at the end of the build fails on a metric
+  no page lists.
+
+A missing description is a build error (and ``tests/unit/test_reference_descriptions.py``
+fails on it first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+import click
+from docutils import nodes
+from docutils.statemachine import StringList
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics import MetricWrapperBase
+from sphinx.application import Sphinx
+from sphinx.environment import BuildEnvironment
+from sphinx.errors import ExtensionError
+from sphinx.util.docutils import SphinxDirective
+from sphinx.util.nodes import make_refnode
+
+from bridge.config import PROTECTED_KAFKA_PROPERTIES
+from bridge.observability.metrics import BridgeMetrics
+from bridge.settings import OTHER_ENVIRONMENT, attribute_docs
+
+_LISTED_METRICS = "bridge_reference_metrics"
+
+
+def _import(dotted: str) -> Any:
+    module, _, name = dotted.replace(":", ".").rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+class _Recorder(Mapping[str, str]):
+    """An empty environment that remembers every name asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.asked.append(key)
+        return default
+
+    def __getitem__(self, key: str) -> str:
+        self.asked.append(key)
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def env_names(cls: type[Any]) -> dict[str, str]:
+    """Field name -> the environment variable ``cls.from_env`` reads for it."""
+    from_env = getattr(cls, "from_env", None)
+    if from_env is None:
+        return {}
+    recorder = _Recorder()
+    from_env(recorder)
+    names: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        for asked in recorder.asked:
+            if asked.endswith(f.name.upper()) and f.name not in names:
+                names[f.name] = asked
+    return names
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _cell(text: str) -> str:
+    # A list-table cell: one line of inline RST (a '|' would start a substitution).
+    return _one_line(text).replace("|", "\\|") or "\\ "
+
+
+def _literal(text: str) -> str:
+    return f"``{text}``" if text else "\\ "
+
+
+def _default(f: dataclasses.Field[Any]) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+        if isinstance(value, enum.Enum):
+            return _literal(value.name)
+        return _literal(repr(value))
+    if f.default_factory in (dict, list, tuple):
+        return "none"
+    return "computed (see the description)"
+
+
+def _type_name(f: dataclasses.Field[Any]) -> str:
+    return _literal(f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "?"))
+
+
+class _TableDirective(SphinxDirective):
+    """Builds a list-table from rows of inline RST and parses it in the page."""
+
+    module_context: ClassVar[str | None] = None
+
+    def table(self, title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[Any]:
+        lines = [
+            f".. list-table:: {title}",
+            "   :header-rows: 1",
+            "   :class: bridge-reference",
+            "",
+        ]
+        for row in [list(header), *rows]:
+            first, *rest = row
+            lines.append(f"   * - {first}")
+            lines.extend(f"     - {cell}" for cell in rest)
+        container = nodes.container()
+        self.state.nested_parse(StringList(lines, source=self.get_source_info()[0]), 0, container)
+        return list(container.children)
+
+    def parse_in(self, module: str, cls: str | None, build: Any) -> list[Any]:
+        """Run ``build()`` with ``module`` (and class ``cls``) as the context of the
+        docstrings' relative cross-references (``:data:`NAME```)."""
+        context = self.env.ref_context
+        saved = {key: context.get(key) for key in ("py:module", "py:class")}
+        context["py:module"] = module
+        if cls:
+            context["py:class"] = cls
+        else:
+            context.pop("py:class", None)
+        try:
+            return build()  # type: ignore[no-any-return]
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    context.pop(key, None)
+                else:
+                    context[key] = value
+
+
+class SettingsDirective(_TableDirective):
+    """``.. bridge-settings:: bridge.config.ClientConfig``"""
+
+    required_arguments = 1
+
+    def run(self) -> list[Any]:
+        cls = _import(self.arguments[0])
+        docs = attribute_docs(cls)
+        env = env_names(cls)
+        rows = []
+        for f in dataclasses.fields(cls):
+            if f.name not in docs:
+                raise self.error(f"{cls.__qualname__}.{f.name} has no docstring")
+            rows.append(
+                [
+                    _literal(f.name),
+                    _type_name(f),
+                    _default(f),
+                    _literal(env.get(f.name, "")),
+                    _cell(docs[f.name]),
+                ]
+            )
+        header = ["Field", "Type", "Default", "Environment", "Description"]
+        title = f":class:`~{cls.__module__}.{cls.__qualname__}`"
+        return self.parse_in(
+            cls.__module__, cls.__qualname__, lambda: self.table(title, header, rows)
+        )
+
+
+def _click_envvars(command: click.Command, path: str) -> Iterator[tuple[str, str, str]]:
+    """(variable, the option or argument it sets, its help) of ``command`` and below."""
+    for param in command.params:
+        envvars = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+        for var in envvars:
+            if isinstance(param, click.Option):
+                what = f"``{path} {max(param.opts, key=len)}``"
+                yield var, what, param.help or ""
+            else:
+                what = f"``{path} {(param.name or '').upper()}``"
+                yield var, what, f"The {(param.name or '').upper()} argument of ``{path}``."
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _click_envvars(sub, f"{path} {name}")
+
+
+class EnvironmentDirective(_TableDirective):
+    """``.. bridge-environment:: bridge.config.ClientConfig bridge.coordinator.CoordinatorConfig``
+
+    Option ``:command:`` names the click group (``bridge.cli.cli``) and ``:prog:`` its name.
+    """
+
+    required_arguments = 1
+    final_argument_whitespace = True
+    option_spec: ClassVar[dict[str, Any]] = {"command": str, "prog": str}
+
+    def run(self) -> list[Any]:
+        rows: dict[str, list[str]] = {}
+        for dotted in self.arguments[0].split():
+            cls = _import(dotted)
+            docs = attribute_docs(cls)
+            for name, var in env_names(cls).items():
+                role = f"``{cls.__qualname__}.{name}``"
+                rows.setdefault(var, [_literal(var), role, _cell(docs[name])])
+        command = _import(self.options.get("command", "bridge.cli.cli"))
+        prog = self.options.get("prog", "rmq-bridge")
+        for var, what, help_text in _click_envvars(command, prog):
+            if var in rows:
+                rows[var][1] += f", {what}"
+            else:
+                if not help_text:
+                    raise self.error(f"{what} ({var}) has no help text")
+                rows[var] = [_literal(var), what, _cell(help_text)]
+        for entry in OTHER_ENVIRONMENT:
+            module, _, constant = entry.partition(":")
+            var = getattr(importlib.import_module(module), constant)
+            doc = attribute_docs(importlib.import_module(module)).get(constant)
+            if not doc:
+                raise self.error(f"{entry} has no docstring")
+            shown = f"{var}<PROPERTY>" if var.endswith("_") else var
+            rows.setdefault(shown, [_literal(shown), f"``{module}``", _cell(doc)])
+        header = ["Variable", "Sets", "Description"]
+        return self.table("Environment variables", header, sorted(rows.values()))
+
+
+class ProtectedPropertiesDirective(_TableDirective):
+    """``.. bridge-protected-properties::``: librdkafka properties the bridge refuses."""
+
+    def run(self) -> list[Any]:
+        groups: dict[tuple[str, str], list[str]] = {}
+        for name, reason in PROTECTED_KAFKA_PROPERTIES.items():
+            groups.setdefault(reason, []).append(_literal(name))
+        rows = [
+            [", ".join(names), _cell(why), _cell(instead)]
+            for (why, instead), names in groups.items()
+        ]
+        return self.table("Protected librdkafka properties", ["Property", "Why", "Instead"], rows)
+
+
+def _all_metrics() -> dict[str, MetricWrapperBase]:
+    metrics = BridgeMetrics(CollectorRegistry(), process_metrics=False)
+    found = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]
+    return {exported_name(m): m for m in found}
+
+
+def exported_name(metric: MetricWrapperBase) -> str:
+    """The name Prometheus scrapes (a counter's with ``_total``)."""
+    name: str = metric._name
+    return f"{name}_total" if metric._type == "counter" else name
+
+
+class MetricsDirective(_TableDirective):
+    """``.. bridge-metrics::`` with one metric name a line."""
+
+    has_content = True
+
+    def run(self) -> list[Any]:
+        metrics = _all_metrics()
+        listed = _listed(self.env).setdefault(self.env.docname, set())
+        rows = []
+        for name in (line.strip() for line in self.content if line.strip()):
+            metric = metrics.get(name)
+            if metric is None:
+                raise self.error(f"no metric {name!r} in BridgeMetrics")
+            listed.add(name)
+            labels = ", ".join(metric._labelnames)
+            kind, doc = str(metric._type), str(metric._documentation)
+            rows.append([_literal(name), kind, labels, _cell(doc)])
+        return self.table("Metrics", ["Name", "Type", "Labels", "Meaning"], rows)
+
+
+def _listed(env: BuildEnvironment) -> dict[str, set[str]]:
+    """Page -> the metrics its tables list (kept in the environment across builds)."""
+    if not hasattr(env, _LISTED_METRICS):
+        setattr(env, _LISTED_METRICS, {})
+    listed: dict[str, set[str]] = getattr(env, _LISTED_METRICS)
+    return listed
+
+
+def _forget_page(app: Sphinx, env: BuildEnvironment, docname: str) -> None:
+    _listed(env).pop(docname, None)
+
+
+def _check_metrics_listed(app: Sphinx, env: BuildEnvironment) -> None:
+    listed = set().union(*_listed(env).values())
+    missing = sorted(set(_all_metrics()) - listed)
+    if listed and missing:
+        raise ExtensionError(f"metrics in no bridge-metrics table: {', '.join(missing)}")
+
+
+class _DocumentedOnce:
+    """autodoc-skip-member: a public object several modules export (``bridge.ConsumeStatus``
+    is ``bridge.aio.ConsumeStatus``) is described once, under the first module the pages
+    document it in; the others skip it."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, str] = {}
+
+    def __call__(  # noqa: PLR0917 - Sphinx passes the event's arguments by position
+        self, app: Sphinx, what: str, name: str, obj: Any, skip: bool, options: Any
+    ) -> bool | None:
+        if what != "module" or skip or not isinstance(obj, type | Callable):
+            return None
+        module = app.env.temp_data.get("autodoc:module") or app.env.ref_context.get("py:module")
+        first = self.first.setdefault(id(obj), str(module))
+        return True if first != str(module) else None
+
+
+def _resolve_short_name(
+    app: Sphinx, env: BuildEnvironment, node: Any, contnode: nodes.Element
+) -> nodes.Element | None:
+    """A ``:class:`SendError``` written in a module that does not define it resolves to the
+    one documented object of that name, if there is exactly one."""
+    if node.get("refdomain") != "py":
+        return None
+    target = str(node["reftarget"]).lstrip("~.")
+    domain = env.domains["py"]
+    found = [name for name in domain.objects if name == target or name.endswith("." + target)]
+    canonical = {domain.objects[name].docname + domain.objects[name].node_id for name in found}
+    if len(canonical) != 1:
+        return None
+    name = found[0]
+    entry = domain.objects[name]
+    return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, name)
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.connect("autodoc-skip-member", _DocumentedOnce())
+    app.connect("missing-reference", _resolve_short_name)
+    app.add_directive("bridge-settings", SettingsDirective)
+    app.add_directive("bridge-environment", EnvironmentDirective)
+    app.add_directive("bridge-protected-properties", ProtectedPropertiesDirective)
+    app.add_directive("bridge-metrics", MetricsDirective)
+    app.connect("env-purge-doc", _forget_page)
+    app.connect("env-updated", _check_metrics_listed)
+    return {"version": "1", "parallel_read_safe": False, "parallel_write_safe": True}
