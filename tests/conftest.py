@@ -9,7 +9,7 @@ controlling process starts it in the background as the session begins (the worke
 tests meanwhile) and stops it at the end; each test keeps to its own namespace and topics. A
 test that restarts, stops or reconfigures a broker starts one of its own. How a test declares
 what it needs from the others (``xdist_group``, ``serial``) is in ``pytest_collection_modifyitems``
-below and in the README's "Tests and benchmarks".
+below and in docs/development.md.
 """
 
 from __future__ import annotations

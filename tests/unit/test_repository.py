@@ -14,8 +14,8 @@ def test_no_jar_or_archive_is_tracked() -> None:
     assert not [f for f in files if f.endswith((".jar", ".tgz", ".tar.gz", ".whl"))]
 
 
-def test_every_example_is_listed_in_the_readme() -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
+def test_every_example_is_listed_in_getting_started() -> None:
+    readme = (REPO_ROOT / "docs" / "getting-started.md").read_text()
     for example in sorted((REPO_ROOT / "examples").glob("*.py")):
         if example.name != "__init__.py":
             assert f"examples/{example.name}" in readme, example.name
