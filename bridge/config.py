@@ -215,9 +215,12 @@ class ClientConfig:
     timer_max_delay_ms: int = 3 * 86_400_000
     """RocketMQ 5's ``timerMaxDelaySec`` in ms (3 days; up to 400 days): longer is an error."""
     # --- connection, continued ------------------------------------------------------------
-    kafka: Mapping[str, str] = field(default_factory=dict)
+    kafka: Mapping[str, Any] = field(default_factory=dict)
     """Extra librdkafka properties (security, tuning); they win over the defaults, except the
-    :data:`PROTECTED_KAFKA_PROPERTIES`, which are refused."""
+    :data:`PROTECTED_KAFKA_PROPERTIES`, which are refused. Values are text, or callables
+    for librdkafka's callbacks (``error_cb``, ``oauth_cb``, ...) as confluent-kafka takes
+    them; a whole confluent-kafka config dict goes through ``kafka_config=`` instead
+    (:mod:`bridge.kafka_config`)."""
     # --- compatibility (after ``kafka``: the fields before it keep their positions) -----------
     delay_record_format: str = "headers"
     """How delayed and timer records are written to SCHEDULE and the timer topic (one of
