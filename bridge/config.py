@@ -226,9 +226,12 @@ class ClientConfig:
     in the tier count is refused with ``TopicProvisioningError``; a producer with another
     precision and the same count makes its timers late)."""
     # --- connection, continued ------------------------------------------------------------
-    kafka: Mapping[str, str] = field(default_factory=dict)
+    kafka: Mapping[str, Any] = field(default_factory=dict)
     """Extra librdkafka properties (security, tuning); they win over the defaults, except the
-    :data:`PROTECTED_KAFKA_PROPERTIES`, which are refused."""
+    :data:`PROTECTED_KAFKA_PROPERTIES`, which are refused. Values are text, or callables
+    for librdkafka's callbacks (``error_cb``, ``oauth_cb``, ...) as confluent-kafka takes
+    them; a whole confluent-kafka config dict goes through ``kafka_config=`` instead
+    (:mod:`bridge.kafka_config`)."""
     # --- compatibility (after ``kafka``: the fields before it keep their positions) -----------
     delay_record_format: str = "headers"
     """How producers, push consumers' send-backs and the coordinator's back-off copies write

@@ -8,10 +8,13 @@
     |   +-- InvalidMessageError                  message content
     |   |   +-- MessageTooLargeError             body larger than max_message_bytes
     |   |   +-- InvalidDelayError                delay level or timer value not honoured
+    |   |   +-- SerializationError               a key or value serializer failed
     |   +-- InvalidPropertyError                 a user property uses a reserved name
     |   +-- FilterExpressionError                an SQL92 filter expression is invalid
+    |   +-- KafkaConfigError                     a Kafka config setting the bridge owns
     +-- WireFormatError                          undecodable record (quarantined)
     |   +-- UnknownSchemaError, MalformedRecordError
+    |   +-- DeserializationError                 a key or value deserializer failed
     +-- IllegalStateError                        illegal lifecycle or state transition
     |   +-- EventLoopClosedError                 an asyncio client's event loop has ended
     +-- KafkaClientError                         the Kafka client or broker failed a call
@@ -41,6 +44,7 @@ __all__ = [
     "BridgeError",
     "BrokerStartError",
     "BrokerUnreachableError",
+    "DeserializationError",
     "EventLoopClosedError",
     "FilterExpressionError",
     "IllegalStateError",
@@ -50,12 +54,14 @@ __all__ = [
     "InvalidPropertyError",
     "InvalidTopicNameError",
     "KafkaClientError",
+    "KafkaConfigError",
     "MalformedRecordError",
     "MessageTooLargeError",
     "MissingToolError",
     "RuntimeSetupError",
     "SendError",
     "SendTimeoutError",
+    "SerializationError",
     "TopicProvisioningError",
     "UnknownSchemaError",
     "WireFormatError",
@@ -79,6 +85,41 @@ class MessageTooLargeError(InvalidMessageError):
 
 class InvalidDelayError(InvalidMessageError):
     """A delay level or timer value cannot be honoured (beyond the maximum, malformed)."""
+
+
+class SerializationError(InvalidMessageError):
+    """A producer's ``key_serializer`` or ``value_serializer`` raised, or returned what cannot
+    travel. ``topic`` is the message's topic and ``field`` ``"key"`` or ``"value"``; the
+    serializer's exception is the ``__cause__``. Nothing was sent. Not worth retrying as it is:
+    the object or the schema must change."""
+
+    def __init__(self, message: str, topic: str, field: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.field = field
+
+
+class DeserializationError(WireFormatError):
+    """A consumer's ``key_deserializer`` or ``value_deserializer`` raised on a consumed record:
+    the record is quarantined with this reason (its bytes kept) and the others proceed.
+    ``topic`` is the topic the message was first sent to and ``field`` ``"key"`` or
+    ``"value"``."""
+
+    def __init__(self, message: str, topic: str, field: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.field = field
+
+
+class KafkaConfigError(InvalidArgumentError):
+    """A confluent-kafka config setting (``kafka_config=``) the bridge must own, with a value
+    that would break a guarantee. ``setting`` is its name and ``reason`` why it is refused.
+    Not worth retrying: the setting must go."""
+
+    def __init__(self, setting: str, reason: str) -> None:
+        super().__init__(f"kafka_config[{setting!r}] is refused: {reason}")
+        self.setting = setting
+        self.reason = reason
 
 
 class InvalidPropertyError(InvalidArgumentError):

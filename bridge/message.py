@@ -117,6 +117,25 @@ def _normalise_keys(keys: str | Iterable[str] | None) -> list[str]:
     return out
 
 
+def _check_objects(body: object, key: object, value: object, sharding_key: object) -> None:
+    """:class:`InvalidMessageError` for a message given ``key=``/``value=`` (objects for the
+    producer's serializers) together with what they stand for: a body, or a sharding key."""
+    if value is None:
+        raise InvalidMessageError(
+            "key= needs value= (the object the producer's value_serializer writes as the body)"
+        )
+    if body:
+        raise InvalidMessageError(
+            "give either body (bytes) or value= (an object for the producer's "
+            "value_serializer), not both"
+        )
+    if key is not None and sharding_key is not None:
+        raise InvalidMessageError(
+            "give either sharding_key (the record key as text or bytes) or key= (an object "
+            "for the producer's key_serializer), not both"
+        )
+
+
 def _delay_number(setter: str, value: object) -> int:
     """``value`` (a delay level) if it is an ``int``, else :class:`InvalidDelayError` naming
     the setter: a ``bool`` is refused though Python counts it an int (``True`` is no delay
@@ -145,10 +164,17 @@ class Message:
     ``body`` is bytes (a ``str`` is encoded as UTF-8). ``keys`` are business keys (a string of
     space-separated keys or a list), ``tags`` one tag used for filtering. ``properties`` are
     user properties, text or bytes; system properties (``MessageConst``) are set through the
-    methods.
+    methods. ``sharding_key`` (text or bytes) is the Kafka record key, which picks the
+    partition.
+
+    With a producer made with a ``value_serializer`` (and ``key_serializer``), pass the
+    objects instead: ``value=`` (in place of ``body``) and ``key=`` (in place of
+    ``sharding_key``); the producer serializes them when the message is sent
+    (``docs/serialization.md``). A consumer with deserializers gives them back in
+    :attr:`value` and :attr:`key`, while ``body`` stays the bytes.
     """
 
-    __slots__ = ("_body", "_keys", "_properties", "tags", "topic")
+    __slots__ = ("_body", "_key", "_keys", "_properties", "_value", "tags", "topic")
 
     def __init__(
         self,
@@ -159,9 +185,15 @@ class Message:
         tags: str | None = None,
         properties: Mapping[str, PropertyValue] | None = None,
         delay_time_level: int = 0,
-        sharding_key: str | None = None,
+        sharding_key: str | bytes | None = None,
+        key: object = None,
+        value: object = None,
     ) -> None:
         self.topic = topic
+        if key is not None or value is not None:
+            _check_objects(body, key, value, sharding_key)
+            self._key = key
+            self._value = value
         # The common case (bytes body, no keys, no properties) stays cheap: senders build one
         # Message per send.
         if type(body) is bytes:
@@ -174,14 +206,18 @@ class Message:
         self.tags = tags
         self._properties: dict[str, PropertyValue] = {}
         if properties:
-            for name, value in properties.items():
-                self.put_user_property(name, value)
+            for name, given in properties.items():
+                self.put_user_property(name, given)
         if delay_time_level:
             self.set_delay_time_level(delay_time_level)
         if sharding_key is not None:
-            if not isinstance(sharding_key, str):
+            if isinstance(sharding_key, bytearray | memoryview):
+                sharding_key = bytes(sharding_key)
+            if not isinstance(sharding_key, str | bytes):
                 raise InvalidMessageError(
-                    f"the sharding key must be a string, got {type(sharding_key).__name__}"
+                    "the sharding key must be text or bytes, got "
+                    f"{type(sharding_key).__name__} (an object goes in key=, with a "
+                    "producer's key_serializer)"
                 )
             self._properties[MessageConst.SHARDING_KEY] = sharding_key
 
@@ -207,6 +243,20 @@ class Message:
         elif not isinstance(value, bytes):
             raise InvalidMessageError(f"body must be bytes or str, got {type(value).__name__}")
         self._body = value
+
+    @property
+    def value(self) -> object:
+        """The value object: the one given as ``value=`` (serialized by the producer into the
+        body), or on a consumed message the one the consumer's ``value_deserializer`` made of
+        the body; None otherwise (the payload is :attr:`body`)."""
+        return getattr(self, "_value", None)
+
+    @property
+    def key(self) -> object:
+        """The key object: the one given as ``key=`` (serialized by the producer into the
+        record key), or on a consumed message the one the consumer's ``key_deserializer``
+        made of the record key; None otherwise (the raw key is :meth:`kafka_key`)."""
+        return getattr(self, "_key", None)
 
     @property
     def keys(self) -> list[str]:
@@ -346,9 +396,10 @@ class Message:
         self._properties[MessageConst.TIMER_DELAY_SEC] = str(delay)
 
     @property
-    def sharding_key(self) -> str | None:
-        """The key that picks the partition (RocketMQ 5's message group), if any."""
-        return self.get_property(MessageConst.SHARDING_KEY)
+    def sharding_key(self) -> str | bytes | None:
+        """The key that picks the partition (RocketMQ 5's message group), if any: text, or
+        bytes as given (a binary key, or one a ``key_serializer`` wrote)."""
+        return self._properties.get(MessageConst.SHARDING_KEY)
 
     def kafka_key(self) -> bytes | None:
         """The Kafka record key: sharding key, else keys joined by spaces, else None."""

@@ -27,7 +27,7 @@ threaded fetcher is what keeps offsets, pauses and rebalances right.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from bridge.aio.listeners import AsyncMessageListenerConcurrently, AsyncMessageListenerOrderly
@@ -48,6 +48,7 @@ from bridge.consumer.model import (
 from bridge.consumer.push_consumer import PushConsumer as ThreadedPushConsumer
 from bridge.lifecycle import ServiceState
 from bridge.message import MessageExt
+from bridge.serialization import Deserializer
 
 __all__ = ["PushConsumer"]
 
@@ -162,6 +163,9 @@ class PushConsumer(AsyncClient):
         namespace: str | None = None,
         config: ClientConfig | None = None,
         settings: PushConsumerConfig | None = None,
+        kafka_config: Mapping[str, Any] | None = None,
+        key_deserializer: Deserializer | None = None,
+        value_deserializer: Deserializer | None = None,
         **options: Any,
     ) -> None:
         self._consumer = ThreadedPushConsumer(
@@ -172,6 +176,9 @@ class PushConsumer(AsyncClient):
             namespace=namespace,
             config=config,
             settings=settings,
+            kafka_config=kafka_config,
+            key_deserializer=key_deserializer,
+            value_deserializer=value_deserializer,
             **options,
         )
         self.group = self._consumer.group

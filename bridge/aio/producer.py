@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, cast
 
 from bridge.aio.runner import AsyncClient
@@ -45,6 +45,7 @@ from bridge.errors import (
 from bridge.kafka.clients import translate_error
 from bridge.lifecycle import ServiceState
 from bridge.message import Message
+from bridge.serialization import Serializer
 
 __all__ = ["Producer"]
 
@@ -188,6 +189,9 @@ class Producer(AsyncClient):
         send_msg_timeout_ms: int | None = None,
         config: ClientConfig | None = None,
         max_queued_sends: int = DEFAULT_MAX_QUEUED_SENDS,
+        kafka_config: Mapping[str, Any] | None = None,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
     ) -> None:
         if isinstance(max_queued_sends, bool) or not isinstance(max_queued_sends, int):
             raise InvalidArgumentError(f"max_queued_sends must be an int, got {max_queued_sends!r}")
@@ -199,6 +203,9 @@ class Producer(AsyncClient):
             namespace=namespace,
             send_msg_timeout_ms=send_msg_timeout_ms,
             config=config,
+            kafka_config=kafka_config,
+            key_serializer=key_serializer,
+            value_serializer=value_serializer,
         )
         self.config = self._producer.config
         self.group = self._producer.group

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
@@ -36,6 +37,7 @@ from bridge.config import ClientConfig
 from bridge.errors import EventLoopClosedError, IllegalStateError, InvalidArgumentError
 from bridge.lifecycle import ServiceState
 from bridge.message import Message, MessageExt
+from bridge.serialization import Serializer
 from bridge.transaction.model import TransactionListener, TransactionStatus
 from bridge.transaction.producer import TransactionMQProducer as ThreadedTransactionProducer
 from bridge.transaction.producer import TransactionSendResult
@@ -126,6 +128,9 @@ class TransactionMQProducer(AsyncClient):
         check_topic_partitions: int = 4,
         session_timeout_ms: int = 10_000,
         max_concurrent_sends: int = DEFAULT_MAX_CONCURRENT_SENDS,
+        kafka_config: Mapping[str, Any] | None = None,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
     ) -> None:
         if isinstance(max_concurrent_sends, bool) or not isinstance(max_concurrent_sends, int):
             raise InvalidArgumentError(
@@ -147,6 +152,9 @@ class TransactionMQProducer(AsyncClient):
             check_timeout_ms=check_timeout_ms,
             check_topic_partitions=check_topic_partitions,
             session_timeout_ms=session_timeout_ms,
+            kafka_config=kafka_config,
+            key_serializer=key_serializer,
+            value_serializer=value_serializer,
         )
         self.set_transaction_listener(listener)
         self.group = group

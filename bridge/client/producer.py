@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
@@ -69,10 +69,12 @@ from bridge.errors import (
 )
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_producer, produce_record, translate_error
+from bridge.kafka_config import apply_kafka_config, pick_hook, read_kafka_config
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageConst, MessageIdGenerator, PropertyValue, local_ipv4
 from bridge.observability.metrics import active_metrics
 from bridge.property_values import is_unicode
+from bridge.serialization import Serializer, Serializers
 from bridge.tracing import TraceSpan, inject_trace_context, send_span, tracing_active, untraced
 from topics.catalog import SystemTopic
 from topics.naming import validate_user_group
@@ -147,8 +149,14 @@ class Producer(Startable):
     ``send_batch``.
 
     ``Producer("group", bootstrap_servers="host:9092")`` or ``Producer("group",
-    config=ClientConfig.from_env())``; keyword arguments win over ``config``. Call
+    config=ClientConfig.from_env())``; keyword arguments win over ``kafka_config`` (a
+    confluent-kafka config dict, :mod:`bridge.kafka_config`), which wins over ``config``. Call
     :meth:`start` (or use ``with``) before sending and :meth:`shutdown` after.
+
+    ``key_serializer`` and ``value_serializer`` take confluent-kafka's ``Serializer``
+    interface (Schema Registry's serializers as they are): a message given ``value=`` (and
+    ``key=``) is sent with their bytes as body (and record key), serialized with the
+    message's topic (``docs/serialization.md``).
 
     librdkafka puts several records of a partition in one request batch, and a broker
     refuses a batch larger than the topic's ``max.message.bytes`` as a whole
@@ -167,12 +175,21 @@ class Producer(Startable):
         namespace: str | None = None,
         send_msg_timeout_ms: int | None = None,
         config: ClientConfig | None = None,
+        kafka_config: Mapping[str, Any] | None = None,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
     ) -> None:
-        self.config = (config or ClientConfig()).replace(
+        parts = read_kafka_config(kafka_config)
+        self.config = apply_kafka_config(config or ClientConfig(), parts).replace(
             bootstrap_servers=bootstrap_servers,
             namespace=namespace,
             send_msg_timeout_ms=send_msg_timeout_ms,
         )
+        self.serializers = Serializers(
+            pick_hook(parts, "key.serializer", key_serializer),
+            pick_hook(parts, "value.serializer", value_serializer),
+        )
+        """The ``key_serializer`` and ``value_serializer`` of messages given ``value=``."""
         self.group = validate_user_group(group, self.config.namespace)
         self._lifecycle = Lifecycle(f"producer {group}")
         self._ids = MessageIdGenerator()
@@ -439,7 +456,10 @@ class Producer(Startable):
         inject_trace_context(msg)
         body = msg._body
         if not body:
-            raise InvalidMessageError("the message body length is zero")
+            msg = self.serialized(msg)  # a value= object becomes the body here
+            body = msg._body
+            if not body:
+                raise InvalidMessageError("the message body length is zero")
         if len(body) > self._max_message_bytes:
             raise MessageTooLargeError(len(body), self._max_message_bytes)
         topic = msg.topic
@@ -492,6 +512,13 @@ class Producer(Startable):
             # name what it is. Diagnosing only on failure keeps valid sends free of it.
             msg.check_wire()
             raise
+
+    def serialized(self, msg: Message) -> Message:
+        """``msg`` as it is sent: itself, or for a message given ``value=`` a copy with the
+        serialized value as body and the serialized key as record key
+        (:meth:`bridge.serialization.Serializers.apply`; :class:`SerializationError` naming
+        the topic and field when a serializer fails, before anything is sent)."""
+        return self.serializers.apply(msg)
 
     def _kafka_topic(self, topic: str) -> str:
         """:func:`kafka_topic_for` (which raises for a topic no message may go to), kept in

@@ -30,6 +30,7 @@ from bridge.consumer.scheduler import Scheduler
 from bridge.errors import IllegalStateError
 from bridge.message import MessageExt
 from bridge.observability.metrics import BridgeMetrics
+from bridge.serialization import Deserializers
 from topics.catalog import TopicCatalog
 
 MessageCallback = Callable[[MessageExt], ConsumeStatus | ConsumeOrderlyStatus | None]
@@ -56,6 +57,7 @@ class ConsumerContext:
         "config",
         "counters",
         "deadline",
+        "deserializers",
         "executor",
         "group",
         "producer",
@@ -79,6 +81,8 @@ class ConsumerContext:
         """The listener threads, once started."""
         self.deadline = math.inf
         """When shutdown must be done (monotonic seconds); no wait goes past it."""
+        self.deserializers = Deserializers(None, None)
+        """The consumer's key and value deserializers (none by default)."""
 
     @property
     def broadcasting(self) -> bool:

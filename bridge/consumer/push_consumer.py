@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from typing import Any, Final
@@ -55,6 +56,7 @@ from bridge.consumer.context import (
 from bridge.consumer.counters import ConsumerStats
 from bridge.consumer.fetcher import Fetcher
 from bridge.consumer.model import (
+    ConsumeFromWhere,
     FilterExpression,
     MessageListenerConcurrently,
     MessageListenerOrderly,
@@ -64,10 +66,12 @@ from bridge.consumer.model import (
 )
 from bridge.consumer.orderly import OrderlyConsumption
 from bridge.consumer.quarantine import Quarantine
-from bridge.errors import IllegalStateError, InvalidArgumentError
+from bridge.errors import IllegalStateError, InvalidArgumentError, KafkaConfigError
 from bridge.kafka.admin import TopicAdmin
+from bridge.kafka_config import apply_kafka_config, pick_hook, read_kafka_config
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.observability.metrics import active_metrics
+from bridge.serialization import Deserializer, Deserializers
 from topics.catalog import SystemTopic
 from topics.naming import RETRY_GROUP_TOPIC_PREFIX, to_kafka_topic, validate_user_group
 
@@ -143,6 +147,17 @@ class PushConsumer(Startable):
     rebalance waits). Only a listener still running after that, or one abandoned by
     :meth:`shutdown`, can overlap with the partition's next owner; it is logged.
 
+    Kafka's conventions: ``kafka_config`` takes a confluent-kafka config dict as it is
+    (:mod:`bridge.kafka_config`; ``group.id`` must be this consumer's group, and
+    ``auto.offset.reset`` sets ``consume_from_where`` unless that is given).
+    ``key_deserializer`` and ``value_deserializer`` take confluent-kafka's ``Deserializer``
+    interface (Schema Registry's deserializers as they are): each message's
+    :attr:`~bridge.Message.value` and :attr:`~bridge.Message.key` are made before the listener
+    sees it, with the topic it was first sent to (retries and dead letters included), while
+    ``body`` stays the bytes. A record a deserializer raises on is quarantined with a
+    :class:`~bridge.errors.DeserializationError` naming the topic and field, as an
+    undecodable record is, and the others go on (``docs/serialization.md``).
+
     Metrics: with recording on in the process before :meth:`start`
     (:func:`bridge.observability.enable_metrics` or ``serve_metrics(port)``), the counters,
     listener durations, held messages and the Kafka consumer's lag are recorded too (see
@@ -159,14 +174,31 @@ class PushConsumer(Startable):
         namespace: str | None = None,
         config: ClientConfig | None = None,
         settings: PushConsumerConfig | None = None,
+        kafka_config: Mapping[str, Any] | None = None,
+        key_deserializer: Deserializer | None = None,
+        value_deserializer: Deserializer | None = None,
         **options: Any,
     ) -> None:
-        client = (config or ClientConfig()).replace(
+        parts = read_kafka_config(kafka_config)
+        client = apply_kafka_config(config or ClientConfig(), parts).replace(
             bootstrap_servers=bootstrap_servers, namespace=namespace
         )
         self.group = validate_user_group(group, client.namespace)
         if group.startswith(RETRY_GROUP_TOPIC_PREFIX):
             raise InvalidArgumentError(f"consumer group {group!r} may not start with %RETRY%")
+        if parts is not None and parts.group_id is not None and parts.group_id != group:
+            raise KafkaConfigError(
+                "group.id",
+                f"{parts.group_id!r} is not this consumer's group {group!r}; the group is "
+                "named where the consumer is made",
+            )
+        if parts is not None and parts.from_first_offset is not None:
+            options.setdefault(
+                "consume_from_where",
+                ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+                if parts.from_first_offset
+                else ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+            )
         tuned = (settings or PushConsumerConfig()).replace(message_model=message_model, **options)
         self._orderly_asked = orderly
         """``orderly=True`` given: callables are orderly too."""
@@ -174,6 +206,10 @@ class PushConsumer(Startable):
         """A :class:`MessageListenerOrderly` is subscribed."""
         self._lifecycle = Lifecycle(f"push consumer {group}")
         self._context = ConsumerContext(self.group, client, tuned)
+        self._context.deserializers = Deserializers(
+            pick_hook(parts, "key.deserializer", key_deserializer),
+            pick_hook(parts, "value.deserializer", value_deserializer),
+        )
         """The one copy of ``config`` and ``settings`` every part reads."""
         self._subscriptions = self._context.subscriptions
         self._quarantine = Quarantine(self._context)

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import count
 from typing import Any
@@ -43,6 +43,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageConst, local_ipv4
+from bridge.serialization import Serializer
 from bridge.transaction.model import (
     CheckRequest,
     EndTransaction,
@@ -120,6 +121,10 @@ class TransactionMQProducer(Startable):
 
     ``TransactionMQProducer("group", listener, bootstrap_servers=...)``; ``start()``, then
     ``send_message_in_transaction(msg, arg)``; ``shutdown()`` (or use ``with``).
+    ``kafka_config``, ``key_serializer`` and ``value_serializer`` as for
+    :class:`bridge.Producer`: a message given ``value=`` is serialized (with its real topic)
+    before its half message is stored, so the commit delivers those bytes and no
+    coordinator needs the serializer.
     """
 
     def __init__(
@@ -135,6 +140,9 @@ class TransactionMQProducer(Startable):
         check_topic_partitions: int = 4,
         session_timeout_ms: int = 10_000,
         check_timeout_ms: int = 30_000,
+        kafka_config: Mapping[str, Any] | None = None,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
     ) -> None:
         if isinstance(check_timeout_ms, bool) or not isinstance(check_timeout_ms, int):
             raise InvalidArgumentError(f"check_timeout_ms must be an int, got {check_timeout_ms!r}")
@@ -155,7 +163,13 @@ class TransactionMQProducer(Startable):
         # Checks and builds each message (never started: the half messages and end requests
         # go through the sender below).
         self._producer = Producer(
-            group, bootstrap_servers=bootstrap_servers, namespace=namespace, config=config
+            group,
+            bootstrap_servers=bootstrap_servers,
+            namespace=namespace,
+            config=config,
+            kafka_config=kafka_config,
+            key_serializer=key_serializer,
+            value_serializer=value_serializer,
         )
         self.config = self._producer.config
         self._sender = HalfSender(self.config, group)
@@ -316,6 +330,10 @@ class TransactionMQProducer(Startable):
         """
         listener = self._require_listener()
         self._lifecycle.require_running()
+        given = msg
+        # A value= object becomes its bytes (SerializationError: nothing stored, no
+        # transaction begun); the half message and the listener's message carry them.
+        msg = self._producer.serialized(msg)
         # Validates topic, body and size; assigns the id. Then the partition's range, from the
         # sender's metadata.
         prepared = self._producer.prepare(msg, partition)
@@ -349,6 +367,8 @@ class TransactionMQProducer(Startable):
         logger.debug("transaction %s: half stored at %d@%d", tid, half_partition, half_offset)
 
         ext = decode_envelope(envelope, msg.topic)
+        if given is not msg:  # the listener sees the objects it was given too
+            ext._value, ext._key = given.value, given.key
         state = _run_listener(
             "execute_local_transaction", lambda: listener.execute_local_transaction(ext, arg), tid
         )

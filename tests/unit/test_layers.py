@@ -32,6 +32,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.property_values",
             "bridge.message_id",
             "bridge.message",
+            "bridge.kafka_config",
+            "bridge.serialization",
             "bridge.tracing",
             "bridge.lifecycle",
         ),

@@ -1,0 +1,224 @@
+"""The serializer hooks' pure rules: what a message given ``value=``/``key=`` becomes, the
+typed errors of a failing serializer, and how a confluent-kafka config dict is sorted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka.serialization import MessageField, SerializationContext
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bridge import ClientConfig, Message, MessageConst
+from bridge.config import PROTECTED_KAFKA_PROPERTIES
+from bridge.errors import (
+    DeserializationError,
+    InvalidMessageError,
+    KafkaConfigError,
+    SerializationError,
+)
+from bridge.kafka_config import (
+    REFUSED_SETTINGS,
+    REQUIRED_VALUES,
+    apply_kafka_config,
+    pick_hook,
+    split_kafka_config,
+)
+from bridge.serialization import Deserializers, Serializers
+
+
+def _tagged(obj: Any, ctx: SerializationContext) -> bytes:
+    ctx.headers.append(("__value_schema_id", b"\x01\x02"))  # type: ignore[union-attr]
+    return f"{ctx.topic}/{ctx.field.value}/{obj}".encode()
+
+
+def test_a_value_and_key_become_body_and_record_key_with_the_messages_topic() -> None:
+    msg = Message("orders", value=42, key="c-1", tags="TagA", properties={"p": "v"})
+    sent = Serializers(_tagged, _tagged).apply(msg)
+    assert sent.body == b"orders/value/42"
+    assert sent.kafka_key() == b"orders/key/c-1"
+    assert sent.get_property("__value_schema_id") == b"\x01\x02"
+    assert (sent.tags, sent.get_property("p")) == ("TagA", "v")
+    assert (msg.body, msg.value, msg.key) == (b"", 42, "c-1")  # the given message is kept
+
+
+def test_a_message_with_a_body_is_sent_as_it_is() -> None:
+    msg = Message("orders", b"raw")
+    assert Serializers(_tagged, _tagged).apply(msg) is msg
+
+
+def test_bytes_values_need_no_serializer_and_objects_do() -> None:
+    assert Serializers(None, None).apply(Message("t", value=b"raw")).body == b"raw"
+    with pytest.raises(SerializationError, match="no value_serializer") as raised:
+        Serializers(None, None).apply(Message("t", value={"a": 1}))
+    assert (raised.value.topic, raised.value.field) == ("t", "value")
+
+
+def test_a_serializer_that_raises_names_the_topic_and_field() -> None:
+    def fails(obj: Any, ctx: SerializationContext) -> bytes:
+        raise ValueError("no schema")
+
+    with pytest.raises(SerializationError, match=r"'orders' \(key\).*no schema") as raised:
+        Serializers(fails, _tagged).apply(Message("orders", value=1, key=2))
+    assert isinstance(raised.value.__cause__, ValueError)
+    assert raised.value.field == "key"
+
+
+@pytest.mark.parametrize("returned", [None, b"", "text", 5])
+def test_a_serializer_returning_no_bytes_is_refused(returned: object) -> None:
+    with pytest.raises(SerializationError):
+        Serializers(None, lambda obj, ctx: returned).apply(Message("t", value=1))  # type: ignore[arg-type, return-value]
+
+
+def test_value_and_key_exclude_body_and_sharding_key() -> None:
+    with pytest.raises(InvalidMessageError, match="either body"):
+        Message("t", b"x", value=1)
+    with pytest.raises(InvalidMessageError, match="either sharding_key"):
+        Message("t", value=1, key=2, sharding_key="k")
+    with pytest.raises(InvalidMessageError, match="key= needs value="):
+        Message("t", key=2)
+
+
+@pytest.mark.parametrize("key", [b"\xff\x00bin", bytearray(b"\xfe"), "text"])
+def test_a_sharding_key_may_be_bytes(key: str | bytes | bytearray) -> None:
+    msg = Message("t", b"x", sharding_key=key)  # type: ignore[arg-type]
+    expected = key.encode() if isinstance(key, str) else bytes(key)
+    assert msg.kafka_key() == expected
+    assert msg.sharding_key == (key if isinstance(key, str) else bytes(key))
+    with pytest.raises(InvalidMessageError, match="text or bytes"):
+        Message("t", b"x", sharding_key=5)  # type: ignore[arg-type]
+
+
+def test_a_consumer_deserializes_with_the_topic_first_sent_to() -> None:
+    contexts: list[tuple[str, str]] = []
+
+    def record(data: bytes | None, ctx: SerializationContext) -> object:
+        contexts.append((ctx.topic, ctx.field.value))
+        return data
+
+    msg = Message("%DLQ%g", b"body")
+    msg.put_system_property(MessageConst.RETRY_TOPIC, "orders")
+    Deserializers(record, record).apply(msg, b"key", [("h", b"v")])
+    assert (msg.value, msg.key) == (b"body", b"key")
+    assert contexts == [("orders", "key"), ("orders", "value")]
+
+
+def test_a_deserializer_that_raises_is_a_wire_format_error_naming_topic_and_field() -> None:
+    def fails(data: bytes | None, ctx: SerializationContext) -> object:
+        raise ValueError("bad magic byte")
+
+    with pytest.raises(DeserializationError, match=r"'orders' \(value\)") as raised:
+        Deserializers(None, fails).apply(Message("orders", b"x"), None, None)
+    assert raised.value.field == MessageField.VALUE.value
+
+
+# --- the confluent-kafka config dict --------------------------------------------------------
+
+
+def test_a_typical_kafka_config_is_taken() -> None:
+    parts = split_kafka_config(
+        {
+            "bootstrap.servers": "k1:9092,k2:9092",
+            "group.id": "g",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.idempotence": True,
+            "acks": -1,
+            "linger.ms": 20,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "PLAIN",
+            "compression.type": "zstd",
+            "socket.keepalive.enable": True,
+        }
+    )
+    assert parts.fields == {"bootstrap_servers": "k1:9092,k2:9092", "linger_ms": 20}
+    assert (parts.group_id, parts.from_first_offset) == ("g", True)
+    assert parts.kafka == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "compression.type": "zstd",
+        "socket.keepalive.enable": "true",
+    }
+    config = apply_kafka_config(ClientConfig(), parts)
+    assert config.bootstrap_servers == "k1:9092,k2:9092"
+    assert config.kafka["compression.type"] == "zstd"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("enable.idempotence", False),
+        ("acks", 1),
+        ("isolation.level", "read_uncommitted"),
+        ("enable.auto.commit", True),
+        ("partitioner", "consistent"),
+        ("partition.assignment.strategy", "cooperative-sticky"),
+        ("group.protocol", "consumer"),
+        ("delivery.report.only.error", True),
+        ("auto.offset.reset", "error"),
+        ("linger.ms", "soon"),
+        *[(name, "x") for name in REFUSED_SETTINGS],
+    ],
+)
+def test_a_setting_the_bridge_owns_is_refused_by_name(name: str, value: object) -> None:
+    with pytest.raises(KafkaConfigError) as raised:
+        split_kafka_config({"client.id": "app", name.upper(): value})
+    assert raised.value.setting == name.upper()
+    assert name.upper() in str(raised.value)
+
+
+_VALUES = st.one_of(st.text(max_size=20), st.integers(), st.booleans())
+
+
+@given(st.dictionaries(st.sampled_from(sorted(PROTECTED_KAFKA_PROPERTIES)), _VALUES, max_size=6))
+def test_a_protected_property_never_reaches_the_client_config_unsorted(
+    conf: dict[str, Any],
+) -> None:
+    """Every property ``ClientConfig.kafka`` refuses is taken, accepted or refused by name
+    here: a config dict never fails with ClientConfig's generic refusal."""
+    try:
+        parts = split_kafka_config(conf)
+    except KafkaConfigError as exc:
+        assert exc.setting in conf
+        return
+    assert not set(parts.kafka) & set(PROTECTED_KAFKA_PROPERTIES)
+    try:
+        apply_kafka_config(ClientConfig(), parts)
+    except KafkaConfigError:
+        raise
+    except Exception as exc:  # a field value out of range (linger_ms=-1): named by its field
+        assert any(field in str(exc) for field in parts.fields)
+
+
+_FREE = st.from_regex(r"[a-z]{2,8}(\.[a-z]{2,8}){1,3}", fullmatch=True).filter(
+    lambda n: (
+        n not in PROTECTED_KAFKA_PROPERTIES
+        and n not in REFUSED_SETTINGS
+        and n not in REQUIRED_VALUES
+        and not n.endswith(("serializer", "deserializer"))
+    )
+)
+
+
+@given(st.dictionaries(_FREE, _VALUES, max_size=8))
+def test_settings_the_bridge_does_not_own_pass_through_as_text(conf: dict[str, Any]) -> None:
+    parts = split_kafka_config(conf)
+    assert set(parts.kafka) == set(conf)
+    for name, value in conf.items():
+        expected = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        assert parts.kafka[name] == expected
+
+
+def test_serializer_hooks_in_the_config_conflict_with_other_arguments() -> None:
+    def one(obj: Any, ctx: SerializationContext) -> bytes:
+        return b"1"
+
+    def two(obj: Any, ctx: SerializationContext) -> bytes:
+        return b"2"
+
+    parts = split_kafka_config({"value.serializer": one})
+    assert pick_hook(parts, "value.serializer", None) is one
+    assert pick_hook(parts, "value.serializer", one) is one
+    with pytest.raises(KafkaConfigError, match="value_serializer="):
+        pick_hook(parts, "value.serializer", two)
