@@ -64,7 +64,8 @@ class PreparedRecord(NamedTuple):
     """Names the record in errors and logs: the message id, or ``<topic>-<partition>-<offset>``
     of the record it copies."""
     born_timestamp_ms: int
-    """The record's timestamp, epoch ms; 0 lets the producer's clock decide."""
+    """The record's timestamp, epoch ms; 0 lets the producer's clock decide (a copy's: see
+    :func:`stamped_copy`)."""
     partition: int = -1
     """The partition to write to; -1 lets the key decide."""
 
@@ -217,6 +218,9 @@ def received_message(
     """:func:`message_from_record` once the caller knows the record's RocketMQ ``topic``, its
     ``kafka_topic`` and ``partition`` and read its ``headers`` (the push consumer, which
     knows the first three for a whole partition's share of a poll): one call per record."""
+    born = copied_born_timestamp(headers)
+    if born is not None and isinstance(headers, list | tuple):
+        headers = headers[1:]  # the born time is no property
     props = _header_properties(headers)
     ts_type, ts = record.timestamp()
     offset: int = record.offset()
@@ -232,10 +236,19 @@ def received_message(
         msg_id=msg_id,
         queue_id=partition,
         queue_offset=offset,
-        born_timestamp_ms=ts if ts is not None and ts >= 0 else 0,
-        store_timestamp_ms=ts if ts_type == _TIMESTAMP_LOG_APPEND_TIME else None,
+        born_timestamp_ms=born if born is not None else ts if ts is not None and ts >= 0 else 0,
+        store_timestamp_ms=_store_timestamp(born, ts_type, ts),
         kafka_topic=kafka_topic,
     )
+
+
+def _store_timestamp(copied_born: int | None, ts_type: int, ts: int | None) -> int | None:
+    """When a consumed record was stored, epoch ms, where it can be told: the append time on a
+    ``LogAppendTime`` topic, and the timestamp of a copy (:func:`stamped_copy`), which its
+    writer stamped when it wrote it. None for a record whose timestamp is its born time."""
+    if ts is None or ts < 0:
+        return None
+    return ts if copied_born is not None or ts_type == _TIMESTAMP_LOG_APPEND_TIME else None
 
 
 _SLOTS: Final = {
@@ -308,6 +321,8 @@ class _Undecoded(MessageExt):
             if type(self) is not _Undecoded:
                 return  # another thread decoded it meanwhile
             headers = _SLOTS["_properties"].__get__(self, MessageExt)
+            if copied_born_timestamp(headers) is not None:
+                headers = headers[1:]  # the born time, read when received
             props = _header_properties(headers)
             raw_keys = props.get(MessageConst.KEYS)
             keys: list[str] = []
@@ -355,8 +370,15 @@ def undecoded_message(
     msg.queue_id = partition
     msg.queue_offset = record.offset()
     ts_type, ts = record.timestamp()
-    msg.born_timestamp_ms = ts if ts is not None and ts >= 0 else 0
-    msg.store_timestamp_ms = ts if ts_type == _TIMESTAMP_LOG_APPEND_TIME else None
+    # A copy's born time is its first header (inlined copied_born_timestamp: a plain record's
+    # first header is UNIQ_KEY, so this is one comparison per record).
+    born = (
+        parse_count(headers[0][1])
+        if headers and headers[0][0] == BORN_TIMESTAMP_HEADER and headers[0][1] is not None
+        else None
+    )
+    msg.born_timestamp_ms = born if born is not None else ts if ts is not None and ts >= 0 else 0
+    msg.store_timestamp_ms = _store_timestamp(born, ts_type, ts)
     return msg
 
 
@@ -512,6 +534,7 @@ def real_record(msg: MessageExt, namespace: str, removed: frozenset[str]) -> Pre
     partition = parse_count(msg.get_property(MessageConst.REAL_QUEUE_ID))
     own = (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MessageConst.BORN_HOST)
     headers = [
+        _born_header(msg.born_timestamp_ms),
         (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg.msg_id.encode()),
         (MessageConst.BORN_HOST, msg.born_host.encode()),
     ]
@@ -526,7 +549,7 @@ def real_record(msg: MessageExt, namespace: str, removed: frozenset[str]) -> Pre
         msg.body,
         headers,
         msg.msg_id,
-        msg.born_timestamp_ms,
+        0,
         -1 if partition is None else partition,
     )
 
@@ -580,24 +603,15 @@ def delivery_record(data: bytes | None, namespace: str, removed: frozenset[str])
             key = None
     msg_id: str = fields["msg_id"]
     headers: list[tuple[str, bytes | None]] = [
+        _born_header(fields["born_timestamp_ms"]),
         (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id.encode()),
         (MessageConst.BORN_HOST, fields["born_host"].encode()),
     ]
     for name, value in props.items():
         if name not in removed and name not in _OWN_HEADERS:
             headers.append((name, value.encode() if isinstance(value, str) else value))
-    return new_tuple(
-        PreparedRecord,
-        (
-            real_topic,
-            key,
-            fields["body"],
-            headers,
-            msg_id,
-            fields["born_timestamp_ms"],
-            -1 if partition is None else partition,
-        ),
-    )
+    at = -1 if partition is None else partition
+    return new_tuple(PreparedRecord, (real_topic, key, fields["body"], headers, msg_id, 0, at))
 
 
 # --- SCHEDULE and timer records in the header format -------------------------------------------
@@ -609,10 +623,44 @@ def delivery_record(data: bytes | None, namespace: str, removed: frozenset[str])
 # they never carry BORN_TIMESTAMP_HEADER or REAL_TOPIC (see is_header_format).
 
 BORN_TIMESTAMP_HEADER: Final = "BRIDGE_BORN_MS"
-"""A Kafka header (never a message property) of a SCHEDULE or timer record in the header
-format: the message's born time, epoch ms, as ASCII digits (those topics keep LogAppendTime, so
-the record's timestamp is when it was stored). The first header of that name ends the
-coordinator's headers: every header after it is the message's."""
+"""A Kafka header (never a message property) holding a message's born time, epoch ms, as ASCII
+digits, where the record's timestamp is not that time:
+
+- on a SCHEDULE or timer record in the header format (those topics keep LogAppendTime, so the
+  record's timestamp is when it was stored), where the first header of that name ends the
+  coordinator's headers: every header after it is the message's;
+- as the first header of a copy written to a real, retry or DLQ topic later than the message
+  was born (a committed half message, a delayed message or retry delivered, a dead letter, a
+  replay: :func:`stamped_copy`). The copy's timestamp is when it was written, so a topic's
+  time retention counts from then, as RocketMQ keeps a message for its commit log file's
+  time from when it is stored, and the consumers read the born time from this header."""
+
+
+def _born_header(born_timestamp_ms: int) -> tuple[str, bytes]:
+    return (BORN_TIMESTAMP_HEADER, str(born_timestamp_ms).encode())
+
+
+def stamped_copy(record: PreparedRecord) -> PreparedRecord:
+    """``record`` (a plain record copying a message born earlier) with its born time moved to
+    a first :data:`BORN_TIMESTAMP_HEADER` and its timestamp left to the writer's clock. A
+    Kafka topic's time retention reads the record timestamp: a copy that kept the born time
+    of a message older than the topic's ``retention.ms`` could be deleted soon after it was
+    written."""
+    headers = [_born_header(record.born_timestamp_ms), *record.headers]
+    return record._replace(headers=headers, born_timestamp_ms=0)
+
+
+def copied_born_timestamp(headers: RawHeaders | None) -> int | None:
+    """The born time a copy's first header holds (see :func:`stamped_copy`), epoch ms; None
+    for a record that is not such a copy (its timestamp is its born time, or it is another
+    client's whose first header is not 1 to 18 ASCII digits under that name) and for headers
+    given as a mapping (no order: no first header)."""
+    if not headers or not isinstance(headers, list | tuple):
+        return None
+    name, raw = headers[0]
+    if name != BORN_TIMESTAMP_HEADER or raw is None:
+        return None
+    return parse_count(raw)
 
 
 def delayed_headers(
@@ -719,7 +767,7 @@ def header_delivery_record(
     (:func:`decode_headers`).
     """
     start = message_headers_start(headers)
-    born = born_timestamp(headers, start)
+    born_timestamp(headers, start)  # checked here, copied as it is
     if start >= len(headers) or headers[start][0] != MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX:
         raise MalformedRecordError(
             f"no {MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX} header after {BORN_TIMESTAMP_HEADER}"
@@ -730,7 +778,7 @@ def header_delivery_record(
     sharding: bytes | None = None
     has_sharding = False
     keys: bytes | None = None
-    out: list[tuple[str, bytes | None]] = []
+    out: list[tuple[str, bytes | None]] = [headers[start - 1]]  # the born time, first
     for at in range(start, len(headers)):
         header = headers[at]
         name = header[0]
@@ -775,7 +823,7 @@ def header_delivery_record(
     else:
         key = None
     body = value if value is not None else b""
-    return new_tuple(PreparedRecord, (topic, key, body, out, msg_id, born, partition))
+    return new_tuple(PreparedRecord, (topic, key, body, out, msg_id, 0, partition))
 
 
 def header_format_message(

@@ -74,6 +74,8 @@ HEADER_MSG_ID = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 HEADER_TAGS = MessageConst.TAGS
 HEADER_KEYS = MessageConst.KEYS
 HEADER_BORN_HOST = MessageConst.BORN_HOST
+HEADER_COPY_BORN_MS = "BRIDGE_BORN_MS"
+"""bridge.codec.BORN_TIMESTAMP_HEADER (the jobs import nothing of ``bridge``)."""
 _OWN_HEADERS = (HEADER_MSG_ID, HEADER_TAGS, HEADER_KEYS, HEADER_BORN_HOST)
 
 
@@ -251,13 +253,26 @@ def decode_messages(records: DataFrame) -> DataFrame:
     missing or empty one, topic-partition-offset),
     ``topic``, ``partition``, ``offset``, ``key``, ``body``, ``tags``, ``keys``, ``properties``
     (the user's and system ones), ``born_host``, ``born_timestamp`` and ``store_timestamp``
-    (the record time when the topic stores append times), ``ingested_at``.
+    (the record time when the topic stores append times or the record is a copy written after
+    its message was born), ``ingested_at``.
 
     The header map is built once per row, in a projection of its own (Spark keeps it apart
     rather than building it again for each column that reads it); only ``properties`` needs a
     lambda (``map_filter``), evaluated outside Spark's generated code."""
     props = F.col("_props")
     create_time = F.col("timestampType") == F.lit(0)
+    # A copy written after its message was born (a delivery, a dead letter, a replay) carries
+    # the born time as its first header, and its timestamp is when it was written
+    # (bridge.codec.stamped_copy); its other headers are the message's.
+    headers = F.col("headers")
+    first = F.try_element_at(headers, F.lit(1))
+    copied_born = F.when(
+        first["key"] == F.lit(HEADER_COPY_BORN_MS), count_property(first["value"].cast("string"))
+    ).otherwise(F.lit(0))
+    message_headers = F.when(copied_born > 0, F.slice(headers, 2, F.size(headers))).otherwise(
+        headers
+    )
+    born = F.col("_copied_born")
     with_props = records.select(
         F.col("topic"),
         F.col("partition"),
@@ -266,7 +281,8 @@ def decode_messages(records: DataFrame) -> DataFrame:
         F.col("value"),
         F.col("timestamp"),
         F.col("timestampType"),
-        header_map(F.col("headers")).alias("_props"),
+        header_map(message_headers).alias("_props"),
+        copied_born.alias("_copied_born"),
     )
     return with_props.select(
         # An empty UNIQ_KEY or one that is not UTF-8 (another Kafka client's record) is no
@@ -287,8 +303,10 @@ def decode_messages(records: DataFrame) -> DataFrame:
         props[HEADER_KEYS].alias("keys"),
         F.map_filter(props, lambda k, v: ~k.isin(*_OWN_HEADERS)).alias("properties"),
         props[HEADER_BORN_HOST].alias("born_host"),
-        F.when(create_time, F.col("timestamp")).alias("born_timestamp"),
-        F.when(~create_time, F.col("timestamp")).alias("store_timestamp"),
+        F.when(born > 0, F.timestamp_millis(born))
+        .when(create_time, F.col("timestamp"))
+        .alias("born_timestamp"),
+        F.when((born > 0) | ~create_time, F.col("timestamp")).alias("store_timestamp"),
         F.current_timestamp().alias("ingested_at"),
     )
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Final
 
-from bridge.codec import PreparedRecord, plain_record
+from bridge.codec import PreparedRecord, plain_record, stamped_copy
 from bridge.config import ClientConfig
 from bridge.consumer.model import RetryRoute
 from bridge.delay.routing import delayed_record
@@ -140,8 +140,8 @@ def send_back_record(
         _put_origin(copy, msg)
     born_ms = msg.born_timestamp_ms or now_ms()
     if route.to_dlq:
-        return plain_record(
-            copy, dlq_topic(group, config.namespace), msg.msg_id, born_ms, born_host
+        return stamped_copy(
+            plain_record(copy, dlq_topic(group, config.namespace), msg.msg_id, born_ms, born_host)
         )
     copy.set_delay_time_level(route.delay_level)
     record = delayed_record(
@@ -168,4 +168,6 @@ def replay_record(
         )
         copy.put_system_property(MessageConst.RETRY_TOPIC, origin_topic(msg))
         kafka_topic = retry_topic(group, namespace)
-    return plain_record(copy, kafka_topic, msg.msg_id, msg.born_timestamp_ms, born_host)
+    return stamped_copy(
+        plain_record(copy, kafka_topic, msg.msg_id, msg.born_timestamp_ms, born_host)
+    )

@@ -22,7 +22,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs.common import decode_messages, spark_session
+from bridge.codec import BORN_TIMESTAMP_HEADER, copied_born_timestamp
+from spark_jobs.common import HEADER_COPY_BORN_MS, decode_messages, spark_session
 
 pytestmark = [pytest.mark.spark]
 
@@ -51,6 +52,9 @@ KAFKA_SOURCE_SCHEMA = StructType(
 """The columns Spark's Kafka source gives with ``includeHeaders``."""
 
 AT = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+BORN_MS = 1_700_000_000_123
+"""The born time a copy's first header holds (before AT)."""
+COPY_BORN = BORN_TIMESTAMP_HEADER
 
 
 @pytest.fixture(scope="module")
@@ -76,17 +80,25 @@ def records(spark: SparkSession) -> DataFrame:
         (b"k3", None, "t", 1, 8, AT, 0, []),
         (b"k4", b"body4", "u", 2, 9, AT, 0, None),
         (b"\xff\xfe", b"\x00", "u", 3, 1, AT, 0, [("odd", b"\xc3\x28"), ("TAGS", b"\xff")]),
+        # A copy stamped when written, born earlier (a user's property of the same name after).
+        (b"k5", b"copy", "v", 4, 2, AT, 0, [
+            (COPY_BORN, str(BORN_MS).encode()), ("UNIQ_KEY", b"ID5"), (COPY_BORN, b"user's"),
+        ]),
+        # Another client's first header of that name, not a time: a property like any other.
+        (b"k6", b"foreign", "v", 4, 3, AT, 0, [(COPY_BORN, b"soon"), ("UNIQ_KEY", b"ID6")]),
     ]  # fmt: skip
     return spark.createDataFrame(rows, KAFKA_SOURCE_SCHEMA)
 
 
 def expected(row: Any) -> dict[str, Any]:
     """One record decoded header by header in Python (the later of a repeated name wins)."""
+    headers = row["headers"] or []
+    born_ms = copied_born_timestamp([(n, None if v is None else bytes(v)) for n, v in headers])
     props: dict[str, str | None] = {}
-    for name, value in row["headers"] or []:
+    for name, value in headers if born_ms is None else headers[1:]:
         props[name] = None if value is None else bytes(value).decode("utf-8", "replace")
     own = ("UNIQ_KEY", "TAGS", "KEYS", "BORN_HOST")
-    create_time = row["timestampType"] == 0
+    create_time = row["timestampType"] == 0 and born_ms is None
     return {
         "msg_id": props.get("UNIQ_KEY") or f"{row['topic']}-{row['partition']}-{row['offset']}",
         "topic": row["topic"],
@@ -98,7 +110,13 @@ def expected(row: Any) -> dict[str, Any]:
         "keys": props.get("KEYS"),
         "properties": {k: v for k, v in props.items() if k not in own},
         "born_host": props.get("BORN_HOST"),
-        "born_timestamp": row["timestamp"] if create_time else None,
+        "born_timestamp": (
+            datetime.fromtimestamp(born_ms / 1000)
+            if born_ms is not None
+            else row["timestamp"]
+            if create_time
+            else None
+        ),
         "store_timestamp": None if create_time else row["timestamp"],
     }
 
@@ -112,13 +130,16 @@ def test_records_decode_into_the_message_columns(spark: SparkSession) -> None:
     ]  # fmt: skip
     got = decoded.orderBy("topic", "partition", "offset").collect()
     want = [expected(r) for r in source.orderBy("topic", "partition", "offset").collect()]
-    assert len(got) == len(want) == 5
+    assert len(got) == len(want) == 7
     for row, exp in zip(got, want, strict=True):
         actual = row.asDict()
         actual["body"] = None if actual["body"] is None else bytes(actual["body"])
         assert actual.pop("ingested_at") is not None
         assert actual == exp
     assert got[1]["properties"] == {"region": "us", "empty": None}
+    assert got[5]["born_timestamp"] == datetime.fromtimestamp(BORN_MS / 1000)
+    assert got[5]["properties"] == {COPY_BORN: "user's"}
+    assert got[6]["properties"] == {COPY_BORN: "soon"}
 
 
 def test_the_header_map_is_built_once_per_row_in_generated_code(spark: SparkSession) -> None:
@@ -129,3 +150,7 @@ def test_the_header_map_is_built_once_per_row_in_generated_code(spark: SparkSess
     assert plan.count("map_from_entries(") == 1, plan
     [line] = [x for x in plan.splitlines() if "map_from_entries(" in x]
     assert line.lstrip("+- ").startswith("*("), f"outside whole-stage code generation: {plan}"
+
+
+def test_the_jobs_name_the_copy_header_as_the_clients_do() -> None:
+    assert HEADER_COPY_BORN_MS == BORN_TIMESTAMP_HEADER

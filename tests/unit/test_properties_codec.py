@@ -23,12 +23,16 @@ from hypothesis import strategies as st
 
 from bridge import ClientConfig, Message, MessageConst, MessageExt, Producer
 from bridge.codec import (
+    BORN_TIMESTAMP_HEADER,
+    copied_born_timestamp,
     decode_envelope,
     decode_headers,
     encode_envelope,
     header_bytes,
     header_value,
     message_from_record,
+    plain_record,
+    stamped_copy,
     undecoded_message,
 )
 from bridge.errors import (
@@ -180,11 +184,14 @@ _FIRST_READS: dict[str, Callable[[MessageExt], object]] = {
                     MessageConst.TAGS,
                     MessageConst.BORN_HOST,
                     MessageConst.RECONSUME_TIME,
+                    BORN_TIMESTAMP_HEADER,
                     "trace-bin",
                     "a",
                 ]
             ),
-            st.one_of(st.none(), awkward_bytes, st.sampled_from([b"k1 k2", b" ", b"7"])),
+            st.one_of(
+                st.none(), awkward_bytes, st.sampled_from([b"k1 k2", b" ", b"7", b"1600000000000"])
+            ),
         ),
         max_size=8,
     ),
@@ -202,8 +209,47 @@ def test_a_message_decoded_on_first_use_is_the_message_decoded_at_once(
     assert _FIRST_READS[first](lazy) == _FIRST_READS[first](eager)
     assert lazy == eager and repr(lazy) == repr(eager)
     assert type(lazy) is MessageExt, "decoded once, a plain MessageExt from then on"
-    for name in ("msg_id", "born_host", "queue_id", "born_timestamp_ms", "kafka_topic"):
+    for name in (
+        "msg_id",
+        "born_host",
+        "queue_id",
+        "born_timestamp_ms",
+        "store_timestamp_ms",
+        "kafka_topic",
+    ):
         assert getattr(lazy, name) == getattr(eager, name), name
+
+
+def test_a_copy_reads_its_born_time_from_its_first_header_and_was_stored_when_stamped() -> None:
+    msg = Message("orders", b"late", keys="k1")
+    msg.put_user_property(BORN_TIMESTAMP_HEADER, "a user's value")  # not the born time
+    copy = stamped_copy(plain_record(msg, "bc.orders", "ID1", 1_600_000_000_000, b"h"))
+    assert copy.born_timestamp_ms == 0, "the writer's clock stamps it"
+    assert copy.headers[0] == (BORN_TIMESTAMP_HEADER, b"1600000000000")
+    record = _Record("bc.orders", copy.value, copy.headers)  # stamped at 1_700_000_000_000
+    eager = message_from_record(record)
+    lazy = undecoded_message(record, "orders", "bc.orders", 0, record.headers())
+    for got in (eager, lazy):
+        assert (got.born_timestamp_ms, got.store_timestamp_ms) == (
+            1_600_000_000_000,
+            1_700_000_000_000,
+        )
+        assert (got.msg_id, got.born_host, got.keys) == ("ID1", "h", ["k1"])
+        assert got.properties[BORN_TIMESTAMP_HEADER] == "a user's value"
+    # A plain record (its first header is UNIQ_KEY): the timestamp is its born time.
+    plain = plain_record(msg, "bc.orders", "ID1", 1_600_000_000_000, b"h")
+    assert copied_born_timestamp(plain.headers) is None
+    read = message_from_record(_Record("bc.orders", plain.value, plain.headers))
+    assert (read.born_timestamp_ms, read.store_timestamp_ms) == (1_700_000_000_000, None)
+
+
+@pytest.mark.parametrize("raw", [None, b"", b"-5", b"soon", b"1" * 19, b"\xff"])
+def test_a_first_header_of_that_name_that_is_no_time_is_a_property(raw: bytes | None) -> None:
+    headers = [(BORN_TIMESTAMP_HEADER, raw), ("UNIQ_KEY", b"ID2")]
+    assert copied_born_timestamp(headers) is None
+    msg = message_from_record(_Record("bc.orders", b"x", headers))
+    assert msg.born_timestamp_ms == 1_700_000_000_000
+    assert BORN_TIMESTAMP_HEADER in msg.properties
 
 
 @PROPERTY
