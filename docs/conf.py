@@ -39,14 +39,15 @@ nitpick_ignore_regex = [
     ("py:.*", r"topics\..*"),
     (
         "py:.*",
-        r"bridge\.(codec|lifecycle|delay_policy|client|consumer|aio\.runner|db\.transaction)(\..*)?",
+        r"bridge\.(codec|lifecycle|delay_policy|client|consumer|aio\.runner|db\.transaction|"
+        r"serialization|kafka_config)(\..*)?",
     ),
     ("py:.*", r"bridge\.observability\.(metrics|server|rdkafka_stats)(\..*)?"),
     # Names a docstring uses from its own module that autodoc does not describe (type
     # aliases, private constants) or from a third-party library.
     (
         "py:.*",
-        r"(PropertyValue|HealthCheck|(Async)?Handler|(Async)?Engine|MessageKey|CollectorRegistry|"
+        r"(PropertyValue|(De)?[Ss]erializer|HealthCheck|(Async)?Handler|(Async)?Engine|MessageKey|CollectorRegistry|"
         r"KafkaError|ServiceThread|registry|parse_count|SYSTEM_PROPERTIES|RENEWALS?_\w+|"
         r"MIN_TRANSACTION_RETENTION_MS|MAX_PROPERTIES_BYTES)",
     ),
