@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.errors import KafkaClientError, UnknownSchemaError, WireFormatError
-from bridge.kafka.clients import new_reader, read_record_at
+from bridge.kafka.clients import is_transient, new_reader, read_record_at
 from bridge.message import now_ms
 from bridge.transaction.model import OpEntry
 from bridge.transaction.state import HalfPartition
@@ -33,11 +33,19 @@ _OP_SCAN_SLACK_MS = 60_000
 differences between partition leaders)."""
 
 
+_QUIET_FAILURES = 3
+"""Retriable failures in a row of one partition's recovery logged at info level before they
+are warned of: a HALF topic created a moment ago (a first start) has no leader for a second or
+so, which a new user should not read as a fault."""
+
+
 class Recovery:
     """Rebuilds the state of the service's HALF partitions from what Kafka committed."""
 
     def __init__(self, service: TransactionService) -> None:
         self._svc = service
+        self._failures: dict[int, int] = {}
+        """Failed recoveries in a row, per HALF partition."""
 
     def recover(self, partitions: list[int]) -> None:
         """Rebuild the state of HALF ``partitions`` (those still assigned) from Kafka: the
@@ -59,9 +67,19 @@ class Recovery:
                 except (KafkaException, KafkaClientError) as exc:
                     # E.g. a leader not elected yet: the partition stays to be recovered and
                     # is tried again on the next iteration.
-                    logger.warning(
-                        "%s: recovering HALF partition %d failed: %s", self._svc.name, p, exc
+                    failures = self._failures.get(p, 0) + 1
+                    self._failures[p] = failures
+                    quiet = failures < _QUIET_FAILURES and is_transient(exc)
+                    logger.log(
+                        logging.INFO if quiet else logging.WARNING,
+                        "%s: recovering HALF partition %d failed (%d in a row; tried again): %s",
+                        self._svc.name,
+                        p,
+                        failures,
+                        exc,
                     )
+                else:
+                    self._failures.pop(p, None)
         finally:
             reader.close()
 
