@@ -373,7 +373,7 @@ def undecoded_message(
     # A copy's born time is its first header (inlined copied_born_timestamp: a plain record's
     # first header is UNIQ_KEY, so this is one comparison per record).
     born = (
-        parse_count(headers[0][1])
+        parse_count(headers[0][1]) or None
         if headers and headers[0][0] == BORN_TIMESTAMP_HEADER and headers[0][1] is not None
         else None
     )
@@ -646,6 +646,8 @@ def stamped_copy(record: PreparedRecord) -> PreparedRecord:
     Kafka topic's time retention reads the record timestamp: a copy that kept the born time
     of a message older than the topic's ``retention.ms`` could be deleted soon after it was
     written."""
+    if record.born_timestamp_ms <= 0:  # no born time known: the copy's time is all there is
+        return record._replace(born_timestamp_ms=0)
     headers = [_born_header(record.born_timestamp_ms), *record.headers]
     return record._replace(headers=headers, born_timestamp_ms=0)
 
@@ -653,14 +655,14 @@ def stamped_copy(record: PreparedRecord) -> PreparedRecord:
 def copied_born_timestamp(headers: RawHeaders | None) -> int | None:
     """The born time a copy's first header holds (see :func:`stamped_copy`), epoch ms; None
     for a record that is not such a copy (its timestamp is its born time, or it is another
-    client's whose first header is not 1 to 18 ASCII digits under that name) and for headers
-    given as a mapping (no order: no first header)."""
+    client's whose first header is not 1 to 18 ASCII digits above 0 under that name) and for
+    headers given as a mapping (no order: no first header)."""
     if not headers or not isinstance(headers, list | tuple):
         return None
     name, raw = headers[0]
     if name != BORN_TIMESTAMP_HEADER or raw is None:
         return None
-    return parse_count(raw)
+    return parse_count(raw) or None  # 0 is no born time (the Spark jobs read it so too)
 
 
 def delayed_headers(

@@ -243,7 +243,7 @@ def test_a_copy_reads_its_born_time_from_its_first_header_and_was_stored_when_st
     assert (read.born_timestamp_ms, read.store_timestamp_ms) == (1_700_000_000_000, None)
 
 
-@pytest.mark.parametrize("raw", [None, b"", b"-5", b"soon", b"1" * 19, b"\xff"])
+@pytest.mark.parametrize("raw", [None, b"", b"0", b"-5", b"soon", b"1" * 19, b"\xff"])
 def test_a_first_header_of_that_name_that_is_no_time_is_a_property(raw: bytes | None) -> None:
     headers = [(BORN_TIMESTAMP_HEADER, raw), ("UNIQ_KEY", b"ID2")]
     assert copied_born_timestamp(headers) is None
@@ -502,3 +502,10 @@ def test_threads_reading_one_undecoded_message_at_once_all_see_it_decoded() -> N
     finally:
         sys.setswitchinterval(interval)
     assert set(seen) == {("ID", "T", 2)} and len(seen) == 1200
+
+
+def test_a_copy_of_a_message_with_no_born_time_carries_no_born_header() -> None:
+    msg = Message("orders", b"x")
+    copy = stamped_copy(plain_record(msg, "bc.orders", "ID3", 0, b"h"))
+    assert copy.born_timestamp_ms == 0
+    assert [name for name, _ in copy.headers][:1] == ["UNIQ_KEY"]
