@@ -128,6 +128,9 @@ class _TableDirective(SphinxDirective):
             first, *rest = row
             lines.append(f"   * - {first}")
             lines.extend(f"     - {cell}" for cell in rest)
+        if type(self.state).__module__.startswith("myst_parser"):
+            # A Markdown page parses nested content as Markdown: hand the table to RST.
+            lines = ["```{eval-rst}", *lines, "```"]
         container = nodes.container()
         self.state.nested_parse(StringList(lines, source=self.get_source_info()[0]), 0, container)
         return list(container.children)
