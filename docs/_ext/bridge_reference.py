@@ -265,6 +265,12 @@ def exported_name(metric: MetricWrapperBase) -> str:
     return f"{name}_total" if metric._type == "counter" else name
 
 
+def _buckets(metric: MetricWrapperBase) -> str:
+    """A histogram's bucket bounds (in the metric's unit), as a sentence."""
+    bounds = [b for b in getattr(metric, "_upper_bounds", ()) if b != float("inf")]
+    return f" Buckets: {', '.join(f'{b:g}' for b in bounds)}." if bounds else ""
+
+
 class MetricsDirective(_TableDirective):
     """``.. bridge-metrics::`` with one metric name a line."""
 
@@ -281,7 +287,7 @@ class MetricsDirective(_TableDirective):
             listed.add(name)
             labels = ", ".join(metric._labelnames)
             kind, doc = str(metric._type), str(metric._documentation)
-            rows.append([_literal(name), kind, labels, _cell(doc)])
+            rows.append([_literal(name), kind, labels, _cell(doc + _buckets(metric))])
         return self.table("Metrics", ["Name", "Type", "Labels", "Meaning"], rows)
 
 
