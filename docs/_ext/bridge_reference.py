@@ -19,9 +19,12 @@ fails on it first).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
 import importlib
+import inspect
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -39,6 +42,8 @@ from sphinx.util.nodes import make_refnode
 from bridge.config import PROTECTED_KAFKA_PROPERTIES
 from bridge.observability.metrics import BridgeMetrics
 from bridge.settings import OTHER_ENVIRONMENT, attribute_docs
+from topics.catalog import SystemTopic
+from topics.naming import DEFAULT_NAMESPACE, system_topic
 
 _LISTED_METRICS = "bridge_reference_metrics"
 
@@ -253,6 +258,71 @@ class ProtectedPropertiesDirective(_TableDirective):
         return self.table("Protected librdkafka properties", ["Property", "Why", "Instead"], rows)
 
 
+def first_sentence(obj: Any) -> str:
+    """The first sentence of ``obj``'s docstring, on one line."""
+    doc = _one_line(inspect.getdoc(obj) or "")
+    match = re.match(r"(.+?\.)(?:\s|$)", doc)
+    return match.group(1) if match else doc
+
+
+def _call(line: str, module: str) -> tuple[Callable[..., Any], list[Any], dict[str, Any]]:
+    """``function(literal, ..., name=literal)`` read from ``line``, the function a name in
+    ``module`` (no code is run but the call itself)."""
+    tree = ast.parse(line, mode="eval").body
+    if not isinstance(tree, ast.Call) or not isinstance(tree.func, ast.Name):
+        raise ValueError(f"not a call of a function of {module}: {line!r}")
+    function = getattr(importlib.import_module(module), tree.func.id)
+    args = [ast.literal_eval(arg) for arg in tree.args]
+    kwargs = {str(kw.arg): ast.literal_eval(kw.value) for kw in tree.keywords}
+    return function, args, kwargs
+
+
+class NamesDirective(_TableDirective):
+    """``.. bridge-names::`` with one call a line, e.g. ``retry_topic("order_consumer")``:
+    each call, what it returns and the first sentence of the function's docstring.
+
+    Option ``:module:`` is where the functions are (default ``topics.naming``), ``:result:``
+    the result column's heading.
+    """
+
+    has_content = True
+    option_spec: ClassVar[dict[str, Any]] = {"module": str, "result": str, "caption": str}
+
+    def run(self) -> list[Any]:
+        module = self.options.get("module", "topics.naming")
+        rows = []
+        for line in (line.strip() for line in self.content if line.strip()):
+            try:
+                function, args, kwargs = _call(line, module)
+            except (ValueError, SyntaxError, AttributeError) as exc:
+                raise self.error(str(exc)) from exc
+            what = first_sentence(function)
+            if not what:
+                raise self.error(f"{module}.{function.__name__} has no docstring")
+            rows.append([_literal(line), _literal(str(function(*args, **kwargs))), _cell(what)])
+        header = ["Call", self.options.get("result", "Kafka name"), "What"]
+        caption = self.options.get("caption", "Names")
+        return self.parse_in(module, None, lambda: self.table(caption, header, rows))
+
+
+class SystemTopicsDirective(_TableDirective):
+    """``.. bridge-system-topics::``: each :class:`topics.catalog.SystemTopic`, its Kafka
+    name in the default namespace and its docstring."""
+
+    def run(self) -> list[Any]:
+        docs = attribute_docs(SystemTopic)
+        rows = []
+        for member in SystemTopic:
+            if not docs.get(member.name):
+                raise self.error(f"SystemTopic.{member.name} has no docstring")
+            kafka = system_topic(member.value, DEFAULT_NAMESPACE)
+            rows.append([_literal(member.value), _literal(kafka), _cell(docs[member.name])])
+        header = ["RocketMQ name", "Kafka topic", "What"]
+        return self.parse_in(
+            "topics.catalog", "SystemTopic", lambda: self.table("System topics", header, rows)
+        )
+
+
 def _all_metrics() -> dict[str, MetricWrapperBase]:
     metrics = BridgeMetrics(CollectorRegistry(), process_metrics=False)
     found = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]
@@ -353,6 +423,8 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("bridge-environment", EnvironmentDirective)
     app.add_directive("bridge-protected-properties", ProtectedPropertiesDirective)
     app.add_directive("bridge-metrics", MetricsDirective)
+    app.add_directive("bridge-names", NamesDirective)
+    app.add_directive("bridge-system-topics", SystemTopicsDirective)
     app.connect("env-purge-doc", _forget_page)
     app.connect("env-updated", _check_metrics_listed)
     return {"version": "1", "parallel_read_safe": False, "parallel_write_safe": True}
