@@ -38,6 +38,8 @@ from sphinx.environment import BuildEnvironment
 from sphinx.errors import ExtensionError
 from sphinx.util.docutils import SphinxDirective
 from sphinx.util.nodes import make_refnode
+from sqlalchemy import Column, MetaData, Table
+from sqlalchemy.dialects import postgresql
 
 from bridge.config import PROTECTED_KAFKA_PROPERTIES
 from bridge.observability.metrics import BridgeMetrics
@@ -323,6 +325,46 @@ class SystemTopicsDirective(_TableDirective):
         )
 
 
+_POSTGRESQL = postgresql.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's is untyped
+"""Column types are shown as PostgreSQL names them."""
+
+
+def _column_notes(column: Column[Any]) -> str:
+    notes = ["primary key" if column.primary_key else ""]
+    notes.append("" if column.nullable else "not null")
+    table = column.table
+    if isinstance(table, Table):
+        notes += [f"index ``{i.name}``" for i in table.indexes if column.name in i.columns]
+    return ", ".join(note for note in notes if note)
+
+
+class TablesDirective(_TableDirective):
+    """``.. bridge-tables:: bridge.db.metadata``: a table per SQLAlchemy table of the
+    metadata: each column's name, type, key and index, and its ``doc``."""
+
+    required_arguments = 1
+
+    def run(self) -> list[Any]:
+        metadata = _import(self.arguments[0])
+        if not isinstance(metadata, MetaData):
+            raise self.error(f"{self.arguments[0]} is no SQLAlchemy MetaData")
+        found: list[Any] = []
+        for table in metadata.sorted_tables:
+            what = table.info.get("doc")
+            if not what:
+                raise self.error(f"table {table.name} has no info['doc']")
+            rows = []
+            for column in table.columns:
+                if not column.doc:
+                    raise self.error(f"column {table.name}.{column.name} has no doc")
+                kind = column.type.compile(dialect=_POSTGRESQL)
+                notes = _column_notes(column)
+                rows.append([_literal(column.name), _literal(kind), notes, _cell(column.doc)])
+            title = f"``{table.name}``: {_one_line(what)}"
+            found += self.table(title, ["Column", "Type", "Key, index", "Description"], rows)
+        return found
+
+
 def _all_metrics() -> dict[str, MetricWrapperBase]:
     metrics = BridgeMetrics(CollectorRegistry(), process_metrics=False)
     found = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]
@@ -424,6 +466,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("bridge-protected-properties", ProtectedPropertiesDirective)
     app.add_directive("bridge-metrics", MetricsDirective)
     app.add_directive("bridge-names", NamesDirective)
+    app.add_directive("bridge-tables", TablesDirective)
     app.add_directive("bridge-system-topics", SystemTopicsDirective)
     app.connect("env-purge-doc", _forget_page)
     app.connect("env-updated", _check_metrics_listed)
