@@ -42,6 +42,7 @@ from sqlalchemy import Column, MetaData, Table
 from sqlalchemy.dialects import postgresql
 
 from bridge.config import PROTECTED_KAFKA_PROPERTIES
+from bridge.kafka_config import REFUSED_SETTINGS, REQUIRED_VALUES
 from bridge.observability.metrics import BridgeMetrics
 from bridge.settings import OTHER_ENVIRONMENT, attribute_docs
 from topics.catalog import SystemTopic
@@ -377,6 +378,30 @@ def exported_name(metric: MetricWrapperBase) -> str:
     return f"{name}_total" if metric._type == "counter" else name
 
 
+class KafkaConfigDirective(_TableDirective):
+    """``.. bridge-kafka-config:: required`` (or ``refused``): the confluent-kafka settings
+    :mod:`bridge.kafka_config` accepts only with the bridge's own value, or refuses."""
+
+    required_arguments = 1
+
+    def run(self) -> list[Any]:
+        kind = self.arguments[0]
+        groups: dict[tuple[str, str], list[str]] = {}
+        if kind == "required":
+            for name, (values, why) in REQUIRED_VALUES.items():
+                accepted = ", ".join(_literal(v) for v in sorted(values, key=len))
+                groups.setdefault((accepted, why), []).append(_literal(name))
+            rows = [[", ".join(names), a, _cell(why)] for (a, why), names in groups.items()]
+            header = ["Setting", "Accepted", "Why"]
+            title = ":data:`~bridge.kafka_config.REQUIRED_VALUES`"
+        elif kind == "refused":
+            rows = [[_literal(name), _cell(why)] for name, why in REFUSED_SETTINGS.items()]
+            header, title = ["Setting", "Why"], ":data:`~bridge.kafka_config.REFUSED_SETTINGS`"
+        else:
+            raise self.error(f"unknown kind {kind!r}: required or refused")
+        return self.table(title, header, rows)
+
+
 def _buckets(metric: MetricWrapperBase) -> str:
     """A histogram's bucket bounds (in the metric's unit), as a sentence."""
     bounds = [b for b in getattr(metric, "_upper_bounds", ()) if b != float("inf")]
@@ -466,6 +491,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("bridge-protected-properties", ProtectedPropertiesDirective)
     app.add_directive("bridge-metrics", MetricsDirective)
     app.add_directive("bridge-names", NamesDirective)
+    app.add_directive("bridge-kafka-config", KafkaConfigDirective)
     app.add_directive("bridge-tables", TablesDirective)
     app.add_directive("bridge-system-topics", SystemTopicsDirective)
     app.connect("env-purge-doc", _forget_page)
