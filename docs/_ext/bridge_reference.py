@@ -43,6 +43,7 @@ from sqlalchemy.dialects import postgresql
 
 from bridge.config import PROTECTED_KAFKA_PROPERTIES
 from bridge.kafka_config import REFUSED_SETTINGS, REQUIRED_VALUES
+from bridge.message import MessageConst
 from bridge.observability.metrics import BridgeMetrics
 from bridge.settings import OTHER_ENVIRONMENT, attribute_docs
 from topics.catalog import SystemTopic
@@ -402,6 +403,27 @@ class KafkaConfigDirective(_TableDirective):
         return self.table(title, header, rows)
 
 
+class PropertiesDirective(_TableDirective):
+    """``.. bridge-properties:: topics.properties.TRACE_PROPERTIES``: each property of the
+    tuple, its :class:`~bridge.message.MessageConst` name and that constant's docstring."""
+
+    required_arguments = 1
+
+    def run(self) -> list[Any]:
+        docs = attribute_docs(MessageConst)
+        names = {getattr(MessageConst, n): n for n in docs if not n.startswith("_")}
+        rows = []
+        for value in _import(self.arguments[0]):
+            name = names.get(value)
+            if name is None:
+                raise self.error(f"{value!r} is no documented MessageConst")
+            rows.append([_literal(value), _literal(name), _cell(docs[name])])
+        header = ["Property", "MessageConst", "Value"]
+        return self.parse_in(
+            "bridge.message", "MessageConst", lambda: self.table("Properties", header, rows)
+        )
+
+
 def _buckets(metric: MetricWrapperBase) -> str:
     """A histogram's bucket bounds (in the metric's unit), as a sentence."""
     bounds = [b for b in getattr(metric, "_upper_bounds", ()) if b != float("inf")]
@@ -492,6 +514,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("bridge-metrics", MetricsDirective)
     app.add_directive("bridge-names", NamesDirective)
     app.add_directive("bridge-kafka-config", KafkaConfigDirective)
+    app.add_directive("bridge-properties", PropertiesDirective)
     app.add_directive("bridge-tables", TablesDirective)
     app.add_directive("bridge-system-topics", SystemTopicsDirective)
     app.connect("env-purge-doc", _forget_page)
