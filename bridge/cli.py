@@ -157,8 +157,9 @@ def up(
     self_check: bool | None,
     once: bool,
 ) -> None:
-    """Start the stack in the foreground: the local Kafka broker (unless bootstrap servers
-    are configured) and the coordinator. Ctrl-C stops both cleanly."""
+    """Start the stack in the foreground: the local Kafka broker (unless -b or
+    KAFKA_BOOTSTRAP_SERVERS names a Kafka) and the coordinator; with the local broker, send
+    one message and read it back; then run until Ctrl-C, which stops both cleanly."""
     broker: LocalKafka | None = None
     coordinator: Coordinator | None = None
     with stop_on_signals() as stop:
@@ -195,8 +196,9 @@ def up(
 @cli.command()
 @click.argument("sets", nargs=-1, type=click.Choice(sorted(ARTIFACT_SETS)))
 def fetch(sets: tuple[str, ...]) -> None:
-    """Fetch the broker's (kafka) and Spark's Kafka source (spark) jars into the cache (a
-    progress bar on stderr when it is a terminal)."""
+    """Fetch jars into the cache (default: every set), with a progress bar on stderr when it
+    is a terminal: the broker's (kafka), Spark's Kafka source (spark), Delta Lake's (delta)
+    and Apache RocketMQ's, for side-by-side runs (rocketmq)."""
     names = sets or tuple(sorted(ARTIFACT_SETS))
     with progress("fetching jars", len(names)) as bar:
         for name in names:

@@ -168,7 +168,12 @@ def broker(  # noqa: PLR0917 - click passes every option as a parameter
     tls_clients: tuple[str, ...],
     super_users: tuple[str, ...],
 ) -> None:
-    """Run only the local Kafka broker (or a cluster of them) in the foreground."""
+    """Run only the local Kafka broker (or a cluster of them) in the foreground: print its
+    bootstrap servers, run until Ctrl-C.
+
+    With --secured, the SCRAM users come from --scram-users-file or BRIDGE_SCRAM_USERS, never
+    from the command line; the command prints where the CA and the key stores are and writes
+    a client properties file per user in <data dir>/clients/."""
     users = scram_users(scram_users_file, os.environ) if secured else {}
     if not secured and (scram_users_file or tls_clients or super_users):
         raise click.UsageError("--scram-users-file, --tls-client and --super-user need --secured")

@@ -122,7 +122,9 @@ def _run_processes(
 def coordinator(
     ctx: click.Context, bootstrap_servers: str | None, metrics_port: int | None, processes: int
 ) -> None:
-    """Run only the coordinator (against configured Kafka) in the foreground."""
+    """Run only the coordinator (against configured Kafka) in the foreground, until Ctrl-C
+    or SIGTERM. With --processes N, a process that ends by itself is named on stderr, the
+    others are stopped and the exit status is 1."""
     config = CoordinatorConfig.from_env().with_client(client_config(ctx, bootstrap_servers))
     if processes > 1:
         _run_processes(ctx, config, processes, metrics_port)
@@ -148,7 +150,8 @@ def coordinator(
 @json_option
 @click.pass_context
 def health(ctx: click.Context, bootstrap_servers: str | None, as_json: bool) -> None:
-    """Exit 0 if every coordinator service is running (a member of its consumer group)."""
+    """Exit 0 if every coordinator service is running (a member of its consumer group), for
+    health checks; --json: one object per service."""
     checks = coordinator_health(client_config(ctx, bootstrap_servers))
     for c in checks:
         if as_json:

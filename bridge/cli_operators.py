@@ -163,7 +163,8 @@ def _parked(msg: MessageExt) -> dict[str, Any]:
 @json_option
 @click.pass_context
 def transactions_parked(ctx: click.Context, bootstrap_servers: str | None, as_json: bool) -> None:
-    """Messages parked in the check-max topic and not yet replayed or dropped."""
+    """Messages parked in the check-max topic and not yet replayed or dropped, with why
+    their delivery failed if it did."""
     config = _read_config(ctx, bootstrap_servers)
     parked = read_parked(config)
     for msg in parked:
@@ -232,7 +233,7 @@ def delays() -> None:
 def delays_status(ctx: click.Context, bootstrap_servers: str | None, as_json: bool) -> None:
     """How many messages wait in each delay level and timer tier, with a histogram, and when
     the next of each is due (--json: every level and tier, kind, index, delay_ms, pending,
-    next_due_ms)."""
+    next_due_ms). Before anything was delayed, 0 wait everywhere."""
     config = _read_config(ctx, bootstrap_servers)
     queues = delay_status(config)
     if as_json:
@@ -453,9 +454,11 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
     stderr when it is a terminal. Replaying twice writes twice. Exit status 4 for a group
     without a dead-letter queue, and for an --id that none of its dead letters has; a topic
     that cannot take the letters bound for it (e.g. a Kafka internal topic) is named before
-    anything is written. Either way nothing is replayed. A letter that cannot be replayed
-    (its origin is no topic name, say) does not stop the others: each is listed with why, it
-    stays in the DLQ, and the exit status is 1 (--dry-run lists them too, and exits 1)."""
+    anything is written (ReplayTargetError). Either way nothing is replayed. A letter that
+    cannot be replayed (its origin is no topic name, say, as another Kafka client may write)
+    does not stop the others: each is listed with why ("error" with --json), it stays in the
+    DLQ, and the exit status is 1, naming them (DeadLetterReplayError; --dry-run lists them
+    too, and exits 1)."""
     config = _read_config(ctx, bootstrap_servers)
     _require_dlq(config, group)
     chosen = ReplayTarget(target)
@@ -527,7 +530,9 @@ def quarantine_list(
     ctx: click.Context, bootstrap_servers: str | None, count: int | None, as_json: bool
 ) -> None:
     """Print the quarantined records: origin, reason and size (``replay OFFSET`` re-drives
-    one)."""
+    one). They are undecodable records, and delayed messages their topic refused
+    delivery_attempts times; a record whose full copy did not fit is kept without its value
+    and headers, the reason giving their size."""
     if ctx.invoked_subcommand is not None:
         ctx.ensure_object(dict)["quarantine_bootstrap"] = bootstrap_servers
         return
@@ -619,10 +624,11 @@ def _real_target(record: Any, namespace: str) -> tuple[str, int] | None:
 @click.argument("offset", type=click.IntRange(min=0))
 @click.pass_context
 def quarantine_replay(ctx: click.Context, bootstrap_servers: str | None, offset: int) -> None:
-    """Deliver the delayed message quarantined at OFFSET to its real topic, once (after the
-    cause, e.g. a missing topic or an ACL, was fixed). Exit status 4 when OFFSET holds no
-    quarantined record; a real topic that cannot take it (a Kafka internal topic, a partition
-    it does not have) is named before anything is written."""
+    """Deliver the delayed message quarantined at OFFSET to its real topic, exactly once
+    (after the cause, e.g. a missing topic or an ACL, was fixed). Exit status 4 when OFFSET
+    holds no quarantined record (or the namespace has no QUARANTINE topic); a real topic that
+    cannot take it (a Kafka internal topic, a partition it does not have) is named before
+    anything is written (ReplayTargetError), and the record stays quarantined."""
     given = bootstrap_servers or (ctx.obj or {}).get("quarantine_bootstrap")
     config = _read_config(ctx, given)
     record = _quarantined_record(config, offset)

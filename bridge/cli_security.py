@@ -115,8 +115,8 @@ def acls() -> None:
 @json_option
 @click.pass_context
 def acls_print(ctx: click.Context, /, as_json: bool, **params: Any) -> None:
-    """The ACLs (ALLOW, any host) each principal needs, least privilege: principal, role,
-    resource type, pattern type, operation, resource name."""
+    """The ACLs (ALLOW, any host) each principal needs for the namespace, least privilege:
+    principal, role, resource type, pattern type, operation, resource name."""
     _show(acls_for(_deployment(ctx, params)), as_json, "needed")
 
 
@@ -128,7 +128,8 @@ def acls_print(ctx: click.Context, /, as_json: bool, **params: Any) -> None:
 def acls_apply(
     ctx: click.Context, /, bootstrap_servers: str | None, as_json: bool, **params: Any
 ) -> None:
-    """Create the ACLs ``print`` shows (existing ones are left as they are)."""
+    """Create the ACLs ``print`` shows through Kafka's Admin API (existing ones are left as
+    they are)."""
     wanted = acls_for(_deployment(ctx, params))
     created = create_acls(client_config(ctx, bootstrap_servers), wanted)
     _show(created, as_json, "applied")

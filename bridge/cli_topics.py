@@ -97,7 +97,9 @@ def topics_create(  # noqa: PLR0917 - click passes every option as a parameter
     names: tuple[str, ...],
     partitions: int,
 ) -> None:
-    """Create topics idempotently (existing ones are left as they are)."""
+    """Create topics idempotently (existing ones are left as they are). A pre-created
+    system topic whose settings the guarantees cannot rely on is refused, and the error
+    prints the fix."""
     config = client_config(ctx, bootstrap_servers)
     catalog = TopicCatalog(namespace=config.namespace)
     specs: list[TopicSpec] = list(catalog.system_specs()) if system else []
@@ -232,9 +234,11 @@ def send(  # noqa: PLR0917 - click passes every option as a parameter
     count: int,
     as_json: bool,
 ) -> None:
-    """Send BODY (or the bytes of --file) to TOPIC and print where it was stored (--json:
-    status, msg_id, topic, queue_id, offset). Kafka not reachable within the request timeout:
-    exit status 3, as for every command."""
+    """Send BODY (as UTF-8; or any bytes of --file) to TOPIC and print where it was stored
+    (--json: status, msg_id, topic, queue_id, offset). At most one of --delay-level,
+    --delay-ms and --deliver-at-ms delays it. Kafka not reachable within the request timeout
+    (BRIDGE_REQUEST_TIMEOUT_MS): BrokerUnreachableError, exit status 3, as for every
+    command."""
     config = client_config(ctx, bootstrap_servers)
     payload = _body(body, body_file)
     user_properties = _parse_properties(properties)
@@ -289,7 +293,8 @@ def consume(  # noqa: PLR0917 - click passes every option as a parameter
 ) -> None:
     """Print committed messages of TOPIC... (RocketMQ names, e.g. %DLQ%my_group); --json: one
     object per message with every property (binary ones in base64) and the body. A TOPIC
-    that does not exist: exit status 4, naming it."""
+    that does not exist: exit status 4, naming it. Kafka not reachable within the request
+    timeout (BRIDGE_REQUEST_TIMEOUT_MS): BrokerUnreachableError, exit status 3."""
     config = client_config(ctx, bootstrap_servers)
     existing = TopicAdmin(config).list_topics(include_internal=True)  # fails at once if down
     missing = [

@@ -52,8 +52,8 @@ class MessageConst:
     OpenTelemetry's Kafka propagation write it. The user's (or another Kafka client's), kept
     byte for byte through every copy (half message, commit, delay, retry, DLQ, replay)."""
     TRACE_STATE: Final = "tracestate"
-    """Not a RocketMQ property: W3C Trace Context's ``tracestate``, the vendor key-value pairs
-    that travel with ``traceparent``."""
+    """Not a RocketMQ property: W3C Trace Context's ``tracestate``, the vendor ``key=value``
+    pairs, comma-separated, that travel with ``traceparent``."""
     CONSUME_FAILURE: Final = "CONSUME_FAILURE"
     """Dead-letter metadata (not a RocketMQ property), written by a push consumer on each retry
     and DLQ copy: how the listener failed the message, last time: ``EXCEPTION`` (it raised; see
@@ -65,11 +65,12 @@ class MessageConst:
     group no longer subscribes to)."""
     CONSUME_EXCEPTION_CLASS: Final = "CONSUME_EXCEPTION_CLASS"
     """Dead-letter metadata: the class of the exception the listener raised,
-    ``module.QualifiedName`` (builtins without module), at most 1024 bytes; absent when it did
-    not raise."""
+    ``module.QualifiedName`` (builtins by name alone, e.g. ``ValueError``), at most 1024 bytes;
+    absent when it did not raise."""
     CONSUME_EXCEPTION_MESSAGE: Final = "CONSUME_EXCEPTION_MESSAGE"
-    """Dead-letter metadata: ``str()`` of that exception, at most 1024 bytes of UTF-8 (a longer
-    one is cut and ends with ``...``); absent when it did not raise."""
+    """Dead-letter metadata: ``str()`` of that exception, at most 1024 bytes of UTF-8
+    (``bridge.message.FAILURE_MESSAGE_MAX_BYTES``; a longer one is cut at a character boundary
+    and ends with ``...``); absent when it did not raise."""
     CONSUMER_GROUP: Final = "CONSUMER_GROUP"
     """Dead-letter metadata: the consumer group whose listener failed the message."""
     ORIGIN_KAFKA_TOPIC: Final = "ORIGIN_KAFKA_TOPIC"
@@ -80,8 +81,9 @@ class MessageConst:
     ORIGIN_QUEUE_OFFSET: Final = "ORIGIN_QUEUE_OFFSET"
     """Dead-letter metadata: that record's offset."""
     ORIGIN_TIMESTAMP: Final = "ORIGIN_TIMESTAMP"
-    """Dead-letter metadata: that record's Kafka timestamp, epoch ms (the broker's append time
-    where the topic keeps it, else the born time)."""
+    """Dead-letter metadata: when that record was stored, its Kafka timestamp, epoch ms: the
+    broker's append time where the topic keeps it, the time it was written for a copy (a
+    delivered delay or transaction, a replay), else the born time."""
 
     KEY_SEPARATOR: Final = " "
 

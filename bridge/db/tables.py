@@ -77,27 +77,70 @@ would let the check fence a committed transaction as rolled back."""
 
 metadata = MetaData()
 
+# ``doc`` and ``info`` describe the tables for the documentation; neither reaches the DDL.
 transaction_log = Table(
     "bridge_transaction_log",
     metadata,
-    Column("transaction_id", String(64), primary_key=True),
-    Column("producer_group", String(255), nullable=False),
-    Column("message_id", String(TEXT_MAX_CHARS), nullable=False),
-    Column("topic", String(TEXT_MAX_CHARS), nullable=False),
-    Column("state", String(16), nullable=False),
-    Column("created_ms", BigInteger, nullable=False),
+    Column(
+        "transaction_id",
+        String(64),
+        primary_key=True,
+        doc="The half message's transaction id (its message id if it has none).",
+    ),
+    Column("producer_group", String(255), nullable=False, doc="The producer's group."),
+    Column(
+        "message_id",
+        String(TEXT_MAX_CHARS),
+        nullable=False,
+        doc="The half message's id, cut to the column's width.",
+    ),
+    Column(
+        "topic",
+        String(TEXT_MAX_CHARS),
+        nullable=False,
+        doc="The message's real topic, cut to the column's width.",
+    ),
+    Column(
+        "state",
+        String(16),
+        nullable=False,
+        doc="``COMMIT`` (the local transaction's own row) or ``ROLLBACK`` (a check's fence).",
+    ),
+    Column("created_ms", BigInteger, nullable=False, doc="When the row was written, epoch ms."),
     Index("ix_bridge_transaction_log_created_ms", "created_ms"),
+    info={"doc": "One row per local transaction of a database-backed transactional producer."},
 )
 
 consumed_message = Table(
     "bridge_consumed_message",
     metadata,
-    Column("consumer_group", String(255), primary_key=True),
-    Column("message_key", String(KEY_MAX_CHARS), primary_key=True),
-    Column("message_id", String(TEXT_MAX_CHARS), nullable=False),
-    Column("topic", String(TEXT_MAX_CHARS), nullable=False),
-    Column("consumed_ms", BigInteger, nullable=False),
+    Column(
+        "consumer_group",
+        String(255),
+        primary_key=True,
+        doc="The consumer's group: each group handles each message once.",
+    ),
+    Column(
+        "message_key",
+        String(KEY_MAX_CHARS),
+        primary_key=True,
+        doc="The business event's key (by default the message id every copy keeps).",
+    ),
+    Column(
+        "message_id",
+        String(TEXT_MAX_CHARS),
+        nullable=False,
+        doc="The id of the message handled, cut to the column's width.",
+    ),
+    Column(
+        "topic",
+        String(TEXT_MAX_CHARS),
+        nullable=False,
+        doc="The topic it was read from, cut to the column's width.",
+    ),
+    Column("consumed_ms", BigInteger, nullable=False, doc="When it was handled, epoch ms."),
     Index("ix_bridge_consumed_message_consumed_ms", "consumed_ms"),
+    info={"doc": "One row per message an idempotent consumer has handled."},
 )
 
 

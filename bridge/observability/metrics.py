@@ -85,19 +85,22 @@ class BridgeMetrics:
         # --- producers (RocketMQ's client metrics) -------------------------------------
         self.messages_in = Counter(
             "rocketmq_messages_in",
-            "Messages stored in Kafka by the producers of this process.",
+            "Messages the producers of this process stored in Kafka (acknowledged), counted "
+            "from the delivery reports.",
             ["namespace", "topic", "message_type"],
             registry=r,
         )
         self.throughput_in = Counter(
             "rocketmq_throughput_in",
-            "Bytes (record values) stored in Kafka by the producers of this process.",
+            "Bytes of the record values the producers of this process stored in Kafka.",
             ["namespace", "topic", "message_type"],
             registry=r,
         )
         self.send_cost = Histogram(
             "rocketmq_send_cost_time",
-            "Time from a send to its acknowledgement (or failure), ms.",
+            "Time from a sync or async send to its acknowledgement or failure, ms; a message sent "
+            "again alone after the broker refused its request batch is one sample, from its first "
+            "send to its last outcome.",
             ["namespace", "topic", "invocation_status"],
             buckets=SEND_COST_BUCKETS_MS,
             registry=r,
@@ -111,7 +114,8 @@ class BridgeMetrics:
         )
         self.consume_failures = Counter(
             "bridge_consumer_failures",
-            "Messages a push consumer's listener failed (status, exception or timeout).",
+            "Messages a push consumer's listener failed (a failure status, an exception, a "
+            "timeout).",
             ["namespace", "consumer_group"],
             registry=r,
         )
@@ -136,7 +140,7 @@ class BridgeMetrics:
         )
         self.local_retries = Counter(
             "bridge_consumer_local_retries",
-            "Messages consumed again locally because their send-back failed.",
+            "Messages consumed again locally because their send-back could not be written.",
             ["namespace", "consumer_group"],
             registry=r,
         )
@@ -154,13 +158,17 @@ class BridgeMetrics:
         )
         self.quarantined = Counter(
             "bridge_quarantined_messages",
-            "Records moved to the QUARANTINE topic (undecodable, or undeliverable for good).",
+            "Records moved to the QUARANTINE topic. source=consumer: undecodable records, "
+            "copies that could not be built or were refused for good; source=delay "
+            "(coordinator): delayed messages their topic refused delivery_attempts times, "
+            "malformed ones, topics not allowed; source=transaction (coordinator): malformed "
+            "HALF records, conflicting half messages.",
             ["namespace", "source"],
             registry=r,
         )
         self.cached_messages = Gauge(
             "rocketmq_consumer_cached_messages",
-            "Messages a push consumer holds (received, not yet done).",
+            "Messages a push consumer holds (received, not yet done), updated every second.",
             ["namespace", "topic", "consumer_group"],
             registry=r,
         )
@@ -172,14 +180,16 @@ class BridgeMetrics:
         )
         self.consumer_lag = Gauge(
             "rocketmq_consumer_lag_messages",
-            "Messages in Kafka beyond a consumer's committed offset (from librdkafka).",
+            "Records beyond a push consumer group's committed offset, summed over the assigned "
+            "partitions (librdkafka's consumer_lag_stored).",
             ["namespace", "topic", "consumer_group"],
             registry=r,
         )
         # --- coordinator: transactions ---------------------------------------------------
         self.half_messages = Gauge(
             "rocketmq_half_messages",
-            "Undecided transactions (half messages) in the HALF partitions this process owns.",
+            "Undecided transactions (half messages) in the HALF partitions this coordinator owns "
+            "(sum over the coordinators for the namespace).",
             ["namespace"],
             registry=r,
         )
@@ -192,13 +202,16 @@ class BridgeMetrics:
         self.commits = Counter(
             "rocketmq_commit_messages",
             "Transactions decided COMMIT and applied by the coordinator (the message goes to its "
-            "real topic, or is parked if it cannot be written there).",
+            "real topic, or is parked if it cannot be written there). topic is '(not allowed)' "
+            "for a real topic outside allowed_topics (or one no Kafka topic can be named from), "
+            "so a HALF writer cannot add series of names it chooses.",
             ["namespace", "topic"],
             registry=r,
         )
         self.rollbacks = Counter(
             "rocketmq_rollback_messages",
-            "Rolled-back transactions the coordinator applied.",
+            "Transactions decided ROLLBACK and applied by the coordinator; topic as for "
+            "rocketmq_commit_messages.",
             ["namespace", "topic"],
             registry=r,
         )
@@ -217,28 +230,36 @@ class BridgeMetrics:
         )
         self.check_answers = Counter(
             "bridge_transaction_check_answers",
-            "Decisions the coordinator received for transactions it had checked.",
+            "Answers to checks the coordinator received (status COMMIT, ROLLBACK, UNKNOWN). An "
+            "UNKNOWN is counted only when it names a transaction pending in this coordinator's "
+            "partitions and that transaction's own producer group (another is not a series of "
+            "its own).",
             ["namespace", "producer_group", "status"],
             registry=r,
         )
         self.parked = Counter(
             "bridge_transactions_parked",
-            "Transactions moved to the check-max topic (checks spent, too old, or their "
-            "message undeliverable).",
+            "Transactions moved to the check-max topic; reason: check_max (checks spent), too_old "
+            "(past file_reserved_time_ms), undeliverable (its real record could not be "
+            "written), check_failed (its check could not be written), refused (its producer "
+            "group is not in allowed_producer_groups).",
             ["namespace", "reason"],
             registry=r,
         )
         # --- coordinator: delays -----------------------------------------------------------
         self.delay_waiting = Gauge(
             "bridge_delay_waiting_messages",
-            "Delayed messages waiting per delay level and timer tier (from committed offsets; "
-            "a tier may count a transaction marker or two).",
+            "Delayed messages waiting per delay level (kind=level) and timer tier (kind=tier), "
+            "from the coordinator group's committed offsets and the partitions' ends "
+            "(refreshed at most every 5 s; a tier written by the coordinator may count a "
+            "transaction marker or two).",
             ["namespace", "kind", "level"],
             registry=r,
         )
         self.delay_deliveries = Counter(
             "bridge_delay_deliveries",
-            "Delayed messages the coordinator delivered to their real topic.",
+            "Delayed messages the coordinator delivered to their real topic (kind=schedule: delay "
+            "levels, kind=timer: timers).",
             ["namespace", "kind"],
             registry=r,
         )
@@ -280,26 +301,28 @@ class BridgeMetrics:
         # --- librdkafka statistics --------------------------------------------------------
         self.broker_rtt = Gauge(
             "bridge_kafka_broker_rtt_seconds",
-            "Average broker round-trip time of a Kafka client (librdkafka statistics), s.",
+            "Average request round trip of a Kafka client per connected broker (librdkafka's "
+            "brokers[].rtt.avg), s.",
             ["client", "broker"],
             registry=r,
         )
         self.producer_queue_messages = Gauge(
             "bridge_kafka_producer_queue_messages",
-            "Messages waiting in a Kafka producer's local queue (librdkafka statistics).",
+            "Messages waiting in a Kafka producer's local queue (librdkafka's msg_cnt).",
             ["client"],
             registry=r,
         )
         self.producer_queue_bytes = Gauge(
             "bridge_kafka_producer_queue_bytes",
-            "Bytes waiting in a Kafka producer's local queue (librdkafka statistics).",
+            "Bytes waiting in a Kafka producer's local queue (librdkafka's msg_size).",
             ["client"],
             registry=r,
         )
         self.client_errors = Gauge(
             "bridge_kafka_client_request_errors",
-            "Request errors and timeouts of a Kafka client's broker connections, as "
-            "librdkafka counts them since the client started.",
+            "Transmit and receive errors and request timeouts of a Kafka client's broker "
+            "connections since the client started (librdkafka's txerrs + rxerrs + "
+            "req_timeouts).",
             ["client"],
             registry=r,
         )

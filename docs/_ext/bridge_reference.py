@@ -19,9 +19,12 @@ fails on it first).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
 import importlib
+import inspect
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -35,10 +38,16 @@ from sphinx.environment import BuildEnvironment
 from sphinx.errors import ExtensionError
 from sphinx.util.docutils import SphinxDirective
 from sphinx.util.nodes import make_refnode
+from sqlalchemy import Column, MetaData, Table
+from sqlalchemy.dialects import postgresql
 
 from bridge.config import PROTECTED_KAFKA_PROPERTIES
+from bridge.kafka_config import REFUSED_SETTINGS, REQUIRED_VALUES
+from bridge.message import MessageConst
 from bridge.observability.metrics import BridgeMetrics
 from bridge.settings import OTHER_ENVIRONMENT, attribute_docs
+from topics.catalog import SystemTopic
+from topics.naming import DEFAULT_NAMESPACE, system_topic
 
 _LISTED_METRICS = "bridge_reference_metrics"
 
@@ -128,6 +137,9 @@ class _TableDirective(SphinxDirective):
             first, *rest = row
             lines.append(f"   * - {first}")
             lines.extend(f"     - {cell}" for cell in rest)
+        if type(self.state).__module__.startswith("myst_parser"):
+            # A Markdown page parses nested content as Markdown: hand the table to RST.
+            lines = ["```{eval-rst}", *lines, "```"]
         container = nodes.container()
         self.state.nested_parse(StringList(lines, source=self.get_source_info()[0]), 0, container)
         return list(container.children)
@@ -250,6 +262,111 @@ class ProtectedPropertiesDirective(_TableDirective):
         return self.table("Protected librdkafka properties", ["Property", "Why", "Instead"], rows)
 
 
+def first_sentence(obj: Any) -> str:
+    """The first sentence of ``obj``'s docstring, on one line."""
+    doc = _one_line(inspect.getdoc(obj) or "")
+    match = re.match(r"(.+?\.)(?:\s|$)", doc)
+    return match.group(1) if match else doc
+
+
+def _call(line: str, module: str) -> tuple[Callable[..., Any], list[Any], dict[str, Any]]:
+    """``function(literal, ..., name=literal)`` read from ``line``, the function a name in
+    ``module`` (no code is run but the call itself)."""
+    tree = ast.parse(line, mode="eval").body
+    if not isinstance(tree, ast.Call) or not isinstance(tree.func, ast.Name):
+        raise ValueError(f"not a call of a function of {module}: {line!r}")
+    function = getattr(importlib.import_module(module), tree.func.id)
+    args = [ast.literal_eval(arg) for arg in tree.args]
+    kwargs = {str(kw.arg): ast.literal_eval(kw.value) for kw in tree.keywords}
+    return function, args, kwargs
+
+
+class NamesDirective(_TableDirective):
+    """``.. bridge-names::`` with one call a line, e.g. ``retry_topic("order_consumer")``:
+    each call, what it returns and the first sentence of the function's docstring.
+
+    Option ``:module:`` is where the functions are (default ``topics.naming``), ``:result:``
+    the result column's heading.
+    """
+
+    has_content = True
+    option_spec: ClassVar[dict[str, Any]] = {"module": str, "result": str, "caption": str}
+
+    def run(self) -> list[Any]:
+        module = self.options.get("module", "topics.naming")
+        rows = []
+        for line in (line.strip() for line in self.content if line.strip()):
+            try:
+                function, args, kwargs = _call(line, module)
+            except (ValueError, SyntaxError, AttributeError) as exc:
+                raise self.error(str(exc)) from exc
+            what = first_sentence(function)
+            if not what:
+                raise self.error(f"{module}.{function.__name__} has no docstring")
+            rows.append([_literal(line), _literal(str(function(*args, **kwargs))), _cell(what)])
+        header = ["Call", self.options.get("result", "Kafka name"), "What"]
+        caption = self.options.get("caption", "Names")
+        return self.parse_in(module, None, lambda: self.table(caption, header, rows))
+
+
+class SystemTopicsDirective(_TableDirective):
+    """``.. bridge-system-topics::``: each :class:`topics.catalog.SystemTopic`, its Kafka
+    name in the default namespace and its docstring."""
+
+    def run(self) -> list[Any]:
+        docs = attribute_docs(SystemTopic)
+        rows = []
+        for member in SystemTopic:
+            if not docs.get(member.name):
+                raise self.error(f"SystemTopic.{member.name} has no docstring")
+            kafka = system_topic(member.value, DEFAULT_NAMESPACE)
+            rows.append([_literal(member.value), _literal(kafka), _cell(docs[member.name])])
+        header = ["RocketMQ name", "Kafka topic", "What"]
+        return self.parse_in(
+            "topics.catalog", "SystemTopic", lambda: self.table("System topics", header, rows)
+        )
+
+
+_POSTGRESQL = postgresql.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's is untyped
+"""Column types are shown as PostgreSQL names them."""
+
+
+def _column_notes(column: Column[Any]) -> str:
+    notes = ["primary key" if column.primary_key else ""]
+    notes.append("" if column.nullable else "not null")
+    table = column.table
+    if isinstance(table, Table):
+        notes += [f"index ``{i.name}``" for i in table.indexes if column.name in i.columns]
+    return ", ".join(note for note in notes if note)
+
+
+class TablesDirective(_TableDirective):
+    """``.. bridge-tables:: bridge.db.metadata``: a table per SQLAlchemy table of the
+    metadata: each column's name, type, key and index, and its ``doc``."""
+
+    required_arguments = 1
+
+    def run(self) -> list[Any]:
+        metadata = _import(self.arguments[0])
+        if not isinstance(metadata, MetaData):
+            raise self.error(f"{self.arguments[0]} is no SQLAlchemy MetaData")
+        found: list[Any] = []
+        for table in metadata.sorted_tables:
+            what = table.info.get("doc")
+            if not what:
+                raise self.error(f"table {table.name} has no info['doc']")
+            rows = []
+            for column in table.columns:
+                if not column.doc:
+                    raise self.error(f"column {table.name}.{column.name} has no doc")
+                kind = column.type.compile(dialect=_POSTGRESQL)
+                notes = _column_notes(column)
+                rows.append([_literal(column.name), _literal(kind), notes, _cell(column.doc)])
+            title = f"``{table.name}``: {_one_line(what)}"
+            found += self.table(title, ["Column", "Type", "Key, index", "Description"], rows)
+        return found
+
+
 def _all_metrics() -> dict[str, MetricWrapperBase]:
     metrics = BridgeMetrics(CollectorRegistry(), process_metrics=False)
     found = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]
@@ -260,6 +377,57 @@ def exported_name(metric: MetricWrapperBase) -> str:
     """The name Prometheus scrapes (a counter's with ``_total``)."""
     name: str = metric._name
     return f"{name}_total" if metric._type == "counter" else name
+
+
+class KafkaConfigDirective(_TableDirective):
+    """``.. bridge-kafka-config:: required`` (or ``refused``): the confluent-kafka settings
+    :mod:`bridge.kafka_config` accepts only with the bridge's own value, or refuses."""
+
+    required_arguments = 1
+
+    def run(self) -> list[Any]:
+        kind = self.arguments[0]
+        groups: dict[tuple[str, str], list[str]] = {}
+        if kind == "required":
+            for name, (values, why) in REQUIRED_VALUES.items():
+                accepted = ", ".join(_literal(v) for v in sorted(values, key=len))
+                groups.setdefault((accepted, why), []).append(_literal(name))
+            rows = [[", ".join(names), a, _cell(why)] for (a, why), names in groups.items()]
+            header = ["Setting", "Accepted", "Why"]
+            title = ":data:`~bridge.kafka_config.REQUIRED_VALUES`"
+        elif kind == "refused":
+            rows = [[_literal(name), _cell(why)] for name, why in REFUSED_SETTINGS.items()]
+            header, title = ["Setting", "Why"], ":data:`~bridge.kafka_config.REFUSED_SETTINGS`"
+        else:
+            raise self.error(f"unknown kind {kind!r}: required or refused")
+        return self.table(title, header, rows)
+
+
+class PropertiesDirective(_TableDirective):
+    """``.. bridge-properties:: topics.properties.TRACE_PROPERTIES``: each property of the
+    tuple, its :class:`~bridge.message.MessageConst` name and that constant's docstring."""
+
+    required_arguments = 1
+
+    def run(self) -> list[Any]:
+        docs = attribute_docs(MessageConst)
+        names = {getattr(MessageConst, n): n for n in docs if not n.startswith("_")}
+        rows = []
+        for value in _import(self.arguments[0]):
+            name = names.get(value)
+            if name is None:
+                raise self.error(f"{value!r} is no documented MessageConst")
+            rows.append([_literal(value), _literal(name), _cell(docs[name])])
+        header = ["Property", "MessageConst", "Value"]
+        return self.parse_in(
+            "bridge.message", "MessageConst", lambda: self.table("Properties", header, rows)
+        )
+
+
+def _buckets(metric: MetricWrapperBase) -> str:
+    """A histogram's bucket bounds (in the metric's unit), as a sentence."""
+    bounds = [b for b in getattr(metric, "_upper_bounds", ()) if b != float("inf")]
+    return f" Buckets: {', '.join(f'{b:g}' for b in bounds)}." if bounds else ""
 
 
 class MetricsDirective(_TableDirective):
@@ -278,7 +446,7 @@ class MetricsDirective(_TableDirective):
             listed.add(name)
             labels = ", ".join(metric._labelnames)
             kind, doc = str(metric._type), str(metric._documentation)
-            rows.append([_literal(name), kind, labels, _cell(doc)])
+            rows.append([_literal(name), kind, labels, _cell(doc + _buckets(metric))])
         return self.table("Metrics", ["Name", "Type", "Labels", "Meaning"], rows)
 
 
@@ -344,6 +512,11 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("bridge-environment", EnvironmentDirective)
     app.add_directive("bridge-protected-properties", ProtectedPropertiesDirective)
     app.add_directive("bridge-metrics", MetricsDirective)
+    app.add_directive("bridge-names", NamesDirective)
+    app.add_directive("bridge-kafka-config", KafkaConfigDirective)
+    app.add_directive("bridge-properties", PropertiesDirective)
+    app.add_directive("bridge-tables", TablesDirective)
+    app.add_directive("bridge-system-topics", SystemTopicsDirective)
     app.connect("env-purge-doc", _forget_page)
     app.connect("env-updated", _check_metrics_listed)
     return {"version": "1", "parallel_read_safe": False, "parallel_write_safe": True}

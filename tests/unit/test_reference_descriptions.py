@@ -16,6 +16,7 @@ from bridge.cli import cli
 from bridge.config import ClientConfig
 from bridge.consumer.config import PushConsumerConfig
 from bridge.coordinator import CoordinatorConfig
+from bridge.db.tables import metadata
 from bridge.observability.metrics import BridgeMetrics
 from bridge.settings import OTHER_ENVIRONMENT, attribute_docs
 
@@ -63,4 +64,12 @@ def test_every_metric_has_help() -> None:
     found = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]
     assert len(found) > 20
     blank = [m._name for m in found if not m._documentation.strip()]
+    assert not blank
+
+
+def test_every_database_table_and_column_has_a_description() -> None:
+    tables = metadata.sorted_tables
+    assert len(tables) == 2
+    blank = [t.name for t in tables if not str(t.info.get("doc", "")).strip()]
+    blank += [f"{t.name}.{c.name}" for t in tables for c in t.columns if not (c.doc or "").strip()]
     assert not blank
