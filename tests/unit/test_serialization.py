@@ -26,6 +26,7 @@ from bridge.kafka_config import (
     split_kafka_config,
 )
 from bridge.serialization import Deserializers, Serializers
+from tests.unit.test_properties_codec import PROPERTY
 
 
 def _tagged(obj: Any, ctx: SerializationContext) -> bytes:
@@ -171,6 +172,7 @@ def test_a_setting_the_bridge_owns_is_refused_by_name(name: str, value: object) 
 _VALUES = st.one_of(st.text(max_size=20), st.integers(), st.booleans())
 
 
+@PROPERTY
 @given(st.dictionaries(st.sampled_from(sorted(PROTECTED_KAFKA_PROPERTIES)), _VALUES, max_size=6))
 def test_a_protected_property_never_reaches_the_client_config_unsorted(
     conf: dict[str, Any],
@@ -201,6 +203,7 @@ _FREE = st.from_regex(r"[a-z]{2,8}(\.[a-z]{2,8}){1,3}", fullmatch=True).filter(
 )
 
 
+@PROPERTY
 @given(st.dictionaries(_FREE, _VALUES, max_size=8))
 def test_settings_the_bridge_does_not_own_pass_through_as_text(conf: dict[str, Any]) -> None:
     parts = split_kafka_config(conf)
