@@ -64,13 +64,27 @@ class Serializers:
         self.key = key
         self.value = value
 
+    def will_run(self, msg: Message) -> bool:
+        """Whether :meth:`apply` would call a serializer for ``msg`` (it has no body, a
+        ``value=`` and this producer a serializer), which may block (a Schema Registry's
+        HTTP calls): the asyncio producer then serializes on a worker thread."""
+        return (
+            not msg._body
+            and (self.key is not None or self.value is not None)
+            and msg.value is not None
+        )
+
     def apply(self, msg: Message) -> Message:
-        """``msg`` itself when it carries no ``value=``; else a copy whose body is the
-        serialized value and whose sharding key (the record key) is the serialized key, with
-        any headers the serializers wrote as properties. ``msg`` is left as it is.
+        """``msg`` itself when it has a body (bytes: a consumed message forwarded keeps its
+        bytes, whatever value its consumer deserialized) or no ``value=``; else a copy whose
+        body is the serialized value and whose sharding key (the record key) is the
+        serialized key, with any headers the serializers wrote as properties. ``msg`` is left
+        as it is. Every send path serializes through here, so this is the one rule.
 
         Raises :class:`SerializationError` naming the topic and field when a serializer
         raises, returns something other than bytes, or is missing (nothing is sent then)."""
+        if msg._body:
+            return msg  # checked first: reading a consumed message's value deserializes it
         value = msg.value
         if value is None:
             return msg

@@ -203,6 +203,29 @@ def test_another_clients_record_key_is_deserialized() -> None:
     assert consumed.key == "k"
 
 
+def test_a_forwarded_message_keeps_its_bytes_on_every_send_path() -> None:
+    """A consumed message carries its body and its deserialized value: it is sent with the
+    body, never serialized again (the transactional producer's path included)."""
+    calls: list[object] = []
+
+    def serializer(obj: Any, ctx: SerializationContext) -> bytes:
+        calls.append(obj)
+        return b"RESERIALIZED"
+
+    forwarded = MessageExt("orders", b"raw-avro-bytes")
+    Deserializers(None, lambda data, ctx: {"id": 7}).apply(forwarded, None, None)
+    forwarded.topic = "audit"
+    for producer in (
+        Producer("g", bootstrap_servers="127.0.0.1:1"),
+        Producer("g", bootstrap_servers="127.0.0.1:1", value_serializer=serializer),
+    ):
+        assert producer.serialized(forwarded) is forwarded
+        assert producer.prepare(forwarded).value == b"raw-avro-bytes"
+    assert calls == []
+    assert Serializers(None, serializer).apply(forwarded) is forwarded
+    assert forwarded.value == {"id": 7}
+
+
 def test_messages_compare_their_key_and_value_and_show_them() -> None:
     assert Message("t", value={"a": 1}) != Message("t", value={"b": 2})
     assert Message("t", value={"a": 1}, key=1) != Message("t", value={"a": 1}, key=2)
@@ -210,6 +233,24 @@ def test_messages_compare_their_key_and_value_and_show_them() -> None:
     assert "value=<dict>" in repr(Message("t", value={"a": 1}))
     assert "key=<int>" in repr(Message("t", value={"a": 1}, key=1))
     assert "value=" not in repr(Message("t", b"x"))
+
+
+def test_the_asyncio_producer_serializes_on_a_worker_thread() -> None:
+    threads: list[str] = []
+
+    def serializer(obj: Any, ctx: SerializationContext) -> bytes:
+        threads.append(threading.current_thread().name)
+        return b"x"
+
+    async def main() -> tuple[str, bytes | None, bytes | None]:
+        producer = AioProducer("g", bootstrap_servers="127.0.0.1:1", value_serializer=serializer)
+        serialized = await producer.prepare(Message("orders", value=1))
+        plain = await producer.prepare(Message("orders", b"raw"))
+        return threading.current_thread().name, serialized.value, plain.value
+
+    loop_thread, serialized, plain = asyncio.run(main())
+    assert (serialized, plain) == (b"x", b"raw")
+    assert threads and loop_thread not in threads
 
 
 def test_the_asyncio_consumer_deserializes_off_the_loop_before_an_async_listener() -> None:
