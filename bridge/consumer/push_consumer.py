@@ -79,6 +79,9 @@ __all__ = ["ConsumerStats", "Listener", "MessageCallback", "PushConsumer"]
 
 logger = logging.getLogger(__name__)
 
+_DEFAULT_FROM_WHERE: Final = PushConsumerConfig().consume_from_where
+"""``consume_from_where`` of settings that do not give one: ``auto.offset.reset`` of a
+``kafka_config`` then chooses."""
 _CLOSE_GRACE_S: Final = 5.0
 """What :meth:`PushConsumer.shutdown` allows beyond its timeout for closing the Kafka
 consumer (leaving the group), seconds."""
@@ -195,7 +198,11 @@ class PushConsumer(Startable):
                 f"{parts.group_id!r} is not this consumer's group {group!r}; the group is "
                 "named where the consumer is made",
             )
-        if parts is not None and parts.from_first_offset is not None:
+        if (
+            parts is not None
+            and parts.from_first_offset is not None
+            and (settings is None or settings.consume_from_where == _DEFAULT_FROM_WHERE)
+        ):
             options.setdefault(
                 "consume_from_where",
                 ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET

@@ -398,3 +398,96 @@ def test_serializer_hooks_in_the_config_conflict_with_other_arguments() -> None:
         pick_hook(parts, "value.serializer", two)
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (None, "None"),
+        (b"SASL", "bytes"),
+        (["a", "b"], "list"),
+        ({"a": 1}, "dict"),
+        (object(), "object"),
+        (lambda: None, "callable"),
+    ],
+)
+def test_a_value_librdkafka_cannot_take_is_refused_by_name(value: object, shown: str) -> None:
+    with pytest.raises(KafkaConfigError, match=shown) as raised:
+        split_kafka_config({"sasl.username": value})
+    assert raised.value.setting == "sasl.username"
+
+
+def test_a_logger_is_refused_for_the_bridges_own() -> None:
+    with pytest.raises(KafkaConfigError, match=r"bridge\.kafka\.rdkafka") as raised:
+        split_kafka_config({"logger": logging.getLogger("app")})
+    assert raised.value.setting == "logger"
+
+
+def test_callbacks_numbers_and_bools_reach_librdkafka_as_it_takes_them() -> None:
+    def on_error(err: object) -> None:
+        return None
+
+    parts = split_kafka_config(
+        {
+            "error_cb": on_error,
+            "retry.backoff.ms": 150,
+            "socket.nagle.disable": True,
+            "batch.size": 1.5,
+        }
+    )
+    assert parts.kafka == {
+        "error_cb": on_error,
+        "retry.backoff.ms": "150",
+        "socket.nagle.disable": "true",
+        "batch.size": "1.5",
+    }
+
+
+def test_default_topic_config_entries_are_read_as_top_level_settings() -> None:
+    parts = split_kafka_config(
+        {"default.topic.config": {"compression.codec": "lz4", "acks": "all"}}
+    )
+    assert parts.kafka == {"compression.codec": "lz4"}
+    with pytest.raises(KafkaConfigError) as raised:
+        split_kafka_config({"default.topic.config": {"acks": 0}})
+    assert raised.value.setting == "acks"
+    with pytest.raises(KafkaConfigError) as raised:
+        split_kafka_config({"default.topic.config": {"auto.offset.reset": "error"}})
+    assert raised.value.setting == "auto.offset.reset"
+    with pytest.raises(KafkaConfigError, match="dict of topic settings"):
+        split_kafka_config({"default.topic.config": "acks=0"})
+
+
+@pytest.mark.parametrize(
+    ("settings", "reset", "expected"),
+    [
+        (
+            PushConsumerConfig(consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET),
+            "latest",
+            ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        ),
+        (
+            PushConsumerConfig(consume_from_where=ConsumeFromWhere.CONSUME_FROM_TIMESTAMP),
+            "earliest",
+            ConsumeFromWhere.CONSUME_FROM_TIMESTAMP,
+        ),
+        (PushConsumerConfig(), "earliest", ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET),
+        (None, "earliest", ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET),
+    ],
+)
+def test_auto_offset_reset_gives_way_to_settings_that_name_where_to_start(
+    settings: PushConsumerConfig | None, reset: str, expected: ConsumeFromWhere
+) -> None:
+    consumer = PushConsumer(
+        "g",
+        bootstrap_servers="127.0.0.1:1",
+        settings=settings,
+        kafka_config={"auto.offset.reset": reset},
+    )
+    assert consumer.settings.consume_from_where == expected
+    keyword = PushConsumer(
+        "g",
+        bootstrap_servers="127.0.0.1:1",
+        settings=settings,
+        kafka_config={"auto.offset.reset": reset},
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+    )
+    assert keyword.settings.consume_from_where == ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
