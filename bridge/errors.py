@@ -14,7 +14,7 @@
     |   +-- KafkaConfigError                     a Kafka config setting the bridge owns
     +-- WireFormatError                          undecodable record (quarantined)
     |   +-- UnknownSchemaError, MalformedRecordError
-    |   +-- DeserializationError                 a key or value deserializer failed
+    +-- DeserializationError                     a key or value deserializer failed (retried)
     +-- IllegalStateError                        illegal lifecycle or state transition
     |   +-- EventLoopClosedError                 an asyncio client's event loop has ended
     +-- KafkaClientError                         the Kafka client or broker failed a call
@@ -99,11 +99,18 @@ class SerializationError(InvalidMessageError):
         self.field = field
 
 
-class DeserializationError(WireFormatError):
-    """A consumer's ``key_deserializer`` or ``value_deserializer`` raised on a consumed record:
-    the record is quarantined with this reason (its bytes kept) and the others proceed.
+class DeserializationError(BridgeError):
+    """A consumer's ``key_deserializer`` or ``value_deserializer`` raised on a consumed
+    record, raised where the listener first reads :attr:`~bridge.Message.value` or
+    :attr:`~bridge.Message.key` (the deserializer's exception is the ``__cause__``).
     ``topic`` is the topic the message was first sent to and ``field`` ``"key"`` or
-    ``"value"``."""
+    ``"value"``.
+
+    Worth retrying: the consumer counts it as the listener's failure, so the message is
+    retried through ``%RETRY%<group>`` (a Schema Registry that was down answers later) and,
+    after ``max_reconsume_times``, dead-lettered with its bytes intact, from where
+    ``bridge dlq replay`` brings it back once the cause is fixed. It is not a
+    :class:`WireFormatError`: the record is never quarantined for it."""
 
     def __init__(self, message: str, topic: str, field: str) -> None:
         super().__init__(message)

@@ -13,6 +13,12 @@ value that would break a guarantee (:data:`REQUIRED_VALUES`).
 ``key.serializer``/``value.serializer`` and ``key.deserializer``/``value.deserializer``
 (confluent-kafka's ``SerializingProducer``/``DeserializingConsumer`` keys) are the
 serializer hooks, unless the keyword arguments name other ones (then refused as a conflict).
+
+Values reach librdkafka as text (bools as ``true``/``false``, numbers as digits) or, for its
+callbacks (``error_cb``, ``oauth_cb``, ...), as the callables they are; ``None``, bytes, lists
+and other objects are refused by name, and so is ``logger`` (the bridge routes librdkafka's
+logs to the ``bridge.kafka.rdkafka`` logger). ``default.topic.config``'s entries are read as
+top-level settings, under the same rules.
 """
 
 from __future__ import annotations
@@ -141,17 +147,73 @@ class KafkaConfigParts:
     """The serializer hooks it names: ``key.serializer`` -> the serializer, ..."""
 
 
-def _text(value: object) -> str:
-    """A setting's value as librdkafka reads it: ``True`` as ``true``, numbers as digits."""
+_CALLBACKS: Final = frozenset(
+    {"error_cb", "throttle_cb", "stats_cb", "oauth_cb", "on_delivery", "on_commit"}
+)
+"""Settings confluent-kafka takes a callable for: passed to it as they are."""
+
+_NESTED: Final = "default.topic.config"
+"""confluent-kafka's old dict of topic settings: its entries are read as top-level ones."""
+
+_LOGGER_REASON: Final = (
+    "the bridge routes librdkafka's logs to the 'bridge.kafka.rdkafka' logger "
+    "(logging.getLogger('bridge.kafka.rdkafka')); configure that logger's level and "
+    "handlers instead"
+)
+
+
+def _text(name: str, value: object) -> str:
+    """A setting's value as librdkafka reads it: text as it is, ``True`` as ``true``, numbers
+    as digits; :class:`KafkaConfigError` naming ``name`` for anything else (None, bytes, a
+    list, an object), which would reach librdkafka as its Python ``repr``."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return str(value)
+    if value is None:
+        raise KafkaConfigError(name, "None is no value; leave the setting out for the default")
+    if callable(value):
+        raise KafkaConfigError(
+            name,
+            "a callable is taken only where librdkafka takes a callback "
+            f"({', '.join(sorted(_CALLBACKS))})",
+        )
+    raise KafkaConfigError(
+        name,
+        f"a {type(value).__name__} value cannot reach librdkafka; give text, a number or a bool",
+    )
+
+
+def _entries(conf: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``conf``'s settings, with the entries of a ``default.topic.config`` dict in its place
+    (each then taken, or refused, as the top-level setting of its name would be)."""
+    out: list[tuple[str, Any]] = []
+    for name, value in conf.items():
+        if not isinstance(name, str):
+            raise KafkaConfigError(repr(name), "a setting's name must be a string")
+        if name.lower() != _NESTED:
+            out.append((name, value))
+            continue
+        if not isinstance(value, Mapping):
+            raise KafkaConfigError(
+                name, f"a dict of topic settings is needed, got {type(value).__name__}"
+            )
+        for inner, given in value.items():
+            if not isinstance(inner, str):
+                raise KafkaConfigError(f"{name}[{inner!r}]", "a setting's name must be a string")
+            out.append((inner, given))
+    return out
 
 
 def split_kafka_config(conf: Mapping[str, Any]) -> KafkaConfigParts:
-    """Sort confluent-kafka config ``conf`` (see the module docstring). Raises
-    :class:`KafkaConfigError` naming the first setting the bridge must own and cannot take
-    as given, and why."""
+    """Sort confluent-kafka config ``conf`` (see the module docstring). Values reach
+    librdkafka as text (bools as ``true``/``false``, numbers as digits), callables only for
+    its callbacks (:data:`_CALLBACKS`); ``default.topic.config`` is read as top-level
+    settings. Raises :class:`KafkaConfigError` naming the first setting the bridge must own
+    and cannot take as given, or whose value cannot reach librdkafka (None, bytes, a list,
+    an object, ``logger``), and why."""
     if not isinstance(conf, Mapping):
         raise KafkaConfigError("<config>", f"a mapping of settings is needed, got {conf!r}")
     fields: dict[str, Any] = {}
@@ -159,16 +221,23 @@ def split_kafka_config(conf: Mapping[str, Any]) -> KafkaConfigParts:
     hooks: dict[str, Any] = {}
     group_id: str | None = None
     first: bool | None = None
-    for name, value in conf.items():
-        if not isinstance(name, str):
-            raise KafkaConfigError(repr(name), "a setting's name must be a string")
+    for name, value in _entries(conf):
         lowered = name.lower()
         if lowered in REFUSED_SETTINGS:
             raise KafkaConfigError(name, REFUSED_SETTINGS[lowered])
+        if lowered in _HOOKS:
+            hooks[lowered] = value
+            continue
+        if lowered == "logger":
+            raise KafkaConfigError(name, _LOGGER_REASON)
+        if lowered in _CALLBACKS and callable(value):
+            kafka[name] = value  # error_cb, oauth_cb, throttle_cb, ...: as they are
+            continue
+        text = _text(name, value)
         required = REQUIRED_VALUES.get(lowered)
         if required is not None:
             accepted, why = required
-            if _text(value).lower().replace(" ", "") not in accepted:
+            if text.lower().replace(" ", "") not in accepted:
                 raise KafkaConfigError(
                     name, f"{value!r}: {why} (accepted: {', '.join(sorted(accepted))})"
                 )
@@ -177,15 +246,15 @@ def split_kafka_config(conf: Mapping[str, Any]) -> KafkaConfigParts:
         if target is not None:
             if target in _INT_FIELDS:
                 try:
-                    fields[target] = int(_text(value))
+                    fields[target] = int(text)
                 except ValueError:
                     raise KafkaConfigError(name, f"{value!r} is not a whole number") from None
             else:
-                fields[target] = _text(value)
+                fields[target] = text
         elif lowered == "group.id":
-            group_id = _text(value)
+            group_id = text
         elif lowered == "auto.offset.reset":
-            where = _OFFSET_RESET.get(_text(value).lower())
+            where = _OFFSET_RESET.get(text.lower())
             if where is None:
                 raise KafkaConfigError(
                     name,
@@ -193,12 +262,8 @@ def split_kafka_config(conf: Mapping[str, Any]) -> KafkaConfigParts:
                     f"(accepted: {', '.join(_OFFSET_RESET)})",
                 )
             first = where
-        elif lowered in _HOOKS:
-            hooks[lowered] = value
-        elif callable(value):
-            kafka[name] = value  # error_cb, oauth_cb, throttle_cb, ...: as they are
         else:
-            kafka[name] = _text(value)
+            kafka[name] = text
     return KafkaConfigParts(fields, kafka, group_id, first, hooks)
 
 

@@ -30,7 +30,7 @@ properties (:attr:`MessageConst.TRACE_PARENT`); :mod:`bridge.tracing` makes the 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final, overload
 
 from bridge.errors import InvalidDelayError, InvalidMessageError
@@ -174,7 +174,10 @@ class Message:
     :attr:`value` and :attr:`key`, while ``body`` stays the bytes.
     """
 
-    __slots__ = ("_body", "_key", "_keys", "_properties", "_value", "tags", "topic")
+    __slots__ = ("_body", "_key", "_keys", "_pending", "_properties", "_value", "tags", "topic")
+    _pending: Callable[[Message], None] | None
+    """On a consumed message, the consumer's deserializers until :attr:`value` or :attr:`key`
+    is first read (:meth:`bridge.serialization.Deserializers.defer`)."""
 
     def __init__(
         self,
@@ -247,16 +250,32 @@ class Message:
     @property
     def value(self) -> object:
         """The value object: the one given as ``value=`` (serialized by the producer into the
-        body), or on a consumed message the one the consumer's ``value_deserializer`` made of
-        the body; None otherwise (the payload is :attr:`body`)."""
+        body), or on a consumed message the one the consumer's ``value_deserializer`` makes
+        of the body on this first read (then kept); None otherwise (the payload is
+        :attr:`body`). On a consumed message it raises
+        :class:`~bridge.errors.DeserializationError` when a deserializer does: in a listener,
+        a failure to consume (the message is retried, then dead-lettered)."""
+        if getattr(self, "_pending", None) is not None:
+            self._deserialize()
         return getattr(self, "_value", None)
 
     @property
     def key(self) -> object:
         """The key object: the one given as ``key=`` (serialized by the producer into the
         record key), or on a consumed message the one the consumer's ``key_deserializer``
-        made of the record key; None otherwise (the raw key is :meth:`kafka_key`)."""
+        makes of the record key on the first read of :attr:`key` or :attr:`value` (raising
+        as :attr:`value` does); None otherwise (the raw key is :meth:`kafka_key`)."""
+        if getattr(self, "_pending", None) is not None:
+            self._deserialize()
         return getattr(self, "_key", None)
+
+    def _deserialize(self) -> None:
+        """Run the consumer's deserializers set on this message (they set ``_key`` and
+        ``_value``); kept once they succeed, tried again on the next read if they raise."""
+        pending = self._pending
+        if pending is not None:
+            pending(self)
+            self._pending = None
 
     @property
     def keys(self) -> list[str]:
@@ -469,13 +488,27 @@ class Message:
             head.append((MessageConst.TAGS, self.tags.encode()))
         return head
 
+    def _objects_repr(self) -> str:
+        """``, key=<type>, value=<type>`` for the objects set (never deserializing: a repr
+        neither blocks nor raises), ``value=<not yet deserialized>`` before the first read."""
+        if getattr(self, "_pending", None) is not None:
+            return ", value=<not yet deserialized>"
+        out = ""
+        for name in ("_key", "_value"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                out += f", {name[1:]}=<{type(obj).__name__}>"
+        return out
+
     def __repr__(self) -> str:
         return (
             f"Message(topic={self.topic!r}, body={len(self._body)} bytes, keys={self._keys!r}, "
-            f"tags={self.tags!r}, properties={self._properties!r})"
+            f"tags={self.tags!r}, properties={self._properties!r}{self._objects_repr()})"
         )
 
     def __eq__(self, other: object) -> bool:
+        """Same topic, body, keys, tags, properties and key and value objects (a consumed
+        message's are deserialized for it, if not yet)."""
         if not isinstance(other, Message):
             return NotImplemented
         return (
@@ -484,6 +517,8 @@ class Message:
             and self._keys == other._keys
             and self.tags == other.tags
             and self._properties == other._properties
+            and self.value == other.value
+            and self.key == other.key
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable
@@ -593,5 +628,5 @@ class MessageExt(Message):
         return (
             f"MessageExt(topic={self.topic!r}, msg_id={self.msg_id!r}, queue_id={self.queue_id}, "
             f"queue_offset={self.queue_offset}, body={len(self.body)} bytes, keys={self.keys!r}, "
-            f"tags={self.tags!r}, properties={self.properties!r})"
+            f"tags={self.tags!r}, properties={self.properties!r}{self._objects_repr()})"
         )

@@ -18,6 +18,7 @@ properties; a deserializer gets the record's headers as they were read.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, TypeAlias
 
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -25,7 +26,13 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from bridge.errors import DeserializationError, InvalidArgumentError, SerializationError
 from bridge.message import Message, MessageConst, PropertyValue, truncate_utf8
 
-__all__ = ["Deserializer", "Deserializers", "Serializer", "Serializers"]
+__all__ = [
+    "Deserializer",
+    "Deserializers",
+    "Serializer",
+    "Serializers",
+    "key_was_serialized",
+]
 
 Serializer: TypeAlias = Callable[[Any, SerializationContext], bytes | None]
 """confluent-kafka's ``Serializer`` interface: ``(obj, ctx) -> bytes`` (None for no bytes)."""
@@ -57,13 +64,27 @@ class Serializers:
         self.key = key
         self.value = value
 
+    def will_run(self, msg: Message) -> bool:
+        """Whether :meth:`apply` would call a serializer for ``msg`` (it has no body, a
+        ``value=`` and this producer a serializer), which may block (a Schema Registry's
+        HTTP calls): the asyncio producer then serializes on a worker thread."""
+        return (
+            not msg._body
+            and (self.key is not None or self.value is not None)
+            and msg.value is not None
+        )
+
     def apply(self, msg: Message) -> Message:
-        """``msg`` itself when it carries no ``value=``; else a copy whose body is the
-        serialized value and whose sharding key (the record key) is the serialized key, with
-        any headers the serializers wrote as properties. ``msg`` is left as it is.
+        """``msg`` itself when it has a body (bytes: a consumed message forwarded keeps its
+        bytes, whatever value its consumer deserialized) or no ``value=``; else a copy whose
+        body is the serialized value and whose sharding key (the record key) is the
+        serialized key, with any headers the serializers wrote as properties. ``msg`` is left
+        as it is. Every send path serializes through here, so this is the one rule.
 
         Raises :class:`SerializationError` naming the topic and field when a serializer
         raises, returns something other than bytes, or is missing (nothing is sent then)."""
+        if msg._body:
+            return msg  # checked first: reading a consumed message's value deserializes it
         value = msg.value
         if value is None:
             return msg
@@ -163,6 +184,20 @@ class Deserializers:
     def __bool__(self) -> bool:
         return self.key is not None or self.value is not None
 
+    def defer(
+        self,
+        msg: Message,
+        record_key: bytes | None,
+        headers: Sequence[tuple[str, str | bytes | None]] | None,
+    ) -> None:
+        """Make ``msg``'s :attr:`~Message.value` and :attr:`~Message.key` with the
+        deserializers when either is first read (:meth:`apply`), on the reader's thread: the
+        poll never waits for a deserializer (a Schema Registry's HTTP calls), and a failure
+        raises in the listener, which retries the message."""
+        given: Headers = list(headers) if headers is not None else []
+        # A partial, not a closure: a consumed message still pickles (with picklable hooks).
+        msg._pending = partial(_apply_later, self, record_key, given)
+
     def apply(
         self,
         msg: Message,
@@ -171,15 +206,21 @@ class Deserializers:
     ) -> None:
         """Set ``msg``'s :attr:`~Message.value` (from its body) and :attr:`~Message.key` (from
         ``record_key``) with the deserializers, with the topic the message was first sent to
-        (``RETRY_TOPIC`` of a retry or dead letter, else its topic). Raises
-        :class:`DeserializationError` naming the topic and field when one raises."""
-        origin = msg._properties.get(MessageConst.RETRY_TOPIC) if msg._properties else None
+        (``RETRY_TOPIC`` of a retry or dead letter, else its topic). The key is deserialized
+        only where a key serializer may have written it (:func:`key_was_serialized`); else
+        :attr:`~Message.key` stays None. Raises :class:`DeserializationError` naming the
+        topic and field when one raises (nothing is set then)."""
+        properties = msg._properties
+        origin = properties.get(MessageConst.RETRY_TOPIC) if properties else None
         topic = origin if isinstance(origin, str) and origin else msg.topic
         given: Headers = list(headers) if headers is not None else []
-        if self.key is not None and record_key is not None:
-            msg._key = self._run(self.key, record_key, topic, MessageField.KEY, given)
+        key: object = None
+        if self.key is not None and record_key is not None and key_was_serialized(properties):
+            key = self._run(self.key, record_key, topic, MessageField.KEY, given)
+        value: object = None
         if self.value is not None:
-            msg._value = self._run(self.value, msg._body, topic, MessageField.VALUE, given)
+            value = self._run(self.value, msg._body, topic, MessageField.VALUE, given)
+        msg._key, msg._value = key, value
 
     @staticmethod
     def _run(
@@ -194,6 +235,27 @@ class Deserializers:
                 topic,
                 field,
             ) from exc
+
+
+def _apply_later(
+    deserializers: Deserializers, record_key: bytes | None, headers: Headers, msg: Message
+) -> None:
+    """:meth:`Deserializers.apply`, as :meth:`Deserializers.defer` leaves it for later."""
+    deserializers.apply(msg, record_key, headers)
+
+
+def key_was_serialized(properties: dict[str, PropertyValue] | None) -> bool:
+    """Whether a consumed record's key is one a key serializer may have written: its record
+    key came from a sharding key (``key=`` or ``sharding_key=``; the record carries
+    ``__SHARDINGKEY``), or the record is another Kafka client's (no ``UNIQ_KEY``). A bridge
+    message's key otherwise comes from its ``keys`` (business keys, text), which no key
+    serializer wrote."""
+    if not properties:
+        return True
+    return (
+        MessageConst.SHARDING_KEY in properties
+        or MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX not in properties
+    )
 
 
 def properties_as_headers(properties: dict[str, PropertyValue]) -> Headers:

@@ -15,6 +15,10 @@ event loop while that thread waits (:mod:`bridge.aio.runner`). Hence:
 * a concurrent listener task still running 2 s past ``consume_timeout`` (its messages were
   sent back, its result is ignored) is cancelled, freeing its pool thread;
 * a plain (not ``async``) listener runs on the pool thread, never on the loop;
+* with ``key_deserializer``/``value_deserializer``, the messages are deserialized on the pool
+  thread before the listener is called (a Schema Registry deserializer's HTTP calls never
+  block the loop); a deserializer that raises fails the listener's call as an exception from
+  the listener would (retried, then dead-lettered; orderly: retried in place);
 * once the loop has ended without :meth:`PushConsumer.shutdown`, the consumer shuts itself
   down (logged as an error) and the messages it still held stay uncommitted, for the group's
   other members: not failed, not sent back (:class:`~bridge.errors.EventLoopClosedError`).
@@ -57,6 +61,15 @@ _CANCEL_PAST_TIMEOUT_S: Final = 2.0
 seconds (by then its messages were sent back: the consumer looks every second)."""
 
 
+def _deserialized(msgs: list[MessageExt]) -> None:
+    """Make each message's deserialized value and key now, on this (a pool) thread, so that
+    an ``async def`` listener reading them does not run a deserializer on the loop; raises
+    the :class:`~bridge.errors.DeserializationError` of the first that fails."""
+    for msg in msgs:
+        if getattr(msg, "_pending", None) is not None:
+            msg._deserialize()
+
+
 class _Concurrently(MessageListenerConcurrently):
     """A concurrent batch listener whose ``consume_message`` may be ``async def``."""
 
@@ -74,6 +87,7 @@ class _Concurrently(MessageListenerConcurrently):
         self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
     ) -> ConsumeStatus:
         consume = self.listener.consume_message
+        _deserialized(msgs)
         status: ConsumeStatus = call_listener(
             self._runner,
             lambda: consume(msgs, context),
@@ -96,6 +110,7 @@ class _Orderly(MessageListenerOrderly):
         self, msgs: list[MessageExt], context: ConsumeOrderlyContext
     ) -> ConsumeOrderlyStatus:
         consume = self.listener.consume_message
+        _deserialized(msgs)
         status: ConsumeOrderlyStatus = call_listener(
             self._runner,
             lambda: consume(msgs, context),
@@ -121,6 +136,7 @@ class _PerMessage:
 
     def __call__(self, msg: MessageExt) -> ConsumeStatus | ConsumeOrderlyStatus | None:
         listener = self.listener
+        _deserialized([msg])
         status: ConsumeStatus | ConsumeOrderlyStatus | None = call_listener(
             self._runner,
             lambda: listener(msg),

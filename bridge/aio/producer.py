@@ -290,8 +290,9 @@ class Producer(AsyncClient):
     async def prepare(self, msg: Message, partition: int = -1) -> PreparedRecord:
         """:meth:`bridge.client.Producer.prepare`: check ``msg`` and build its record, on
         the loop (no I/O), or on a worker thread when ``partition`` is given (its range is
-        checked against the topic's metadata)."""
-        if partition == -1:
+        checked against the topic's metadata) or a serializer is to run (a Schema Registry
+        serializer's first use of a schema makes blocking HTTP calls)."""
+        if partition == -1 and not self._producer.serializers.will_run(msg):
             return self._producer.prepare(msg, partition)
         return await asyncio.to_thread(self._producer.prepare, msg, partition)
 

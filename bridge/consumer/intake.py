@@ -1,10 +1,9 @@
 """What a push consumer makes of the records one poll brings: messages to hold, by partition.
 
 Each record is handled on its own: a record Kafka reports an error for is logged, one that
-cannot be decoded (a header name that is not UTF-8, a malformed retry record, a key or
-value the consumer's deserializer raises on) is held under a placeholder to be
-quarantined, one the subscription's filter does not take (its tag, or its SQL92 expression
-on the properties) is skipped, and a partition that holds all it may
+cannot be decoded (a header name that is not UTF-8, a malformed retry record) is held under a
+placeholder to be quarantined, one the subscription's filter does not take (its tag, or its
+SQL92 expression on the properties) is skipped, and a partition that holds all it may
 (``pull_threshold_for_queue``, ``pull_threshold_size_for_queue``) takes no more of the poll: it
 is sought back, and Kafka brings the rest again once it resumes.
 """
@@ -25,7 +24,6 @@ from bridge.consumer.process_queue import ProcessQueue
 from bridge.consumer.quarantine import Headerless
 from bridge.consumer.send_back import RETRY_PROPERTIES
 from bridge.consumer.sql92 import PropertyLookup, SqlFilter
-from bridge.errors import DeserializationError
 from bridge.message import DEAD_LETTER_PROPERTIES, MessageConst, MessageExt, parse_count
 from topics.errors import MalformedRecordError
 from topics.naming import DLQ_GROUP_TOPIC_PREFIX
@@ -197,12 +195,8 @@ class Intake:
                     pq.skip(msg.queue_offset)
                     self._context.counters.add(Count.FILTERED)
                     continue
-                if deserializers:
-                    try:
-                        deserializers.apply(msg, record.key(), headers)
-                    except DeserializationError as exc:
-                        incoming.hold_poison(record, exc)
-                        continue
+                if deserializers:  # run where the listener reads msg.value, not here
+                    deserializers.defer(msg, record.key(), headers)
                 size = len(msg.body)
                 if headers:
                     for header, value in headers:

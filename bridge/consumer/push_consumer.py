@@ -79,6 +79,9 @@ __all__ = ["ConsumerStats", "Listener", "MessageCallback", "PushConsumer"]
 
 logger = logging.getLogger(__name__)
 
+_DEFAULT_FROM_WHERE: Final = PushConsumerConfig().consume_from_where
+"""``consume_from_where`` of settings that do not give one: ``auto.offset.reset`` of a
+``kafka_config`` then chooses."""
 _CLOSE_GRACE_S: Final = 5.0
 """What :meth:`PushConsumer.shutdown` allows beyond its timeout for closing the Kafka
 consumer (leaving the group), seconds."""
@@ -149,14 +152,17 @@ class PushConsumer(Startable):
 
     Kafka's conventions: ``kafka_config`` takes a confluent-kafka config dict as it is
     (:mod:`bridge.kafka_config`; ``group.id`` must be this consumer's group, and
-    ``auto.offset.reset`` sets ``consume_from_where`` unless that is given).
+    ``auto.offset.reset`` sets ``consume_from_where`` unless that is given, as a keyword or
+    in ``settings`` with a value other than the default).
     ``key_deserializer`` and ``value_deserializer`` take confluent-kafka's ``Deserializer``
-    interface (Schema Registry's deserializers as they are): each message's
-    :attr:`~bridge.Message.value` and :attr:`~bridge.Message.key` are made before the listener
-    sees it, with the topic it was first sent to (retries and dead letters included), while
-    ``body`` stays the bytes. A record a deserializer raises on is quarantined with a
-    :class:`~bridge.errors.DeserializationError` naming the topic and field, as an
-    undecodable record is, and the others go on (``docs/serialization.md``).
+    interface (Schema Registry's deserializers as they are): a message's
+    :attr:`~bridge.Message.value` and :attr:`~bridge.Message.key` are made when the listener
+    first reads them, on its thread (the poll never waits for a deserializer), with the topic
+    the message was first sent to (retries and dead letters included), while ``body`` stays
+    the bytes. A deserializer that raises makes that read raise a
+    :class:`~bridge.errors.DeserializationError` naming the topic and field: a failure of
+    the listener, so the message is retried and, after ``max_reconsume_times``,
+    dead-lettered (replayable), while the others go on (``docs/serialization.md``).
 
     Metrics: with recording on in the process before :meth:`start`
     (:func:`bridge.observability.enable_metrics` or ``serve_metrics(port)``), the counters,
@@ -192,7 +198,11 @@ class PushConsumer(Startable):
                 f"{parts.group_id!r} is not this consumer's group {group!r}; the group is "
                 "named where the consumer is made",
             )
-        if parts is not None and parts.from_first_offset is not None:
+        if (
+            parts is not None
+            and parts.from_first_offset is not None
+            and (settings is None or settings.consume_from_where == _DEFAULT_FROM_WHERE)
+        ):
             options.setdefault(
                 "consume_from_where",
                 ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET

@@ -34,11 +34,9 @@ from bridge import (
 )
 from bridge.consumer import ConsumeFromWhere
 from bridge.coordinator import Coordinator, CoordinatorConfig
-from bridge.errors import KafkaConfigError, SerializationError
+from bridge.errors import DeserializationError, KafkaConfigError, SerializationError
 from bridge.transaction import TransactionListener
 from tests.conftest import wait_until
-from tests.integration.test_binary_headers import raw_records
-from topics.catalog import SystemTopic
 
 pytestmark = pytest.mark.broker
 
@@ -254,9 +252,53 @@ def test_a_serializer_that_raises_sends_nothing(
     assert list(read_messages(config, [topic], max_messages=1, timeout_ms=3000)) == []
 
 
-def test_a_record_the_deserializer_refuses_is_quarantined_and_the_others_go_on(
-    config: ClientConfig, registry: SchemaRegistryClient, topic: str
+class DownOnce:
+    """A deserializer in front of a Schema Registry that is down for its first call."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def __call__(self, data: bytes | None, ctx: SerializationContext) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            raise ConnectionError("schema registry unavailable")
+        return self.inner(data, ctx)
+
+
+def test_a_deserializer_that_fails_once_gets_the_value_on_the_retry(
+    config: ClientConfig, coordinator: Coordinator, registry: SchemaRegistryClient, topic: str
 ) -> None:
+    with producer(config, registry) as p:
+        p.send_sync(Message(topic, value=ORDER, key="customer-3"))
+    failures: list[DeserializationError] = []
+    seen: list[tuple[int, object]] = []
+
+    def listener(msg: MessageExt) -> ConsumeStatus:
+        try:
+            value = msg.value
+        except DeserializationError as exc:
+            failures.append(exc)
+            raise
+        seen.append((msg.reconsume_times, value))
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    c = consumer(config, "serde_down_once", DownOnce(AvroDeserializer(registry)))
+    c.subscribe(topic, listener)
+    with c:
+        wait_until(lambda: seen, timeout_s=60)
+        stats = c.stats()
+    assert seen == [(1, ORDER)]  # retried through %RETRY%, deserialized then
+    (failure,) = failures
+    assert (failure.topic, failure.field) == (topic, "value")
+    assert isinstance(failure.__cause__, ConnectionError)
+    assert stats.quarantined == 0
+
+
+def test_a_record_the_deserializer_always_refuses_is_dead_lettered_and_the_others_go_on(
+    config: ClientConfig, coordinator: Coordinator, registry: SchemaRegistryClient, topic: str
+) -> None:
+    group = "serde_poison"
     with Producer("serde_raw", config=config) as p:
         p.send_sync(Message(topic, b"not avro at all"))
     with producer(config, registry) as p:
@@ -266,17 +308,20 @@ def test_a_record_the_deserializer_refuses_is_quarantined_and_the_others_go_on(
     lock = threading.Lock()
 
     def listener(msg: MessageExt) -> ConsumeStatus:
+        value = msg.value  # raises for the record that is not Avro: a failure, retried
         with lock:
-            ids.append(msg.value["id"])  # type: ignore[index]
+            ids.append(value["id"])  # type: ignore[index]
         return ConsumeStatus.CONSUME_SUCCESS
 
-    c = consumer(config, "serde_poison", AvroDeserializer(registry))
+    c = consumer(config, group, AvroDeserializer(registry), max_reconsume_times=1)
     c.subscribe(topic, listener)
     with c:
-        wait_until(lambda: len(ids) == 3 and c.stats().quarantined == 1, timeout_s=60)
+        wait_until(lambda: len(ids) == 3 and c.stats().dead_lettered == 1, timeout_s=60)
+        stats = c.stats()
     assert sorted(ids) == [0, 1, 2]
-    (held,) = raw_records(config, config.catalog().topic(SystemTopic.QUARANTINE), 1)
-    assert held.value() == b"not avro at all"
+    assert stats.quarantined == 0
+    (letter,) = read_messages(config, [f"%DLQ%{group}"], max_messages=1, timeout_ms=30_000)
+    assert letter.body == b"not avro at all"  # the bytes intact, for `bridge dlq replay`
 
 
 def test_a_confluent_kafka_config_dict_is_taken_as_it_is(

@@ -3,6 +3,9 @@ typed errors of a failing serializer, and how a confluent-kafka config dict is s
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 from typing import Any
 
 import pytest
@@ -10,13 +13,22 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge import ClientConfig, Message, MessageConst
+from bridge import ClientConfig, Message, MessageConst, MessageExt, Producer
+from bridge.aio import Producer as AioProducer
+from bridge.aio.consumer import on_loop
+from bridge.aio.runner import LoopRunner
+from bridge.codec import PreparedRecord, decode_headers
 from bridge.config import PROTECTED_KAFKA_PROPERTIES
+from bridge.consumer.config import PushConsumerConfig
+from bridge.consumer.model import ConsumeFromWhere, ConsumeStatus
+from bridge.consumer.push_consumer import PushConsumer
 from bridge.errors import (
+    BridgeError,
     DeserializationError,
     InvalidMessageError,
     KafkaConfigError,
     SerializationError,
+    WireFormatError,
 )
 from bridge.kafka_config import (
     REFUSED_SETTINGS,
@@ -26,6 +38,7 @@ from bridge.kafka_config import (
     split_kafka_config,
 )
 from bridge.serialization import Deserializers, Serializers
+from tests.unit.test_properties_codec import PROPERTY
 
 
 def _tagged(obj: Any, ctx: SerializationContext) -> bytes:
@@ -104,13 +117,171 @@ def test_a_consumer_deserializes_with_the_topic_first_sent_to() -> None:
     assert contexts == [("orders", "key"), ("orders", "value")]
 
 
-def test_a_deserializer_that_raises_is_a_wire_format_error_naming_topic_and_field() -> None:
+def test_a_deserializer_that_raises_names_topic_and_field_and_is_no_wire_format_error() -> None:
     def fails(data: bytes | None, ctx: SerializationContext) -> object:
         raise ValueError("bad magic byte")
 
     with pytest.raises(DeserializationError, match=r"'orders' \(value\)") as raised:
         Deserializers(None, fails).apply(Message("orders", b"x"), None, None)
     assert raised.value.field == MessageField.VALUE.value
+    assert isinstance(raised.value.__cause__, ValueError)
+    # A WireFormatError means "quarantine": a deserializer's failure is retried instead.
+    assert not isinstance(raised.value, WireFormatError)
+    assert isinstance(raised.value, BridgeError)
+
+
+class _DownOnce:
+    """A deserializer whose registry is down for its first call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, data: bytes | None, ctx: SerializationContext) -> object:
+        self.calls.append(threading.current_thread().name)
+        if len(self.calls) == 1:
+            raise ConnectionError("schema registry unreachable")
+        return ("decoded", data)
+
+
+def test_a_consumed_message_is_deserialized_on_first_read_then_kept() -> None:
+    down_once = _DownOnce()
+    msg = MessageExt("orders", b"body")
+    Deserializers(None, down_once).defer(msg, None, [("h", b"v")])
+    assert down_once.calls == []  # nothing runs where the record is polled
+    assert "value=<not yet deserialized>" in repr(msg)
+    with pytest.raises(DeserializationError, match=r"'orders' \(value\).*unreachable"):
+        msg.value  # noqa: B018  # the read raises, in the listener
+    assert msg.value == ("decoded", b"body")  # read again: tried again
+    assert msg.value == ("decoded", b"body")
+    assert msg.key is None
+    assert len(down_once.calls) == 2  # kept once made
+    assert "value=<tuple>" in repr(msg)
+
+
+def _consumed(record: PreparedRecord) -> MessageExt:
+    """``record`` as a consumer reads it (its headers as properties)."""
+    return MessageExt("orders", record.value or b"", properties=decode_headers(record.headers))
+
+
+def _key_reader(data: bytes | None, ctx: SerializationContext) -> object:
+    assert data is not None
+    if not data.startswith(b"\x00"):
+        raise ValueError("unknown magic byte")
+    return data[1:].decode()
+
+
+def _key_writer(obj: Any, ctx: SerializationContext) -> bytes:
+    return b"\x00" + str(obj).encode()
+
+
+@pytest.mark.parametrize(
+    ("msg", "expected"),
+    [
+        (Message("orders", value=1, keys="order-7"), None),  # the record key is KEYS' text
+        (Message("orders", value=1, key=7, keys="order-7"), "7"),
+        (Message("orders", b"v", sharding_key=b"\x00s"), "s"),
+    ],
+)
+def test_the_key_is_deserialized_only_where_a_key_serializer_may_have_written_it(
+    msg: Message, expected: object
+) -> None:
+    producer = Producer(
+        "g",
+        bootstrap_servers="127.0.0.1:1",
+        key_serializer=_key_writer,
+        value_serializer=lambda obj, ctx: b"v",
+    )
+    record = producer.prepare(msg)
+    consumed = _consumed(record)
+    Deserializers(_key_reader, None).apply(consumed, record.key, record.headers)
+    assert consumed.key == expected
+
+
+def test_another_clients_record_key_is_deserialized() -> None:
+    consumed = MessageExt("orders", b"v")  # no UNIQ_KEY: not written by this bridge
+    Deserializers(_key_reader, None).apply(consumed, b"\x00k", [])
+    assert consumed.key == "k"
+
+
+def test_a_forwarded_message_keeps_its_bytes_on_every_send_path() -> None:
+    """A consumed message carries its body and its deserialized value: it is sent with the
+    body, never serialized again (the transactional producer's path included)."""
+    calls: list[object] = []
+
+    def serializer(obj: Any, ctx: SerializationContext) -> bytes:
+        calls.append(obj)
+        return b"RESERIALIZED"
+
+    forwarded = MessageExt("orders", b"raw-avro-bytes")
+    Deserializers(None, lambda data, ctx: {"id": 7}).apply(forwarded, None, None)
+    forwarded.topic = "audit"
+    for producer in (
+        Producer("g", bootstrap_servers="127.0.0.1:1"),
+        Producer("g", bootstrap_servers="127.0.0.1:1", value_serializer=serializer),
+    ):
+        assert producer.serialized(forwarded) is forwarded
+        assert producer.prepare(forwarded).value == b"raw-avro-bytes"
+    assert calls == []
+    assert Serializers(None, serializer).apply(forwarded) is forwarded
+    assert forwarded.value == {"id": 7}
+
+
+def test_messages_compare_their_key_and_value_and_show_them() -> None:
+    assert Message("t", value={"a": 1}) != Message("t", value={"b": 2})
+    assert Message("t", value={"a": 1}, key=1) != Message("t", value={"a": 1}, key=2)
+    assert Message("t", value={"a": 1}, key=1) == Message("t", value={"a": 1}, key=1)
+    assert "value=<dict>" in repr(Message("t", value={"a": 1}))
+    assert "key=<int>" in repr(Message("t", value={"a": 1}, key=1))
+    assert "value=" not in repr(Message("t", b"x"))
+
+
+def test_the_asyncio_producer_serializes_on_a_worker_thread() -> None:
+    threads: list[str] = []
+
+    def serializer(obj: Any, ctx: SerializationContext) -> bytes:
+        threads.append(threading.current_thread().name)
+        return b"x"
+
+    async def main() -> tuple[str, bytes | None, bytes | None]:
+        producer = AioProducer("g", bootstrap_servers="127.0.0.1:1", value_serializer=serializer)
+        serialized = await producer.prepare(Message("orders", value=1))
+        plain = await producer.prepare(Message("orders", b"raw"))
+        return threading.current_thread().name, serialized.value, plain.value
+
+    loop_thread, serialized, plain = asyncio.run(main())
+    assert (serialized, plain) == (b"x", b"raw")
+    assert threads and loop_thread not in threads
+
+
+def test_the_asyncio_consumer_deserializes_off_the_loop_before_an_async_listener() -> None:
+    down_once = _DownOnce()
+    runner = LoopRunner("test consumer")
+    loop = asyncio.new_event_loop()
+    runner.bind(loop)
+    looping = threading.Thread(target=loop.run_forever, name="loop", daemon=True)
+    looping.start()
+    seen: list[object] = []
+
+    async def listener(msg: MessageExt) -> ConsumeStatus:
+        seen.append(msg.value)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    try:
+        wrapped = on_loop(listener, runner)
+        assert callable(wrapped)
+        msg = MessageExt("orders", b"body")
+        Deserializers(None, down_once).defer(msg, None, None)
+        # The registry is down: the call fails as a listener's exception would (retried).
+        with pytest.raises(DeserializationError):
+            wrapped(msg)
+        assert seen == []
+        assert wrapped(msg) == ConsumeStatus.CONSUME_SUCCESS
+        assert seen == [("decoded", b"body")]
+        assert "loop" not in down_once.calls
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        looping.join(5)
+        loop.close()
 
 
 # --- the confluent-kafka config dict --------------------------------------------------------
@@ -171,6 +342,7 @@ def test_a_setting_the_bridge_owns_is_refused_by_name(name: str, value: object) 
 _VALUES = st.one_of(st.text(max_size=20), st.integers(), st.booleans())
 
 
+@PROPERTY
 @given(st.dictionaries(st.sampled_from(sorted(PROTECTED_KAFKA_PROPERTIES)), _VALUES, max_size=6))
 def test_a_protected_property_never_reaches_the_client_config_unsorted(
     conf: dict[str, Any],
@@ -196,11 +368,13 @@ _FREE = st.from_regex(r"[a-z]{2,8}(\.[a-z]{2,8}){1,3}", fullmatch=True).filter(
         n not in PROTECTED_KAFKA_PROPERTIES
         and n not in REFUSED_SETTINGS
         and n not in REQUIRED_VALUES
+        and n != "default.topic.config"
         and not n.endswith(("serializer", "deserializer"))
     )
 )
 
 
+@PROPERTY
 @given(st.dictionaries(_FREE, _VALUES, max_size=8))
 def test_settings_the_bridge_does_not_own_pass_through_as_text(conf: dict[str, Any]) -> None:
     parts = split_kafka_config(conf)
@@ -222,3 +396,98 @@ def test_serializer_hooks_in_the_config_conflict_with_other_arguments() -> None:
     assert pick_hook(parts, "value.serializer", one) is one
     with pytest.raises(KafkaConfigError, match="value_serializer="):
         pick_hook(parts, "value.serializer", two)
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (None, "None"),
+        (b"SASL", "bytes"),
+        (["a", "b"], "list"),
+        ({"a": 1}, "dict"),
+        (object(), "object"),
+        (lambda: None, "callable"),
+    ],
+)
+def test_a_value_librdkafka_cannot_take_is_refused_by_name(value: object, shown: str) -> None:
+    with pytest.raises(KafkaConfigError, match=shown) as raised:
+        split_kafka_config({"sasl.username": value})
+    assert raised.value.setting == "sasl.username"
+
+
+def test_a_logger_is_refused_for_the_bridges_own() -> None:
+    with pytest.raises(KafkaConfigError, match=r"bridge\.kafka\.rdkafka") as raised:
+        split_kafka_config({"logger": logging.getLogger("app")})
+    assert raised.value.setting == "logger"
+
+
+def test_callbacks_numbers_and_bools_reach_librdkafka_as_it_takes_them() -> None:
+    def on_error(err: object) -> None:
+        return None
+
+    parts = split_kafka_config(
+        {
+            "error_cb": on_error,
+            "retry.backoff.ms": 150,
+            "socket.nagle.disable": True,
+            "batch.size": 1.5,
+        }
+    )
+    assert parts.kafka == {
+        "error_cb": on_error,
+        "retry.backoff.ms": "150",
+        "socket.nagle.disable": "true",
+        "batch.size": "1.5",
+    }
+
+
+def test_default_topic_config_entries_are_read_as_top_level_settings() -> None:
+    parts = split_kafka_config(
+        {"default.topic.config": {"compression.codec": "lz4", "acks": "all"}}
+    )
+    assert parts.kafka == {"compression.codec": "lz4"}
+    with pytest.raises(KafkaConfigError) as raised:
+        split_kafka_config({"default.topic.config": {"acks": 0}})
+    assert raised.value.setting == "acks"
+    with pytest.raises(KafkaConfigError) as raised:
+        split_kafka_config({"default.topic.config": {"auto.offset.reset": "error"}})
+    assert raised.value.setting == "auto.offset.reset"
+    with pytest.raises(KafkaConfigError, match="dict of topic settings"):
+        split_kafka_config({"default.topic.config": "acks=0"})
+
+
+@pytest.mark.parametrize(
+    ("settings", "reset", "expected"),
+    [
+        (
+            PushConsumerConfig(consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET),
+            "latest",
+            ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        ),
+        (
+            PushConsumerConfig(consume_from_where=ConsumeFromWhere.CONSUME_FROM_TIMESTAMP),
+            "earliest",
+            ConsumeFromWhere.CONSUME_FROM_TIMESTAMP,
+        ),
+        (PushConsumerConfig(), "earliest", ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET),
+        (None, "earliest", ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET),
+    ],
+)
+def test_auto_offset_reset_gives_way_to_settings_that_name_where_to_start(
+    settings: PushConsumerConfig | None, reset: str, expected: ConsumeFromWhere
+) -> None:
+    consumer = PushConsumer(
+        "g",
+        bootstrap_servers="127.0.0.1:1",
+        settings=settings,
+        kafka_config={"auto.offset.reset": reset},
+    )
+    assert consumer.settings.consume_from_where == expected
+    keyword = PushConsumer(
+        "g",
+        bootstrap_servers="127.0.0.1:1",
+        settings=settings,
+        kafka_config={"auto.offset.reset": reset},
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+    )
+    assert keyword.settings.consume_from_where == ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
