@@ -18,15 +18,14 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka import Producer as RawProducer
 
 from bridge import read_messages
-from bridge.codec import BORN_TIMESTAMP_HEADER, delayed_headers
+from bridge.codec import BORN_TIMESTAMP_HEADER
 from bridge.config import ClientConfig
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_consumer, new_producer
-from bridge.kafka.quarantine import quarantine_copy, read_quarantine, replay_quarantined
-from bridge.message import MessageConst
+from bridge.kafka.quarantine import replay_quarantined
 from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
 from tests.conftest import wait_until
-from topics.catalog import SystemTopic, TopicCatalog, TopicSpec
+from tests.integration.test_quarantine import _quarantined_delayed_message
+from topics.catalog import TopicCatalog, TopicSpec
 
 pytestmark = pytest.mark.broker
 
@@ -62,45 +61,6 @@ def _low_watermark(config: ClientConfig, topic: str) -> int:
         reader.close()
 
 
-def _quarantine_a_delayed_message(
-    config: ClientConfig, catalog: TopicCatalog, target: str, born: int
-) -> int:
-    """A SCHEDULE record of a message born at ``born`` quarantined as the coordinator does;
-    its QUARANTINE offset."""
-    schedule = catalog.topic(SystemTopic.SCHEDULE)
-    props = {
-        MessageConst.REAL_TOPIC: target,
-        MessageConst.DELAY_TIME_LEVEL: "1",
-        "DELIVERY_ATTEMPTS": "2",
-        "DELIVERY_ERROR": "partition out of range",
-    }
-    raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
-    headers = delayed_headers([], "ID-OLD", "h", props, born)
-    raw.produce(schedule, b"an hour late", b"k", partition=0, headers=list(headers))
-    assert raw.flush(10) == 0
-    consumer = new_consumer(config, "retention-test", "test")
-    consumer.subscribe([schedule])
-    record = None
-    deadline = time.monotonic() + 30
-    while record is None and time.monotonic() < deadline:
-        polled = consumer.poll(0.5)
-        record = polled if polled is not None and polled.error() is None else None
-    consumer.close()
-    assert record is not None
-    copy = quarantine_copy(catalog, record, "delivery failed 3 times", "test-service")
-    producer = new_producer(config, "retention-test")
-    producer.produce(
-        copy.kafka_topic,
-        copy.value,
-        copy.key,
-        headers=list(copy.headers),
-        timestamp=copy.born_timestamp_ms,
-    )
-    assert producer.flush(10) == 0
-    kept = [k for k in read_quarantine(config, timeout_ms=2000) if k.source_topic == schedule]
-    return kept[-1].offset
-
-
 def test_a_message_replayed_an_hour_after_its_birth_outlives_the_topics_retention_check(
     retention_broker: LocalKafka,
 ) -> None:
@@ -120,7 +80,9 @@ def test_a_message_replayed_an_hour_after_its_birth_outlives_the_topics_retentio
         [TopicSpec("orders", 1, configs=retained), TopicSpec("control", 1, configs=retained)]
     )
     born = int(time.time() * 1000) - HOUR_MS
-    offset = _quarantine_a_delayed_message(config, catalog, "orders", born)
+    offset = _quarantined_delayed_message(
+        config, catalog, "orders", 0, header_format=True, born_ms=born
+    )
 
     replayed = replay_quarantined(config, offset)
     # The control: a record stamped an hour ago, as the replayed copy used to be, is deleted by
@@ -132,7 +94,7 @@ def test_a_message_replayed_an_hour_after_its_birth_outlives_the_topics_retentio
 
     assert _low_watermark(config, "orders") == 0
     (msg,) = read_messages(config, ["orders"], timeout_ms=5000)
-    assert (msg.msg_id, msg.body, replayed.msg_id) == ("ID-OLD", b"an hour late", "ID-OLD")
+    assert (msg.msg_id, msg.body, replayed.msg_id) == ("ID-R", b"late", "ID-R")
     assert msg.born_timestamp_ms == born  # read from the copy's header
     assert msg.store_timestamp_ms is not None and msg.store_timestamp_ms >= born + HOUR_MS - 60_000
     assert BORN_TIMESTAMP_HEADER not in msg.properties

@@ -112,6 +112,7 @@ def _quarantined_delayed_message(
     queue_id: int,
     *,
     header_format: bool = False,
+    born_ms: int = BORN_MS,
 ) -> int:
     """Quarantine a SCHEDULE record (an Avro envelope as the previous version wrote, or in the
     header format) as the coordinator does after its last delivery attempt; return its
@@ -131,12 +132,12 @@ def _quarantined_delayed_message(
         # A property named like the quarantine's own headers comes back under its own name.
         props["QUARANTINE_REASON"] = "the user's"
         headers: list[tuple[str, str | bytes | None]] = [
-            *delayed_headers([], "ID-R", "h", props, BORN_MS)
+            *delayed_headers([], "ID-R", "h", props, born_ms)
         ]
         raw.produce(schedule, b"late", b"k", partition=0, headers=headers)
     else:
         raw.produce(
-            schedule, encode_envelope("ID-R", b"late", props, BORN_MS, "h"), b"k", partition=0
+            schedule, encode_envelope("ID-R", b"late", props, born_ms, "h"), b"k", partition=0
         )
     assert raw.flush(10) == 0
     consumer = new_consumer(config, f"replay-test-{target}", "test")
