@@ -96,7 +96,9 @@ class CheckBack:
         """Transactions checked on their own (their check-back outputs failed), by id."""
         self.pacing = CheckPacing(service.policy.check_interval_ms)
         """The checks awaiting an answer, and each group's window."""
-        self._liveness = ProducerLiveness(service.client)
+        self._liveness = ProducerLiveness(
+            service.client, absent_ms=service.policy.check_interval_ms
+        )
 
     def start(self, admin: TopicAdmin) -> None:
         """Use ``admin`` to create check topics."""

@@ -10,6 +10,13 @@ Asked of Kafka (``ListGroups``, then ``DescribeGroups`` of the group's coordinat
 of its own, at most once per :data:`LIVENESS_FRESH_MS` a group, so that no check waits on the
 answer.
 
+A group missing from an answer is not yet known to have no live producer: while its group
+coordinator moves (a broker stopped, the coordinator partition loading on its new leader) every
+broker that answers leaves the group out, and librdkafka reports no error when the last broker
+to answer did not fail. So "no live producer" needs the group missing from every answer asked
+over ``absent_ms`` (the check interval: a producer can answer no check in less); until then it
+is not known, and a check is sent as for any group whose producers are not known.
+
 Not with the admin client's ``describe_consumer_groups``: librdkafka's group-coordinator admin
 requests abort the process (``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt >
 0' failed``, librdkafka issue 4605, open in 2.16) when a coordinator lookup is still in flight
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Final
 
@@ -40,56 +48,80 @@ LIVENESS_FRESH_MS: Final = 1000
 class ProducerLiveness:
     """Live producers per producer group, from the members of each group's check consumers."""
 
-    def __init__(self, client: ClientConfig, fresh_ms: int = LIVENESS_FRESH_MS) -> None:
+    def __init__(
+        self,
+        client: ClientConfig,
+        absent_ms: int,
+        fresh_ms: int = LIVENESS_FRESH_MS,
+        count_members: Callable[[str], int] | None = None,
+    ) -> None:
+        """``absent_ms``: how long a group must be missing from every answer before it is
+        known to have no live producer, ms. ``fresh_ms``: how long an answer is used, ms.
+        ``count_members``: asks Kafka how many members a check consumer group has (0: none,
+        or no such group); by default :func:`members` through an admin client of ``client``."""
         self._client = client
+        self._absent_ms = absent_ms
         self._fresh_ms = fresh_ms
+        self._count_members = count_members or self._members
         self._admin: AdminClient | None = None
+        self._admin_lock = threading.Lock()
         self._known: dict[str, tuple[bool | None, int]] = {}
         """Producer group -> (live; None: not known), when that was learnt (epoch ms)."""
-        self._asking: dict[str, Future[int]] = {}
+        self._asking: dict[str, tuple[Future[int], int]] = {}
+        """Producer group -> its question in flight, when it was asked (epoch ms)."""
+        self._absent_since: dict[str, int] = {}
+        """Producer group -> when the first question was asked of the answers since then
+        that all left the group out (epoch ms)."""
 
     def live(self, group: str, now_ms: int) -> bool | None:
         """True when ``group`` has a live producer, False when it has none, None when that is
         not known (not asked yet, or Kafka did not say). Never waits: an answer older than
         ``fresh_ms`` is used while a fresh one is asked for."""
         asking = self._asking.get(group)
-        if asking is not None and asking.done():
+        if asking is not None and asking[0].done():
             del self._asking[group]
-            self._known[group] = (self._answer(group, asking), now_ms)
+            self._known[group] = (self._answer(group, *asking), now_ms)
         known = self._known.get(group)
         if (known is None or now_ms - known[1] >= self._fresh_ms) and group not in self._asking:
-            self._ask(group)
+            self._ask(group, now_ms)
         return None if known is None else known[0]
 
-    def _ask(self, group: str) -> None:
-        try:
+    def _members(self, check_group: str) -> int:
+        with self._admin_lock:  # questions of several groups run at once, on their threads
             if self._admin is None:
                 self._admin = new_admin(self._client, "bridge-transaction-liveness")
+            admin = self._admin
+        return members(admin, check_group, self._client.request_timeout_ms / 1000)
+
+    def _ask(self, group: str, now_ms: int) -> None:
+        try:
             check_group = transaction_check_group(self._client.namespace, group)
-        except Exception as exc:  # an admin client refused, a group name not allowed
+        except Exception as exc:  # a group name not allowed
             logger.warning("producer group %s: its live producers cannot be asked: %s", group, exc)
             return
         answer: Future[int] = Future()
-        admin, timeout_s = self._admin, self._client.request_timeout_ms / 1000
 
         def ask() -> None:
             try:
-                answer.set_result(members(admin, check_group, timeout_s))
-            except BaseException as exc:  # handed to _answer, which logs it
-                answer.set_exception(exc)
+                answer.set_result(self._count_members(check_group))
+            except BaseException as exc:  # an admin client refused, a broker not answering:
+                answer.set_exception(exc)  # handed to _answer, which logs it
 
         # A daemon thread: a question still waiting on a broker never holds up an exit.
         threading.Thread(target=ask, name=f"bridge-liveness-{group}", daemon=True).start()
-        self._asking[group] = answer
+        self._asking[group] = (answer, now_ms)
 
-    @staticmethod
-    def _answer(group: str, future: Future[int]) -> bool | None:
+    def _answer(self, group: str, future: Future[int], asked_ms: int) -> bool | None:
         try:
             count = future.result()
         except Exception as exc:  # a timeout, a broker that did not answer
             logger.info("producer group %s: live producers not known: %s", group, exc)
-            return None
-        return count > 0
+            return None  # says nothing of whether the group was missing: the run goes on
+        if count > 0:
+            self._absent_since.pop(group, None)
+            return True
+        since = self._absent_since.setdefault(group, asked_ms)
+        return False if asked_ms - since >= self._absent_ms else None
 
 
 def members(admin: AdminClient, group: str, timeout_s: float) -> int:

@@ -395,10 +395,11 @@ def test_check_back_resumes_after_a_coordinator_restart(
     # producer (no request sent then; one unanswered before that was known counts too).
     assert parked.get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "5"
     assert "no live producer" in str(parked.get_property(MessageConst.DELIVERY_ERROR))
-    # A request is sent only while the group's live producers are not known yet (the first
-    # check after each start): never answered, none of them counted as a second check.
+    # A request is sent only while the group's live producers are not known yet: in the first
+    # check interval after each start, before Kafka's answers have left the group out for a
+    # whole interval (at most 2 checks of one message). Never answered, each counted once.
     checks = [r.check_times for r in check_requests(client_config, "tx_restart")]
-    assert set(checks) == {1} and len(checks) <= 2, checks
+    assert len(checks) <= 4 and max(checks) <= 3, checks
 
 
 # --- an end request between a checked copy and its new copy ---------------------------------------
@@ -792,9 +793,10 @@ def test_a_check_topic_the_acls_deny_writing_to_parks_its_message_and_other_chec
     by_id = {m.msg_id: m for m in parked}
     assert sorted(by_id) == sorted([denied, fine])
     # The other group's checks went on: both counted, the group having no live producer (a
-    # request is sent only while that is not known yet, and is never answered).
+    # request is sent only while that is not known yet, the group's first check interval,
+    # and is never answered).
     assert by_id[fine].get_property(MessageConst.TRANSACTION_CHECK_TIMES) == "2"
-    assert {r.check_times for r in check_requests(client, other)} <= {1}
+    assert {r.check_times for r in check_requests(client, other)} <= {1, 2}
     reason = by_id[denied].get_property(DELIVERY_ERROR) or ""
     assert "check-back" in reason and "TOPIC_AUTHORIZATION_FAILED" in reason, reason
     assert by_id[denied].get_property(DELIVERY_ATTEMPTS) == "3"
