@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
-from bridge.consumer.consumption import Consumption
+from bridge.consumer.consumption import Strategy
 from bridge.consumer.context import ConsumerContext
 from bridge.consumer.intake import Intake, Key
 from bridge.consumer.model import ConsumeFromWhere
@@ -57,7 +57,7 @@ class Fetcher:
     def __init__(
         self,
         context: ConsumerContext,
-        consumption: Consumption[Any],
+        consumption: Strategy,
         quarantine: Quarantine,
         topic_names: dict[str, str],
         retry_kafka_topic: str,
@@ -132,6 +132,20 @@ class Fetcher:
             target=self._run, name=f"bridge-consumer-{group}", daemon=True
         )
         self._thread.start()
+
+    def resubscribe(self) -> None:
+        """Subscribe the Kafka consumer to the topics of ``topic_names`` as they are now (a
+        :class:`~bridge.SimpleConsumer` changed its subscriptions while running; the
+        rebalance that follows takes and gives up partitions as usual). Call on the poll
+        thread (through the scheduler)."""
+        if self._kafka is None or self._context.broadcasting:
+            return
+        self._kafka.subscribe(
+            list(self._topic_names),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
 
     def stop(self, join_timeout_s: float) -> None:
         """Stop polling; wait up to ``join_timeout_s`` for the poll thread to give its
