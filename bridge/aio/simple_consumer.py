@@ -17,19 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Mapping
 from typing import Any
 
 from bridge.aio.runner import AsyncClient
-from bridge.config import ClientConfig
-from bridge.consumer.config import SimpleConsumerConfig
 from bridge.consumer.counters import ConsumerStats
 from bridge.consumer.model import FilterExpression
 from bridge.consumer.simple import MessageView
-from bridge.consumer.simple_consumer import DEFAULT_AWAIT_DURATION_S
 from bridge.consumer.simple_consumer import SimpleConsumer as ThreadedSimpleConsumer
 from bridge.lifecycle import ServiceState
-from bridge.serialization import Deserializer
 
 __all__ = ["SimpleConsumer"]
 
@@ -40,34 +35,12 @@ class SimpleConsumer(AsyncClient):
     :meth:`startup`, :meth:`receive`, :meth:`ack`, :meth:`change_invisible_duration` and
     :meth:`shutdown` (or ``async with``)."""
 
-    def __init__(
-        self,
-        client_configuration: ClientConfig | None = None,
-        consumer_group: str | None = None,
-        subscription: Mapping[str, FilterExpression | str] | None = None,
-        await_duration: float = DEFAULT_AWAIT_DURATION_S,
-        *,
-        bootstrap_servers: str | None = None,
-        namespace: str | None = None,
-        settings: SimpleConsumerConfig | None = None,
-        kafka_config: Mapping[str, Any] | None = None,
-        key_deserializer: Deserializer | None = None,
-        value_deserializer: Deserializer | None = None,
-        **options: Any,
-    ) -> None:
-        self._consumer = ThreadedSimpleConsumer(
-            client_configuration,
-            consumer_group,
-            subscription,
-            await_duration,
-            bootstrap_servers=bootstrap_servers,
-            namespace=namespace,
-            settings=settings,
-            kafka_config=kafka_config,
-            key_deserializer=key_deserializer,
-            value_deserializer=value_deserializer,
-            **options,
-        )
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Takes the arguments of :class:`bridge.SimpleConsumer`, by position or name:
+        ``client_configuration``, ``consumer_group``, ``subscription``, ``await_duration``,
+        and its keyword arguments (``settings``, ``kafka_config``, the deserializers,
+        settings fields)."""
+        self._consumer = ThreadedSimpleConsumer(*args, **kwargs)
 
     @property
     def threaded(self) -> ThreadedSimpleConsumer:

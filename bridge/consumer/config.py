@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Final, Self
+from typing import Any, Final, Self, TypeVar, cast
 
 from bridge.consumer.model import ConsumeFromWhere, MessageModel
-from bridge.errors import InvalidArgumentError
+from bridge.errors import InvalidArgumentError, KafkaConfigError
+from bridge.kafka_config import KafkaConfigParts
 from bridge.settings import require_int, require_number
 
 
@@ -67,30 +68,16 @@ class PushConsumerConfig:
             raise InvalidArgumentError(
                 f"message_model must be a MessageModel, got {self.message_model!r}"
             )
-        if not isinstance(self.consume_from_where, ConsumeFromWhere):
-            raise InvalidArgumentError(
-                f"consume_from_where must be a ConsumeFromWhere, got {self.consume_from_where!r}"
-            )
-        require_int("consume_timestamp_ms", self.consume_timestamp_ms, minimum=0)
+        _check_shared(self)
         require_int("consume_thread_count", self.consume_thread_count, minimum=1)
         require_int(
             "consume_message_batch_max_size", self.consume_message_batch_max_size, minimum=1
         )
-        require_int("pull_batch_size", self.pull_batch_size, minimum=1)
-        require_int("pull_threshold_for_queue", self.pull_threshold_for_queue, minimum=1)
-        require_int("pull_threshold_size_for_queue", self.pull_threshold_size_for_queue, minimum=1)
         require_number("consume_timeout", self.consume_timeout)
         require_int("max_reconsume_times", self.max_reconsume_times, minimum=-1)
         require_int(
             "suspend_current_queue_time_millis", self.suspend_current_queue_time_millis, minimum=0
         )
-        require_int("send_back_retry_delay_ms", self.send_back_retry_delay_ms, minimum=0)
-        require_int(
-            "persist_consumer_offset_interval_ms",
-            self.persist_consumer_offset_interval_ms,
-            minimum=1,
-        )
-        require_int("drain_timeout_ms", self.drain_timeout_ms, minimum=0)
         if not isinstance(self.instance_name, str):
             raise InvalidArgumentError(
                 f"instance_name must be a string, got {self.instance_name!r}"
@@ -99,13 +86,75 @@ class PushConsumerConfig:
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` applied (``None`` values are ignored); unknown names raise
         :class:`InvalidArgumentError`."""
-        names = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - names)
-        if unknown:
-            raise InvalidArgumentError(
-                f"unknown push consumer setting(s) {unknown}; known: {sorted(names)}"
-            )
-        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+        return _replaced(self, "push consumer", changes)
+
+
+_Settings = TypeVar("_Settings")
+
+_SHARED_MINIMUMS: Final = (
+    ("consume_timestamp_ms", 0),
+    ("pull_batch_size", 1),
+    ("pull_threshold_for_queue", 1),
+    ("pull_threshold_size_for_queue", 1),
+    ("send_back_retry_delay_ms", 0),
+    ("persist_consumer_offset_interval_ms", 1),
+    ("drain_timeout_ms", 0),
+)
+"""The integer settings both consumers have, and their smallest values."""
+
+
+def _check_shared(settings: PushConsumerConfig | SimpleConsumerConfig) -> None:
+    """Raise :class:`InvalidArgumentError` for a setting both consumers have that is out of
+    range (see :data:`_SHARED_MINIMUMS`), or a ``consume_from_where`` that is none."""
+    if not isinstance(settings.consume_from_where, ConsumeFromWhere):
+        raise InvalidArgumentError(
+            f"consume_from_where must be a ConsumeFromWhere, got {settings.consume_from_where!r}"
+        )
+    for name, minimum in _SHARED_MINIMUMS:
+        require_int(name, getattr(settings, name), minimum=minimum)
+
+
+def _replaced(settings: _Settings, kind: str, changes: dict[str, Any]) -> _Settings:
+    """``settings`` (a dataclass) with ``changes`` applied (``None`` values ignored);
+    unknown names raise :class:`InvalidArgumentError` naming the ``kind`` of settings."""
+    names = {f.name for f in dataclasses.fields(cast(Any, settings))}
+    unknown = sorted(set(changes) - names)
+    if unknown:
+        raise InvalidArgumentError(f"unknown {kind} setting(s) {unknown}; known: {sorted(names)}")
+    changed: _Settings = dataclasses.replace(
+        cast(Any, settings), **{k: v for k, v in changes.items() if v is not None}
+    )
+    return changed
+
+
+def apply_group_kafka_config(
+    group: str,
+    parts: KafkaConfigParts | None,
+    options: dict[str, Any],
+    settings_from_where: ConsumeFromWhere,
+) -> None:
+    """What a consumer's ``kafka_config`` (read into ``parts``) says of its group: a
+    ``group.id`` other than ``group`` raises :class:`KafkaConfigError`; an
+    ``auto.offset.reset`` chooses ``consume_from_where`` (put in ``options`` unless given
+    there) when the settings leave it at its default (``settings_from_where``)."""
+    if parts is None:
+        return
+    if parts.group_id is not None and parts.group_id != group:
+        raise KafkaConfigError(
+            "group.id",
+            f"{parts.group_id!r} is not this consumer's group {group!r}; the group is "
+            "named where the consumer is made",
+        )
+    if (
+        parts.from_first_offset is not None
+        and settings_from_where is ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    ):
+        options.setdefault(
+            "consume_from_where",
+            ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+            if parts.from_first_offset
+            else ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+        )
 
 
 MAX_INVISIBLE_DURATION_S: Final = 12 * 3600
@@ -152,34 +201,14 @@ class SimpleConsumerConfig:
     owner (their acks here raise :class:`~bridge.errors.InvalidReceiptHandleError`)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.consume_from_where, ConsumeFromWhere):
-            raise InvalidArgumentError(
-                f"consume_from_where must be a ConsumeFromWhere, got {self.consume_from_where!r}"
-            )
+        _check_shared(self)
         require_int("max_delivery_attempts", self.max_delivery_attempts, minimum=1)
         require_int("max_unacked_messages", self.max_unacked_messages, minimum=1)
-        require_int("consume_timestamp_ms", self.consume_timestamp_ms, minimum=0)
-        require_int("pull_batch_size", self.pull_batch_size, minimum=1)
-        require_int("pull_threshold_for_queue", self.pull_threshold_for_queue, minimum=1)
-        require_int("pull_threshold_size_for_queue", self.pull_threshold_size_for_queue, minimum=1)
-        require_int("send_back_retry_delay_ms", self.send_back_retry_delay_ms, minimum=0)
-        require_int(
-            "persist_consumer_offset_interval_ms",
-            self.persist_consumer_offset_interval_ms,
-            minimum=1,
-        )
-        require_int("drain_timeout_ms", self.drain_timeout_ms, minimum=0)
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` applied (``None`` values are ignored); unknown names raise
         :class:`InvalidArgumentError`."""
-        names = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - names)
-        if unknown:
-            raise InvalidArgumentError(
-                f"unknown simple consumer setting(s) {unknown}; known: {sorted(names)}"
-            )
-        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+        return _replaced(self, "simple consumer", changes)
 
 
 def shared_settings(simple: SimpleConsumerConfig) -> PushConsumerConfig:

@@ -44,6 +44,9 @@ _BROADCAST_REFRESH_S: Final = 30.0
 """How often a BROADCASTING consumer looks for new partitions, seconds."""
 _WAIT_SLICE_S: Final = 0.1
 """Waits for running listeners look at the shutdown deadline this often, seconds."""
+CLOSE_GRACE_S: Final = 5.0
+"""What a shutdown allows beyond its timeout for closing the Kafka consumer (leaving the
+group), seconds."""
 _GAUGE_INTERVAL_S: Final = 1.0
 """How often the held-message gauges are updated while metrics are on, seconds."""
 
@@ -146,6 +149,13 @@ class Fetcher:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
+
+    def stop_within(self, timeout_ms: int) -> None:
+        """Stop for a shutdown that must be done in ``timeout_ms`` (ms): no wait of the
+        consumer's parts goes past that (the context's deadline), and the poll thread gets
+        :data:`CLOSE_GRACE_S` more to close the Kafka consumer (leave the group)."""
+        self._context.deadline = time.monotonic() + timeout_ms / 1000
+        self.stop(timeout_ms / 1000 + CLOSE_GRACE_S)
 
     def stop(self, join_timeout_s: float) -> None:
         """Stop polling; wait up to ``join_timeout_s`` for the poll thread to give its

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -24,6 +23,7 @@ from bridge.config import ClientConfig
 from bridge.consumer.config import (
     MAX_INVISIBLE_DURATION_S,
     SimpleConsumerConfig,
+    apply_group_kafka_config,
     shared_settings,
 )
 from bridge.consumer.context import ConsumerContext, Subscription
@@ -31,19 +31,19 @@ from bridge.consumer.counters import ConsumerStats
 from bridge.consumer.fetcher import Fetcher
 from bridge.consumer.invisibility import check_duration
 from bridge.consumer.model import (
-    ConsumeFromWhere,
     ConsumeStatus,
     FilterExpression,
     subscription_filter,
 )
 from bridge.consumer.quarantine import Quarantine
 from bridge.consumer.simple import MessageView, SimpleConsumption
-from bridge.errors import IllegalStateError, InvalidArgumentError, KafkaConfigError
+from bridge.errors import IllegalStateError, InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka_config import apply_kafka_config, pick_hook, read_kafka_config
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import MessageExt
 from bridge.serialization import Deserializer, Deserializers
+from bridge.settings import require_int
 from topics.catalog import SystemTopic
 from topics.naming import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -59,9 +59,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_AWAIT_DURATION_S: Final = 20
 """How long ``receive`` waits for a message by default, seconds (RocketMQ 5's Python
 client's ``await_duration``)."""
-_CLOSE_GRACE_S: Final = 5.0
-"""What :meth:`SimpleConsumer.shutdown` allows beyond its timeout for closing the Kafka
-consumer (leaving the group), seconds."""
 _COPY_LINGER_MS: Final = 50
 """The producer of copies batches them for at least this long, ms: only the expired message
 waits on its copy (as the push consumer's, see ``push_consumer._COPY_LINGER_MS``)."""
@@ -108,12 +105,12 @@ class SimpleConsumer(Startable):
         subscription: Mapping[str, FilterExpression | str] | None = None,
         await_duration: float = DEFAULT_AWAIT_DURATION_S,
         *,
-        bootstrap_servers: str | None = None,
-        namespace: str | None = None,
-        settings: SimpleConsumerConfig | None = None,
         kafka_config: Mapping[str, Any] | None = None,
         key_deserializer: Deserializer | None = None,
         value_deserializer: Deserializer | None = None,
+        settings: SimpleConsumerConfig | None = None,
+        bootstrap_servers: str | None = None,
+        namespace: str | None = None,
         **options: Any,
     ) -> None:
         if client_configuration is not None and not isinstance(client_configuration, ClientConfig):
@@ -133,20 +130,9 @@ class SimpleConsumer(Startable):
                 raise InvalidArgumentError(
                     f"consumer group {consumer_group!r} may not start with {prefix}"
                 )
-        if parts is not None and parts.group_id is not None and parts.group_id != consumer_group:
-            raise KafkaConfigError(
-                "group.id",
-                f"{parts.group_id!r} is not this consumer's group {consumer_group!r}; the "
-                "group is named where the consumer is made",
-            )
-        if parts is not None and parts.from_first_offset is not None:
-            options.setdefault(
-                "consume_from_where",
-                ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
-                if parts.from_first_offset
-                else ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-            )
-        self.settings = (settings or SimpleConsumerConfig()).replace(**options)
+        settings = settings or SimpleConsumerConfig()
+        apply_group_kafka_config(consumer_group, parts, options, settings.consume_from_where)
+        self.settings = settings.replace(**options)
         """The consumer's :class:`SimpleConsumerConfig`."""
         self.await_duration = check_duration(
             "await_duration", await_duration, MAX_INVISIBLE_DURATION_S
@@ -249,22 +235,8 @@ class SimpleConsumer(Startable):
         called once; a subscription is needed."""
         with self._state_lock:
             if not self._context.subscriptions:
-                raise IllegalStateError(
-                    f"simple consumer {self.consumer_group}: subscribe(topic) before startup()"
-                )
-            self._lifecycle.transition(ServiceState.RUNNING)
-            try:
-                self._start()
-            except Exception:
-                self._close_clients()
-                self._consumption.close()
-                self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
-                raise
-        logger.info(
-            "simple consumer %s started (topics %s)",
-            self.consumer_group,
-            sorted(self._context.subscriptions),
-        )
+                raise IllegalStateError(f"simple consumer {self.consumer_group}: no subscription")
+            self._lifecycle.start_with(self._start, self._undo_start)
 
     def start(self) -> None:
         """:meth:`startup` (the ``start()/stop()`` lifecycle)."""
@@ -287,6 +259,15 @@ class SimpleConsumer(Startable):
             context, self._consumption, self._quarantine, self._topic_names, retry_kafka_topic
         )
         self._fetcher.start()
+        logger.info(
+            "simple consumer %s started (topics %s)",
+            self.consumer_group,
+            list(context.subscriptions),
+        )
+
+    def _undo_start(self) -> None:
+        self._close_clients()
+        self._consumption.close()
 
     def shutdown(self, timeout_ms: int | None = None) -> None:
         """Leave the group: commit what is acked, give the partitions up and close the Kafka
@@ -298,10 +279,7 @@ class SimpleConsumer(Startable):
         :class:`IllegalStateError`, as does every call but :meth:`shutdown`."""
         if timeout_ms is None:
             timeout_ms = self.settings.drain_timeout_ms
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
-            raise InvalidArgumentError(
-                f"shutdown timeout_ms must be a non-negative integer, got {timeout_ms!r}"
-            )
+        require_int("shutdown timeout_ms", timeout_ms, minimum=0)
         with self._state_lock:
             state = self._lifecycle.state
             if state is ServiceState.SHUTDOWN_ALREADY:
@@ -310,9 +288,8 @@ class SimpleConsumer(Startable):
         released = self._consumption.close()
         if state is ServiceState.CREATE_JUST:
             return
-        self._context.deadline = time.monotonic() + timeout_ms / 1000
         if self._fetcher is not None:
-            self._fetcher.stop(timeout_ms / 1000 + _CLOSE_GRACE_S)
+            self._fetcher.stop_within(timeout_ms)
         self._close_clients()
         logger.info(
             "simple consumer %s shut down (%d received messages not acked, delivered again by "
