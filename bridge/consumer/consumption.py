@@ -203,6 +203,8 @@ class Strategy(abc.ABC):
     """True for the orderly strategy (retry budget, revoke wait)."""
     _RETRY_AT_ONCE: ClassVar[bool] = False
     """Retry copies go straight to the retry topic, not through the delay levels."""
+    expires_while_waiting: ClassVar[bool] = False
+    """:meth:`expire_overdue` runs while a rebalance waits for running work too."""
 
     def __init__(self, context: ConsumerContext, quarantine: Quarantine) -> None:
         self._context = context

@@ -341,6 +341,9 @@ class Fetcher:
             if not busy or remaining <= 0:
                 break
             busy[0][1].wait_idle(min(remaining, _WAIT_SLICE_S))
+            if self._consumption.expires_while_waiting:
+                # The poll thread waits here: deadlines of every partition still pass.
+                self._consumption.expire_overdue(self.queues.values())
         for _, pq in queues:
             pq.release()
         if busy:

@@ -140,6 +140,7 @@ class SimpleConsumption(Strategy):
 
     orderly: ClassVar[bool] = False
     _RETRY_AT_ONCE: ClassVar[bool] = True
+    expires_while_waiting: ClassVar[bool] = True
 
     def __init__(self, context: ConsumerContext, quarantine: Quarantine, max_unacked: int) -> None:
         super().__init__(context, quarantine)

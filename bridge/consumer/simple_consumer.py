@@ -150,7 +150,7 @@ class SimpleConsumer(Startable):
         )
         self._topic_names: dict[str, str] = {}
         """Kafka topic -> RocketMQ name of each topic read (the retry topic too, once started);
-        shared with the fetcher, changed on its thread."""
+        read by the fetcher, changed under the state lock."""
         self._fetcher: Fetcher | None = None
         self._state_lock = threading.Lock()
         for topic, expression in (subscription or {}).items():
@@ -195,10 +195,9 @@ class SimpleConsumer(Startable):
     def _subscribe(self, topic: str, expression: FilterExpression | str | None) -> None:
         if not isinstance(topic, str):
             raise InvalidArgumentError(f"a topic must be a string, got {type(topic).__name__}")
-        if topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             raise InvalidArgumentError(
-                f"subscribe({topic!r}): a simple consumer reads its retry topic by itself, "
-                "and a dead-letter queue with a consumer of another group"
+                f"subscribe({topic!r}): a consumer reads its own retry topic by itself"
             )
         kafka_topic = to_kafka_topic(topic, self.config.namespace)
         chosen = subscription_filter("*" if expression is None else expression)

@@ -445,3 +445,26 @@ class PartitionLeases(RuleBasedStateMachine):
 
 TestPartitionLeases = PartitionLeases.TestCase
 TestPartitionLeases.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+# --- the copy of an expired message ----------------------------------------------------------
+
+
+def test_an_expired_message_is_copied_straight_to_the_retry_topic_and_to_the_dlq_at_the_end() -> (
+    None
+):
+    consumption, _ = _consumption()
+    policy = SimpleConsumption(consumption._context, Quarantine(consumption._context), 10).policy
+    catalog = consumption._context.catalog
+    msg = _msg(3, reconsume=1)
+    msg.put_user_property("raw", b"\xff")
+    route, record = policy.copy_of(msg, 0)
+    assert (route.to_dlq, route.delay_level, route.reconsume_times) == (False, 0, 2)
+    assert record.kafka_topic == catalog.retry_topic("g")  # not SCHEDULE: no delay level
+    headers = dict(record.headers)
+    assert headers["RECONSUME_TIME"] == b"2"
+    assert headers["RETRY_TOPIC"] == b"t"
+    assert headers["raw"] == b"\xff"
+    last = _msg(4, reconsume=16)  # the 17th delivery (max_delivery_attempts) expired
+    route, record = policy.copy_of(last, 0)
+    assert route.to_dlq and record.kafka_topic == catalog.dlq_topic("g")
