@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import ClassVar, Final
 
-from bridge.consumer.consumption import Failure, Strategy, record_failure
+from bridge.consumer.consumption import Failure, Place, Strategy, places, record_failure, restore
 from bridge.consumer.context import ConsumerContext
 from bridge.consumer.counters import Count
 from bridge.consumer.invisibility import Lease, LeaseEnd, Leases
@@ -39,6 +39,10 @@ _ROOM_POLL_S: Final = 0.05
 
 Held = tuple[ProcessQueue, MessageExt]
 """A message held for a simple consumer, and its partition's queue."""
+Leased = tuple[ProcessQueue, MessageExt, Place]
+"""A message received, its partition's queue, and where it was read (put back before the
+consumer acts on it: the application may have changed the message, see
+:func:`~bridge.consumer.consumption.restore`)."""
 
 
 class MessageView:
@@ -55,7 +59,7 @@ class MessageView:
 
     __slots__ = ("_book", "_lease", "_msg", "receipt_handle")
 
-    def __init__(self, msg: MessageExt, lease: Lease[Held], book: Leases[Held]) -> None:
+    def __init__(self, msg: MessageExt, lease: Lease[Leased], book: Leases[Leased]) -> None:
         self._msg = msg
         self._lease = lease
         self._book = book
@@ -144,7 +148,7 @@ class SimpleConsumption(Strategy):
 
     def __init__(self, context: ConsumerContext, quarantine: Quarantine, max_unacked: int) -> None:
         super().__init__(context, quarantine)
-        self.leases: Leases[Held] = Leases(uuid.uuid4().hex[:16], max_unacked)
+        self.leases: Leases[Leased] = Leases(uuid.uuid4().hex[:16], max_unacked)
         self._ready: deque[Held] = deque()
         """Messages held and not received yet, in the order the fetcher passed them."""
         self._ready_changed = threading.Condition()
@@ -171,10 +175,11 @@ class SimpleConsumption(Strategy):
             return
         by_queue: dict[int, tuple[ProcessQueue, list[MessageExt]]] = {}
         for lease in expired:
-            pq, msg = lease.item
+            pq, msg, place = lease.item
             pq.end()
             if pq.released:
                 continue
+            restore([msg], [place], self._context.group)
             by_queue.setdefault(id(pq), (pq, []))[1].append(msg)
         for pq, msgs in by_queue.values():
             record_failure(msgs, Failure.NOT_ACKED)
@@ -198,7 +203,7 @@ class SimpleConsumption(Strategy):
                     pq, msg = ready.popleft()
                     if not pq.begin():
                         continue  # given up: the partition's next owner delivers it
-                    lease = self.leases.open((pq, msg), now, duration_s)
+                    lease = self.leases.open((pq, msg, places([msg])[0]), now, duration_s)
                     views.append(MessageView(msg, lease, self.leases))
                 if views:
                     return views
@@ -211,7 +216,8 @@ class SimpleConsumption(Strategy):
         """End ``view``'s lease and mark its message done; see :meth:`_lease_of` for what
         raises."""
         lease, handle = self._lease_of(view, "ack")
-        pq, msg = lease.item
+        pq, msg, place = lease.item
+        restore([msg], [place], self._context.group)
         with pq.lock:
             if pq.released:
                 self._refuse_released(lease, handle, pq)
@@ -233,7 +239,7 @@ class SimpleConsumption(Strategy):
         view.receipt_handle = new
         return new
 
-    def _lease_of(self, view: object, what: str) -> tuple[Lease[Held], str]:
+    def _lease_of(self, view: object, what: str) -> tuple[Lease[Leased], str]:
         """``view``'s lease and handle; :class:`InvalidArgumentError` for something that is
         no :class:`MessageView`, :class:`InvalidReceiptHandleError` for one another consumer
         received, :class:`IllegalStateError` once the consumer is shut down."""
@@ -251,7 +257,7 @@ class SimpleConsumption(Strategy):
             )
         return view._lease, view.receipt_handle
 
-    def _refuse_released(self, lease: Lease[Held], handle: str, pq: ProcessQueue) -> None:
+    def _refuse_released(self, lease: Lease[Leased], handle: str, pq: ProcessQueue) -> None:
         """``lease``'s partition was given up: end it and raise why (its own end, if it had
         ended before)."""
         if self.leases.release(lease):
@@ -270,9 +276,10 @@ class SimpleConsumption(Strategy):
         for view in views:
             lease = view._lease
             if self.leases.release(lease):
-                pq = lease.item[0]
+                pq, msg, place = lease.item
                 pq.end()
-                back.append(lease.item)
+                restore([msg], [place], self._context.group)
+                back.append((pq, msg))
         with self._ready_changed:
             if not self._closed:
                 self._ready.extendleft(reversed(back))

@@ -299,6 +299,20 @@ def test_acks_of_foreign_objects_and_other_consumers_messages_are_typed_errors()
         mine.change(theirs.receipt_handle, 5)
 
 
+def test_an_application_that_changes_where_a_message_was_read_cannot_hide_it() -> None:
+    consumption, copies = _consumption()
+    pq = ProcessQueue("t", 0)
+    _fetch(consumption, pq, range(2))
+    first, second = consumption.take(2, 0.001, 0)
+    first.message.queue_offset = 99
+    second.message.topic = "elsewhere"
+    consumption.ack(first)
+    time.sleep(0.002)
+    consumption.expire_overdue([pq])
+    assert [(m.queue_offset, m.topic) for _, m, _ in copies.sent] == [(1, "t")]
+    assert pq.commit_offset() == 1
+
+
 def test_change_gives_the_view_a_new_handle_and_ack_uses_it() -> None:
     consumption, _ = _consumption()
     pq = ProcessQueue("t", 0)
