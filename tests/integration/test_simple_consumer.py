@@ -256,7 +256,7 @@ def test_two_consumers_of_a_group_share_the_work_and_each_message_is_acked_once(
 
 
 HOLDER_SCRIPT = """
-import os, sys
+import os, sys, time
 from bridge import ClientConfig, SimpleConsumer
 from bridge.consumer import ConsumeFromWhere
 config = ClientConfig(bootstrap_servers=sys.argv[1], namespace=sys.argv[2],
@@ -269,6 +269,7 @@ consumer.startup()
 n = 0
 while True:
     for view in consumer.receive(4, 300):
+        time.sleep(0.02)  # the work: the kill comes before everything is received
         n += 1
         if n % 2:
             consumer.ack(view)
@@ -282,7 +283,7 @@ def test_a_killed_consumers_unacked_messages_come_back_to_the_group_after_its_se
     config: ClientConfig, made: list[SimpleConsumer], unique: Callable[[str], str],
     tmp_path: Path,
 ) -> None:  # fmt: skip
-    bodies = [f"k{i}" for i in range(200)]
+    bodies = [f"k{i}" for i in range(300)]
     topic, group, log = make_topic(config, unique("t"), 2), unique("g"), tmp_path / "received"
     send(config, topic, [Message(topic, b) for b in bodies], spread=2)
     proc = subprocess.Popen(
