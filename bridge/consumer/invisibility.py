@@ -110,8 +110,10 @@ class Leases(Generic[T]):
             heapq.heappush(self._due, (lease.deadline, next(self._seq), lease))
             return lease
 
-    def _current(self, lease: Lease[T], handle: str) -> None:
-        """Raise unless ``handle`` is ``lease``'s current one and it is open; hold the lock."""
+    def _current(self, lease: Lease[T], handle: str, now: float | None) -> None:
+        """Raise unless ``handle`` is ``lease``'s current one and it is open (and, given
+        ``now``, its deadline has not passed: a lease past it is as good as expired, though
+        :meth:`expired` has not taken it yet); hold the lock."""
         if not handle.startswith(self.token + "."):
             raise InvalidReceiptHandleError(
                 f"receipt handle {handle!r} was not given by this consumer", "foreign"
@@ -126,27 +128,33 @@ class Leases(Generic[T]):
                 f"receipt handle {handle!r} is stale: the message {LeaseEnd.REPLACED.value}",
                 LeaseEnd.REPLACED.name.lower(),
             )
+        if now is not None and lease.deadline <= now:
+            raise InvalidReceiptHandleError(
+                f"receipt handle {handle!r} is stale: the message {LeaseEnd.EXPIRED.value}",
+                LeaseEnd.EXPIRED.name.lower(),
+            )
 
-    def ack(self, lease: Lease[T], handle: str) -> None:
-        """End ``lease`` as acked, if ``handle`` is its current one; else raise
-        :class:`InvalidReceiptHandleError` (and change nothing)."""
+    def ack(self, lease: Lease[T], handle: str, now: float | None = None) -> None:
+        """End ``lease`` as acked, if ``handle`` is its current one (and, given ``now``, its
+        deadline has not passed); else raise :class:`InvalidReceiptHandleError` (and change
+        nothing)."""
         with self._lock:
-            self._current(lease, handle)
+            self._current(lease, handle, now)
             del self._open[handle]
             lease.end = LeaseEnd.ACKED
 
-    def check(self, lease: Lease[T], handle: str) -> None:
+    def check(self, lease: Lease[T], handle: str, now: float | None = None) -> None:
         """Raise :class:`InvalidReceiptHandleError` unless ``handle`` is open ``lease``'s
         current one."""
         with self._lock:
-            self._current(lease, handle)
+            self._current(lease, handle, now)
 
     def change(self, lease: Lease[T], handle: str, now: float, duration_s: float) -> str:
         """Move ``lease``'s deadline to ``now + duration_s`` and give it a new handle
         (returned; ``handle`` is stale from now on), if ``handle`` is its current one; else
         raise :class:`InvalidReceiptHandleError` (and change nothing)."""
         with self._lock:
-            self._current(lease, handle)
+            self._current(lease, handle, now)
             del self._open[handle]
             lease.handle = self._handle()
             lease.deadline = now + duration_s

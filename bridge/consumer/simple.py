@@ -221,7 +221,7 @@ class SimpleConsumption(Strategy):
         with pq.lock:
             if pq.released:
                 self._refuse_released(lease, handle, pq)
-            self.leases.ack(lease, handle)
+            self.leases.ack(lease, handle, time.monotonic())
             pq.remove((msg.queue_offset,))
         pq.end()
         self._context.counters.add(Count.CONSUMED)

@@ -64,6 +64,26 @@ def test_a_handle_acks_once_and_a_moved_deadline_leaves_the_old_handle_stale() -
     assert len(book) == 0
 
 
+def test_a_handle_past_its_deadline_is_refused_before_the_expiry_is_taken() -> None:
+    # RocketMQ refuses a receipt handle as soon as its invisible time is over, not when the
+    # broker gets round to it: so does the book, though expired() has not run yet.
+    book: Leases[str] = Leases("tok", limit=10)
+    lease = book.open("a", now=0.0, duration_s=5)
+    for refused in (
+        lambda: book.ack(lease, lease.handle, now=5.0),
+        lambda: book.change(lease, lease.handle, now=5.5, duration_s=60),
+        lambda: book.check(lease, lease.handle, now=6.0),
+    ):
+        with pytest.raises(InvalidReceiptHandleError) as late:
+            refused()
+        assert late.value.reason == "expired"
+    assert lease.end is None and len(book) == 1  # left for expired() to send back
+    assert book.expired(6.0) == [lease]
+    b = book.open("b", now=6.0, duration_s=5)
+    book.ack(b, b.handle, now=10.9)  # before its deadline: acked
+    assert b.end is LeaseEnd.ACKED and len(book) == 0
+
+
 def test_shortening_a_deadline_expires_the_message_sooner() -> None:
     book: Leases[str] = Leases("tok", limit=10)
     lease = book.open("a", now=0.0, duration_s=60)
