@@ -230,6 +230,11 @@ class Strategy(abc.ABC):
         """Called on each poll with every partition held: act on messages that have been
         out too long. Nothing by default."""
 
+    def released(self, queues: Iterable[ProcessQueue]) -> None:  # noqa: B027 - a hook
+        """Called once ``queues`` were given up (a rebalance, lost partitions, a shutdown),
+        after the wait for their running work: end what is still out of them. Nothing by
+        default (a listener's late result is ignored by its queue)."""
+
 
 class Consumption(Strategy, Generic[ContextT]):
     """A consumption strategy: takes a partition's newly held messages (:meth:`submit`) and

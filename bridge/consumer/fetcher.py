@@ -317,11 +317,14 @@ class Fetcher:
 
     def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         # The partitions already belong to someone else: stop, commit nothing.
+        gone = []
         for tp in partitions:
             pq = self.queues.pop((tp.topic, tp.partition), None)
             if pq is not None:
                 pq.release()
+                gone.append(pq)
             self.paused.discard((tp.topic, tp.partition))
+        self._consumption.released(gone)
         logger.warning("push consumer %s: lost %d partitions", self._context.group, len(partitions))
 
     def _release(self, keys: list[Key], wait_s: float) -> None:
@@ -346,6 +349,7 @@ class Fetcher:
                 self._consumption.expire_overdue(self.queues.values())
         for _, pq in queues:
             pq.release()
+        self._consumption.released(pq for _, pq in queues)
         if busy:
             logger.warning(
                 "push consumer %s: abandoned %s (partition: messages held) with listeners "

@@ -185,6 +185,17 @@ class SimpleConsumption(Strategy):
             record_failure(msgs, Failure.NOT_ACKED)
             self.policy.fail(pq, msgs, [0] * len(msgs))
 
+    def released(self, queues: Iterable[ProcessQueue]) -> None:
+        """End the leases of messages of ``queues`` (given up) as released, so that they no
+        longer count against :attr:`Leases.limit` and a late ack says why it is refused."""
+        gone = {id(pq) for pq in queues}
+        if not gone:
+            return
+        for lease in self.leases.open_leases():
+            pq = lease.item[0]
+            if id(pq) in gone and self.leases.release(lease):
+                pq.end()
+
     # --- from the front (any thread) ---------------------------------------------------
     def take(self, count: int, duration_s: float, wait_s: float) -> list[MessageView]:
         """Up to ``count`` messages, each invisible for ``duration_s`` seconds, waiting up to
@@ -274,6 +285,12 @@ class SimpleConsumption(Strategy):
         delivery."""
         back: list[Held] = []
         for view in views:
+            if not isinstance(view, MessageView):
+                raise InvalidArgumentError(
+                    f"give_back takes messages received by a SimpleConsumer, got {view!r}"
+                )
+            if view._book is not self.leases:
+                continue  # another consumer's: not this one's to offer again
             lease = view._lease
             if self.leases.release(lease):
                 pq, msg, place = lease.item

@@ -343,7 +343,9 @@ class SimpleConsumer(Startable):
     def give_back(self, messages: list[MessageView]) -> None:
         """Undo the :meth:`receive` that returned ``messages`` when they were never worked
         on (the asyncio client's cancelled ``receive``): they are offered again first, the
-        same delivery. Those acked or expired meanwhile are left as they are."""
+        same delivery. Those acked or expired meanwhile, and those another consumer
+        received, are left as they are; :class:`InvalidArgumentError` for anything but a
+        :class:`MessageView`."""
         self._consumption.give_back(messages)
 
     def change_invisible_duration(self, message: MessageView, invisible_duration: float) -> None:

@@ -357,6 +357,36 @@ def test_give_back_offers_the_same_delivery_again_first() -> None:
     assert all(v.delivery_attempt == 1 for v in again)
 
 
+def test_leases_of_a_partition_given_up_end_as_released_and_free_their_room() -> None:
+    consumption, _ = _consumption(max_unacked=2)
+    kept, moved = ProcessQueue("t", 0), ProcessQueue("t", 1)
+    _fetch(consumption, kept, range(1))
+    _fetch(consumption, moved, range(1))
+    on_kept, on_moved = consumption.take(2, 30, 0)
+    assert consumption.unacked() == 2
+    moved.release()  # the fetcher gave partition 1 up, then tells the strategy
+    consumption.released([moved])
+    assert consumption.unacked() == 1 and moved.running == 0
+    with pytest.raises(InvalidReceiptHandleError) as late:
+        consumption.ack(on_moved)
+    assert late.value.reason == "released"
+    consumption.ack(on_kept)  # the other partition's lease is untouched
+    assert kept.commit_offset() == 1
+
+
+def test_give_back_leaves_another_consumers_messages_and_refuses_what_is_no_message() -> None:
+    a, _ = _consumption()
+    b, _ = _consumption()
+    pq = ProcessQueue("t", 0)
+    _fetch(a, pq, range(1))
+    (view,) = a.take(1, 30, 0)
+    b.give_back([view])
+    assert b.take(1, 30, 0) == [] and a.unacked() == 1
+    a.ack(view)
+    with pytest.raises(InvalidArgumentError):
+        b.give_back(["x"])  # type: ignore[list-item]
+
+
 def test_close_releases_every_lease_and_refuses_further_calls() -> None:
     consumption, _ = _consumption()
     pq = ProcessQueue("t", 0)
