@@ -226,7 +226,9 @@ class SimpleConsumer(Startable):
         return self._context.counters.snapshot()
 
     def unacked(self) -> int:
-        """Messages received and neither acked nor past their invisible duration."""
+        """Messages received whose leases are open: neither acked, nor sent back after their
+        invisible duration, nor let go with their partition (a message past its deadline
+        counts until the fetch thread sends it back)."""
         return self._consumption.unacked()
 
     def startup(self) -> None:
