@@ -205,6 +205,10 @@ class Strategy(abc.ABC):
     """Retry copies go straight to the retry topic, not through the delay levels."""
     expires_while_waiting: ClassVar[bool] = False
     """:meth:`expire_overdue` runs while a rebalance waits for running work too."""
+    cooperative: ClassVar[bool] = False
+    """The group rebalances incrementally (librdkafka's ``cooperative-sticky``): a rebalance
+    takes from a member only the partitions that change owner, so work out on the others
+    goes on. Eager (every partition revoked and assigned again) otherwise."""
 
     def __init__(self, context: ConsumerContext, quarantine: Quarantine) -> None:
         self._context = context

@@ -110,6 +110,8 @@ class Fetcher:
         else:
             tuning = group_tuning(group, config, settings, orderly=self._consumption.orderly)
             self._revoke_wait_s = tuning.revoke_wait_s
+            if self._consumption.cooperative:
+                tuning.options["partition_assignment_strategy"] = "cooperative-sticky"
             self._kafka = new_consumer(
                 config,
                 group,
@@ -309,11 +311,16 @@ class Fetcher:
         return positions
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        consumer.assign(self._take(partitions))
+        if not self._consumption.cooperative:
+            consumer.assign(self._take(partitions))
+        elif partitions:  # cooperative: only the partitions added, maybe none
+            consumer.incremental_assign(self._take(partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         # Orderly: never let the next owner run a partition while its listener runs here.
         self._release([(tp.topic, tp.partition) for tp in partitions], self._revoke_wait_s)
+        if self._consumption.cooperative and partitions:
+            consumer.incremental_unassign(partitions)
 
     def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         # The partitions already belong to someone else: stop, commit nothing.
@@ -325,6 +332,8 @@ class Fetcher:
                 gone.append(pq)
             self.paused.discard((tp.topic, tp.partition))
         self._consumption.released(gone)
+        if self._consumption.cooperative and partitions:
+            consumer.incremental_unassign(partitions)
         logger.warning("push consumer %s: lost %d partitions", self._context.group, len(partitions))
 
     def _release(self, keys: list[Key], wait_s: float) -> None:

@@ -145,6 +145,9 @@ class SimpleConsumption(Strategy):
     orderly: ClassVar[bool] = False
     _RETRY_AT_ONCE: ClassVar[bool] = True
     expires_while_waiting: ClassVar[bool] = True
+    cooperative: ClassVar[bool] = True
+    """A message out stays with its receiver across a rebalance unless its partition moves:
+    RocketMQ keeps a received message invisible however the group changes."""
 
     def __init__(self, context: ConsumerContext, quarantine: Quarantine, max_unacked: int) -> None:
         super().__init__(context, quarantine)

@@ -255,6 +255,41 @@ def test_two_consumers_of_a_group_share_the_work_and_each_message_is_acked_once(
     assert committed(config, group, topic, 4) == len(bodies)
 
 
+def test_a_consumer_joining_takes_only_the_partitions_that_move_and_the_rest_stay_out(
+    config: ClientConfig, made: list[SimpleConsumer], unique: Callable[[str], str]
+) -> None:
+    """RocketMQ keeps a received message invisible however the group changes. Here the group
+    rebalances incrementally: a joining consumer takes some partitions, and the messages
+    received from the others stay with their receiver, whose acks go through."""
+    topic = make_topic(config, unique("t"), partitions=4)
+    group = unique("g")
+    bodies = {f"p{i}".encode() for i in range(4)}
+    send(config, topic, [Message(topic, b) for b in sorted(bodies)], spread=4)
+    first = new_consumer(made, config, group, {topic: "*"}, drain_timeout_ms=1000)
+    out = receive_until(first, lambda got: len(got) == 4, invisible_s=120, ack=False)
+    second = new_consumer(made, config, group, {topic: "*"}, await_duration=0.5)
+    # The second gets the messages of the partitions that moved (released by the first after
+    # its 1 s drain): at least one partition moves to a new member.
+    taken = receive_until(second, lambda got: len(got) >= 1, invisible_s=120)
+    kept: set[bytes] = set()
+    for view in out:
+        try:
+            first.ack(view)
+        except InvalidReceiptHandleError as exc:
+            assert exc.reason == "released"
+            continue
+        kept.add(view.body)
+    assert kept, "every partition was taken from the first consumer"
+    # What moved is received by the second (once); what stayed is not received again.
+    rest = receive_until(second, lambda got: len(got) >= 4 - len(kept) - len(taken))
+    moved = [v.body for v in taken + rest]
+    assert sorted(moved) == sorted(bodies - kept)
+    assert second.receive(16, 30) == [] and first.receive(16, 30) == []
+    for consumer in made:
+        consumer.shutdown()
+    assert committed(config, group, topic, 4) == 4
+
+
 HOLDER_SCRIPT = """
 import os, sys, time
 from bridge import ClientConfig, SimpleConsumer
