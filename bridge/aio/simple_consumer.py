@@ -4,9 +4,10 @@ A front over the threaded :class:`bridge.consumer.SimpleConsumer`, which keeps e
 the leases and their deadlines, the retry and DLQ copies, the offsets, the rebalances. Where
 the work runs:
 
-* ``receive`` waits (up to ``await_duration``) on a thread of the loop's default executor,
-  never on the loop; a ``receive`` task cancelled while it waits gives back what it took
-  (the messages are offered again, the same delivery, as if never received);
+* ``receive`` waits (up to ``await_duration``) on a thread of the consumer's own pool, never
+  on the loop, so receives waiting never hold up a ``shutdown`` or the loop's default
+  executor; a ``receive`` task cancelled while it waits gives back what it took (the
+  messages are offered again, the same delivery, as if never received);
 * ``ack`` and ``change_invisible_duration`` run on the loop: they change the consumer's
   bookkeeping in memory, under locks held for microseconds, and never wait for Kafka (the
   offsets are committed by the consumer's poll thread);
@@ -17,16 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
 
 from bridge.aio.runner import AsyncClient
+from bridge.config import ClientConfig
+from bridge.consumer.config import SimpleConsumerConfig
 from bridge.consumer.counters import ConsumerStats
 from bridge.consumer.model import FilterExpression
 from bridge.consumer.simple import MessageView
+from bridge.consumer.simple_consumer import DEFAULT_AWAIT_DURATION_S
 from bridge.consumer.simple_consumer import SimpleConsumer as ThreadedSimpleConsumer
 from bridge.lifecycle import ServiceState
+from bridge.serialization import Deserializer
 
 __all__ = ["SimpleConsumer"]
+
+RECEIVE_THREADS: Final = 32
+"""Threads a consumer's receives wait on at most; more concurrent receives queue for one."""
 
 
 class SimpleConsumer(AsyncClient):
@@ -35,12 +45,38 @@ class SimpleConsumer(AsyncClient):
     :meth:`startup`, :meth:`receive`, :meth:`ack`, :meth:`change_invisible_duration` and
     :meth:`shutdown` (or ``async with``)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """Takes the arguments of :class:`bridge.SimpleConsumer`, by position or name:
-        ``client_configuration``, ``consumer_group``, ``subscription``, ``await_duration``,
-        and its keyword arguments (``settings``, ``kafka_config``, the deserializers,
-        settings fields)."""
-        self._consumer = ThreadedSimpleConsumer(*args, **kwargs)
+    def __init__(
+        self,
+        client_configuration: ClientConfig | None = None,
+        consumer_group: str | None = None,
+        subscription: Mapping[str, FilterExpression | str] | None = None,
+        await_duration: float = DEFAULT_AWAIT_DURATION_S,
+        *,
+        kafka_config: Mapping[str, Any] | None = None,
+        key_deserializer: Deserializer | None = None,
+        value_deserializer: Deserializer | None = None,
+        settings: SimpleConsumerConfig | None = None,
+        bootstrap_servers: str | None = None,
+        namespace: str | None = None,
+        **options: Any,
+    ) -> None:
+        """The arguments of :class:`bridge.SimpleConsumer`, with the same meaning."""
+        self._consumer = ThreadedSimpleConsumer(
+            client_configuration,
+            consumer_group,
+            subscription,
+            await_duration,
+            kafka_config=kafka_config,
+            key_deserializer=key_deserializer,
+            value_deserializer=value_deserializer,
+            settings=settings,
+            bootstrap_servers=bootstrap_servers,
+            namespace=namespace,
+            **options,
+        )
+        self._receivers = ThreadPoolExecutor(
+            RECEIVE_THREADS, thread_name_prefix=f"bridge-receive-{self._consumer.consumer_group}"
+        )
 
     @property
     def threaded(self) -> ThreadedSimpleConsumer:
@@ -80,8 +116,12 @@ class SimpleConsumer(AsyncClient):
         await self.startup()
 
     async def shutdown(self, timeout_ms: int | None = None) -> None:
-        """Leave the group (see :meth:`bridge.SimpleConsumer.shutdown`)."""
-        await asyncio.to_thread(self._consumer.shutdown, timeout_ms)
+        """Leave the group (see :meth:`bridge.SimpleConsumer.shutdown`); a receive still
+        waiting raises :class:`~bridge.errors.IllegalStateError` as it begins."""
+        try:
+            await asyncio.to_thread(self._consumer.shutdown, timeout_ms)
+        finally:
+            self._receivers.shutdown(wait=False)
 
     async def receive(self, max_message_num: int, invisible_duration: float) -> list[MessageView]:
         """Up to ``max_message_num`` messages, each invisible for ``invisible_duration``
@@ -90,7 +130,8 @@ class SimpleConsumer(AsyncClient):
         consumer = self._consumer
         loop = asyncio.get_running_loop()
         taken = loop.run_in_executor(
-            None, functools.partial(consumer.receive, max_message_num, invisible_duration)
+            self._receivers,
+            functools.partial(consumer.receive, max_message_num, invisible_duration),
         )
         try:
             return await asyncio.shield(taken)

@@ -492,3 +492,31 @@ def test_the_asyncio_twin_receives_acks_and_redelivers_after_expiry(
     seen = asyncio.run(main())
     assert sorted(seen) == [(b"acked", 1), (b"left", 1), (b"left", 2)]
     wait_until(lambda: committed(config, group, topic) == 2, timeout_s=30)
+
+
+def test_an_asyncio_shutdown_is_not_held_up_by_receives_still_waiting(
+    config: ClientConfig, unique: Callable[[str], str]
+) -> None:
+    """Receives wait on the consumer's own threads: cancelled ones still waiting (up to
+    their await_duration) neither hold up ``shutdown`` nor take the loop's default
+    executor."""
+    topic = make_topic(config, unique("t"))
+
+    async def main() -> float:
+        consumer = bridge_aio.SimpleConsumer(
+            config, unique("g"), {topic: "*"}, 30,
+            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        )  # fmt: skip
+        await consumer.startup()
+        # More receives than the default executor has threads, all cancelled while waiting.
+        waiting = [asyncio.ensure_future(consumer.receive(1, 60)) for _ in range(40)]
+        await asyncio.sleep(0.2)
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        began = time.monotonic()
+        await asyncio.wait_for(consumer.shutdown(), timeout=25)
+        return time.monotonic() - began
+
+    took_s = asyncio.run(main())
+    assert took_s < 15, f"shutdown took {took_s:.1f} s behind waiting receives"
