@@ -370,13 +370,7 @@ def undecoded_message(
     msg.queue_id = partition
     msg.queue_offset = record.offset()
     ts_type, ts = record.timestamp()
-    # A copy's born time is its first header (inlined copied_born_timestamp: a plain record's
-    # first header is UNIQ_KEY, so this is one comparison per record).
-    born = (
-        parse_count(headers[0][1]) or None
-        if headers and headers[0][0] == BORN_TIMESTAMP_HEADER and headers[0][1] is not None
-        else None
-    )
+    born = copied_born_timestamp(headers)
     msg.born_timestamp_ms = born if born is not None else ts if ts is not None and ts >= 0 else 0
     msg.store_timestamp_ms = _store_timestamp(born, ts_type, ts)
     return msg

@@ -253,6 +253,9 @@ class _Grants:
         )
 
 
+_CHECKED_BEFORE_DELAYS = "checked to exist with the right settings before the first delayed send"
+"""Why the producers and the consumers describe the HALF and OP topics."""
+
 R, W, C = Operation.READ, Operation.WRITE, Operation.CREATE
 D, DC = Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS
 
@@ -263,14 +266,14 @@ def _producer(g: _Grants, catalog: TopicCatalog, topics: Iterable[str]) -> None:
     for system in (SystemTopic.SCHEDULE, SystemTopic.TIMER):
         g.topic(t(system), (W, DC), "delayed and timer messages wait here (settings checked)")
     for system in (SystemTopic.HALF, SystemTopic.OP):
-        g.topic(t(system), (D, DC), "checked to exist with the right settings before delays")
+        g.topic(t(system), (D, DC), _CHECKED_BEFORE_DELAYS)
 
 
 def _transactional(g: _Grants, catalog: TopicCatalog, group: str, topics: Iterable[str]) -> None:
     _producer(g, catalog, topics)
     ns = catalog.namespace
     # Half messages and END records (and check answers); replaces the DESCRIBE above.
-    g.topic(catalog.topic(SystemTopic.HALF), (W,), "half messages and END records")
+    g.topic(catalog.topic(SystemTopic.HALF), (W,), "half messages, END records and check answers")
     g.topic(check_topic(group, ns), (R, C), "this group's check requests (created at start)")
     g.group(transaction_check_group(ns, group), R, "the check-request consumers' group")
 
@@ -291,7 +294,8 @@ def _coordinator(g: _Grants, catalog: TopicCatalog, topics: Iterable[str]) -> No
     g.group(
         f"{ns}.transaction-check.",
         D,
-        "whether a producer group has a live producer (a member of its check consumers)",
+        "whether a producer group has a live producer (a member of its check consumers); "
+        "without it a check unanswered for a check interval counts, as in RocketMQ",
         prefixed=True,
     )
     g.transactional_id(f"{ns}.coordinator.", "each service writes in Kafka transactions")
@@ -301,7 +305,7 @@ def _coordinator(g: _Grants, catalog: TopicCatalog, topics: Iterable[str]) -> No
 def _consumer(g: _Grants, catalog: TopicCatalog, group: str, topics: Iterable[str]) -> None:
     ns = catalog.namespace
     g.topics(topics, (R,), "consume the real topics")
-    g.group(group, R, "the consumer group")
+    g.group(group, R, "the consumer group (clustering)")
     g.group(f"{group}.broadcast.", R, "broadcasting instances' groups", prefixed=True)
     g.topic(retry_topic(group, ns), (R, C), "its retry topic (created at start)")
     g.topic(dlq_topic(group, ns), (W, C), "dead letters (created at start)")
@@ -311,7 +315,7 @@ def _consumer(g: _Grants, catalog: TopicCatalog, group: str, topics: Iterable[st
     for system in (SystemTopic.SCHEDULE, SystemTopic.TIMER):
         g.topic(t(system), (W, DC), "failed messages go back through the delay levels")
     for system in (SystemTopic.HALF, SystemTopic.OP):
-        g.topic(t(system), (D, DC), "checked to exist with the right settings before delays")
+        g.topic(t(system), (D, DC), _CHECKED_BEFORE_DELAYS)
 
 
 def _spark(g: _Grants, catalog: TopicCatalog, topics: Iterable[str]) -> None:
@@ -326,10 +330,25 @@ def _spark(g: _Grants, catalog: TopicCatalog, topics: Iterable[str]) -> None:
 
 def _operator(g: _Grants, catalog: TopicCatalog, topics: Iterable[str]) -> None:
     ns = catalog.namespace
-    g.topic(f"{ns}.", (C, R, W, DC), "provision and inspect the namespace's topics", prefixed=True)
+    g.topic(
+        f"{ns}.",
+        (C, R, W, DC),
+        "provision the namespace's topics (topics create), read them (the views), replay to them",
+        prefixed=True,
+    )
     g.topics(topics, (C, R, W, DC), "create real topics, replay to them, read them")
-    g.group(f"{ns}.coordinator.", D, "committed offsets of the delay services", prefixed=True)
-    g.group(READER_GROUP_PREFIX, R, "the operator commands' readers", prefixed=True)
+    g.group(
+        f"{ns}.coordinator.",
+        D,
+        "committed offsets of the delay services (health, delays status)",
+        prefixed=True,
+    )
+    g.group(
+        READER_GROUP_PREFIX,
+        R,
+        "the operator commands' throw-away readers (they commit nothing)",
+        prefixed=True,
+    )
     g.transactional_id(f"{ns}.operator.", "replaying or dropping a parked transaction")
     g.transactional_id(f"{ns}.quarantine.replay.", "replaying a quarantined message")
 

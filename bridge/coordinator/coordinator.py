@@ -32,8 +32,9 @@ from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
 logger = logging.getLogger(__name__)
 
 RENEWALS_ALLOWED = 3
-"""Fresh services a coordinator runs in place of one that lost its group membership
-(:class:`MembershipLostError`) within :data:`RENEWAL_WINDOW_S`; one more stops it."""
+"""Fresh services a coordinator runs in place of one service that lost its group membership
+(:class:`MembershipLostError`) within :data:`RENEWAL_WINDOW_S`; one more stops it. Counted per
+service: one broker restart can cost each service its membership once."""
 RENEWAL_WINDOW_S = 600.0
 
 
@@ -183,7 +184,7 @@ class Coordinator(Startable):
     ``coordinator_id``) stops the whole coordinator: :attr:`failure` says why, :meth:`wait`
     returns and :meth:`run_until` raises it. A service whose own consumer lost its group
     membership (a broker restart or a stall past the session timeout) is replaced by a fresh
-    one instead, up to :data:`RENEWALS_ALLOWED` times in :data:`RENEWAL_WINDOW_S`.
+    one instead, up to :data:`RENEWALS_ALLOWED` times a service in :data:`RENEWAL_WINDOW_S`.
     """
 
     def __init__(
@@ -199,8 +200,8 @@ class Coordinator(Startable):
         self._failure: FatalServiceError | None = None
         self._transition_lock = threading.Lock()
         """Held while starting or stopping: a failing service's stop waits for start."""
-        self._renewals: deque[float] = deque()
-        """When services were last renewed (monotonic s), the oldest first."""
+        self._renewals: dict[str, deque[float]] = {}
+        """Service name -> when it was last renewed (monotonic s), the oldest first."""
         for service in self.services:
             service.add_failure_listener(self._service_failed)
 
@@ -240,15 +241,16 @@ class Coordinator(Startable):
             target=self.stop, name=f"bridge-coordinator-stop-{self.config.coordinator_id}"
         ).start()
 
-    def _renewal_allowed(self) -> bool:
-        """Count a renewal if fewer than :data:`RENEWALS_ALLOWED` happened in the last
-        :data:`RENEWAL_WINDOW_S`. Call with the transition lock held."""
+    def _renewal_allowed(self, name: str) -> bool:
+        """Count a renewal of service ``name`` if fewer than :data:`RENEWALS_ALLOWED` of it
+        happened in the last :data:`RENEWAL_WINDOW_S`. Call with the transition lock held."""
         now = time.monotonic()
-        while self._renewals and now - self._renewals[0] > RENEWAL_WINDOW_S:
-            self._renewals.popleft()
-        if len(self._renewals) >= RENEWALS_ALLOWED:
+        renewals = self._renewals.setdefault(name, deque())
+        while renewals and now - renewals[0] > RENEWAL_WINDOW_S:
+            renewals.popleft()
+        if len(renewals) >= RENEWALS_ALLOWED:
             return False
-        self._renewals.append(now)
+        renewals.append(now)
         return True
 
     def _renew(self, old: TransactionalService, error: MembershipLostError) -> None:
@@ -260,7 +262,7 @@ class Coordinator(Startable):
             with self._transition_lock:
                 if self._lifecycle.state is not ServiceState.RUNNING:
                     return
-                if not self._renewal_allowed():
+                if not self._renewal_allowed(old.name):
                     failure: FatalServiceError | None = error
                 else:
                     failure = None

@@ -44,6 +44,11 @@ the previous transaction's markers are still being written: the broker answers
 ``CONCURRENT_TRANSACTIONS`` and librdkafka asks again after this back-off. At 100 ms, that wait
 was the largest part of a late timer's lateness (``send_offsets_to_transaction`` took 80-130 ms
 in about one transaction in ten at 5,000 timers a second)."""
+_REJOIN_SESSIONS: Final = 5
+"""Session timeouts a service's consumer may stay out of its group after having been in it
+before the service is renewed (:class:`MembershipLostError`)."""
+_REJOIN_MIN_S: Final = 30.0
+"""The least time a service's consumer may stay out of its group before the renewal, s."""
 _ON_COMMIT_BATCHES: Final = 64
 """Batches whose :meth:`TransactionalService.on_commit` actions are kept until written; a
 batch given up without a commit is forgotten once this many newer ones have actions."""
@@ -108,6 +113,11 @@ class TransactionalService(ServiceThread):
         self._producer_broken = False
         self._replace_after = 0.0
         self._fencing_admin: AdminClient | None = None
+        self._joined_once = False
+        self._out_since: float | None = None
+        """When the consumer was first seen out of its group (monotonic s), None while in."""
+        self._membership_seen = float("-inf")
+        """When :meth:`check_membership` last looked (monotonic s)."""
         self._on_commit: dict[int, tuple[TransactionBatch, list[Callable[[], object]]]] = {}
         """id(batch) -> (batch, what to run once it commits), oldest first."""
 
@@ -283,7 +293,11 @@ class TransactionalService(ServiceThread):
         was given up (:class:`BoundedTransactions`) or could not be replaced is replaced here,
         and until that worked nothing else may run: a rebuild of state from the logs is only
         right once the new producer's ``init_transactions`` has completed or aborted what the
-        old one left open. False (after a short wait) while it cannot be replaced."""
+        old one left open. False (after a short wait) while it cannot be replaced.
+
+        Also raises :class:`MembershipLostError` when the consumer has stayed out of its group
+        too long (:meth:`check_membership`)."""
+        self.check_membership(time.monotonic())
         producer = self._producer
         wedged = isinstance(producer, BoundedTransactions) and producer.wedged is not None
         if not (self._producer_broken or wedged):
@@ -293,6 +307,39 @@ class TransactionalService(ServiceThread):
             self._stopped.wait(_REPLACE_BACKOFF_S)
             return False
         return True
+
+    def check_membership(self, now: float) -> None:
+        """Raise :class:`MembershipLostError` when this service's consumer, once a member of
+        its group, has had no member id for :data:`_REJOIN_SESSIONS` session timeouts (at least
+        :data:`_REJOIN_MIN_S`; ``now`` in monotonic seconds). librdkafka clears the member id
+        when a session times out and rejoins; after a broker restart a consumer was seen never
+        to get back in, polled and assigned nothing for minutes, while a fresh consumer with
+        the same static membership joined at once. Looked at once a second. A consumer that
+        never joined (a broker down since the start) is left to join: renewing it would not
+        help."""
+        consumer = self._consumer
+        if consumer is None or now - self._membership_seen < 1.0:
+            return
+        self._membership_seen = now
+        try:
+            member = bool(consumer.memberid())
+        except Exception:  # closed meanwhile, or no group state yet
+            return
+        if member:
+            self._joined_once = True
+            self._out_since = None
+            return
+        if not self._joined_once:
+            return
+        if self._out_since is None:
+            self._out_since = now
+            return
+        limit_s = max(_REJOIN_MIN_S, _REJOIN_SESSIONS * self.config.session_timeout_ms / 1000)
+        if now - self._out_since >= limit_s:
+            raise MembershipLostError(
+                f"{self.name}: its consumer has not rejoined group {self.group_id} "
+                f"in {now - self._out_since:.0f} s since it left it"
+            )
 
     def check_fencing(self, error: KafkaError) -> None:
         """Raise :class:`DuplicateCoordinatorError` if ``error`` (from the producer or the
@@ -358,6 +405,9 @@ class TransactionalService(ServiceThread):
     def _instance_holders(self) -> list[str]:
         """Member ids in :attr:`group_id` holding :attr:`group_instance_id` (at most one
         unless the group is changing). Raises what the admin client raises."""
+        # describe_consumer_groups can abort the process when the group's coordinator comes
+        # back mid-lookup (see bridge.transaction.liveness); list_groups, which liveness asks
+        # instead, does not give a member's group.instance.id. Asked once per fencing error.
         if self._fencing_admin is None:
             self._fencing_admin = new_admin(self.client, f"{self.name}-fencing")
         futures = self._fencing_admin.describe_consumer_groups(

@@ -6,15 +6,23 @@ consumer group (``<namespace>.transaction-check.<group>``): from its ``start()``
 without a heartbeat). That is what the coordinator can know: a check written to the group's
 check topic is read by one such member.
 
-Asked of Kafka (``DescribeGroups``) in the background, at most once per
-:data:`LIVENESS_FRESH_MS` a group, so that no check waits on the answer.
+Asked of Kafka (``ListGroups``, then ``DescribeGroups`` of the group's coordinator) on a thread
+of its own, at most once per :data:`LIVENESS_FRESH_MS` a group, so that no check waits on the
+answer.
+
+Not with the admin client's ``describe_consumer_groups``: librdkafka's group-coordinator admin
+requests abort the process (``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt >
+0' failed``, librdkafka issue 4605, open in 2.16) when a coordinator lookup is still in flight
+as the coordinator comes back, which a broker restart makes likely for a question asked every
+second. ``list_groups`` sends its requests to every broker directly and has no such lookup.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future
-from typing import Any, Final
+from typing import Final
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
@@ -38,7 +46,7 @@ class ProducerLiveness:
         self._admin: AdminClient | None = None
         self._known: dict[str, tuple[bool | None, int]] = {}
         """Producer group -> (live; None: not known), when that was learnt (epoch ms)."""
-        self._asking: dict[str, Future[Any]] = {}
+        self._asking: dict[str, Future[int]] = {}
 
     def live(self, group: str, now_ms: int) -> bool | None:
         """True when ``group`` has a live producer, False when it has none, None when that is
@@ -58,25 +66,44 @@ class ProducerLiveness:
             if self._admin is None:
                 self._admin = new_admin(self._client, "bridge-transaction-liveness")
             check_group = transaction_check_group(self._client.namespace, group)
-            futures = self._admin.describe_consumer_groups(
-                [check_group], request_timeout=self._client.request_timeout_ms / 1000
-            )
         except Exception as exc:  # an admin client refused, a group name not allowed
             logger.warning("producer group %s: its live producers cannot be asked: %s", group, exc)
             return
-        self._asking[group] = futures[check_group]
+        answer: Future[int] = Future()
+        admin, timeout_s = self._admin, self._client.request_timeout_ms / 1000
+
+        def ask() -> None:
+            try:
+                answer.set_result(members(admin, check_group, timeout_s))
+            except BaseException as exc:  # handed to _answer, which logs it
+                answer.set_exception(exc)
+
+        # A daemon thread: a question still waiting on a broker never holds up an exit.
+        threading.Thread(target=ask, name=f"bridge-liveness-{group}", daemon=True).start()
+        self._asking[group] = answer
 
     @staticmethod
-    def _answer(group: str, future: Future[Any]) -> bool | None:
+    def _answer(group: str, future: Future[int]) -> bool | None:
         try:
-            described = future.result()
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
-                return False
+            count = future.result()
+        except Exception as exc:  # a timeout, a broker that did not answer
             logger.info("producer group %s: live producers not known: %s", group, exc)
             return None
-        except Exception as exc:
-            logger.info("producer group %s: live producers not known: %s", group, exc)
-            return None
-        return len(described.members) > 0
+        return count > 0
+
+
+def members(admin: AdminClient, group: str, timeout_s: float) -> int:
+    """The number of members of consumer group ``group`` (0 when Kafka knows no such group).
+    Waits at most ``timeout_s`` seconds; raises :class:`KafkaException` when a broker did not
+    answer in that time (the answer would be partial)."""
+    found = admin.list_groups(group, timeout=timeout_s)  # see the module's docstring
+    for described in found:
+        if described.id == group:
+            error = described.error
+            if error is not None and error.code() not in (
+                KafkaError.NO_ERROR,
+                KafkaError.GROUP_ID_NOT_FOUND,
+            ):
+                raise KafkaException(error)
+            return len(described.members)
+    return 0

@@ -9,6 +9,9 @@ Directives (each emits a table; descriptions are the code's own docstrings and h
   the classes), the command line options' ``envvar`` (walked from the click group) and the
   constants listed in ``bridge.settings.OTHER_ENVIRONMENT``.
 * ``bridge-protected-properties``: ``bridge.config.PROTECTED_KAFKA_PROPERTIES``.
+* ``bridge-acls``: the least-privilege ACLs :func:`topics.acls.acls_for` grants an example
+  deployment given as options (the ``bridge acls print`` options), a row per role and
+  resource with the operations and the code's reasons.
 * ``bridge-metrics NAME...``: the metrics of ``BridgeMetrics`` named in the content (one
   per line); the ``bridge-metrics-complete`` check at the end of the build fails on a metric
   no page lists.
@@ -46,6 +49,7 @@ from bridge.kafka_config import REFUSED_SETTINGS, REQUIRED_VALUES
 from bridge.message import MessageConst
 from bridge.observability.metrics import BridgeMetrics
 from bridge.settings import OTHER_ENVIRONMENT, attribute_docs
+from topics.acls import Acl, Deployment, Operation, PatternType, ResourceType, Role, acls_for
 from topics.catalog import SystemTopic
 from topics.naming import DEFAULT_NAMESPACE, system_topic
 
@@ -327,6 +331,102 @@ class SystemTopicsDirective(_TableDirective):
         )
 
 
+def _plain(text: str) -> str:
+    """Plain text as inline RST (no markup, e.g. a ``*`` or ``_`` in a reason)."""
+    return re.sub(r"([\\`*_|])", r"\\\1", _one_line(text)) or "\\ "
+
+
+_RESOURCE_WORDS = {
+    ResourceType.TOPIC: "topic",
+    ResourceType.GROUP: "group",
+    ResourceType.TRANSACTIONAL_ID: "transactional id",
+    ResourceType.CLUSTER: "cluster",
+}
+
+
+def _resource(acl: Acl) -> str:
+    prefixed = acl.pattern is PatternType.PREFIXED
+    word = _RESOURCE_WORDS[acl.resource_type]
+    if prefixed:
+        word += "s"
+    return f"{word} {_literal(acl.name)}" + (" (prefixed)" if prefixed else "")
+
+
+def _pairs(text: str) -> dict[str, str]:
+    """``GROUP=PRINCIPAL ...`` (blank-separated) as a mapping."""
+    pairs = dict(pair.partition("=")[::2] for pair in text.split())
+    if not all(pairs) or not all(pairs.values()):
+        raise ValueError(f"expected GROUP=PRINCIPAL ..., got {text!r}")
+    return pairs
+
+
+class AclsDirective(_TableDirective):
+    """``.. bridge-acls::`` with options as ``bridge acls print`` takes them: ``:namespace:``
+    (default the default namespace), ``:topics:`` (blank-separated), ``:producer:``,
+    ``:transactional:`` and ``:consumer:`` (``GROUP=PRINCIPAL``, blank-separated),
+    ``:coordinator:``, ``:spark:``, ``:operator:``. A row per role and resource (type, name,
+    pattern), roles in the order :func:`topics.acls.acls_for` grants them."""
+
+    option_spec: ClassVar[dict[str, Any]] = {
+        name: str
+        for name in (
+            "namespace", "topics", "producer", "transactional", "coordinator", "consumer",
+            "spark", "operator",
+        )
+    }  # fmt: skip
+
+    def run(self) -> list[Any]:
+        opts = self.options
+        try:
+            deployment = Deployment(
+                namespace=opts.get("namespace", DEFAULT_NAMESPACE),
+                topics=tuple(opts.get("topics", "").split()),
+                producer=opts.get("producer"),
+                transactional_producers=_pairs(opts.get("transactional", "")),
+                coordinator=opts.get("coordinator"),
+                consumers=_pairs(opts.get("consumer", "")),
+                spark=opts.get("spark"),
+                operator=opts.get("operator"),
+            )
+        except ValueError as exc:  # InvalidArgumentError is one
+            raise self.error(str(exc)) from exc
+        rows = [self._row(first, acls) for first, acls in self._grouped(acls_for(deployment))]
+        header = ["Role", "Resource (pattern)", "Operations", "Why"]
+        title = f"ACLs of the example deployment (namespace ``{deployment.namespace}``)"
+        return self.table(title, header, rows)
+
+    @staticmethod
+    def _grouped(acls: list[Acl]) -> list[tuple[bool, list[Acl]]]:
+        """The ACLs by role (in :class:`~topics.acls.Role` order, the order of the grants)
+        and resource (topics, groups, transactional ids, the cluster); True marks a role's
+        first resource."""
+        roles = {role.value: rank for rank, role in enumerate(Role)}
+        types = list(ResourceType)
+
+        def rank(a: Acl) -> tuple[int, str, int, str]:
+            return roles[a.role.split()[0]], a.role, types.index(a.resource_type), a.name
+
+        by_resource: dict[tuple[str, str, str, str], list[Acl]] = {}
+        for acl in sorted(acls, key=rank):
+            by_resource.setdefault((acl.role, *acl.key[1:4]), []).append(acl)
+        grouped: list[tuple[bool, list[Acl]]] = []
+        last_role = None
+        for (role, *_), group in by_resource.items():
+            grouped.append((role != last_role, group))
+            last_role = role
+        return grouped
+
+    @staticmethod
+    def _row(first: bool, acls: list[Acl]) -> list[str]:
+        acl = acls[0]
+        role = f"{_plain(acl.role)} (``{acl.principal}``)" if first else "\\ "
+        rank = list(Operation)
+        acls = sorted(acls, key=lambda a: rank.index(a.operation))
+        ops = ", ".join(a.operation.value for a in acls)
+        reasons = "; ".join(dict.fromkeys(a.reason for a in acls))
+        return [role, _resource(acl), ops, _plain(reasons)]
+
+
 _POSTGRESQL = postgresql.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's is untyped
 """Column types are shown as PostgreSQL names them."""
 
@@ -517,6 +617,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("bridge-properties", PropertiesDirective)
     app.add_directive("bridge-tables", TablesDirective)
     app.add_directive("bridge-system-topics", SystemTopicsDirective)
+    app.add_directive("bridge-acls", AclsDirective)
     app.connect("env-purge-doc", _forget_page)
     app.connect("env-updated", _check_metrics_listed)
     return {"version": "1", "parallel_read_safe": False, "parallel_write_safe": True}
