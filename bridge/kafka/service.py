@@ -317,15 +317,10 @@ class TransactionalService(ServiceThread):
         the same static membership joined at once. Looked at once a second. A consumer that
         never joined (a broker down since the start) is left to join: renewing it would not
         help."""
-        consumer = self._consumer
-        if consumer is None or now - self._membership_seen < 1.0:
+        if self._consumer is None or now - self._membership_seen < 1.0:
             return
         self._membership_seen = now
-        try:
-            member = bool(consumer.memberid())
-        except Exception:  # closed meanwhile, or no group state yet
-            return
-        if member:
+        if self.joined():
             self._joined_once = True
             self._out_since = None
             return
