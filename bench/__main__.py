@@ -1,5 +1,5 @@
-"""Run the benchmarks: ``python -m bench [producer] [transactions] [delays] [consumer] [aio]
-[db] [spark]`` (all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker);
+"""Run the benchmarks: ``python -m bench [producer] [transactions] [delays] [consumer] [simple]
+[aio] [db] [spark]`` (all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker);
 ``python -m bench storm`` measures a storm of checks (a few minutes: only when asked);
 ``python -m bench rocketmq`` runs the same benchmarks against Apache RocketMQ and the bridge
 side by side."""
@@ -17,6 +17,7 @@ from bench import (
     delays,
     producer,
     rocketmq,
+    simple_consumer,
     spark_ingest,
     transactions,
 )
@@ -38,6 +39,8 @@ def main() -> None:
             delays.run(bootstrap)
         if not only or "consumer" in only:
             consumer.run(bootstrap)
+        if not only or "simple" in only:
+            simple_consumer.run(bootstrap)
         if not only or "aio" in only:
             aio.run(bootstrap)
         if not only or "db" in only:

@@ -30,10 +30,18 @@ from bridge.consumer import (
     MessageListenerOrderly,
     MessageModel,
     MessageSelector,
+    MessageView,
     PushConsumer,
     PushConsumerConfig,
+    SimpleConsumer,
+    SimpleConsumerConfig,
 )
-from bridge.errors import BridgeError, FilterExpressionError, InvalidDelayError
+from bridge.errors import (
+    BridgeError,
+    FilterExpressionError,
+    InvalidDelayError,
+    InvalidReceiptHandleError,
+)
 from bridge.message import Message, MessageConst, MessageExt
 from bridge.transaction import (
     TransactionListener,
@@ -59,6 +67,7 @@ __all__ = [
     "FilterExpressionError",
     "FilterExpressionType",
     "InvalidDelayError",
+    "InvalidReceiptHandleError",
     "Message",
     "MessageConst",
     "MessageExt",
@@ -66,11 +75,14 @@ __all__ = [
     "MessageListenerOrderly",
     "MessageModel",
     "MessageSelector",
+    "MessageView",
     "Producer",
     "PushConsumer",
     "PushConsumerConfig",
     "SendResult",
     "SendStatus",
+    "SimpleConsumer",
+    "SimpleConsumerConfig",
     "TransactionListener",
     "TransactionMQProducer",
     "TransactionSendResult",

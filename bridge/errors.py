@@ -11,6 +11,7 @@
     |   |   +-- SerializationError               a key or value serializer failed
     |   +-- InvalidPropertyError                 a user property uses a reserved name
     |   +-- FilterExpressionError                an SQL92 filter expression is invalid
+    |   +-- InvalidReceiptHandleError            ack of a message not (or no longer) held
     |   +-- KafkaConfigError                     a Kafka config setting the bridge owns
     +-- WireFormatError                          undecodable record (quarantined)
     |   +-- UnknownSchemaError, MalformedRecordError
@@ -52,6 +53,7 @@ __all__ = [
     "InvalidDelayError",
     "InvalidMessageError",
     "InvalidPropertyError",
+    "InvalidReceiptHandleError",
     "InvalidTopicNameError",
     "KafkaClientError",
     "KafkaConfigError",
@@ -150,6 +152,19 @@ class FilterExpressionError(InvalidArgumentError):
         self.position = position
         self.found = found
         self.expected = expected
+
+
+class InvalidReceiptHandleError(InvalidArgumentError):
+    """A :class:`~bridge.SimpleConsumer` cannot ``ack`` or ``change_invisible_duration`` a
+    message with this receipt handle (RocketMQ's ``INVALID_RECEIPT_HANDLE``): the message was
+    not received by this consumer, or its handle is stale (already acked, redelivered after
+    its invisible duration passed, replaced by a ``change_invisible_duration``, or its
+    partition moved to another consumer of the group, which delivers it again). ``reason``
+    says which. Not worth retrying with the same handle."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class IllegalStateError(BridgeError):

@@ -59,6 +59,17 @@ class Lifecycle:
             self._state = target
             return current
 
+    def start_with(self, start: Callable[[], None], undo: Callable[[], None]) -> None:
+        """Go to RUNNING and call ``start``; if it raises, call ``undo`` (what ``start``
+        may have acquired is released), go to SHUTDOWN_ALREADY and raise again."""
+        self.transition(ServiceState.RUNNING)
+        try:
+            start()
+        except Exception:
+            undo()
+            self.transition(ServiceState.SHUTDOWN_ALREADY)
+            raise
+
     def require_running(self) -> None:
         """Raise unless the state is RUNNING."""
         if self._state is not ServiceState.RUNNING:

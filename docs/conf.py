@@ -49,6 +49,6 @@ nitpick_ignore_regex = [
         "py:.*",
         r"(PropertyValue|(De)?[Ss]erializer|HealthCheck|(Async)?Handler|(Async)?Engine|MessageKey|CollectorRegistry|"
         r"KafkaError|ServiceThread|registry|parse_count|SYSTEM_PROPERTIES|RENEWALS?_\w+|"
-        r"MIN_TRANSACTION_RETENTION_MS|MAX_PROPERTIES_BYTES)",
+        r"MIN_TRANSACTION_RETENTION_MS|MAX_PROPERTIES_BYTES|Leases?|Leased|Held)",
     ),
 ]

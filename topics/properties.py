@@ -61,8 +61,9 @@ class MessageConst:
     (``RECONSUME_LATER``, ``SUSPEND_CURRENT_QUEUE_A_MOMENT``, ``NONE`` for ``None``),
     ``ACK_INDEX`` (past the ``ack_index`` of a batch listener that returned
     ``CONSUME_SUCCESS``, or an ``ack_index`` that is not an int), ``CONSUME_TIMEOUT`` (in its
-    listener longer than ``consume_timeout``) or ``NO_SUBSCRIPTION`` (a retry of a topic the
-    group no longer subscribes to)."""
+    listener longer than ``consume_timeout``), ``NO_SUBSCRIPTION`` (a retry of a topic the
+    group no longer subscribes to) or, written by a simple consumer, ``NOT_ACKED`` (not acked
+    within its invisible duration)."""
     CONSUME_EXCEPTION_CLASS: Final = "CONSUME_EXCEPTION_CLASS"
     """Dead-letter metadata: the class of the exception the listener raised,
     ``module.QualifiedName`` (builtins by name alone, e.g. ``ValueError``), at most 1024 bytes;

@@ -8,7 +8,8 @@
     async with Producer("my_group", bootstrap_servers="127.0.0.1:9092") as producer:
         result = await producer.send(Message("orders", b"hello", keys="order-1"))
 
-:class:`Producer`, :class:`TransactionMQProducer` and :class:`PushConsumer` are fronts over
+:class:`Producer`, :class:`TransactionMQProducer`, :class:`PushConsumer` and
+:class:`SimpleConsumer` are fronts over
 the threaded clients of the same names, which keep every rule (checks before sending, half
 messages and their END records, retry routes, the DLQ, offsets, shutdown); listeners may be
 ``async def`` and run on the event loop. No call on the loop waits for Kafka: librdkafka is
@@ -22,6 +23,7 @@ from bridge.aio.listeners import (
     AsyncTransactionListener,
 )
 from bridge.aio.producer import Producer
+from bridge.aio.simple_consumer import SimpleConsumer
 from bridge.aio.transaction import TransactionMQProducer
 from bridge.client.send_results import SendResult, SendStatus
 from bridge.consumer.model import (
@@ -35,6 +37,7 @@ from bridge.consumer.model import (
     MessageListenerOrderly,
     MessageSelector,
 )
+from bridge.consumer.simple import MessageView
 from bridge.transaction.model import TransactionListener, TransactionStatus
 from bridge.transaction.producer import TransactionSendResult
 
@@ -51,10 +54,12 @@ __all__ = [
     "MessageListenerConcurrently",
     "MessageListenerOrderly",
     "MessageSelector",
+    "MessageView",
     "Producer",
     "PushConsumer",
     "SendResult",
     "SendStatus",
+    "SimpleConsumer",
     "TransactionListener",
     "TransactionMQProducer",
     "TransactionSendResult",

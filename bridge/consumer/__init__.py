@@ -1,6 +1,7 @@
-"""The push consumer: concurrent and orderly listeners, retry topics and the dead-letter queue."""
+"""The push consumer (concurrent and orderly listeners) and the simple consumer (receive, ack,
+invisible durations), with retry topics and the dead-letter queue."""
 
-from bridge.consumer.config import PushConsumerConfig
+from bridge.consumer.config import PushConsumerConfig, SimpleConsumerConfig
 from bridge.consumer.model import (
     ConsumeConcurrentlyContext,
     ConsumeFromWhere,
@@ -18,6 +19,8 @@ from bridge.consumer.model import (
 )
 from bridge.consumer.push_consumer import ConsumerStats, PushConsumer
 from bridge.consumer.send_back import ReplayTarget
+from bridge.consumer.simple import MessageView
+from bridge.consumer.simple_consumer import SimpleConsumer
 
 __all__ = [
     "ConsumeConcurrentlyContext",
@@ -33,8 +36,11 @@ __all__ = [
     "MessageModel",
     "MessageQueue",
     "MessageSelector",
+    "MessageView",
     "PushConsumer",
     "PushConsumerConfig",
     "ReplayTarget",
+    "SimpleConsumer",
+    "SimpleConsumerConfig",
     "TagFilter",
 ]

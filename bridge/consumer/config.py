@@ -1,13 +1,15 @@
-"""The push consumer's settings: RocketMQ's ``DefaultMQPushConsumer`` fields and defaults."""
+"""The consumers' settings: RocketMQ's ``DefaultMQPushConsumer`` fields and defaults, and a
+simple consumer's (RocketMQ 5's ``SimpleConsumer``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Final, Self, TypeVar, cast
 
 from bridge.consumer.model import ConsumeFromWhere, MessageModel
-from bridge.errors import InvalidArgumentError
+from bridge.errors import InvalidArgumentError, KafkaConfigError
+from bridge.kafka_config import KafkaConfigParts
 from bridge.settings import require_int, require_number
 
 
@@ -66,30 +68,16 @@ class PushConsumerConfig:
             raise InvalidArgumentError(
                 f"message_model must be a MessageModel, got {self.message_model!r}"
             )
-        if not isinstance(self.consume_from_where, ConsumeFromWhere):
-            raise InvalidArgumentError(
-                f"consume_from_where must be a ConsumeFromWhere, got {self.consume_from_where!r}"
-            )
-        require_int("consume_timestamp_ms", self.consume_timestamp_ms, minimum=0)
+        _check_shared(self)
         require_int("consume_thread_count", self.consume_thread_count, minimum=1)
         require_int(
             "consume_message_batch_max_size", self.consume_message_batch_max_size, minimum=1
         )
-        require_int("pull_batch_size", self.pull_batch_size, minimum=1)
-        require_int("pull_threshold_for_queue", self.pull_threshold_for_queue, minimum=1)
-        require_int("pull_threshold_size_for_queue", self.pull_threshold_size_for_queue, minimum=1)
         require_number("consume_timeout", self.consume_timeout)
         require_int("max_reconsume_times", self.max_reconsume_times, minimum=-1)
         require_int(
             "suspend_current_queue_time_millis", self.suspend_current_queue_time_millis, minimum=0
         )
-        require_int("send_back_retry_delay_ms", self.send_back_retry_delay_ms, minimum=0)
-        require_int(
-            "persist_consumer_offset_interval_ms",
-            self.persist_consumer_offset_interval_ms,
-            minimum=1,
-        )
-        require_int("drain_timeout_ms", self.drain_timeout_ms, minimum=0)
         if not isinstance(self.instance_name, str):
             raise InvalidArgumentError(
                 f"instance_name must be a string, got {self.instance_name!r}"
@@ -98,10 +86,144 @@ class PushConsumerConfig:
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` applied (``None`` values are ignored); unknown names raise
         :class:`InvalidArgumentError`."""
-        names = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - names)
-        if unknown:
-            raise InvalidArgumentError(
-                f"unknown push consumer setting(s) {unknown}; known: {sorted(names)}"
-            )
-        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+        return _replaced(self, "push consumer", changes)
+
+
+_Settings = TypeVar("_Settings")
+
+_SHARED_MINIMUMS: Final = (
+    ("consume_timestamp_ms", 0),
+    ("pull_batch_size", 1),
+    ("pull_threshold_for_queue", 1),
+    ("pull_threshold_size_for_queue", 1),
+    ("send_back_retry_delay_ms", 0),
+    ("persist_consumer_offset_interval_ms", 1),
+    ("drain_timeout_ms", 0),
+)
+"""The integer settings both consumers have, and their smallest values."""
+
+
+def _check_shared(settings: PushConsumerConfig | SimpleConsumerConfig) -> None:
+    """Raise :class:`InvalidArgumentError` for a setting both consumers have that is out of
+    range (see :data:`_SHARED_MINIMUMS`), or a ``consume_from_where`` that is none."""
+    if not isinstance(settings.consume_from_where, ConsumeFromWhere):
+        raise InvalidArgumentError(
+            f"consume_from_where must be a ConsumeFromWhere, got {settings.consume_from_where!r}"
+        )
+    for name, minimum in _SHARED_MINIMUMS:
+        require_int(name, getattr(settings, name), minimum=minimum)
+
+
+def _replaced(settings: _Settings, kind: str, changes: dict[str, Any]) -> _Settings:
+    """``settings`` (a dataclass) with ``changes`` applied (``None`` values ignored);
+    unknown names raise :class:`InvalidArgumentError` naming the ``kind`` of settings."""
+    names = {f.name for f in dataclasses.fields(cast(Any, settings))}
+    unknown = sorted(set(changes) - names)
+    if unknown:
+        raise InvalidArgumentError(f"unknown {kind} setting(s) {unknown}; known: {sorted(names)}")
+    changed: _Settings = dataclasses.replace(
+        cast(Any, settings), **{k: v for k, v in changes.items() if v is not None}
+    )
+    return changed
+
+
+def apply_group_kafka_config(
+    group: str,
+    parts: KafkaConfigParts | None,
+    options: dict[str, Any],
+    settings_from_where: ConsumeFromWhere,
+) -> None:
+    """What a consumer's ``kafka_config`` (read into ``parts``) says of its group: a
+    ``group.id`` other than ``group`` raises :class:`KafkaConfigError`; an
+    ``auto.offset.reset`` chooses ``consume_from_where`` (put in ``options`` unless given
+    there) when the settings leave it at its default (``settings_from_where``)."""
+    if parts is None:
+        return
+    if parts.group_id is not None and parts.group_id != group:
+        raise KafkaConfigError(
+            "group.id",
+            f"{parts.group_id!r} is not this consumer's group {group!r}; the group is "
+            "named where the consumer is made",
+        )
+    if (
+        parts.from_first_offset is not None
+        and settings_from_where is ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    ):
+        options.setdefault(
+            "consume_from_where",
+            ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+            if parts.from_first_offset
+            else ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+        )
+
+
+MAX_INVISIBLE_DURATION_S: Final = 12 * 3600
+"""The longest invisible duration ``receive`` and ``change_invisible_duration`` take, seconds
+(RocketMQ 5's ``maxInvisibleTimeMills``: 12 hours)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimpleConsumerConfig:
+    """How a :class:`~bridge.SimpleConsumer` consumes. Validated on construction.
+
+    The retry policy is RocketMQ 5's for simple consumers: a message not acked within its
+    invisible duration is delivered again (its ``delivery_attempt`` one more) and, once
+    ``max_delivery_attempts`` deliveries were not acked, goes to ``%DLQ%<group>``."""
+
+    max_delivery_attempts: int = 17
+    """Deliveries of one message before it goes to the dead-letter queue: the group's
+    ``retryMaxTimes`` (16) + 1, RocketMQ 5's default ``maxAttempts``."""
+    max_unacked_messages: int = 10_000
+    """Messages received and not yet acked (nor past their invisible duration), at most: a
+    ``receive`` beyond that returns fewer, waiting up to the await duration for room."""
+    consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    """Where the group starts on a partition it has no committed offset for (the retry topic
+    always starts from its first message)."""
+    consume_timestamp_ms: int = 0
+    """With CONSUME_FROM_TIMESTAMP: start at this time (epoch ms); 0 means half an hour ago."""
+    pull_batch_size: int = 32
+    """Most records taken from Kafka per poll, per partition."""
+    pull_threshold_for_queue: int = 1000
+    """A partition with this many messages held (fetched and not yet acked, or sent back and
+    not yet acknowledged by Kafka) stops fetching."""
+    pull_threshold_size_for_queue: int = 100
+    """A partition whose held messages take this many MiB stops fetching too."""
+    send_back_retry_delay_ms: int = 5000
+    """When the retry or DLQ copy of an expired message cannot be written, the message is
+    offered to ``receive`` again after this long, ms (one more delivery attempt counted)."""
+    persist_consumer_offset_interval_ms: int = 1000
+    """How often offsets are committed to Kafka, ms (also on rebalance and shutdown). An ack
+    is final for the group once the commit passes it: a crash before that delivers the acked
+    message again."""
+    drain_timeout_ms: int = 10_000
+    """On a rebalance, how long a partition being given up waits for its received messages to
+    be acked, ms; those still unacked are then delivered again by the partition's next
+    owner (their acks here raise :class:`~bridge.errors.InvalidReceiptHandleError`)."""
+
+    def __post_init__(self) -> None:
+        _check_shared(self)
+        require_int("max_delivery_attempts", self.max_delivery_attempts, minimum=1)
+        require_int("max_unacked_messages", self.max_unacked_messages, minimum=1)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` applied (``None`` values are ignored); unknown names raise
+        :class:`InvalidArgumentError`."""
+        return _replaced(self, "simple consumer", changes)
+
+
+def shared_settings(simple: SimpleConsumerConfig) -> PushConsumerConfig:
+    """The settings that the parts a simple consumer shares with the push consumer read (the
+    fetcher, the retry policy) take from ``simple``: CLUSTERING, its values, and a budget of
+    ``max_delivery_attempts - 1`` failures (the last delivery's expiry sends the message
+    to the DLQ)."""
+    return PushConsumerConfig(
+        consume_from_where=simple.consume_from_where,
+        consume_timestamp_ms=simple.consume_timestamp_ms,
+        pull_batch_size=simple.pull_batch_size,
+        pull_threshold_for_queue=simple.pull_threshold_for_queue,
+        pull_threshold_size_for_queue=simple.pull_threshold_size_for_queue,
+        max_reconsume_times=simple.max_delivery_attempts - 1,
+        send_back_retry_delay_ms=simple.send_back_retry_delay_ms,
+        persist_consumer_offset_interval_ms=simple.persist_consumer_offset_interval_ms,
+        drain_timeout_ms=simple.drain_timeout_ms,
+    )

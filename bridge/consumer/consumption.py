@@ -58,6 +58,8 @@ class Failure:
     ACK_INDEX: Final = "ACK_INDEX"
     CONSUME_TIMEOUT: Final = "CONSUME_TIMEOUT"
     NO_SUBSCRIPTION: Final = "NO_SUBSCRIPTION"
+    NOT_ACKED: Final = "NOT_ACKED"
+    """A :class:`~bridge.SimpleConsumer`'s message not acked within its invisible duration."""
 
 
 def exception_class_name(exc: BaseException) -> str:
@@ -191,20 +193,22 @@ def _leading_successes(
     return len(msgs)
 
 
-class Consumption(abc.ABC, Generic[ContextT]):
-    """A consumption strategy: takes a partition's newly held messages (:meth:`submit`) and
-    runs the listeners on the consumer's pool."""
+class Strategy(abc.ABC):
+    """What the fetcher hands a partition's newly held messages to (:meth:`submit`), with the
+    one :class:`~bridge.consumer.retry_policy.RetryPolicy` of its consumer: a consumption
+    strategy running listeners (:class:`Consumption`), or a
+    :class:`~bridge.SimpleConsumer`'s receive buffer."""
 
     orderly: ClassVar[bool]
     """True for the orderly strategy (retry budget, revoke wait)."""
-    _BATCH_LISTENER: ClassVar[type[BatchListener]]
-    """The listener class that takes whole batches here (anything else is a callable)."""
-    _LISTENER_RAISED: ClassVar[str]
-    """The warning logged when a batch listener raises (``%s``: the message ids)."""
-    _CAUGHT: ClassVar[type[BaseException]] = Exception
-    """What a listener may raise for it to count as the listener's failure; anything else
-    escapes the pool task (the concurrent strategy then leaves the message to
-    ``consume_timeout``)."""
+    _RETRY_AT_ONCE: ClassVar[bool] = False
+    """Retry copies go straight to the retry topic, not through the delay levels."""
+    expires_while_waiting: ClassVar[bool] = False
+    """:meth:`expire_overdue` runs while a rebalance waits for running work too."""
+    cooperative: ClassVar[bool] = False
+    """The group rebalances incrementally (librdkafka's ``cooperative-sticky``): a rebalance
+    takes from a member only the partitions that change owner, so work out on the others
+    goes on. Eager (every partition revoked and assigned again) otherwise."""
 
     def __init__(self, context: ConsumerContext, quarantine: Quarantine) -> None:
         self._context = context
@@ -215,19 +219,39 @@ class Consumption(abc.ABC, Generic[ContextT]):
                 context.settings.max_reconsume_times, orderly=self.orderly
             ),
             redeliver=self._redeliver,
+            at_once=self._RETRY_AT_ONCE,
         )
 
     @abc.abstractmethod
     def submit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
-        """Hand ``msgs``, newly held in ``pq`` in offset order, to the listener."""
+        """Take ``msgs``, newly held in ``pq`` in offset order."""
 
     @abc.abstractmethod
     def _redeliver(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
-        """Hand held ``msgs`` of ``pq`` to the listener again (a local retry is due)."""
+        """Offer held ``msgs`` of ``pq`` again (a local retry is due)."""
 
-    def expire_overdue(self, queues: Iterable[ProcessQueue]) -> None:
-        """Called on each poll with every partition held: act on messages that have been in
-        their listener too long. Nothing by default."""
+    def expire_overdue(self, queues: Iterable[ProcessQueue]) -> None:  # noqa: B027 - a hook
+        """Called on each poll with every partition held: act on messages that have been
+        out too long. Nothing by default."""
+
+    def released(self, queues: Iterable[ProcessQueue]) -> None:  # noqa: B027 - a hook
+        """Called once ``queues`` were given up (a rebalance, lost partitions, a shutdown),
+        after the wait for their running work: end what is still out of them. Nothing by
+        default (a listener's late result is ignored by its queue)."""
+
+
+class Consumption(Strategy, Generic[ContextT]):
+    """A consumption strategy: takes a partition's newly held messages (:meth:`submit`) and
+    runs the listeners on the consumer's pool."""
+
+    _BATCH_LISTENER: ClassVar[type[BatchListener]]
+    """The listener class that takes whole batches here (anything else is a callable)."""
+    _LISTENER_RAISED: ClassVar[str]
+    """The warning logged when a batch listener raises (``%s``: the message ids)."""
+    _CAUGHT: ClassVar[type[BaseException]] = Exception
+    """What a listener may raise for it to count as the listener's failure; anything else
+    escapes the pool task (the concurrent strategy then leaves the message to
+    ``consume_timeout``)."""
 
     @abc.abstractmethod
     def _consume_batch(

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
-from bridge.consumer.consumption import Consumption
+from bridge.consumer.consumption import Strategy
 from bridge.consumer.context import ConsumerContext
 from bridge.consumer.intake import Intake, Key
 from bridge.consumer.model import ConsumeFromWhere
@@ -44,6 +44,9 @@ _BROADCAST_REFRESH_S: Final = 30.0
 """How often a BROADCASTING consumer looks for new partitions, seconds."""
 _WAIT_SLICE_S: Final = 0.1
 """Waits for running listeners look at the shutdown deadline this often, seconds."""
+CLOSE_GRACE_S: Final = 5.0
+"""What a shutdown allows beyond its timeout for closing the Kafka consumer (leaving the
+group), seconds."""
 _GAUGE_INTERVAL_S: Final = 1.0
 """How often the held-message gauges are updated while metrics are on, seconds."""
 
@@ -57,7 +60,7 @@ class Fetcher:
     def __init__(
         self,
         context: ConsumerContext,
-        consumption: Consumption[Any],
+        consumption: Strategy,
         quarantine: Quarantine,
         topic_names: dict[str, str],
         retry_kafka_topic: str,
@@ -107,6 +110,8 @@ class Fetcher:
         else:
             tuning = group_tuning(group, config, settings, orderly=self._consumption.orderly)
             self._revoke_wait_s = tuning.revoke_wait_s
+            if self._consumption.cooperative:
+                tuning.options["partition_assignment_strategy"] = "cooperative-sticky"
             self._kafka = new_consumer(
                 config,
                 group,
@@ -132,6 +137,27 @@ class Fetcher:
             target=self._run, name=f"bridge-consumer-{group}", daemon=True
         )
         self._thread.start()
+
+    def resubscribe(self) -> None:
+        """Subscribe the Kafka consumer to the topics of ``topic_names`` as they are now (a
+        :class:`~bridge.SimpleConsumer` changed its subscriptions while running; the
+        rebalance that follows takes and gives up partitions as usual). Call on the poll
+        thread (through the scheduler)."""
+        if self._kafka is None or self._context.broadcasting:
+            return
+        self._kafka.subscribe(
+            list(self._topic_names),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def stop_within(self, timeout_ms: int) -> None:
+        """Stop for a shutdown that must be done in ``timeout_ms`` (ms): no wait of the
+        consumer's parts goes past that (the context's deadline), and the poll thread gets
+        :data:`CLOSE_GRACE_S` more to close the Kafka consumer (leave the group)."""
+        self._context.deadline = time.monotonic() + timeout_ms / 1000
+        self.stop(timeout_ms / 1000 + CLOSE_GRACE_S)
 
     def stop(self, join_timeout_s: float) -> None:
         """Stop polling; wait up to ``join_timeout_s`` for the poll thread to give its
@@ -285,19 +311,29 @@ class Fetcher:
         return positions
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        consumer.assign(self._take(partitions))
+        if not self._consumption.cooperative:
+            consumer.assign(self._take(partitions))
+        elif partitions:  # cooperative: only the partitions added, maybe none
+            consumer.incremental_assign(self._take(partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         # Orderly: never let the next owner run a partition while its listener runs here.
         self._release([(tp.topic, tp.partition) for tp in partitions], self._revoke_wait_s)
+        if self._consumption.cooperative and partitions:
+            consumer.incremental_unassign(partitions)
 
     def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         # The partitions already belong to someone else: stop, commit nothing.
+        gone = []
         for tp in partitions:
             pq = self.queues.pop((tp.topic, tp.partition), None)
             if pq is not None:
                 pq.release()
+                gone.append(pq)
             self.paused.discard((tp.topic, tp.partition))
+        self._consumption.released(gone)
+        if self._consumption.cooperative and partitions:
+            consumer.incremental_unassign(partitions)
         logger.warning("push consumer %s: lost %d partitions", self._context.group, len(partitions))
 
     def _release(self, keys: list[Key], wait_s: float) -> None:
@@ -317,8 +353,12 @@ class Fetcher:
             if not busy or remaining <= 0:
                 break
             busy[0][1].wait_idle(min(remaining, _WAIT_SLICE_S))
+            if self._consumption.expires_while_waiting:
+                # The poll thread waits here: deadlines of every partition still pass.
+                self._consumption.expire_overdue(self.queues.values())
         for _, pq in queues:
             pq.release()
+        self._consumption.released(pq for _, pq in queues)
         if busy:
             logger.warning(
                 "push consumer %s: abandoned %s (partition: messages held) with listeners "

@@ -218,7 +218,7 @@ def subscription_filter(expression: str | FilterExpression) -> SubscriptionFilte
 
 class RetryRoute(NamedTuple):
     """Where a failed message goes: the group's dead-letter queue, or its retry topic after
-    ``delay_level``."""
+    ``delay_level`` (0: straight to the retry topic, without a wait)."""
 
     to_dlq: bool
     delay_level: int

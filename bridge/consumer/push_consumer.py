@@ -44,7 +44,7 @@ from typing import Any, Final
 from bridge.client.producer import Producer
 from bridge.config import ClientConfig
 from bridge.consumer.concurrent import ConcurrentConsumption
-from bridge.consumer.config import PushConsumerConfig
+from bridge.consumer.config import PushConsumerConfig, apply_group_kafka_config
 from bridge.consumer.consumption import Consumption
 from bridge.consumer.context import (
     ConsumerContext,
@@ -54,9 +54,8 @@ from bridge.consumer.context import (
     timed_subscription,
 )
 from bridge.consumer.counters import ConsumerStats
-from bridge.consumer.fetcher import Fetcher
+from bridge.consumer.fetcher import CLOSE_GRACE_S, Fetcher
 from bridge.consumer.model import (
-    ConsumeFromWhere,
     FilterExpression,
     MessageListenerConcurrently,
     MessageListenerOrderly,
@@ -66,7 +65,7 @@ from bridge.consumer.model import (
 )
 from bridge.consumer.orderly import OrderlyConsumption
 from bridge.consumer.quarantine import Quarantine
-from bridge.errors import IllegalStateError, InvalidArgumentError, KafkaConfigError
+from bridge.errors import IllegalStateError, InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka_config import apply_kafka_config, pick_hook, read_kafka_config
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
@@ -79,12 +78,6 @@ __all__ = ["ConsumerStats", "Listener", "MessageCallback", "PushConsumer"]
 
 logger = logging.getLogger(__name__)
 
-_DEFAULT_FROM_WHERE: Final = PushConsumerConfig().consume_from_where
-"""``consume_from_where`` of settings that do not give one: ``auto.offset.reset`` of a
-``kafka_config`` then chooses."""
-_CLOSE_GRACE_S: Final = 5.0
-"""What :meth:`PushConsumer.shutdown` allows beyond its timeout for closing the Kafka
-consumer (leaving the group), seconds."""
 _COPY_LINGER_MS: Final = 50
 """The producer of copies (retry, DLQ and quarantine copies) batches them for at least this
 long, ms (``linger_ms`` when that is longer): only the failed message waits on its copy, held
@@ -192,23 +185,9 @@ class PushConsumer(Startable):
         self.group = validate_user_group(group, client.namespace)
         if group.startswith(RETRY_GROUP_TOPIC_PREFIX):
             raise InvalidArgumentError(f"consumer group {group!r} may not start with %RETRY%")
-        if parts is not None and parts.group_id is not None and parts.group_id != group:
-            raise KafkaConfigError(
-                "group.id",
-                f"{parts.group_id!r} is not this consumer's group {group!r}; the group is "
-                "named where the consumer is made",
-            )
-        if (
-            parts is not None
-            and parts.from_first_offset is not None
-            and (settings is None or settings.consume_from_where == _DEFAULT_FROM_WHERE)
-        ):
-            options.setdefault(
-                "consume_from_where",
-                ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
-                if parts.from_first_offset
-                else ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-            )
+        apply_group_kafka_config(
+            group, parts, options, (settings or PushConsumerConfig()).consume_from_where
+        )
         tuned = (settings or PushConsumerConfig()).replace(message_model=message_model, **options)
         self._orderly_asked = orderly
         """``orderly=True`` given: callables are orderly too."""
@@ -344,14 +323,7 @@ class PushConsumer(Startable):
             raise IllegalStateError(
                 f"push consumer {self.group}: subscribe(topic, listener) before start()"
             )
-        self._lifecycle.transition(ServiceState.RUNNING)
-        try:
-            self._start()
-        except Exception:
-            self._close_clients()
-            self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
-            self._shut_down.set()  # a later shutdown() has nothing to wait for
-            raise
+        self._lifecycle.start_with(self._start, self._undo_start)
         logger.info(
             "push consumer %s started (%s, %s, topics %s)",
             self.group,
@@ -359,6 +331,10 @@ class PushConsumer(Startable):
             "orderly" if self.orderly else "concurrently",
             sorted(self._subscriptions),
         )
+
+    def _undo_start(self) -> None:
+        self._close_clients()
+        self._shut_down.set()  # a later shutdown() has nothing to wait for
 
     def _new_consumption(self) -> Consumption[Any]:
         """The consumption strategy of the consumer's mode (see :attr:`orderly`)."""
@@ -460,14 +436,15 @@ class PushConsumer(Startable):
                 self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
         if state is ServiceState.SHUTDOWN_ALREADY:
             # Another call shuts down: return once it has closed everything, as it will.
-            self._shut_down.wait(timeout_ms / 1000 + 2 * _CLOSE_GRACE_S)
+            self._shut_down.wait(timeout_ms / 1000 + 2 * CLOSE_GRACE_S)
             return
         try:
             if state is ServiceState.CREATE_JUST:
                 return
-            self._context.deadline = time.monotonic() + timeout_ms / 1000
             if self._fetcher is not None:
-                self._fetcher.stop(timeout_ms / 1000 + _CLOSE_GRACE_S)
+                self._fetcher.stop_within(timeout_ms)
+            else:
+                self._context.deadline = time.monotonic() + timeout_ms / 1000
             self._close_clients()
             logger.info("push consumer %s shut down; %s", self.group, self.stats())
         finally:

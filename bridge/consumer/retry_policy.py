@@ -56,7 +56,9 @@ class RetryPolicy:
 
     ``max_reconsume_times``: the resolved budget (see
     :func:`~bridge.consumer.model.effective_max_reconsume_times`); ``redeliver``: how a
-    message retried locally reaches the listener again."""
+    message retried locally reaches the listener again; ``at_once``: retry copies go straight
+    to the retry topic instead of through the delay levels (a SimpleConsumer's message has
+    waited out its invisible duration, RocketMQ 5's back-off, before it is sent back)."""
 
     def __init__(
         self,
@@ -65,11 +67,13 @@ class RetryPolicy:
         *,
         max_reconsume_times: int,
         redeliver: Redeliver,
+        at_once: bool = False,
     ) -> None:
         self._context = context
         self._quarantine = quarantine
         self.max_reconsume_times = max_reconsume_times
         self._redeliver = redeliver
+        self._at_once = at_once
         self._born_host = local_ipv4().encode()
 
     # --- failures ------------------------------------------------------------------------
@@ -134,6 +138,8 @@ class RetryPolicy:
         """Where failed ``msg`` goes (its listener's ``level``, 0: the default) and the record
         that takes it there (keyed ``record_key``, the key of the record it was read from)."""
         route = retry_route(msg.reconsume_times, self.max_reconsume_times, level)
+        if self._at_once and not route.to_dlq:
+            route = route._replace(delay_level=0)
         record = send_back_record(
             msg,
             self._context.group,

@@ -3,7 +3,9 @@
 A failed message is copied, body, keys, tags and properties kept, under the same message id:
 
 * to the group's retry topic ``%RETRY%<group>`` through the delay levels (a SCHEDULE record
-  whose ``REAL_TOPIC`` is the retry topic), or
+  whose ``REAL_TOPIC`` is the retry topic), or straight there (a route of level 0: a
+  :class:`~bridge.SimpleConsumer`'s message whose invisible duration passed, which served as
+  its back-off already), or
 * to the group's dead-letter queue ``%DLQ%<group>`` once its retries are spent,
 
 with RocketMQ's properties: ``RETRY_TOPIC`` (the topic it was first sent to),
@@ -142,6 +144,10 @@ def send_back_record(
     if route.to_dlq:
         return stamped_copy(
             plain_record(copy, dlq_topic(group, config.namespace), msg.msg_id, born_ms, born_host)
+        )
+    if route.delay_level == 0:  # visible again at once (a SimpleConsumer's expired message)
+        return stamped_copy(
+            plain_record(copy, retry_topic(group, config.namespace), msg.msg_id, born_ms, born_host)
         )
     copy.set_delay_time_level(route.delay_level)
     record = delayed_record(

@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.consumer.model",
             "bridge.consumer.sql92",
             "bridge.consumer.process_queue",
+            "bridge.consumer.invisibility",
             "bridge.transaction.model",
             "bridge.transaction.state",
         ),

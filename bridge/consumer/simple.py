@@ -1,0 +1,324 @@
+"""What a :class:`~bridge.SimpleConsumer` is made of below its front: the messages it hands
+out (:class:`MessageView`) and the strategy the fetcher hands new messages to
+(:class:`SimpleConsumption`).
+
+The fetcher (the same as a push consumer's) polls the group's partitions and its retry
+topic, filters, quarantines what cannot be decoded, holds each message in its partition's
+:class:`~bridge.consumer.process_queue.ProcessQueue` and passes it here, where it waits in a
+buffer for ``receive``. ``receive`` takes messages from the buffer and opens a lease on each
+(:mod:`bridge.consumer.invisibility`); the lease counts as work running on its partition, so
+a rebalance waits for it (up to ``drain_timeout_ms``) as it waits for a push consumer's
+listeners. ``ack`` ends the lease and marks the message done in its queue, so the committed
+offset can pass it. A lease whose deadline passes is ended on the poll thread and its message
+sent back by the push consumer's :class:`~bridge.consumer.retry_policy.RetryPolicy`: a copy
+straight to ``%RETRY%<group>`` (the invisible duration was the back-off) with one more
+``RECONSUME_TIME``, or to ``%DLQ%<group>`` once the deliveries are spent; the message counts
+as done only once Kafka acknowledged the copy (G6).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from typing import ClassVar, Final
+
+from bridge.consumer.consumption import Failure, Place, Strategy, places, record_failure, restore
+from bridge.consumer.context import ConsumerContext
+from bridge.consumer.counters import Count
+from bridge.consumer.invisibility import Lease, LeaseEnd, Leases
+from bridge.consumer.process_queue import ProcessQueue
+from bridge.consumer.quarantine import Quarantine
+from bridge.errors import IllegalStateError, InvalidArgumentError, InvalidReceiptHandleError
+from bridge.message import MessageExt, PropertyValue
+
+_ROOM_POLL_S: Final = 0.05
+"""A ``receive`` waiting for room (every lease taken) looks again this often, seconds."""
+
+Held = tuple[ProcessQueue, MessageExt]
+"""A message held for a simple consumer, and its partition's queue."""
+Leased = tuple[ProcessQueue, MessageExt, Place]
+"""A message received, its partition's queue, and where it was read (put back before the
+consumer acts on it: the application may have changed the message, see
+:func:`~bridge.consumer.consumption.restore`)."""
+
+
+class MessageView:
+    """A message a :class:`~bridge.SimpleConsumer` received (RocketMQ 5's ``MessageView``),
+    to :meth:`~bridge.SimpleConsumer.ack` or
+    :meth:`~bridge.SimpleConsumer.change_invisible_duration`.
+
+    ``delivery_attempt`` counts the deliveries of the message to the group: 1 the first time,
+    one more each time it comes back after its invisible duration passed without an ack. The
+    RocketMQ fields read the received message; :attr:`message` is that message itself (a
+    :class:`~bridge.MessageExt`: the Kafka topic, partition and offset, and the deserialized
+    :attr:`~bridge.Message.value` and :attr:`~bridge.Message.key` when the consumer has
+    deserializers)."""
+
+    __slots__ = ("_book", "_lease", "_msg", "receipt_handle")
+
+    def __init__(self, msg: MessageExt, lease: Lease[Leased], book: Leases[Leased]) -> None:
+        self._msg = msg
+        self._lease = lease
+        self._book = book
+        self.receipt_handle = lease.handle
+        """What acks this delivery (opaque); ``change_invisible_duration`` replaces it."""
+
+    @property
+    def message(self) -> MessageExt:
+        """The received message."""
+        return self._msg
+
+    @property
+    def message_id(self) -> str:
+        """The message id (the same through retries and the DLQ)."""
+        return self._msg.msg_id
+
+    @property
+    def topic(self) -> str:
+        """The topic the message was sent to (RocketMQ name; for a redelivery, too)."""
+        return self._msg.topic
+
+    @property
+    def body(self) -> bytes:
+        """The payload."""
+        return self._msg.body
+
+    @property
+    def tag(self) -> str | None:
+        """The message's tag (RocketMQ 4's ``tags``), if any."""
+        return self._msg.tags
+
+    @property
+    def keys(self) -> list[str]:
+        """The business keys."""
+        return self._msg.keys
+
+    @property
+    def properties(self) -> dict[str, PropertyValue]:
+        """The user's properties (text, or bytes for a value that is not UTF-8)."""
+        return self._msg.user_properties
+
+    @property
+    def delivery_attempt(self) -> int:
+        """This delivery's number: 1 for the first, ``n + 1`` after ``n`` invisible
+        durations passed without an ack."""
+        return self._msg.reconsume_times + 1
+
+    @property
+    def born_timestamp(self) -> int:
+        """When the producer made the message, epoch ms."""
+        return self._msg.born_timestamp_ms
+
+    @property
+    def born_host(self) -> str:
+        """The producer's address."""
+        return self._msg.born_host
+
+    @property
+    def value(self) -> object:
+        """The consumer's ``value_deserializer`` applied to the body (see
+        :attr:`bridge.Message.value`)."""
+        return self._msg.value
+
+    @property
+    def key(self) -> object:
+        """The consumer's ``key_deserializer`` applied to the Kafka key (see
+        :attr:`bridge.Message.key`)."""
+        return self._msg.key
+
+    def __repr__(self) -> str:
+        return (
+            f"MessageView(topic={self.topic!r}, message_id={self.message_id!r}, "
+            f"tag={self.tag!r}, keys={self.keys!r}, body={len(self.body)} bytes, "
+            f"delivery_attempt={self.delivery_attempt})"
+        )
+
+
+class SimpleConsumption(Strategy):
+    """The buffer of received messages and the leases of one simple consumer.
+
+    ``max_unacked``: the most leases open at once."""
+
+    orderly: ClassVar[bool] = False
+    _RETRY_AT_ONCE: ClassVar[bool] = True
+    expires_while_waiting: ClassVar[bool] = True
+    cooperative: ClassVar[bool] = True
+    """A message out stays with its receiver across a rebalance unless its partition moves:
+    RocketMQ keeps a received message invisible however the group changes."""
+
+    def __init__(self, context: ConsumerContext, quarantine: Quarantine, max_unacked: int) -> None:
+        super().__init__(context, quarantine)
+        self.leases: Leases[Leased] = Leases(uuid.uuid4().hex[:16], max_unacked)
+        self._ready: deque[Held] = deque()
+        """Messages held and not received yet, in the order the fetcher passed them."""
+        self._ready_changed = threading.Condition()
+        self._closed = False
+
+    # --- from the fetcher (the poll thread) ----------------------------------------------
+    def submit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        with self._ready_changed:
+            self._ready.extend((pq, msg) for msg in msgs)
+            self._ready_changed.notify_all()
+
+    def _redeliver(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        # A copy could not be written: offered again (RECONSUME_TIME already counted one
+        # more), ahead of the messages not received yet.
+        with self._ready_changed:
+            self._ready.extendleft((pq, msg) for msg in reversed(msgs))
+            self._ready_changed.notify_all()
+
+    def expire_overdue(self, queues: Iterable[ProcessQueue]) -> None:
+        """Send back the messages whose invisible duration passed without an ack (those of
+        a partition given up meanwhile are its next owner's)."""
+        expired = self.leases.expired(time.monotonic())
+        if not expired:
+            return
+        by_queue: dict[int, tuple[ProcessQueue, list[MessageExt]]] = {}
+        for lease in expired:
+            pq, msg, place = lease.item
+            pq.end()
+            if pq.released:
+                continue
+            restore([msg], [place], self._context.group)
+            by_queue.setdefault(id(pq), (pq, []))[1].append(msg)
+        for pq, msgs in by_queue.values():
+            record_failure(msgs, Failure.NOT_ACKED)
+            self.policy.fail(pq, msgs, [0] * len(msgs))
+
+    def released(self, queues: Iterable[ProcessQueue]) -> None:
+        """End the leases of messages of ``queues`` (given up) as released, so that they no
+        longer count against :attr:`Leases.limit` and a late ack says why it is refused."""
+        gone = {id(pq) for pq in queues}
+        if not gone:
+            return
+        for lease in self.leases.open_leases():
+            pq = lease.item[0]
+            if id(pq) in gone and self.leases.release(lease):
+                pq.end()
+
+    # --- from the front (any thread) ---------------------------------------------------
+    def take(self, count: int, duration_s: float, wait_s: float) -> list[MessageView]:
+        """Up to ``count`` messages, each invisible for ``duration_s`` seconds, waiting up to
+        ``wait_s`` seconds for one; fewer when the leases are at their limit (see
+        :meth:`Leases.room`). Messages of a partition given up meanwhile are skipped."""
+        deadline = time.monotonic() + wait_s
+        ready = self._ready
+        with self._ready_changed:
+            while True:
+                if self._closed:
+                    raise IllegalStateError(f"simple consumer {self._context.group} is shut down")
+                room = self.leases.room()
+                views: list[MessageView] = []
+                now = time.monotonic()
+                while ready and len(views) < min(count, room):
+                    pq, msg = ready.popleft()
+                    if not pq.begin():
+                        continue  # given up: the partition's next owner delivers it
+                    lease = self.leases.open((pq, msg, places([msg])[0]), now, duration_s)
+                    views.append(MessageView(msg, lease, self.leases))
+                if views:
+                    return views
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return views
+                self._ready_changed.wait(left if room else min(left, _ROOM_POLL_S))
+
+    def ack(self, view: object) -> None:
+        """End ``view``'s lease and mark its message done; see :meth:`_lease_of` for what
+        raises."""
+        lease, handle = self._lease_of(view, "ack")
+        pq, msg, place = lease.item
+        restore([msg], [place], self._context.group)
+        with pq.lock:
+            if pq.released:
+                self._refuse_released(lease, handle, pq)
+            self.leases.ack(lease, handle, time.monotonic())
+            pq.remove((msg.queue_offset,))
+        pq.end()
+        self._context.counters.add(Count.CONSUMED)
+
+    def change(self, view: object, duration_s: float) -> str:
+        """Move ``view``'s deadline to ``duration_s`` seconds from now; its new receipt
+        handle (also set on ``view``)."""
+        lease, handle = self._lease_of(view, "change_invisible_duration")
+        pq = lease.item[0]
+        with pq.lock:
+            if pq.released:
+                self._refuse_released(lease, handle, pq)
+            new = self.leases.change(lease, handle, time.monotonic(), duration_s)
+        assert isinstance(view, MessageView)  # checked by _lease_of
+        view.receipt_handle = new
+        return new
+
+    def _lease_of(self, view: object, what: str) -> tuple[Lease[Leased], str]:
+        """``view``'s lease and handle; :class:`InvalidArgumentError` for something that is
+        no :class:`MessageView`, :class:`InvalidReceiptHandleError` for one another consumer
+        received, :class:`IllegalStateError` once the consumer is shut down."""
+        if not isinstance(view, MessageView):
+            raise InvalidArgumentError(
+                f"{what} takes a MessageView from receive(), got {type(view).__name__}"
+            )
+        if self._closed:
+            raise IllegalStateError(f"simple consumer {self._context.group} is shut down")
+        if view._book is not self.leases:
+            raise InvalidReceiptHandleError(
+                f"{what}: message {view.message_id} was not received by this consumer "
+                f"(group {self._context.group})",
+                "foreign",
+            )
+        return view._lease, view.receipt_handle
+
+    def _refuse_released(self, lease: Lease[Leased], handle: str, pq: ProcessQueue) -> None:
+        """``lease``'s partition was given up: end it and raise why (its own end, if it had
+        ended before)."""
+        if self.leases.release(lease):
+            pq.end()
+            raise InvalidReceiptHandleError(
+                f"receipt handle {handle!r} is stale: the message {LeaseEnd.RELEASED.value}",
+                LeaseEnd.RELEASED.name.lower(),
+            )
+        self.leases.check(lease, handle)  # raises with the reason it ended
+
+    def give_back(self, views: list[MessageView]) -> None:
+        """Undo a ``receive`` whose caller never got ``views`` (an asyncio task cancelled
+        meanwhile): their leases end, and the messages are offered again first, the same
+        delivery."""
+        back: list[Held] = []
+        for view in views:
+            if not isinstance(view, MessageView):
+                raise InvalidArgumentError(
+                    f"give_back takes messages received by a SimpleConsumer, got {view!r}"
+                )
+            if view._book is not self.leases:
+                continue  # another consumer's: not this one's to offer again
+            lease = view._lease
+            if self.leases.release(lease):
+                pq, msg, place = lease.item
+                pq.end()
+                restore([msg], [place], self._context.group)
+                back.append((pq, msg))
+        with self._ready_changed:
+            if not self._closed:
+                self._ready.extendleft(reversed(back))
+                self._ready_changed.notify_all()
+
+    def close(self) -> int:
+        """Shutting down: end every open lease (their messages are delivered again by the
+        partitions' next owners) and refuse further calls; how many were open."""
+        with self._ready_changed:
+            self._closed = True
+            self._ready.clear()
+            self._ready_changed.notify_all()
+        released = 0
+        for lease in self.leases.open_leases():
+            if self.leases.release(lease):
+                lease.item[0].end()
+                released += 1
+        return released
+
+    def unacked(self) -> int:
+        """Leases open now."""
+        return len(self.leases)
