@@ -152,6 +152,7 @@ class CheckBack:
         # Checks sent three intervals ago and neither answered nor due since: their
         # transactions left this view (decided meanwhile); they hold no room any more.
         self.pacing.forget_older(now - 3 * svc.policy.check_interval_ms)
+        self._liveness.forget_older(now - 3 * svc.policy.check_interval_ms)
         admit = self._admission(now)
         for state in list(svc._partitions.values()):
             for pending in state.put_backs_due(now, CHECKS_PER_CYCLE):

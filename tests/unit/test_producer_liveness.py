@@ -17,7 +17,10 @@ from bridge.config import ClientConfig
 from bridge.transaction.liveness import ProducerLiveness
 from tests.conftest import wait_until
 
-Answer = int | Exception
+Answer = int | None | Exception
+"""A member count (0: its coordinator describes the group Empty or Dead), None (no broker lists
+the group), or what the question raises."""
+LEFT_OUT = None
 
 
 class Kafka:
@@ -28,7 +31,7 @@ class Kafka:
         self.asked: list[str] = []
         self._lock = threading.Lock()
 
-    def __call__(self, check_group: str) -> int:
+    def __call__(self, check_group: str) -> int | None:
         with self._lock:
             self.asked.append(check_group)
             answer = self.script.pop(0) if self.script else RuntimeError("not in the script")
@@ -77,25 +80,59 @@ def test_members_make_the_group_live(kafka: Kafka) -> None:
     assert list(answers(liveness(kafka), kafka, [2, 1])) == [True, True]
 
 
-def test_a_group_missing_from_one_answer_is_not_known_to_have_none(kafka: Kafka) -> None:
+def test_a_group_described_with_no_member_has_no_live_producer_at_once(kafka: Kafka) -> None:
+    assert list(answers(liveness(kafka), kafka, [0, 1, 0])) == [False, True, False]
+
+
+def test_a_group_left_out_of_one_answer_is_not_known_to_have_none(kafka: Kafka) -> None:
     # A group coordinator moving leaves the group out of every broker's answer for a while.
-    said = list(answers(liveness(kafka, absent_ms=2000), kafka, [1, 0, 0, 1]))
+    said = list(answers(liveness(kafka, absent_ms=2000), kafka, [1, LEFT_OUT, LEFT_OUT, 1]))
     assert said == [True, None, None, True]
 
 
-def test_a_group_missing_from_every_answer_over_absent_ms_has_no_live_producer(
+def test_a_group_left_out_of_every_answer_over_absent_ms_has_no_live_producer(
     kafka: Kafka,
 ) -> None:
-    said = list(answers(liveness(kafka, absent_ms=2000), kafka, [0, 0, 0, 0, 3, 0]))
-    # Asked at 0, 1000 and 2000 ms: missing over 2000 ms from the third on; back when it has
+    script: list[Answer] = [LEFT_OUT, LEFT_OUT, LEFT_OUT, LEFT_OUT, 3, LEFT_OUT]
+    said = list(answers(liveness(kafka, absent_ms=2000), kafka, script))
+    # Asked at 0, 1000 and 2000 ms: left out over 2000 ms from the third on; back when it has
     # members; a single miss after that is not known again.
     assert said == [None, None, False, False, True, None]
 
 
-def test_an_unanswered_question_neither_starts_nor_ends_an_absence(kafka: Kafka) -> None:
+def test_an_unanswered_question_starts_the_absence_over(kafka: Kafka) -> None:
     timeout: Exception = KafkaException(KafkaError(KafkaError._TIMED_OUT))
-    said = list(answers(liveness(kafka, absent_ms=2000), kafka, [0, timeout, 0, timeout]))
-    assert said == [None, None, False, None]
+    script: list[Answer] = [LEFT_OUT, timeout, LEFT_OUT, LEFT_OUT, LEFT_OUT]
+    said = list(answers(liveness(kafka, absent_ms=2000), kafka, script))
+    assert said == [None, None, None, None, False]
+
+
+def test_answers_too_far_apart_are_not_one_absence(kafka: Kafka) -> None:
+    # Two misses with a long silence between (no check due meanwhile) are two moments of a
+    # coordinator moving, not one absence: request_timeout_ms 10 s + fresh_ms 0.
+    live = liveness(kafka, absent_ms=2000)
+    kafka.script = [LEFT_OUT, LEFT_OUT, LEFT_OUT]
+    assert live.live("orders", 0) is None
+    wait_until(partial(_answered, live, kafka, 1), timeout_s=5)
+    assert live.live("orders", 20_000) is None  # the first answer (asked at 0); asks again
+    wait_until(partial(_answered, live, kafka, 2), timeout_s=5)
+    assert live.live("orders", 21_000) is None  # asked at 20 s: the absence starts there
+    wait_until(partial(_answered, live, kafka, 3), timeout_s=5)
+    assert live.live("orders", 22_000) is None  # asked at 21 s: 1 s of absence
+    assert len(kafka.asked) == 3 + 1
+
+
+def test_groups_not_looked_at_are_forgotten(kafka: Kafka) -> None:
+    live = liveness(kafka, absent_ms=2000)
+    kafka.script = [0, 1, 1]  # the second answer is forgotten with the rest
+    live.live("orders", 0)
+    wait_until(partial(_answered, live, kafka, 1), timeout_s=5)
+    assert live.live("orders", 1000) is False
+    wait_until(partial(_answered, live, kafka, 2), timeout_s=5)
+    live.forget_older(5000)
+    assert live.live("orders", 6000) is None  # asked again from scratch
+    wait_until(partial(_answered, live, kafka, 3), timeout_s=5)
+    assert live.live("orders", 7000) is True
 
 
 def test_a_question_that_fails_to_start_is_not_known(kafka: Kafka) -> None:
