@@ -1,7 +1,8 @@
 """The checker's one pass over a history: each ``send`` as an :class:`Op` with its acks and
 decisions, reader copies per log position (:class:`Reads`), listener calls, DLQ and
-QUARANTINE observations, fault windows, the start config, the drain marker and the Spark
-event, all in a :class:`Run`; and :class:`Windows`, which nemesis names cover a time.
+QUARANTINE observations, fault windows, the start config, the drain marker, the Spark event
+and the applications' databases, all in a :class:`Run`; and :class:`Windows`, which nemesis
+names cover a time.
 
 Shared by every check (:mod:`chaos.check_copies`, :mod:`chaos.check_consumers`,
 :mod:`chaos.check_spark`); :mod:`chaos.checker` states the rules.
@@ -159,6 +160,31 @@ class Reads:
         return len(self.positions)
 
 
+@dataclass(frozen=True, slots=True)
+class Database:
+    """A ``database`` event: the ids of the order rows, and the effect rows per id."""
+
+    orders: frozenset[str]
+    effects: Mapping[str, int]
+
+    @classmethod
+    def of(cls, event: Mapping[str, Any]) -> Database:
+        orders, effects = event.get("orders"), event.get("effects")
+        if not isinstance(orders, list) or not isinstance(effects, dict):
+            raise HistoryFormatError(
+                f"a database event needs 'orders' (a list) and 'effects' (an object): "
+                f"{describe(event)}"
+            )
+        counts: dict[str, int] = {}
+        for key, value in effects.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise HistoryFormatError(
+                    f"database effects of {key!r} must be a count: {describe(event)}"
+                )
+            counts[str(key)] = value
+        return cls(frozenset(str(o) for o in orders), counts)
+
+
 Call = tuple[float, str, int | None, str]
 """A listener call: ``t``, observer, ``reconsume_times``, result."""
 
@@ -179,6 +205,8 @@ class Run:
     windows: list[Window] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     spark: Mapping[str, Any] | None = None
+    database: Database | None = None
+    """What the ``db`` kind's applications committed (the last ``database`` event)."""
     drained_t: float | None = None
     drained_complete: bool = False
     end_t: float = -math.inf
@@ -261,6 +289,8 @@ def collect(events: Iterable[Mapping[str, Any]]) -> Run:
                 run.windows.append(Window(name, key[1], start, t, True))
         elif etype == "spark":
             run.spark = event
+        elif etype == "database":
+            run.database = Database.of(event)
         elif etype == "phase":
             marker = event.get("name")
             if marker == "start" and isinstance(event.get("config"), dict):

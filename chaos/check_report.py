@@ -40,6 +40,11 @@ SPARK_DUPLICATED: Final = "spark_duplicated"
 SPARK_VISIBLE_ROLLBACK: Final = "spark_visible_rollback"
 STALLED: Final = "stalled"
 PARKED_WOULD_COMMIT: Final = "parked_would_commit"
+EFFECT_LOST: Final = "effect_lost"
+EFFECT_DUPLICATED: Final = "effect_duplicated"
+WITHOUT_ROW: Final = "without_row"
+FAILED_WORK_COMMITTED: Final = "failed_work_committed"
+ROLLBACK_WITH_ROW: Final = "rollback_with_row"
 
 COLUMN_OF_KIND: Final[Mapping[str, str]] = {
     LOST: "lost",
@@ -50,6 +55,11 @@ COLUMN_OF_KIND: Final[Mapping[str, str]] = {
     REORDERED: "reordered",
     STUCK: "stuck",
     PARKED_WOULD_COMMIT: "lost",
+    EFFECT_LOST: "lost",
+    EFFECT_DUPLICATED: "duplicated",
+    WITHOUT_ROW: "other",
+    FAILED_WORK_COMMITTED: "other",
+    ROLLBACK_WITH_ROW: "other",
     UNCHECKED: "stuck",
     STALLED: "stuck",
     VISIBLE_ROLLBACK: "other",

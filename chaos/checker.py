@@ -74,6 +74,23 @@ Copies on a topic
     (``not_quarantined``), judged only when the run drained completely: the README's rules
     depend on what is wrong with the record, which only the workload knows.
 
+``db`` (G13)
+    Judged against the ``database`` event (the orders and inventory databases read after the
+    applications stopped); without one, as a ``tx``. An order row with no copy on the topic is
+    lost or stuck, with more than one ``duplicated``; a copy read before the first COMMIT
+    answer is ``early``; a row and its copy without an effect row is ``effect_lost`` (``stuck``
+    when the drain was incomplete), more than one effect row ``effect_duplicated``. No order
+    row: a COMMIT answer, a copy or an effect row is ``without_row`` (a message or an effect
+    the database never committed). A row whose business work was meant to fail (intent
+    ``rollback``) is ``failed_work_committed``; a row answered ROLLBACK (on execute or on a
+    check) is ``rollback_with_row``; a row never answered COMMIT is lost or stuck, or
+    ``visible_undecided`` when read. Whether the send was acknowledged does not matter: the
+    row decides (a commit whose outcome the listener could not tell is answered from the
+    transaction log on check-back). An order first answered COMMIT after the ``drained``
+    marker (a send that outlived the load) is pending for what follows. Order and effect rows
+    of no ``db`` send count as unmatched ids. Its time is the first COMMIT answer (the send's
+    when there is none).
+
 ``spark`` (G7)
     The row ``spark``, when the history has a ``spark`` event (the last one counts): every
     acknowledged committed ``tx`` id, and every acknowledged ``delay``/``timer`` id whose topic
@@ -124,7 +141,9 @@ The table
     ``spark_missing``; ``duplicated`` includes ``spark_duplicated``; ``stuck`` includes
     ``unchecked``; ``other`` counts the rest: ``visible_rollback``, ``visible_undecided``,
     ``wrong_topic``, ``dlq_and_success``, ``premature_dlq``, ``reconsume_skipped``,
-    ``not_quarantined``, ``spark_visible_rollback``), ``redelivered`` (operations consumed
+    ``not_quarantined``, ``spark_visible_rollback``, ``without_row``,
+    ``failed_work_committed``, ``rollback_with_row``; ``lost`` also counts ``effect_lost``
+    and ``duplicated`` ``effect_duplicated``), ``redelivered`` (operations consumed
     successfully more than once, not a violation), max stall (s), delay/timer lateness
     p50/p99/max (ms) and commit-to-visible latency p50/p99 (ms).
 
@@ -132,7 +151,8 @@ Percentiles are nearest-rank: the p-th of n sorted values is the one at rank ``c
 
 The code: :mod:`chaos.check_history` reads the history in one pass, :mod:`chaos.check_settings`
 reads the start config, :mod:`chaos.check_ledger` keeps the per-row bookkeeping and the stall
-budget, :mod:`chaos.check_copies` (``tx``, ``delay``, ``timer``),
+budget, :mod:`chaos.check_copies` (``tx``, ``delay``, ``timer``), :mod:`chaos.check_database`
+(``db``),
 :mod:`chaos.check_consumers` (``consume``, ``orderly``, ``broadcast``, ``poison``) and
 :mod:`chaos.check_spark` hold the rules of each family, :mod:`chaos.check_report` the rows,
 violations and the table. This module combines them and re-exports every public name.
@@ -149,7 +169,7 @@ from typing import Any
 
 from bridge.errors import InvalidArgumentError
 from chaos.check_consumers import ConsumerChecks
-from chaos.check_copies import CopyChecks
+from chaos.check_database import DatabaseChecks
 from chaos.check_history import HistoryFormatError, collect
 from chaos.check_report import (
     ALL_ROW,
@@ -159,6 +179,9 @@ from chaos.check_report import (
     DLQ_AND_SUCCESS,
     DUPLICATED,
     EARLY,
+    EFFECT_DUPLICATED,
+    EFFECT_LOST,
+    FAILED_WORK_COMMITTED,
     LOST,
     NONE_ROW,
     NOT_QUARANTINED,
@@ -166,6 +189,7 @@ from chaos.check_report import (
     PREMATURE_DLQ,
     RECONSUME_SKIPPED,
     REORDERED,
+    ROLLBACK_WITH_ROW,
     SPARK_DUPLICATED,
     SPARK_MISSING,
     SPARK_ROW,
@@ -175,6 +199,7 @@ from chaos.check_report import (
     UNCHECKED,
     VISIBLE_ROLLBACK,
     VISIBLE_UNDECIDED,
+    WITHOUT_ROW,
     WRONG_TOPIC,
     Report,
     Row,
@@ -201,6 +226,9 @@ __all__ = [
     "DLQ_AND_SUCCESS",
     "DUPLICATED",
     "EARLY",
+    "EFFECT_DUPLICATED",
+    "EFFECT_LOST",
+    "FAILED_WORK_COMMITTED",
     "FIRST_RETRY_LEVEL",
     "LOST",
     "NONE_ROW",
@@ -209,6 +237,7 @@ __all__ = [
     "PREMATURE_DLQ",
     "RECONSUME_SKIPPED",
     "REORDERED",
+    "ROLLBACK_WITH_ROW",
     "SPARK_DUPLICATED",
     "SPARK_MISSING",
     "SPARK_ROW",
@@ -219,6 +248,7 @@ __all__ = [
     "UNCHECKED",
     "VISIBLE_ROLLBACK",
     "VISIBLE_UNDECIDED",
+    "WITHOUT_ROW",
     "WRONG_TOPIC",
     "HistoryFormatError",
     "Report",
@@ -232,7 +262,7 @@ __all__ = [
 ]
 
 
-class _Judge(CopyChecks, ConsumerChecks, SparkCheck):
+class _Judge(DatabaseChecks, ConsumerChecks, SparkCheck):
     """Every rule over one run: each operation by its kind, then the orderly order across
     operations, then the Spark rows."""
 
@@ -255,6 +285,8 @@ class _Judge(CopyChecks, ConsumerChecks, SparkCheck):
                 self._consumed(op, orderly=op.kind == "orderly")
             elif op.kind == "broadcast":
                 self._broadcast(op, observers)
+            elif op.kind == "db":
+                self._db(op)
             else:
                 self._poison(op)
         self._orderly_order()
@@ -266,6 +298,7 @@ class _Judge(CopyChecks, ConsumerChecks, SparkCheck):
             + sum(1 for i in run.calls if i not in ids)
             + sum(1 for i in run.dlq if i not in ids)
             + sum(1 for i in run.quarantine if i not in ids)
+            + self._db_unmatched()
         )
         order = [*self.windows.names, NONE_ROW, POISON_ROW, SPARK_ROW, ALL_ROW]
         rows = {name: self._row(name) for name in order if name in self.rows or name == ALL_ROW}

@@ -17,7 +17,8 @@ Event types (``type`` field) and their fields, besides ``t``:
     name it was sent to), ``key`` (sharding key or ``None``), ``seq`` (position of this message
     among the messages of ``key`` from this sender, for ordering checks; ``None`` when order
     is not promised), and per kind: ``delay_ms`` (``delay``/``timer``: the wait asked for,
-    counted from this event's ``t``), ``intent`` (``tx``: :data:`TX_INTENTS`), ``fail_times``
+    counted from this event's ``t``), ``intent`` (``tx``: :data:`TX_INTENTS`; ``db``:
+    :data:`DB_INTENTS`), ``fail_times``
     (``consume``: how many times the listener answers RECONSUME_LATER before success; a value
     at or above the group's ``max_reconsume_times`` + 1 means it must end in the DLQ),
     ``group`` (``consume``: the consumer group meant to handle it), ``poison`` (``poison``:
@@ -40,6 +41,13 @@ Event types (``type`` field) and their fields, besides ``t``:
 ``spark``
     The Spark ingest at the end: ``ids`` (the workload ids of every row it wrote, repeats
     included), ``topics`` (the topics it read).
+``database``
+    What the ``db`` kind's two applications committed, read once they stopped (after the
+    drain): ``orders`` (the ids of every order row in the orders database), ``effects`` (id ->
+    how many effect rows the inventory database holds for it: one per handler run that
+    committed; the table has no unique key, so a second run shows), ``running`` (inventory
+    listener calls still running when it was read: 0 unless its consumer's shutdown left one
+    running past the wait).
 ``phase``
     Run markers: ``name`` is ``start``, ``load_end`` (no more sends after this), ``drained``
     (the readers waited for everything expected, or gave up), ``end``; ``detail`` optional.
@@ -59,12 +67,18 @@ from typing import Any, Final, TextIO
 ID_PROPERTY: Final = "chaos_id"
 """The user property that carries a message's workload id."""
 
-KINDS: Final = ("tx", "delay", "timer", "consume", "orderly", "broadcast", "poison")
+KINDS: Final = ("tx", "delay", "timer", "consume", "orderly", "broadcast", "poison", "db")
 """``tx``: a transactional send; ``delay``: a delay-level send; ``timer``: a timer send;
 ``consume``: a plain send to a topic a concurrent push consumer handles; ``orderly``: a plain
 send to a topic an orderly push consumer handles (``seq`` set); ``broadcast``: a plain send
 to a topic a broadcasting consumer handles; ``poison``: a record that cannot be delivered,
-sent to show it holds nothing else back."""
+sent to show it holds nothing else back; ``db``: an order placed through a
+``DatabaseTransactionListener`` (its row and its message together) that an inventory
+application applies through an ``IdempotentListener``."""
+
+DB_INTENTS: Final = ("commit", "rollback")
+"""``db``: the order's business work succeeds, or fails its business rule (raises), which
+rolls back the database transaction and the half message."""
 
 TX_INTENTS: Final = ("commit", "rollback", "unknown_then_commit", "unknown_then_rollback")
 """What the workload's transaction listener answers for one message: at once on execute, or

@@ -234,6 +234,7 @@ def _run(config: RunConfig, out: Path, history_path: Path) -> int:
             replication_factor=min(3, config.nodes),
             min_insync_replicas=min(2, config.nodes),
             rates=rates,
+            database_dir=str(out / "db"),
         )
         history = HistoryWriter(history_path)
         stack.callback(history.close)
@@ -294,6 +295,7 @@ def _run(config: RunConfig, out: Path, history_path: Path) -> int:
         time.sleep(config.settle_s)
 
         workload.stop()
+        workload.record_database()
         notes = _notes(nemesis, coordinators, workload)
         if config.spark:
             failed = _spark(history, direct, out)

@@ -18,6 +18,10 @@ timing depends on the machine):
   consumer handles; a share fail a few times in place;
 * ``broadcast``: plain sends to a topic two BROADCASTING instances handle; a share fail (a
   BROADCASTING failure is dropped, as in RocketMQ);
+* ``db``: an orders application places orders through a ``DatabaseTransactionListener`` over
+  an SQLite database (its row and its message together; 15% fail their business rule and roll
+  back), and an inventory application applies each through an ``IdempotentListener`` over a
+  second one (an effect row per handler run), when the config names ``database_dir``;
 * ``poison``: on demand (:meth:`Workload.send_poison`), records the README says are set aside
   without holding anything back: a delayed message to a topic that does not exist (auto
   creation off), a delayed message larger than its topic's ``max.message.bytes``, a malformed
@@ -63,9 +67,12 @@ from bridge import (
     PushConsumer,
     TransactionMQProducer,
 )
+from bridge.db import IdempotentListener
 from chaos.history import ID_PROPERTY, now_ms
+from chaos.workload_database import apply_order, committed, open_databases
 from chaos.workload_observers import (
     DecisionListener,
+    OrdersListener,
     Reader,
     header_id,
     plain_id,
@@ -80,6 +87,9 @@ from chaos.workload_spec import (
     BROADCAST_TOPIC,
     CONSUME_GROUP,
     CONSUME_TOPIC,
+    DB_CONSUME_GROUP,
+    DB_PRODUCER_GROUP,
+    DB_TOPIC,
     DEFAULT_RATES,
     DELAY_TOPIC,
     MISSING_TOPIC,
@@ -104,6 +114,9 @@ __all__ = [
     "BROADCAST_TOPIC",
     "CONSUME_GROUP",
     "CONSUME_TOPIC",
+    "DB_CONSUME_GROUP",
+    "DB_PRODUCER_GROUP",
+    "DB_TOPIC",
     "DEFAULT_RATES",
     "DELAY_TOPIC",
     "MISSING_TOPIC",
@@ -145,7 +158,7 @@ class Workload(WorkloadSenders):
         base = {"min.insync.replicas": str(cfg.min_insync_replicas)}
         topics = [
             NewTopic(t, cfg.partitions, cfg.replication_factor, config=base)
-            for t in (TX_TOPIC, DELAY_TOPIC, TIMER_TOPIC, CONSUME_TOPIC, ORDERLY_TOPIC)
+            for t in (TX_TOPIC, DELAY_TOPIC, TIMER_TOPIC, CONSUME_TOPIC, ORDERLY_TOPIC, DB_TOPIC)
         ]
         topics.append(NewTopic(BROADCAST_TOPIC, 2, cfg.replication_factor, config=base))
         topics.append(
@@ -199,6 +212,8 @@ class Workload(WorkloadSenders):
         )
         self._start_consumers(client)
         plain = [TX_TOPIC, DELAY_TOPIC, TIMER_TOPIC]
+        if self._start_databases(client):
+            plain.append(DB_TOPIC)
         self._readers = [
             Reader(self, "reader", "reader", plain, plain_id),
             Reader(self, "dlq", "dlq_reader", [self.dlq_topic], plain_id),
@@ -214,10 +229,11 @@ class Workload(WorkloadSenders):
             "consume": self._send_consume,
             "orderly": self._send_orderly,
             "broadcast": self._send_broadcast,
+            "db": self._send_db,
         }
         for kind, send in senders.items():
             rate = cfg.rates.get(kind, 0.0)
-            if rate <= 0:
+            if rate <= 0 or (kind == "db" and self._databases is None):
                 continue
             thread = threading.Thread(
                 target=self._sender_loop, args=(kind, rate, send), name=f"chaos-send-{kind}",
@@ -259,6 +275,58 @@ class Workload(WorkloadSenders):
             self._consumers.append(broadcast)
         for consumer in self._consumers:
             consumer.start()
+
+    def _start_databases(self, client: ClientConfig) -> bool:
+        """Start the ``db`` kind's two applications (when the config names a directory for
+        their databases and a rate): the orders producer and the inventory consumer."""
+        cfg = self.config
+        if cfg.database_dir is None or cfg.rates.get("db", 0.0) <= 0:
+            return False
+        orders_db, inventory_db = self._databases = open_databases(cfg.database_dir)
+        self._db_producer = TransactionMQProducer(
+            DB_PRODUCER_GROUP, OrdersListener(self, orders_db), config=client,
+            check_thread_pool_size=2,
+        )  # fmt: skip
+        self._db_producer.start()
+        inbox = IdempotentListener(inventory_db, DB_CONSUME_GROUP, apply_order)
+
+        def listen(msg: MessageExt) -> ConsumeStatus:
+            with self._db_calls_changed:
+                self._db_calls += 1
+            try:
+                status = inbox(msg)
+            finally:
+                with self._db_calls_changed:
+                    self._db_calls -= 1
+                    self._db_calls_changed.notify_all()
+            wid = prop_text(msg.user_properties.get(ID_PROPERTY))
+            if wid and status is ConsumeStatus.CONSUME_SUCCESS:
+                self.observed(wid, "db-effect")  # its effect row is committed (or was)
+            return status
+
+        inventory = PushConsumer(
+            DB_CONSUME_GROUP, config=client, max_reconsume_times=cfg.max_reconsume_times,
+            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+            consume_thread_count=4, drain_timeout_ms=3000,
+        )  # fmt: skip
+        inventory.subscribe(DB_TOPIC, listen)
+        inventory.start()
+        self._consumers.append(inventory)
+        return True
+
+    def record_database(self, timeout_s: float = 30.0) -> None:
+        """Write the ``database`` event: what the ``db`` kind's applications committed. Call
+        once they stopped (:meth:`stop`); a listener call its consumer's shutdown left running
+        is waited for (up to ``timeout_s`` seconds, else the event says how many still ran),
+        so that no effect comes after the event."""
+        if self._databases is None:
+            return
+        with self._db_calls_changed:
+            self._db_calls_changed.wait_for(lambda: self._db_calls == 0, timeout_s)
+            running = self._db_calls
+        self.history.write("database", running=running, **committed(*self._databases))
+        for engine in self._databases:
+            engine.dispose()
 
     def _listener(
         self, observer: str, group: str, *, orderly: bool
@@ -327,6 +395,8 @@ class Workload(WorkloadSenders):
     def stop(self) -> None:
         """Stop everything, each step bounded; safe to call twice and after a failed start."""
         self._stop_load.set()
+        for thread in self._threads:  # a sender still in a send: its answers come first
+            thread.join(self.config.send_msg_timeout_ms / 1000 * 3 + 5)
         for consumer in self._consumers:
             try:
                 consumer.shutdown(3000)
@@ -337,6 +407,11 @@ class Workload(WorkloadSenders):
                 self._tx_producer.shutdown(2000)
             except Exception:
                 logger.exception("stopping the transaction producer")
+        if self._db_producer is not None:
+            try:
+                self._db_producer.shutdown(2000)
+            except Exception:
+                logger.exception("stopping the orders producer")
         if self._producer is not None:
             try:
                 self._producer.shutdown(2000)

@@ -1,5 +1,6 @@
 """What the workload sees: the transaction listener, which answers per message's intent and
-records each answer (``decide``), and the readers, ``read_committed`` consumers of the real,
+records each answer (``decide``), the orders application's database listener, which records
+its answers too, and the readers, ``read_committed`` consumers of the real,
 DLQ and QUARANTINE topics that record every copy of a workload message (``recv``) with the
 id found in its headers or, in QUARANTINE, in the envelope it holds.
 """
@@ -13,9 +14,11 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from sqlalchemy import Engine
 
 from bridge import MessageExt, TransactionListener, TransactionStatus
 from bridge.codec import decode_envelope
+from bridge.db import DatabaseTransactionListener
 from chaos.history import ID_PROPERTY, now_ms
 
 if TYPE_CHECKING:
@@ -203,3 +206,36 @@ def quarantine_id(record: Any) -> tuple[str | None, dict[str, str]]:
         if key.startswith("poison-"):
             wid = key
     return wid, props
+
+
+class OrdersListener(DatabaseTransactionListener):
+    """The orders application's :class:`~bridge.db.DatabaseTransactionListener`, recording
+    each answer as a ``decide`` event. During a ``db_outage`` its database is away: the
+    business work fails (ROLLBACK: no order row; the listener's fence leaves a ROLLBACK row in
+    the log) and a check cannot read the log (UNKNOWN, asked again later)."""
+
+    def __init__(self, workload: WorkloadState, engine: Engine) -> None:
+        super().__init__(engine)
+        self._w = workload
+
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        status = super().execute_local_transaction(msg, arg)
+        self._decided(msg, status, "execute")
+        return status
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        if self._w.database_is_down.is_set():
+            status = TransactionStatus.UNKNOWN
+        else:
+            status = super().check_local_transaction(msg)
+        self._decided(msg, status, "check")
+        return status
+
+    def _decided(self, msg: MessageExt, status: TransactionStatus, via: str) -> None:
+        wid = prop_text(msg.user_properties.get(ID_PROPERTY))
+        if not wid:
+            return
+        self._w.history.write("decide", id=wid, status=status.value, via=via)
+        spec = self._w.specs.get(wid)
+        if spec is not None and status is TransactionStatus.COMMIT:
+            spec.committed = True  # its message and its effect are awaited by the drain

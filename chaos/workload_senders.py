@@ -19,11 +19,13 @@ from confluent_kafka import KafkaError, KafkaException
 
 from bridge import BridgeError, Message
 from chaos.history import ID_PROPERTY, now_ms
+from chaos.workload_database import place_order
 from chaos.workload_spec import (
     BROADCAST_GROUP,
     BROADCAST_TOPIC,
     CONSUME_GROUP,
     CONSUME_TOPIC,
+    DB_TOPIC,
     DELAY_TOPIC,
     MISSING_TOPIC,
     ORDER_KEYS,
@@ -84,6 +86,24 @@ class WorkloadSenders(WorkloadState):
         except BridgeError as exc:
             self._record_ack(spec.id, False, error=exc, indeterminate=is_indeterminate(exc))
             return
+        self._record_ack(spec.id, True, msg_id=result.msg_id)
+
+    def _send_db(self, rng: random.Random) -> None:
+        assert self._db_producer is not None
+        intent = rng.choices(("commit", "rollback"), weights=(85, 15))[0]
+        spec = Spec(self._new_id("db"), "db", intent=intent)
+        self._record_send(spec, DB_TOPIC, intent=intent)
+        msg = self._message(DB_TOPIC, spec.id, keys=spec.id)
+        work = place_order(
+            spec.id, msg.body.decode(), refuse=intent == "rollback",
+            database_away=self.database_is_down.is_set(),
+        )  # fmt: skip
+        try:
+            result = self._db_producer.send_message_in_transaction(msg, work)
+        except BridgeError as exc:
+            self._record_ack(spec.id, False, error=exc, indeterminate=is_indeterminate(exc))
+            return
+        # A COMMIT answer (here or on check-back) marked it committed (OrdersListener).
         self._record_ack(spec.id, True, msg_id=result.msg_id)
 
     def database_down(self, down: bool) -> None:

@@ -17,6 +17,8 @@ TIMER_TOPIC: Final = "chaos-timer"
 CONSUME_TOPIC: Final = "chaos-consume"
 ORDERLY_TOPIC: Final = "chaos-orderly"
 BROADCAST_TOPIC: Final = "chaos-broadcast"
+DB_TOPIC: Final = "chaos-db"
+"""The orders application's topic: each message is an order row committed with it."""
 SMALL_TOPIC: Final = "chaos-poison-small"
 """A real topic with a tiny ``max.message.bytes``: a delayed message larger than that is
 poison for the delay service."""
@@ -30,6 +32,13 @@ CONSUME_GROUP: Final = "chaos-consume"
 ORDERLY_GROUP: Final = "chaos-orderly"
 BROADCAST_GROUP: Final = "chaos-broadcast"
 BROADCAST_INSTANCES: Final = ("a", "b")
+DB_PRODUCER_GROUP: Final = "chaos-db-orders"
+DB_CONSUME_GROUP: Final = "chaos-db-inventory"
+DB_ORDERS: Final = "orders"
+DB_INVENTORY: Final = "inventory"
+"""The two applications' databases (SQLite files ``<name>.db`` in the run's directory): the
+orders application's (its orders and the transaction log) and the inventory application's (its
+effects and the consumed messages)."""
 
 ORDER_KEYS: Final = ("order-0", "order-1", "order-2", "order-3")
 ORDERLY_SUSPEND_MS: Final = 300
@@ -45,8 +54,9 @@ DEFAULT_RATES: Final[Mapping[str, float]] = {
     "consume": 4.0,
     "orderly": 3.0,
     "broadcast": 2.0,
+    "db": 2.0,
 }
-"""Operations per second of each kind: about 17 in all, what 2 cores running three brokers and
+"""Operations per second of each kind: about 19 in all, what 2 cores running three brokers and
 two coordinators besides keep up with comfortably."""
 
 
@@ -72,6 +82,8 @@ class WorkloadConfig:
     rates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_RATES))
     """Operations per second per kind; a kind at 0 is not sent."""
     send_msg_timeout_ms: int = 3000
+    database_dir: str | None = None
+    """Where the ``db`` kind's two SQLite databases live; None: no ``db`` operations."""
 
     def client_config(self, bootstrap: str | None = None) -> ClientConfig:
         """The bridge client settings (same delay table and precision as the coordinators)."""
@@ -100,3 +112,5 @@ class Spec:
     key: str | None = None
     seq: int | None = None
     poison: str | None = None
+    committed: bool = False
+    """``db``: its orders listener answered COMMIT (on execute or on a check)."""

@@ -11,6 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 from confluent_kafka import Producer as KafkaProducer
+from sqlalchemy import Engine
 
 from bridge import Producer, PushConsumer, TransactionMQProducer
 from bridge.errors import SendTimeoutError
@@ -55,6 +56,12 @@ class WorkloadState:
         self._consumers: list[PushConsumer] = []
         self._producer: Producer | None = None
         self._tx_producer: TransactionMQProducer | None = None
+        self._db_producer: TransactionMQProducer | None = None
+        self._databases: tuple[Engine, Engine] | None = None
+        """The orders and inventory databases of the ``db`` kind, once started."""
+        self._db_calls = 0
+        """Inventory listener calls running now."""
+        self._db_calls_changed = threading.Condition()
         self._raw: KafkaProducer | None = None
         self._poison_rng = random.Random(f"{config.seed}-poison")
         self._poison_lock = threading.Lock()
@@ -93,6 +100,7 @@ class WorkloadState:
             "orderly": [{"orderly:success"}],
             "broadcast": [{f"broadcast-{i}"} for i in BROADCAST_INSTANCES],
             "poison": [{"quarantine"}],
+            "db": [{"reader"}, {"db-effect"}] if spec.committed else [],
         }
         return fixed.get(kind, [])
 
@@ -101,6 +109,12 @@ class WorkloadState:
         out: dict[str, list[str]] = defaultdict(list)
         with self._lock:
             acked = [wid for wid, ok in self._acked.items() if ok]
+            # An order committed by the check-back after its send failed is awaited too.
+            acked += [
+                wid
+                for wid, spec in self.specs.items()
+                if spec.kind == "db" and spec.committed and not self._acked.get(wid)
+            ]
             for wid in acked:
                 spec = self.specs[wid]
                 seen = self._seen.get(wid, set())

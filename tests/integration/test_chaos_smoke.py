@@ -1,6 +1,7 @@
 """A short fault-injection run, as ``make chaos`` runs it but smaller: one broker behind the
-fault proxy, two coordinators, 60 s of load and one of each cheap nemesis. The checker must
-find nothing, and the history must hold every event type the run produces."""
+fault proxy, two coordinators, 60 s of load (the database-backed orders included) and one of
+each cheap nemesis. The checker must find nothing, and the history must hold every event type
+the run produces."""
 
 from __future__ import annotations
 
@@ -40,9 +41,16 @@ def test_a_short_run_with_cheap_faults_breaks_no_guarantee(tmp_path: Path) -> No
 
     events = list(read_history(out / "history.jsonl"))
     types = Counter(e["type"] for e in events)
-    assert {"send", "ack", "decide", "recv", "nemesis", "phase"} <= set(types), types
+    assert {"send", "ack", "decide", "recv", "nemesis", "phase", "database"} <= set(types), types
     kinds = Counter(e["kind"] for e in events if e["type"] == "send")
-    assert set(kinds) == {"tx", "delay", "timer", "consume", "orderly", "broadcast", "poison"}
+    assert set(kinds) == {"tx", "delay", "timer", "consume", "orderly", "broadcast", "poison", "db"}
+    # The orders application committed orders and refused some; the inventory applied them
+    # (the checker holds each to one copy and one effect).
+    (database,) = [e for e in events if e["type"] == "database"]
+    refused = {e["id"] for e in events if e["type"] == "send" and e.get("intent") == "rollback"}
+    placed = {e["id"] for e in events if e["type"] == "send" and e["kind"] == "db"} - refused
+    assert database["orders"] and set(database["orders"]) <= placed, database
+    assert set(database["effects"]) == set(database["orders"]), database
     roles = Counter(e["role"] for e in events if e["type"] == "recv")
     # Nothing is parked in the check-max topic without a db_outage: its reader sees nothing.
     assert set(roles) == set(ROLES) - {"parked_reader"}, roles

@@ -1023,3 +1023,164 @@ def test_a_second_committed_copy_is_exactly_one_duplicate(
     report = check(round_trip([*events[: index + 1], again, copy, *events[index + 1 :]]))
     assert [(v.kind, v.id) for v in report.violations] == [("duplicated", events[index]["id"])]
     assert report.row(ALL_ROW).duplicated == 1
+
+
+# --- the database in the loop (db) ----------------------------------------------------------
+
+
+def db_orders(h: History) -> None:
+    """Three orders: one placed and applied, one refused by its business rule, one whose
+    commit the listener could not tell (UNKNOWN) and the check-back answered from the log."""
+    h.send("db-1", "db", T0 + 1 * S, intent="commit")
+    h.decide("db-1", T0 + 1 * S + 5, "COMMIT")
+    h.ack("db-1", T0 + 1 * S + 10)
+    h.read("db-1", T0 + 1.5 * S)
+    h.send("db-2", "db", T0 + 2 * S, intent="rollback")
+    h.decide("db-2", T0 + 2 * S + 5, "ROLLBACK")
+    h.ack("db-2", T0 + 2 * S + 10)
+    h.send("db-3", "db", T0 + 3 * S, intent="commit")
+    h.decide("db-3", T0 + 3 * S + 5, "UNKNOWN")
+    h.ack("db-3", T0 + 3 * S + 10)
+    h.decide("db-3", T0 + 11 * S, "COMMIT", via="check")
+    h.read("db-3", T0 + 12 * S)
+
+
+def test_a_database_run_whose_three_sources_agree_passes(history: History) -> None:
+    db_orders(history)
+    history.drained(T0 + 60 * S)
+    history.write("database", T0 + 61 * S, orders=["db-1", "db-3"], effects={"db-1": 1, "db-3": 1})
+    report = history.check()
+    assert report.ok, report.render()
+    assert report.row(ALL_ROW).operations == 3
+
+
+@pytest.mark.parametrize(
+    ("orders", "effects", "reads", "expected"),
+    [
+        # An order row whose message never came.
+        (["db-1", "db-3", "db-4"], {"db-1": 1, "db-3": 1}, [], [("lost", "db-4")]),
+        # Its message read twice; its effect applied twice; never applied.
+        (["db-1", "db-3"], {"db-1": 1, "db-3": 1}, ["db-1"], [("duplicated", "db-1")]),
+        (["db-1", "db-3"], {"db-1": 2, "db-3": 1}, [], [("effect_duplicated", "db-1")]),
+        (["db-1", "db-3"], {"db-1": 1}, [], [("effect_lost", "db-3")]),
+        # No order row: a COMMIT answer, a message or an effect is one without a row.
+        (["db-1"], {"db-1": 1, "db-3": 1}, [], [("without_row", "db-3"), ("without_row", "db-3")]),
+        (["db-1", "db-3"], {"db-1": 1, "db-3": 1, "db-2": 1}, [], [("without_row", "db-2")]),
+        (["db-1", "db-3"], {"db-1": 1, "db-3": 1}, ["db-2"], [("without_row", "db-2")]),
+        # The refused order's row committed, with its message and effect, against its
+        # ROLLBACK answer.
+        (
+            ["db-1", "db-2", "db-3"],
+            {"db-1": 1, "db-2": 1, "db-3": 1},
+            ["db-2"],
+            [
+                ("failed_work_committed", "db-2"),
+                ("rollback_with_row", "db-2"),
+                ("visible_undecided", "db-2"),
+            ],
+        ),
+    ],
+)
+def test_each_disagreement_of_the_three_sources_is_caught(
+    history: History,
+    orders: list[str],
+    effects: dict[str, int],
+    reads: list[str],
+    expected: list[tuple[str, str]],
+) -> None:
+    db_orders(history)
+    if "db-4" in orders:
+        history.send("db-4", "db", T0 + 4 * S, intent="commit")
+        history.decide("db-4", T0 + 4 * S + 5, "COMMIT")
+        history.ack("db-4", T0 + 4 * S + 10)
+    for op_id in reads:
+        history.read(op_id, T0 + 20 * S)
+    history.drained(T0 + 60 * S)
+    history.write("database", T0 + 61 * S, orders=orders, effects=effects)
+    report = history.check()
+    assert sorted((kind, op_id) for kind, op_id, _ in kinds(report)) == sorted(expected)
+    assert not report.ok
+
+
+@pytest.mark.parametrize(
+    ("answers", "read", "expected"),
+    [
+        # A row answered ROLLBACK (then COMMIT: the answer that contradicts the row).
+        (["ROLLBACK", "COMMIT"], True, ["rollback_with_row"]),
+        # A row never answered COMMIT, its message read anyway.
+        (["UNKNOWN"], True, ["visible_undecided"]),
+        # A row never answered COMMIT and never delivered: lost.
+        (["UNKNOWN"], False, ["lost"]),
+    ],
+)
+def test_answers_that_disagree_with_the_row_are_caught(
+    history: History, answers: list[str], read: bool, expected: list[str]
+) -> None:
+    history.send("db-1", "db", T0 + 1 * S, intent="commit")
+    for i, status in enumerate(answers):
+        history.decide("db-1", T0 + 1 * S + 5 + i * S, status)
+    history.ack("db-1", T0 + 1 * S + 10)
+    if read:
+        history.read("db-1", T0 + 5 * S)
+    history.drained(T0 + 60 * S)
+    history.write("database", T0 + 61 * S, orders=["db-1"], effects={"db-1": 1}, running=0)
+    assert [k for k, _, _ in kinds(history.check())] == expected
+
+
+def test_an_order_committed_after_the_drain_is_pending(history: History) -> None:
+    history.send("db-1", "db", T0 + 1 * S, intent="commit")
+    history.drained(T0 + 60 * S)
+    history.decide("db-1", T0 + 61 * S, "COMMIT")
+    history.ack("db-1", T0 + 61 * S + 10)
+    history.write("database", T0 + 62 * S, orders=["db-1"], effects={}, running=0)
+    report = history.check()
+    assert report.ok and report.pending == 1, report.render()
+
+
+def test_rows_of_no_db_operation_are_unmatched(history: History) -> None:
+    db_orders(history)
+    history.drained(T0 + 60 * S)
+    history.write(
+        "database", T0 + 61 * S, orders=["db-1", "db-3"],
+        effects={"db-1": 1, "db-3": 1, "4F0A": 1}, running=0,
+    )  # fmt: skip
+    report = history.check()
+    assert report.ok and report.unmatched_ids == 1, report.render()
+
+
+def test_an_effect_missing_after_an_incomplete_drain_is_stuck(history: History) -> None:
+    db_orders(history)
+    history.drained(T0 + 60 * S, detail="gave up after 60 s")
+    history.write("database", T0 + 61 * S, orders=["db-1", "db-3"], effects={"db-1": 1})
+    assert [(k, i) for k, i, _ in kinds(history.check())] == [("stuck", "db-3")]
+
+
+def test_a_message_read_before_its_commit_answer_is_early(history: History) -> None:
+    history.send("db-1", "db", T0 + 1 * S, intent="commit")
+    history.read("db-1", T0 + 1 * S + 2)
+    history.decide("db-1", T0 + 1 * S + 5, "COMMIT")
+    history.ack("db-1", T0 + 1 * S + 10)
+    history.drained(T0 + 60 * S)
+    history.write("database", T0 + 61 * S, orders=["db-1"], effects={"db-1": 1})
+    assert [k for k, _, _ in kinds(history.check())] == ["early"]
+
+
+def test_without_a_database_event_a_db_order_is_judged_as_a_transaction(
+    history: History,
+) -> None:
+    db_orders(history)
+    history.send("db-4", "db", T0 + 4 * S, intent="commit")
+    history.decide("db-4", T0 + 4 * S + 5, "COMMIT")
+    history.ack("db-4", T0 + 4 * S + 10)
+    history.drained(T0 + 60 * S)
+    assert kinds(history.check()) == [("lost", "db-4", (NONE_ROW,))]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"orders": "db-1", "effects": {}}, {"orders": [], "effects": {"db-1": -1}}, {"orders": []}],
+)
+def test_a_malformed_database_event_is_refused(history: History, fields: dict[str, Any]) -> None:
+    history.write("database", T0 + 61 * S, **fields)
+    with pytest.raises(HistoryFormatError, match="database"):
+        history.check()
