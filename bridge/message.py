@@ -60,6 +60,7 @@ __all__ = [
     "DEAD_LETTER_PROPERTIES",
     "DELAY_PROPERTIES",
     "FAILURE_MESSAGE_MAX_BYTES",
+    "MESSAGE_GROUP_MAX_BYTES",
     "RESERVED_PROPERTIES",
     "SYSTEM_PROPERTIES",
     "TRACE_PROPERTIES",
@@ -70,6 +71,7 @@ __all__ = [
     "MessageIdGenerator",
     "PropertyValue",
     "SystemPropertyName",
+    "checked_message_group",
     "is_unicode",
     "local_ipv4",
     "now_ms",
@@ -136,6 +138,38 @@ def _check_objects(body: object, key: object, value: object, sharding_key: objec
         )
 
 
+MESSAGE_GROUP_MAX_BYTES: Final = 64
+"""A message group's UTF-8 encoding must be shorter than this (RocketMQ 5's proxy refuses a
+group of ``maxMessageGroupSize``, 64, bytes or more)."""
+
+
+def checked_message_group(group: object) -> str:
+    """``group`` if it can be a message group (RocketMQ 5's rules: text that is not blank,
+    shorter than :data:`MESSAGE_GROUP_MAX_BYTES` bytes of UTF-8, without control characters),
+    else :class:`InvalidMessageError` saying why."""
+    if not isinstance(group, str):
+        raise InvalidMessageError(f"a message group must be text, got {type(group).__name__}")
+    if not group.strip():
+        raise InvalidMessageError(f"a message group must not be blank, got {group!r}")
+    if not is_unicode(group):
+        raise InvalidMessageError(
+            f"the message group {group!r} is not valid Unicode text ({lone_surrogate(group)})"
+        )
+    size = len(group.encode())
+    if size >= MESSAGE_GROUP_MAX_BYTES:
+        raise InvalidMessageError(
+            f"the message group {group[:16]!r}... takes {size} bytes of UTF-8; it must take "
+            f"fewer than {MESSAGE_GROUP_MAX_BYTES}"
+        )
+    for index, char in enumerate(group):
+        if ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F:
+            raise InvalidMessageError(
+                f"the message group {group!r} holds the control character U+{ord(char):04X} "
+                f"at index {index}"
+            )
+    return group
+
+
 def _delay_number(setter: str, value: object) -> int:
     """``value`` (a delay level) if it is an ``int``, else :class:`InvalidDelayError` naming
     the setter: a ``bool`` is refused though Python counts it an int (``True`` is no delay
@@ -165,7 +199,10 @@ class Message:
     space-separated keys or a list), ``tags`` one tag used for filtering. ``properties`` are
     user properties, text or bytes; system properties (``MessageConst``) are set through the
     methods. ``sharding_key`` (text or bytes) is the Kafka record key, which picks the
-    partition.
+    partition. ``message_group`` (text) is RocketMQ 5's FIFO message group: the same
+    property as the sharding key (``__SHARDINGKEY``, as RocketMQ 5's proxy stores it), so a
+    group's messages share a partition, and a FIFO consumer (``PushConsumer(fifo=True)``)
+    consumes them one at a time, in send order (``docs/fifo.md``).
 
     With a producer made with a ``value_serializer`` (and ``key_serializer``), pass the
     objects instead: ``value=`` (in place of ``body``) and ``key=`` (in place of
@@ -191,6 +228,7 @@ class Message:
         sharding_key: str | bytes | None = None,
         key: object = None,
         value: object = None,
+        message_group: str | None = None,
     ) -> None:
         self.topic = topic
         if key is not None or value is not None:
@@ -223,6 +261,13 @@ class Message:
                     "producer's key_serializer)"
                 )
             self._properties[MessageConst.SHARDING_KEY] = sharding_key
+        if message_group is not None:
+            if sharding_key is not None or key is not None:
+                raise InvalidMessageError(
+                    "give either message_group or sharding_key / key= (the message group is "
+                    "the sharding key: it becomes the record key), not both"
+                )
+            self._properties[MessageConst.SHARDING_KEY] = checked_message_group(message_group)
 
     # --- body, keys, tags -------------------------------------------------------------
     @property
@@ -419,6 +464,24 @@ class Message:
         """The key that picks the partition (RocketMQ 5's message group), if any: text, or
         bytes as given (a binary key, or one a ``key_serializer`` wrote)."""
         return self._properties.get(MessageConst.SHARDING_KEY)
+
+    @property
+    def message_group(self) -> str | None:
+        """RocketMQ 5's FIFO message group, if any: the sharding key as text (RocketMQ 5 keeps
+        the group in ``__SHARDINGKEY``; a binary sharding key reads with U+FFFD for bytes
+        that are not UTF-8). A FIFO consumer runs a group's messages one at a time, in order.
+
+        Setting it checks RocketMQ 5's rules (:func:`checked_message_group`); None removes it.
+        """
+        group = self._properties.get(MessageConst.SHARDING_KEY)
+        return None if group is None else property_text(group)
+
+    @message_group.setter
+    def message_group(self, group: str | None) -> None:
+        if group is None:
+            self._properties.pop(MessageConst.SHARDING_KEY, None)
+        else:
+            self._properties[MessageConst.SHARDING_KEY] = checked_message_group(group)
 
     def kafka_key(self) -> bytes | None:
         """The Kafka record key: sharding key, else keys joined by spaces, else None."""

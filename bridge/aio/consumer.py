@@ -175,6 +175,7 @@ class PushConsumer(AsyncClient):
         *,
         message_model: MessageModel | None = None,
         orderly: bool = False,
+        fifo: bool = False,
         bootstrap_servers: str | None = None,
         namespace: str | None = None,
         config: ClientConfig | None = None,
@@ -188,6 +189,7 @@ class PushConsumer(AsyncClient):
             group,
             message_model=message_model,
             orderly=orderly,
+            fifo=fifo,
             bootstrap_servers=bootstrap_servers,
             namespace=namespace,
             config=config,
@@ -227,6 +229,11 @@ class PushConsumer(AsyncClient):
     def orderly(self) -> bool:
         """True if the consumer consumes orderly (see :attr:`bridge.PushConsumer.orderly`)."""
         return self._consumer.orderly
+
+    @property
+    def fifo(self) -> bool:
+        """True if the consumer is FIFO (see :attr:`bridge.PushConsumer.fifo`)."""
+        return self._consumer.fifo
 
     @property
     def max_reconsume_times(self) -> int:

@@ -1,9 +1,11 @@
-"""How held messages reach a listener: what the concurrent and the orderly strategy share.
+"""How held messages reach a listener: what the concurrent, orderly and FIFO strategies share.
 
 :class:`~bridge.consumer.concurrent.ConcurrentConsumption` runs a partition's messages on many
 threads at once and sends failures back; :class:`~bridge.consumer.orderly.OrderlyConsumption`
-runs each partition one batch at a time and retries a failure in place. Both call listeners
-the same way (:meth:`Consumption._call_listener`) and hand failures to one
+runs each partition one batch at a time and retries a failure in place;
+:class:`~bridge.consumer.fifo.FifoConsumption` runs each message group one message at a time
+and retries a failure in place. They call listeners the same way
+(:meth:`Consumption._call_listener`) and hand failures to one
 :class:`~bridge.consumer.retry_policy.RetryPolicy`.
 """
 
@@ -200,7 +202,12 @@ class Strategy(abc.ABC):
     :class:`~bridge.SimpleConsumer`'s receive buffer."""
 
     orderly: ClassVar[bool]
-    """True for the orderly strategy (retry budget, revoke wait)."""
+    """True for the orderly strategy (an unlimited retry budget unless one is set)."""
+    in_place: ClassVar[bool] = False
+    """Failures are retried in place, never through the retry topic (orderly and FIFO
+    consumption): the group's retry topic is neither read nor written, and a rebalance waits
+    up to ``consume_timeout`` for a running listener, so the partition's next owner never
+    runs a message while its listener still runs here."""
     _RETRY_AT_ONCE: ClassVar[bool] = False
     """Retry copies go straight to the retry topic, not through the delay levels."""
     expires_while_waiting: ClassVar[bool] = False

@@ -108,7 +108,7 @@ class Fetcher:
                 **fetch_tuning(config),
             )
         else:
-            tuning = group_tuning(group, config, settings, orderly=self._consumption.orderly)
+            tuning = group_tuning(group, config, settings, orderly=self._consumption.in_place)
             self._revoke_wait_s = tuning.revoke_wait_s
             if self._consumption.cooperative:
                 tuning.options["partition_assignment_strategy"] = "cooperative-sticky"
@@ -317,7 +317,7 @@ class Fetcher:
             consumer.incremental_assign(self._take(partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        # Orderly: never let the next owner run a partition while its listener runs here.
+        # Orderly, FIFO: never let the next owner run a partition while its listener runs here.
         self._release([(tp.topic, tp.partition) for tp in partitions], self._revoke_wait_s)
         if self._consumption.cooperative and partitions:
             consumer.incremental_unassign(partitions)

@@ -43,6 +43,7 @@ class OrderlyConsumption(Consumption[ConsumeOrderlyContext]):
     """Runs an orderly listener (or a callable) one batch per partition at a time."""
 
     orderly: ClassVar[bool] = True
+    in_place: ClassVar[bool] = True
     _LISTENER_RAISED: ClassVar[str] = "orderly listener raised on %s: suspending"
     _BATCH_LISTENER: ClassVar[type[BatchListener]] = MessageListenerOrderly
     # A listener raising SystemExit or KeyboardInterrupt fails its batch like any exception

@@ -21,8 +21,9 @@ a listener (concurrent: the message is sent back; orderly: a rebalance waits tha
 * :mod:`~bridge.consumer.fetcher`: the poll thread (flow control, rebalances, commits,
   BROADCASTING partitions), with :mod:`~bridge.consumer.intake` (decoding a poll) and
   :mod:`~bridge.consumer.tuning` (the Kafka consumer's settings);
-* :mod:`~bridge.consumer.concurrent` and :mod:`~bridge.consumer.orderly`: the two consumption
-  strategies, over :mod:`~bridge.consumer.consumption` (the listener call);
+* :mod:`~bridge.consumer.concurrent`, :mod:`~bridge.consumer.orderly` and
+  :mod:`~bridge.consumer.fifo`: the consumption strategies, over
+  :mod:`~bridge.consumer.consumption` (the listener call);
 * :mod:`~bridge.consumer.retry_policy`: send-back, DLQ and local retries;
   :mod:`~bridge.consumer.quarantine`: QUARANTINE copies;
 * :mod:`~bridge.consumer.scheduler`, :mod:`~bridge.consumer.counters` and
@@ -55,6 +56,7 @@ from bridge.consumer.context import (
 )
 from bridge.consumer.counters import ConsumerStats
 from bridge.consumer.fetcher import CLOSE_GRACE_S, Fetcher
+from bridge.consumer.fifo import FifoConsumption
 from bridge.consumer.model import (
     FilterExpression,
     MessageListenerConcurrently,
@@ -128,6 +130,15 @@ class PushConsumer(Startable):
     once per message; ``orderly=True`` makes such callables orderly. Settings are the fields
     of :class:`PushConsumerConfig`, given as keyword arguments or as ``settings``.
 
+    ``fifo=True`` makes the consumer FIFO (RocketMQ 5's FIFO consumer group): the messages of
+    one message group (:attr:`~bridge.Message.message_group`) are consumed one at a time, in
+    send order, and a failed one is retried in place after
+    ``suspend_current_queue_time_millis``, holding up its group only, until its retries are
+    spent (``max_reconsume_times``; -1: 16) and it goes to the DLQ; different groups, even in
+    one partition, run in parallel on the listener threads, and messages without a group run
+    as normal messages do, in parallel. A FIFO consumer's listeners are callables
+    (``docs/fifo.md``).
+
     Isolation: each record is handled on its own. A record that cannot be decoded (a header
     that cannot be read, a malformed retry record), or a failed message whose retry copy cannot
     be built, is moved to the QUARANTINE topic with its reason, and the rest of its batch and
@@ -169,6 +180,7 @@ class PushConsumer(Startable):
         *,
         message_model: MessageModel | None = None,
         orderly: bool = False,
+        fifo: bool = False,
         bootstrap_servers: str | None = None,
         namespace: str | None = None,
         config: ClientConfig | None = None,
@@ -189,8 +201,14 @@ class PushConsumer(Startable):
             group, parts, options, (settings or PushConsumerConfig()).consume_from_where
         )
         tuned = (settings or PushConsumerConfig()).replace(message_model=message_model, **options)
+        if orderly and fifo:
+            raise InvalidArgumentError(
+                f"push consumer {group}: orderly=True and fifo=True; a consumer is one or the "
+                "other (FIFO orders each message group, orderly each partition)"
+            )
         self._orderly_asked = orderly
         """``orderly=True`` given: callables are orderly too."""
+        self._fifo = fifo
         self._orderly_listener = False
         """A :class:`MessageListenerOrderly` is subscribed."""
         self._lifecycle = Lifecycle(f"push consumer {group}")
@@ -250,12 +268,39 @@ class PushConsumer(Startable):
     @orderly.setter
     def orderly(self, value: bool) -> None:
         self._before_start("orderly")
+        if value and self._fifo:
+            raise IllegalStateError(
+                f"push consumer {self.group}: it is FIFO, so it cannot consume orderly"
+            )
         if not value and self._orderly_listener:
             raise IllegalStateError(
                 f"push consumer {self.group}: a MessageListenerOrderly is subscribed, "
                 "so it consumes orderly"
             )
         self._orderly_asked = value
+
+    @property
+    def fifo(self) -> bool:
+        """True if the consumer is FIFO (``fifo=True``): each message group's messages one at
+        a time, in order, groups in parallel. Can be set before :meth:`start`."""
+        return self._fifo
+
+    @fifo.setter
+    def fifo(self, value: bool) -> None:
+        self._before_start("fifo")
+        if value and self.orderly:
+            raise IllegalStateError(
+                f"push consumer {self.group}: it consumes orderly, so it cannot be FIFO"
+            )
+        if value and any(
+            _listener_kind(s.topic, s.listener) is not _ListenerKind.PER_MESSAGE
+            for s in self._subscriptions.values()
+        ):
+            raise IllegalStateError(
+                f"push consumer {self.group}: a listener object is subscribed; a FIFO consumer "
+                "takes callables"
+            )
+        self._fifo = bool(value)
 
     @property
     def max_reconsume_times(self) -> int:
@@ -275,7 +320,8 @@ class PushConsumer(Startable):
         are committed, and they are never retried. Call before :meth:`start`.
 
         A :class:`MessageListenerOrderly` makes the consumer orderly (see :attr:`orderly`), so
-        it must come first or join other orderly listeners and callables.
+        it must come first or join other orderly listeners and callables. A FIFO consumer
+        (see :attr:`fifo`) takes callables only: it calls its listener once per message.
 
         Raises :class:`InvalidArgumentError` for a missing listener, a bad expression or
         topic name, or a listener of the other kind than the consumer's (orderly or not);
@@ -285,6 +331,12 @@ class PushConsumer(Startable):
         if self._lifecycle.state is not ServiceState.CREATE_JUST:
             raise IllegalStateError(f"push consumer {self.group}: subscribe before start()")
         kind = _listener_kind(topic, listener)
+        if self._fifo and kind is not _ListenerKind.PER_MESSAGE:
+            raise InvalidArgumentError(
+                f"subscribe({topic!r}): a FIFO consumer calls its listener once per message; "
+                f"give a callable listener(msg) -> ConsumeStatus, not a "
+                f"{type(listener).__name__}"
+            )
         if kind is _ListenerKind.ORDERLY and self._subscriptions and not self.orderly:
             raise InvalidArgumentError(
                 f"subscribe({topic!r}): an orderly listener on a concurrent consumer"
@@ -328,7 +380,7 @@ class PushConsumer(Startable):
             "push consumer %s started (%s, %s, topics %s)",
             self.group,
             self.message_model.value,
-            "orderly" if self.orderly else "concurrently",
+            "FIFO" if self._fifo else "orderly" if self.orderly else "concurrently",
             sorted(self._subscriptions),
         )
 
@@ -337,7 +389,9 @@ class PushConsumer(Startable):
         self._shut_down.set()  # a later shutdown() has nothing to wait for
 
     def _new_consumption(self) -> Consumption[Any]:
-        """The consumption strategy of the consumer's mode (see :attr:`orderly`)."""
+        """The consumption strategy of the consumer's mode (see :attr:`orderly`, :attr:`fifo`)."""
+        if self._fifo:
+            return FifoConsumption(self._context, self._quarantine)
         if self.orderly:
             return OrderlyConsumption(self._context, self._quarantine)
         return ConcurrentConsumption(self._context, self._quarantine)
@@ -360,14 +414,14 @@ class PushConsumer(Startable):
         # Kafka topic -> RocketMQ name of every topic consumed.
         topic_names = {s.kafka_topic: s.topic for s in self._subscriptions.values()}
         retry_kafka_topic = ""
-        if clustering and not consumption.orderly:
+        if clustering and not consumption.in_place:
             retry_kafka_topic = catalog.retry_topic(self.group)
             topic_names[retry_kafka_topic] = RETRY_GROUP_TOPIC_PREFIX + self.group
         # Nothing waits on a copy's acknowledgement but its held message: batch them longer.
         linger_ms = max(self.config.linger_ms, _COPY_LINGER_MS)
         context.producer = Producer(self.group, config=self.config.replace(linger_ms=linger_ms))
         context.producer.start()
-        if clustering and not consumption.orderly:
+        if clustering and not consumption.in_place:
             self._prepare_send_backs(context.producer)
         context.executor = ThreadPoolExecutor(
             self.settings.consume_thread_count,

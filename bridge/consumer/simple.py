@@ -102,6 +102,12 @@ class MessageView:
         return self._msg.user_properties
 
     @property
+    def message_group(self) -> str | None:
+        """The message's FIFO message group (RocketMQ 5's), if any (see
+        :attr:`bridge.Message.message_group`)."""
+        return self._msg.message_group
+
+    @property
     def delivery_attempt(self) -> int:
         """This delivery's number: 1 for the first, ``n + 1`` after ``n`` invisible
         durations passed without an ack."""
