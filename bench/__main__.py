@@ -1,5 +1,5 @@
 """Run the benchmarks: ``python -m bench [producer] [transactions] [delays] [consumer] [simple]
-[aio] [db] [spark]`` (all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker);
+[fifo] [aio] [db] [spark]`` (all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker);
 ``python -m bench storm`` measures a storm of checks (a few minutes: only when asked);
 ``python -m bench rocketmq`` runs the same benchmarks against Apache RocketMQ and the bridge
 side by side."""
@@ -15,6 +15,7 @@ from bench import (
     consumer,
     db,
     delays,
+    fifo,
     producer,
     rocketmq,
     simple_consumer,
@@ -41,6 +42,8 @@ def main() -> None:
             consumer.run(bootstrap)
         if not only or "simple" in only:
             simple_consumer.run(bootstrap)
+        if not only or "fifo" in only:
+            fifo.run(bootstrap)
         if not only or "aio" in only:
             aio.run(bootstrap)
         if not only or "db" in only:

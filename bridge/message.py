@@ -471,7 +471,8 @@ class Message:
         the group in ``__SHARDINGKEY``; a binary sharding key reads with U+FFFD for bytes
         that are not UTF-8). A FIFO consumer runs a group's messages one at a time, in order.
 
-        Setting it checks RocketMQ 5's rules (:func:`checked_message_group`); None removes it.
+        Setting it checks RocketMQ 5's rules (text, not blank, fewer than 64 bytes of UTF-8,
+        no control characters: else :class:`InvalidMessageError`); None removes it.
         """
         group = self._properties.get(MessageConst.SHARDING_KEY)
         return None if group is None else property_text(group)

@@ -116,3 +116,15 @@ def test_the_asyncio_api_offers_the_selectors_and_checks_them_at_subscribe() -> 
     with pytest.raises(FilterExpressionError) as caught:
         consumer.subscribe("orders", print, bridge.aio.MessageSelector.by_sql("a = NULL"))
     assert (caught.value.position, caught.value.found) == (4, "NULL")
+
+
+def test_the_asyncio_consumer_is_fifo_as_the_threaded_one_and_takes_async_callables() -> None:
+    consumer = PushConsumer("g", bootstrap_servers="127.0.0.1:1", fifo=True)
+    assert consumer.fifo and consumer.threaded.fifo and not consumer.orderly
+
+    async def listener(msg: MessageExt) -> ConsumeStatus:
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer.subscribe("orders", listener)
+    with pytest.raises(InvalidArgumentError, match="FIFO consumer calls its listener"):
+        consumer.subscribe("other", AsyncInOrder())

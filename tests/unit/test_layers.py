@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.consumer.sql92",
             "bridge.consumer.process_queue",
             "bridge.consumer.invisibility",
+            "bridge.consumer.message_groups",
             "bridge.transaction.model",
             "bridge.transaction.state",
         ),

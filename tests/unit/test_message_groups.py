@@ -23,7 +23,7 @@ from bridge.consumer import (
     PushConsumer,
 )
 from bridge.consumer.fifo import FifoConsumption
-from bridge.consumer.message_groups import GroupLanes, Lane, group_of
+from bridge.consumer.message_groups import GroupKey, GroupLanes, Lane, group_of
 from bridge.consumer.process_queue import ProcessQueue
 from bridge.errors import IllegalStateError, InvalidArgumentError, InvalidMessageError
 from tests.conftest import wait_until
@@ -52,9 +52,7 @@ def _no_key() -> object:
 
 # --- the lane rule --------------------------------------------------------------------------
 _STEP = st.one_of(
-    st.tuples(
-        st.just("receive"), st.integers(0, 1), st.lists(st.sampled_from(GROUPS), max_size=6)
-    ),
+    st.tuples(st.just("receive"), st.integers(0, 1), st.lists(st.sampled_from(GROUPS), max_size=6)),
     st.tuples(st.just("take")),
     st.tuples(st.just("succeed"), st.integers(0, 20)),
     st.tuples(st.just("fail"), st.integers(0, 20)),
@@ -74,7 +72,7 @@ def test_groups_run_one_at_a_time_in_order_and_commits_never_pass_unfinished_wor
     failed: dict[Lane, MessageExt] = {}  # taken, failed, put back, waiting to be resumed
     done: set[tuple[int, int]] = set()
     last_taken: dict[Lane, int] = {}
-    lane_of: dict[tuple[int, int], object] = {}
+    lane_of: dict[tuple[int, int], GroupKey] = {}
 
     def run(step: tuple[Any, ...]) -> None:
         kind = step[0]
@@ -138,9 +136,7 @@ def test_groups_run_one_at_a_time_in_order_and_commits_never_pass_unfinished_wor
         check()
     # Only messages behind a running or failed one of their group wait.
     held = {(m.queue_id, m.queue_offset) for m in [*out.values(), *failed.values()]}
-    behind = [
-        (p, o) for p in (0, 1) for o in range(next_offset[p]) if (p, o) not in done | held
-    ]
+    behind = [(p, o) for p in (0, 1) for o in range(next_offset[p]) if (p, o) not in done | held]
     assert lanes.waiting == len(behind) + len(failed)
     for p, o in behind:
         assert (queues[p], lane_of[(p, o)]) in out.keys() | failed.keys(), "blocked by another"
@@ -165,7 +161,8 @@ def test_groups_run_one_at_a_time_in_order_and_commits_never_pass_unfinished_wor
 
 def test_a_failed_message_holds_up_its_group_only() -> None:
     lanes: GroupLanes[str] = GroupLanes()
-    for item, group in [("a1", b"a"), ("b1", b"b"), ("a2", b"a"), ("b2", b"b"), ("x", 7)]:
+    added: list[tuple[str, GroupKey]] = [("a1", b"a"), ("b1", b"b"), ("a2", b"a"), ("b2", b"b")]
+    for item, group in [*added, ("x", 7)]:
         lanes.add("p", group, item)
     assert [lanes.take(), lanes.take(), lanes.take()] == [
         (("p", b"a"), "a1"),
