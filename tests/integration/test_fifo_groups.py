@@ -173,12 +173,12 @@ config = ClientConfig(bootstrap_servers=sys.argv[1], namespace=sys.argv[2],
                       kafka={"session.timeout.ms": "6000"})
 out = os.open(sys.argv[5], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 def listener(msg):
-    time.sleep(0.01)
+    time.sleep(0.02)
     ok = msg.body != b"g0:2"
     # One write a delivery: a line is whole or missing after a SIGKILL.
     os.write(out, b"%s %d %s\\n" % (msg.body, msg.reconsume_times, b"ok" if ok else b"failed"))
     return ConsumeStatus.CONSUME_SUCCESS if ok else ConsumeStatus.RECONSUME_LATER
-consumer = PushConsumer(sys.argv[3], config=config, fifo=True, consume_thread_count=8,
+consumer = PushConsumer(sys.argv[3], config=config, fifo=True, consume_thread_count=4,
                         consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
                         suspend_current_queue_time_millis=100, max_reconsume_times=1000,
                         persist_consumer_offset_interval_ms=100)
@@ -222,8 +222,7 @@ def test_a_consumer_killed_while_a_group_retries_loses_nothing_and_keeps_every_g
         name, seq = body.split(":")
         if result == "ok":
             before[name].append(int(seq))
-    done_before = sum(len(seqs) for seqs in before.values())
-    assert done_before < 600, "the kill came after all the work"
+    assert any(len(before[name]) < 30 for name in groups[1:]), "the kill came after the work"
     for name, seqs in before.items():
         assert seqs == list(range(len(seqs))), f"{name} out of order before the kill"
     assert before["g0"] == [0, 1], "g0 went past its failing message before the kill"
