@@ -167,6 +167,7 @@ class FifoConsumption(Consumption[ConsumeOrderlyContext]):
             call = object()
             pq.start(call, [msg], time.monotonic())
             settled: set[int] | None = None
+            retry: list[MessageExt] = []
             try:
                 sub = self._context.subscriptions.get(msg.topic)
                 if sub is None:  # pragma: no cover - a FIFO consumer reads no retry topic
@@ -186,14 +187,13 @@ class FifoConsumption(Consumption[ConsumeOrderlyContext]):
                 if ok:
                     self._context.counters.add(Count.CONSUMED)
                     pq.remove([msg.queue_offset])
-                    self._resume(lane)
-                    return
-                self._context.counters.add(Count.FAILED)
-                try:
-                    retry = self.policy.check_reconsume_times(pq, [msg])
-                except Exception:
-                    logger.exception("push consumer %s: FIFO failure handling", group)
-                    retry = [msg] if pq.holds(msg.queue_offset) else []
+                else:
+                    self._context.counters.add(Count.FAILED)
+                    try:
+                        retry = self.policy.check_reconsume_times(pq, [msg])
+                    except Exception:
+                        logger.exception("push consumer %s: FIFO failure handling", group)
+                        retry = [msg] if pq.holds(msg.queue_offset) else []
             except EventLoopClosedError:
                 # Not run, not a failure: held (uncommitted) for the next owner; the asyncio
                 # client is shutting down, so the group waits.
@@ -211,6 +211,8 @@ class FifoConsumption(Consumption[ConsumeOrderlyContext]):
                     msg.msg_id,
                 )
                 retry = [m for m in held if pq.holds(m.queue_offset)]
+            # Released once, here, whatever happened above: a second release could let two
+            # messages of the group out at once.
             if retry:
                 with self._lock:
                     self._lanes.put_back(lane, retry)

@@ -1,7 +1,8 @@
 """FIFO message groups against a real broker: groups interleaved in one partition consumed in
 parallel, each in send order; a failing message holds up its group only, is retried in place,
-then goes to the DLQ; a consumer killed (SIGKILL) while a group retries loses nothing, and
-every group keeps its order across the redelivery."""
+then goes to the DLQ; a second member joining mid-stream never runs a group twice at once;
+a consumer killed (SIGKILL) while a group retries loses nothing, and every group keeps its
+order across the redelivery."""
 
 from __future__ import annotations
 
@@ -85,9 +86,12 @@ class _Log:
     """Every delivery (group, seq, reconsume times, when), and how many groups ran at once."""
 
     def __init__(
-        self, fail: Callable[[str, int, MessageExt], bool] = lambda g, s, m: False
+        self,
+        fail: Callable[[str, int, MessageExt], bool] = lambda g, s, m: False,
+        work_s: float = 0.005,
     ) -> None:
         self.fail = fail
+        self.work_s = work_s
         self.lock = threading.Lock()
         self.deliveries: list[tuple[str, int, int, float]] = []
         self.running: dict[str, int] = {}
@@ -102,7 +106,7 @@ class _Log:
             if self.running[group] > 1:
                 self.overlaps.append(group)
             self.most_at_once = max(self.most_at_once, sum(self.running.values()))
-        time.sleep(0.005)
+        time.sleep(self.work_s)
         failed = self.fail(group, int(seq), msg)
         with self.lock:
             self.running[group] -= 1
@@ -164,6 +168,27 @@ def test_a_failing_message_holds_up_its_group_only_is_retried_in_place_then_dead
     [letter] = read_dead_letters(config, group)
     assert (letter.body, letter.reconsume_times, letter.message_group) == (b"a:1", 3, "a")
     assert not log.overlaps
+
+
+def test_a_rebalance_mid_stream_never_runs_a_group_twice_at_once_nor_out_of_order(
+    config: ClientConfig, consumers: list[PushConsumer], unique: Callable[[str], str]
+) -> None:
+    topic = _topic(config, unique("t"), partitions=2)
+    groups = [f"g{i}" for i in range(10)]
+    _send_interleaved(config, topic, groups, 60)
+    slow = _Log(work_s=0.02)
+    group = unique("g")
+    _start(consumers, config, group, topic, slow, consume_thread_count=2)
+    wait_until(lambda: slow.count() >= 60, timeout_s=60)
+    _start(consumers, config, group, topic, slow, consume_thread_count=2)  # the same log
+    assert slow.count() < 300, "the second member joined after the stream was done"
+    wait_until(lambda: all(set(slow.seqs(name)) == set(range(60)) for name in groups), 90)
+    assert consumers[1].stats().consumed > 0, "the second member took no partition"
+    assert not slow.overlaps, "two messages of one group ran at once across the rebalance"
+    for name in groups:
+        seqs = slow.seqs(name)
+        firsts = sorted(range(60), key=seqs.index)
+        assert firsts == list(range(60)), f"{name} out of order across the rebalance"
 
 
 CONSUMER_SCRIPT = """
