@@ -98,6 +98,18 @@ def test_push_consumer_example_retries_dead_letters_and_replays(
     assert "replayed 1 dead letter(s)" in out
 
 
+def test_fifo_consumer_example_keeps_each_orders_events_in_order(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    out = run_example("fifo_consumer", kafka_bootstrap, namespace)
+    lines = out.splitlines()
+    for order in ("order-0", "order-1", "order-2"):
+        assert f"{order}: created, paid, shipped" in lines, out
+    events = [line.split()[1:3] for line in lines if line.split()[1:2] == ["order-1"]]
+    assert events == [["order-1", e] for e in ("created", "paid", "paid", "shipped")], out
+    assert sum("-> fail" in line for line in lines) == 1, out
+
+
 def test_async_service_example_ships_only_the_stored_orders(client_config: ClientConfig) -> None:
     config = CoordinatorConfig(
         client=client_config, coordinator_id="example-aio", transaction_partitions=2,
