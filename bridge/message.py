@@ -481,8 +481,14 @@ class Message:
     def message_group(self, group: str | None) -> None:
         if group is None:
             self._properties.pop(MessageConst.SHARDING_KEY, None)
-        else:
-            self._properties[MessageConst.SHARDING_KEY] = checked_message_group(group)
+            return
+        if getattr(self, "_key", None) is not None:
+            # The key serializer's bytes would replace the group at send time.
+            raise InvalidMessageError(
+                "a message with key= cannot take a message_group (the message group is the "
+                "sharding key: it becomes the record key)"
+            )
+        self._properties[MessageConst.SHARDING_KEY] = checked_message_group(group)
 
     def kafka_key(self) -> bytes | None:
         """The Kafka record key: sharding key, else keys joined by spaces, else None."""

@@ -251,10 +251,11 @@ class PushConsumer(AsyncClient):
         # A concurrent listener past consume_timeout has had its messages sent back (the
         # consumer looks at least every second) and its result will be ignored: its task is
         # cancelled soon after, so that it holds neither a pool thread nor the loop for ever.
-        # An orderly listener is never timed out (its partition waits for it).
+        # An orderly or FIFO listener is never timed out (its partition or its message group
+        # waits for it).
         cancel_after_s = (
             None
-            if self._consumer.orderly
+            if self._consumer.orderly or self._consumer.fifo
             else self._consumer.settings.consume_timeout * 60 + _CANCEL_PAST_TIMEOUT_S
         )
         wrapped = on_loop(listener, self._runner, cancel_after_s)

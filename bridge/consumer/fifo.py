@@ -32,7 +32,7 @@ from bridge.consumer.consumption import (
 )
 from bridge.consumer.context import ConsumerContext
 from bridge.consumer.counters import Count
-from bridge.consumer.message_groups import GroupLanes, Lane, group_of
+from bridge.consumer.message_groups import GroupKey, GroupLanes, Lane, group_of
 from bridge.consumer.model import (
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
@@ -79,15 +79,18 @@ class FifoConsumption(Consumption[ConsumeOrderlyContext]):
         self._spawn()
 
     def _redeliver(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
-        # A local retry (a copy that could not be written): back to the head of each lane.
+        # A local retry (a copy that could not be written): back to the head of each lane, in
+        # their order, ahead of the lane's waiting messages. A lane with a message out stays
+        # out (releasing it here could let two of its messages run at once); one of a
+        # partition given up is its next owner's.
+        if pq.released:
+            return
+        by_group: dict[GroupKey, list[MessageExt]] = {}
+        for msg in msgs:
+            by_group.setdefault(group_of(msg, _KeyOf(pq, msg.queue_offset)), []).append(msg)
         with self._lock:
-            for msg in reversed(msgs):
-                lane: Lane = (pq, group_of(msg, _KeyOf(pq, msg.queue_offset)))
-                if self._lanes.is_out(lane):
-                    self._lanes.put_back(lane, [msg])
-                    self._lanes.release(lane)
-                else:
-                    self._lanes.add(pq, lane[1], msg)
+            for group, mine in by_group.items():
+                self._lanes.push_front(pq, group, mine)
         self._spawn()
 
     def released(self, queues: Iterable[ProcessQueue]) -> None:
@@ -129,10 +132,12 @@ class FifoConsumption(Consumption[ConsumeOrderlyContext]):
                 self._consume(lane, msg)
             except Exception:
                 # Outside the listener call and its handling (which retry in place whatever
-                # happens): the lane stays out rather than risk two of its messages at once.
+                # happens), so a programming error: the lane stays out rather than risk two of
+                # its messages at once. Its group waits, and its partition's offset with it,
+                # until the partition is given up (a rebalance, a restart).
                 logger.exception(
-                    "push consumer %s: FIFO consumption of %s failed; its group waits for the "
-                    "partition's next owner",
+                    "push consumer %s: FIFO consumption of %s failed; its message group waits "
+                    "until its partition is given up",
                     self._context.group,
                     msg.msg_id,
                 )

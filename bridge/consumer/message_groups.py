@@ -77,6 +77,19 @@ class GroupLanes(Generic[T]):
         if len(waiting) == 1 and lane not in self._out:
             self._ready.append(lane)
 
+    def push_front(self, owner: Hashable, group: GroupKey, items: list[T]) -> None:
+        """Queue ``items`` (in their order) at the head of the lane ``(owner, group)``, ahead
+        of its waiting ones; a lane out stays out until :meth:`release`."""
+        lane = (owner, group)
+        waiting = self._lanes.get(lane)
+        if waiting is None:
+            waiting = self._lanes[lane] = deque()
+            self._owners.setdefault(owner, set()).add(group)
+        was_empty = not waiting
+        waiting.extendleft(reversed(items))
+        if was_empty and items and lane not in self._out:
+            self._ready.append(lane)
+
     def take(self) -> tuple[Lane, T] | None:
         """The head of the lane ready longest, now out (its lane offers nothing more until
         :meth:`release`); None if no lane is ready."""

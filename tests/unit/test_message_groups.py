@@ -177,6 +177,23 @@ def test_a_failed_message_holds_up_its_group_only() -> None:
     assert lanes.take() == (("p", b"a"), "a1")
 
 
+def test_messages_pushed_to_a_lanes_front_come_first_and_an_out_lane_stays_out() -> None:
+    lanes: GroupLanes[str] = GroupLanes()
+    lanes.add("p", b"a", "a3")
+    lanes.push_front("p", b"b", ["b1", "b2"])  # an empty lane: ready, in the given order
+    lanes.push_front("p", b"a", ["a1", "a2"])
+    assert lanes.take() == (("p", b"a"), "a1")
+    lanes.push_front("p", b"a", ["a0"])  # a1 is out: the lane offers nothing until released
+    assert lanes.take() == (("p", b"b"), "b1")
+    assert lanes.take() is None
+    lanes.release(("p", b"a"))
+    assert [lanes.take(), lanes.release(("p", b"a")), lanes.take()] == [
+        (("p", b"a"), "a0"),
+        True,
+        (("p", b"a"), "a2"),
+    ]
+
+
 def test_forgotten_lanes_offer_nothing_and_late_releases_do_nothing() -> None:
     lanes: GroupLanes[str] = GroupLanes()
     lanes.add("p", b"a", "a1")
@@ -254,6 +271,11 @@ def test_message_group_with_a_sharding_key_or_key_object_is_refused() -> None:
         Message("t", b"x", message_group="g", sharding_key="s")
     with pytest.raises(InvalidMessageError, match="message_group or sharding_key"):
         Message("t", message_group="g", key="k", value="v")
+    # Set afterwards: the key serializer's bytes would replace the group at send time.
+    keyed = Message("t", key="k", value="v")
+    with pytest.raises(InvalidMessageError, match="key= cannot take a message_group"):
+        keyed.message_group = "g"
+    assert keyed.message_group is None
 
 
 # --- the consumer's mode --------------------------------------------------------------------
