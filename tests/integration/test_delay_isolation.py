@@ -285,10 +285,21 @@ def test_targets_the_acls_deny_are_quarantined_and_the_others_flow(
             lambda: (found := quarantined_ids(config)).keys() >= poisons.keys() and found,
             timeout_s=30,
         )
+    # A message that shared its Kafka transaction with a poison record is delivered in the
+    # next one (docs/delays.md): one failed transaction later, its abort and re-read included.
+    # Held back by the poison's back-offs (1 s, then 2 s, before the quarantine) it would be
+    # seconds later.
     for body, (at, delay_ms) in sent.items():
-        assert got[body] / 1000 - at <= (delay_ms + PRECISION_MS + SLACK_MS) / 1000, body
+        bound_ms = delay_ms + PRECISION_MS + SLACK_MS + FAILED_TRANSACTION_MS
+        assert got[body] / 1000 - at <= bound_ms / 1000, body
     for msg_id, target in poisons.items():
         assert target in kept[msg_id].reason and "authorization" in kept[msg_id].reason
+
+
+FAILED_TRANSACTION_MS = 500
+"""What one Kafka transaction failed by a poison record may add to its other records'
+lateness: the failure, the abort and the re-read. Without it, two full runs of the suite saw
+the bound exceeded by 17 and 270 ms."""
 
 
 class Flaky:
