@@ -42,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="inject disk_full (tmpfs, needs root; default: on --soak)")  # fmt: skip
     disk.add_argument("--no-disk-full", dest="disk_full", action="store_false")
     run_p.add_argument("--keep-data", action="store_true", help="keep the brokers' data")
+    run_p.add_argument(
+        "--database", action="store_true",
+        help="add the db kind: orders and their effects in two SQLite databases",
+    )  # fmt: skip
 
     check_p = commands.add_parser("check", help="the checker's table of a saved history")
     check_p.add_argument("history", type=Path)
@@ -80,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark=args.spark,
         disk_full=args.disk_full,
         keep_data=args.keep_data,
+        database=args.database,
     )
     return run(config)
 

@@ -44,3 +44,6 @@ class RunConfig:
     max_reconsume_times: int = 2
     rate_scale: float = 1.0
     """Multiplies every operation rate of the workload."""
+    database: bool = False
+    """Add the ``db`` kind (its two applications run in the workload's process: on 2 cores
+    they slow the check-back of a ``db_outage`` storm past the drain timeout)."""

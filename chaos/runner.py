@@ -234,7 +234,7 @@ def _run(config: RunConfig, out: Path, history_path: Path) -> int:
             replication_factor=min(3, config.nodes),
             min_insync_replicas=min(2, config.nodes),
             rates=rates,
-            database_dir=str(out / "db"),
+            database_dir=str(out / "db") if config.database else None,
         )
         history = HistoryWriter(history_path)
         stack.callback(history.close)

@@ -27,7 +27,7 @@ def test_a_short_run_with_cheap_faults_breaks_no_guarantee(tmp_path: Path) -> No
         [
             sys.executable, "-m", "chaos", "run", "--seed", "3", "--duration", "60",
             "--nodes", "1", "--nemeses", ",".join(NEMESES), "--drain-timeout", "40", "--no-spark",
-            "--out", str(out),
+            "--database", "--out", str(out),
         ],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=280, check=False,
     )  # fmt: skip
