@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 
 from bridge import MessageExt
-from bridge.db import create_tables
+from bridge.db import LocalWork, create_tables
 from chaos.history import ID_PROPERTY
 from chaos.workload_observers import prop_text
 from chaos.workload_spec import DB_INVENTORY, DB_ORDERS
@@ -69,7 +69,7 @@ def open_databases(directory: str) -> tuple[Engine, Engine]:
     return engines[0], engines[1]
 
 
-def place_order(wid: str, body: str, *, refuse: bool, database_away: bool) -> Any:
+def place_order(wid: str, body: str, *, refuse: bool, database_away: bool) -> LocalWork:
     """The business work of order ``wid``: its row; raises when ``refuse`` (the row goes in
     first, so a rollback has something to undo) or when the database is away."""
 
