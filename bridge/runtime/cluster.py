@@ -40,13 +40,13 @@ from bridge.lifecycle import Startable
 from bridge.runtime.cluster_config import (
     BROKER_HEARTBEAT_INTERVAL_MS,
     BROKER_SESSION_TIMEOUT_MS,
-    JVM_OPTIONS,
     ClusterUnhealthyError,
     LocalClusterConfig,
     cluster_state,
     node_configs,
 )
 from bridge.runtime.local_kafka import LocalKafka
+from bridge.runtime.node_config import JVM_OPTIONS
 from bridge.runtime.node_probes import probe_admin, wait_for_coordinators
 
 __all__ = [

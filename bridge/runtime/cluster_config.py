@@ -13,6 +13,7 @@ from typing import Any
 
 from bridge.errors import BrokerStartError, InvalidArgumentError
 from bridge.runtime.node_config import (
+    JVM_OPTIONS,
     LocalKafkaConfig,
     free_port,
     new_cluster_id,
@@ -27,13 +28,6 @@ leaderships, ms (Kafka's default: 9000). Short enough for a test to see a killed
 replaced within seconds; long enough that a busy 2-core machine does not fence live brokers."""
 
 _MAX_NODES = 9
-
-JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
-"""JVM options of every cluster node. Three JVMs share two cores with the clients: the serial
-collector has no concurrent GC threads and the C1 compiler alone no C2 compile threads. Measured
-on a shared 2-core machine: three nodes cold-start in 7-9 s (16-17 s with the JVM's defaults,
-G1 and C1+C2), and the brokers spend 8 s of CPU on 300,000 acks=all sends to a topic with
-replication factor 3, where with C2 as well they spend 16-17 s, at the same throughput."""
 
 
 class ClusterUnhealthyError(BrokerStartError):

@@ -27,7 +27,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.runtime.local_kafka import BROKER_PRINCIPAL, LocalKafka, LocalKafkaConfig
 from spark_jobs.common import kafka_security_options
 from spark_jobs.ingest import IngestConfig
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, SPARK_JAVA_OPTIONS
 from topics.acls import Deployment, acls_for
 from topics.catalog import TopicSpec
 from topics.client_security import read_properties_file, to_librdkafka
@@ -227,7 +227,8 @@ def test_the_spark_ingest_job_prints_no_secret(
         "logger.streaming.level = info\n"
     )
     env["PYSPARK_SUBMIT_ARGS"] = (
-        f"--driver-java-options -Dlog4j2.configurationFile=file:{log4j} pyspark-shell"
+        f'--driver-java-options "-Dlog4j2.configurationFile=file:{log4j} {SPARK_JAVA_OPTIONS}" '
+        "pyspark-shell"
     )
     command = [
         sys.executable, "-m", "spark_jobs.ingest", "--master", "local[1]",

@@ -39,7 +39,7 @@ from bridge.transaction.admin import read_parked
 from spark_jobs import dlq_report, transaction_audit
 from spark_jobs.common import TopicNotFoundError, spark_session
 from spark_jobs.ingest import IngestConfig, start_ingest
-from tests.conftest import REPO_ROOT, wait_until
+from tests.conftest import REPO_ROOT, SPARK_JAVA_OPTIONS, wait_until
 from topics.catalog import TopicSpec
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -322,6 +322,7 @@ def test_a_job_runs_with_spark_submit(kafka_bootstrap: str, tmp_path: Path) -> N
     assert "spark-sql-kafka-0-10_2.13" in jars
     proc = subprocess.run(
         [str(venv_bin / "spark-submit"), "--master", "local[1]", "--jars", jars,
+         "--driver-java-options", SPARK_JAVA_OPTIONS,
          str(REPO_ROOT / "spark_jobs" / "dlq_report.py"), "--chart", str(chart)],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False,
     )  # fmt: skip
