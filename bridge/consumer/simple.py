@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import ClassVar, Final
 
 from bridge.consumer.consumption import Failure, Place, Strategy, places, record_failure, restore
@@ -155,8 +155,17 @@ class SimpleConsumption(Strategy):
     """A message out stays with its receiver across a rebalance unless its partition moves:
     RocketMQ keeps a received message invisible however the group changes."""
 
-    def __init__(self, context: ConsumerContext, quarantine: Quarantine, max_unacked: int) -> None:
+    def __init__(
+        self,
+        context: ConsumerContext,
+        quarantine: Quarantine,
+        max_unacked: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock``: the time leases are measured in, monotonic seconds (tests give one of
+        their own, so that a lease expires when they say, not when a busy machine makes it)."""
         super().__init__(context, quarantine)
+        self._clock = clock
         self.leases: Leases[Leased] = Leases(uuid.uuid4().hex[:16], max_unacked)
         self._ready: deque[Held] = deque()
         """Messages held and not received yet, in the order the fetcher passed them."""
@@ -179,7 +188,7 @@ class SimpleConsumption(Strategy):
     def expire_overdue(self, queues: Iterable[ProcessQueue]) -> None:
         """Send back the messages whose invisible duration passed without an ack (those of
         a partition given up meanwhile are its next owner's)."""
-        expired = self.leases.expired(time.monotonic())
+        expired = self.leases.expired(self._clock())
         if not expired:
             return
         by_queue: dict[int, tuple[ProcessQueue, list[MessageExt]]] = {}
@@ -218,7 +227,7 @@ class SimpleConsumption(Strategy):
                     raise IllegalStateError(f"simple consumer {self._context.group} is shut down")
                 room = self.leases.room()
                 views: list[MessageView] = []
-                now = time.monotonic()
+                now = self._clock()
                 while ready and len(views) < min(count, room):
                     pq, msg = ready.popleft()
                     if not pq.begin():
@@ -241,7 +250,7 @@ class SimpleConsumption(Strategy):
         with pq.lock:
             if pq.released:
                 self._refuse_released(lease, handle, pq)
-            self.leases.ack(lease, handle, time.monotonic())
+            self.leases.ack(lease, handle, self._clock())
             pq.remove((msg.queue_offset,))
         pq.end()
         self._context.counters.add(Count.CONSUMED)
@@ -254,7 +263,7 @@ class SimpleConsumption(Strategy):
         with pq.lock:
             if pq.released:
                 self._refuse_released(lease, handle, pq)
-            new = self.leases.change(lease, handle, time.monotonic(), duration_s)
+            new = self.leases.change(lease, handle, self._clock(), duration_s)
         assert isinstance(view, MessageView)  # checked by _lease_of
         view.receipt_handle = new
         return new
