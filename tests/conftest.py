@@ -35,6 +35,8 @@ from tests.db_fixtures import database_url, db_engine, postgres_server  # noqa: 
 
 logger = logging.getLogger(__name__)
 
+pytest_plugins = ["tests.suite_timing"]
+
 
 def _docker_engine_answers() -> bool:
     try:
