@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from bridge.aio.runner import AsyncClient
+from bridge.client_configuration import ClientConfiguration
 from bridge.config import ClientConfig
 from bridge.consumer.config import SimpleConsumerConfig
 from bridge.consumer.counters import ConsumerStats
@@ -47,7 +48,7 @@ class SimpleConsumer(AsyncClient):
 
     def __init__(
         self,
-        client_configuration: ClientConfig | None = None,
+        client_configuration: ClientConfiguration | ClientConfig | None = None,
         consumer_group: str | None = None,
         subscription: Mapping[str, FilterExpression | str] | None = None,
         await_duration: float = DEFAULT_AWAIT_DURATION_S,
