@@ -14,7 +14,7 @@ The mapping (``docs/v5-api.md``):
 * ``request_timeout`` (seconds) bounds each send: ``send_msg_timeout_ms``.
 
 Anything else a Kafka client needs (a CA for TLS, tuning) goes in ``kafka``, librdkafka's
-properties as :attr:`ClientConfig.kafka <bridge.config.ClientConfig.kafka>` takes them; a
+properties as :attr:`ClientConfig.kafka <bridge.ClientConfig.kafka>` takes them; a
 whole :class:`~bridge.config.ClientConfig` is accepted wherever a ``ClientConfiguration`` is.
 """
 
@@ -164,8 +164,7 @@ class ClientConfiguration:
     request_timeout: float = 3
     """Seconds."""
     kafka: Mapping[str, Any] = field(default_factory=dict)
-    """librdkafka properties, as :attr:`ClientConfig.kafka
-    <bridge.config.ClientConfig.kafka>`."""
+    """librdkafka properties, as :attr:`ClientConfig.kafka <bridge.ClientConfig.kafka>`."""
     _client_config: ClientConfig = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -204,7 +203,7 @@ class ClientConfiguration:
 
     @property
     def bootstrap_servers(self) -> str:
-        """Kafka's ``bootstrap.servers``, from :attr:`endpoints`."""
+        """Kafka's ``bootstrap.servers``, from ``endpoints``."""
         return self._client_config.bootstrap_servers
 
     def __repr__(self) -> str:

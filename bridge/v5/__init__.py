@@ -16,8 +16,9 @@ import ...``.
 
 Each name is a thin front: a :class:`Producer` sends with :class:`bridge.Producer` and runs
 transactions on :class:`bridge.TransactionMQProducer`'s half messages, a :class:`PushConsumer`
-is a :class:`bridge.PushConsumer`, and :class:`SimpleConsumer`, :class:`FilterExpression` and
-:class:`MessageView` are the project's own, so every guarantee holds as documented for them.
+is a :class:`bridge.PushConsumer`, and :class:`bridge.SimpleConsumer`,
+:class:`FilterExpression` and :class:`MessageView` are the project's own, so every guarantee
+holds as documented for them.
 ``Producer``, ``PushConsumer`` and ``Message`` are not the top-level ``bridge`` names of the
 same spelling (RocketMQ 4's): import them from here. How each name maps, and what differs
 from RocketMQ 5, is in ``docs/v5-api.md``.

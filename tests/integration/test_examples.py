@@ -126,3 +126,51 @@ def test_async_service_example_ships_only_the_stored_orders(client_config: Clien
         "order-1", "order-3",
     ]  # fmt: skip
     assert "received order-2" not in lines, "a rolled-back order was delivered"
+
+
+def test_v5_producer_example_reaches_its_push_consumer(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    out = run_example("v5_producer", kafka_bootstrap, namespace)
+    lines = out.splitlines()
+    received = sorted(line for line in lines if line.startswith("received "))
+    assert [line.split("'")[1] for line in received] == [
+        "order created", "order paid", "order shipped",
+    ], out  # fmt: skip
+    created = next(line for line in received if "order created" in line)
+    assert "tag=TagA keys=['order-1'] properties={'region': 'eu'}" in created, out
+    assert "group=order-1" in next(line for line in received if "shipped" in line), out
+    assert all("attempt=1" in line for line in received), out
+    assert any(line.startswith("async    ") for line in lines), out
+
+
+def test_v5_transaction_example_delivers_the_committed_and_the_checked(
+    client_config: ClientConfig,
+) -> None:
+    config = CoordinatorConfig(
+        client=client_config, coordinator_id="example-v5", transaction_partitions=2,
+        transaction_timeout_ms=1500, check_interval_ms=1000,
+    )  # fmt: skip
+    with Coordinator(config):
+        out = run_example(
+            "v5_transaction_producer", client_config.bootstrap_servers, client_config.namespace
+        )
+    lines = out.splitlines()
+    assert "check    order-3: COMMIT" in lines, out
+    assert not any(line.startswith(("check    order-1", "check    order-2")) for line in lines)
+    received = sorted(line.split("'")[1] for line in lines if line.startswith("received "))
+    assert received == ["order-1 created", "order-3 created"], out
+
+
+def test_v5_simple_consumer_example_redelivers_the_unacked(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    out = run_example("v5_simple_consumer", kafka_bootstrap, namespace)
+    lines = [line for line in out.splitlines() if line.startswith("received ")]
+    assert "received job-2 attempt=1: not acked" in lines, out
+    assert "received job-2 attempt=2: acked" in lines, out
+    assert sorted(line for line in lines if line.endswith(": acked")) == [
+        "received job-1 attempt=1: acked",
+        "received job-2 attempt=2: acked",
+        "received job-3 attempt=1: acked",
+    ], out
