@@ -148,10 +148,14 @@ def test_a_v5_producers_sends_reach_a_v5_push_consumer_and_a_simple_consumer(
         async_receipt: Future[SendReceipt] = producer.send_async(
             Message(topic, b"order paid", tag="TagA", message_group="order-1")
         )
-        producer.send(Message(topic, b"order audited", tag="TagB"))  # filtered out
+        # Filtered out; then a last message: every message is keyed order-1, so all are in
+        # one partition, and once the last is consumed a duplicate of the others (or the
+        # TagB message) would have been consumed too.
+        producer.send(Message(topic, b"order audited", tag="TagB", keys="order-1"))
+        producer.send(Message(topic, b"last", tag="TagA", keys="order-1"))
         paid = async_receipt.result(timeout=30)
         consumer.startup()
-        wait_until(lambda: len(listener.seen) >= 2, timeout_s=60)
+        wait_until(lambda: b"last" in listener.bodies(), timeout_s=60)
         simple.startup()
         received = wait_until(lambda: simple.receive(16, 30), timeout_s=60)
     finally:
@@ -163,8 +167,7 @@ def test_a_v5_producers_sends_reach_a_v5_push_consumer_and_a_simple_consumer(
     finally:
         simple.shutdown()
     views = {v.body: v for v in listener.seen}
-    assert sorted(views) == [b"order created", b"order paid"]
-    assert len(listener.seen) == 2  # once each; TagB never
+    assert sorted(listener.bodies()) == [b"last", b"order created", b"order paid"]  # once each
     created = views[b"order created"]
     assert (created.message_id, created.topic, created.tag) == (receipt.message_id, topic, "TagA")
     assert (created.keys, created.properties) == (["order-1"], {"region": "eu"})
@@ -237,7 +240,9 @@ def test_a_committed_transaction_is_delivered_once_and_a_rolled_back_one_never(
         assert bodies(client_config, topic, 1) == ["commit"]
     (real,) = read_messages(client_config, [topic], max_messages=1)
     assert real.msg_id == receipt.message_id and real.keys == ["order-1"]
-    assert checker.checks == {}  # decided before their check
+    # A check that came before a decision (a loaded machine) was answered UNKNOWN: the
+    # decisions above decided, whatever the timing.
+    assert set(checker.checks) <= {b"commit", b"rollback"}
 
 
 def test_begin_transaction_needs_a_checker(configuration: ClientConfiguration, topic: str) -> None:
@@ -264,10 +269,10 @@ def test_a_transaction_left_open_is_committed_by_the_checker_of_a_later_producer
             transaction.commit()  # its producer is gone: the checkers decide now
         with Producer(configuration, (topic,), later):
             assert bodies(client_config, topic, 1) == ["open"]
-    assert later.times(b"open") >= 1
-    (asked,) = later.checks[b"open"]
-    assert (asked.message_id, asked.topic, asked.tag) == (transaction.message_id, topic, "TagA")
-    assert asked.properties == {"order": "7"}
+    assert later.times(b"open") >= 1  # once, or more if an answer came after the next check
+    for asked in later.checks[b"open"]:
+        assert (asked.message_id, asked.topic, asked.tag) == (transaction.message_id, topic, "TagA")
+        assert asked.properties == {"order": "7"}
     assert all(v.message_id == transaction.message_id for v in first.checks.get(b"open", []))
 
 

@@ -189,7 +189,7 @@ def test_every_client_takes_either_configuration() -> None:
     with pytest.raises(InvalidArgumentError, match="client_configuration must be"):
         SimpleConsumer({"endpoints": "b:9092"}, "g")  # type: ignore[arg-type]
     assert SimpleConsumer(v5, "g", {"t": "*"}).config == config
-    AsyncSimpleConsumer(v5, "g")  # the threaded one's arguments
+    assert AsyncSimpleConsumer(v5, "g").threaded.config == config  # the threaded one's
     assert Producer(v5).config == config
     assert PushConsumer(v5, "g").consumer_group == "g"
     for make in (lambda: Producer(None), lambda: PushConsumer(None, "g")):  # type: ignore[arg-type]
