@@ -421,9 +421,12 @@ class TransactionMQProducer(Startable):
         UNKNOWN leaves it to the check-back.
 
         Raises :class:`InvalidArgumentError` for a status that is not a
-        :class:`TransactionStatus`, :class:`IllegalStateError` unless running, and
-        :class:`~bridge.errors.SendError` when the decision was not stored: the check-back
-        decides then (or call again)."""
+        :class:`TransactionStatus` and for a half message of another producer group (the
+        coordinator takes a decision only from the group that sent the half message),
+        :class:`IllegalStateError` unless running, and :class:`~bridge.errors.SendError`
+        when the decision was not stored: the check-back decides then (or call again; after a
+        :class:`~bridge.errors.SendTimeoutError` it may have been stored, so decide the same
+        way again)."""
         if not isinstance(status, TransactionStatus):
             raise InvalidArgumentError(
                 f"end_transaction takes a TransactionStatus, got {type(status).__name__}"
@@ -432,6 +435,14 @@ class TransactionMQProducer(Startable):
             raise InvalidArgumentError(
                 f"end_transaction takes the HalfMessage send_half_message returned, got "
                 f"{type(half).__name__}"
+            )
+        sender_group = half.message.get_property(MessageConst.PRODUCER_GROUP)
+        if sender_group and sender_group != self.group:
+            raise InvalidArgumentError(
+                f"end_transaction: transaction {half.transaction_id} was sent by producer group "
+                f"{sender_group!r}, and this producer's group is {self.group!r}: the "
+                "coordinator takes a decision only from the group that sent the half message, "
+                "so decide it with a producer of that group"
             )
         self._lifecycle.require_running()
         record = self._end_record(half.transaction_id, status, from_check=False, check_times=0)
