@@ -13,9 +13,12 @@ The mapping (``docs/v5-api.md``):
   the coordinator serving them; empty: ``rmq``), not a prefix of the real topics;
 * ``request_timeout`` (seconds) bounds each send: ``send_msg_timeout_ms``.
 
-Anything else a Kafka client needs (a CA for TLS, tuning) goes in ``kafka``, librdkafka's
-properties as :attr:`ClientConfig.kafka <bridge.ClientConfig.kafka>` takes them; a
-whole :class:`~bridge.config.ClientConfig` is accepted wherever a ``ClientConfiguration`` is.
+Other librdkafka properties (TLS, a CA, tuning) go in ``kafka``, as
+:attr:`ClientConfig.kafka <bridge.ClientConfig.kafka>` takes them: the properties a
+``ClientConfig`` sets from a field of its own (``linger.ms`` is ``linger_ms``, ...) are
+refused there, naming the field, so a whole :class:`~bridge.config.ClientConfig` is
+accepted wherever a ``ClientConfiguration`` is. RocketMQ 5's ``tls_enable`` client argument
+is a Kafka setting here too (:func:`check_tls_enable`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,13 @@ from bridge.errors import InvalidArgumentError
 from bridge.settings import require_number
 from topics.naming import DEFAULT_NAMESPACE
 
-__all__ = ["ClientConfiguration", "Credentials", "as_client_config", "kafka_bootstrap_servers"]
+__all__ = [
+    "ClientConfiguration",
+    "Credentials",
+    "as_client_config",
+    "check_tls_enable",
+    "kafka_bootstrap_servers",
+]
 
 DEFAULT_SECURITY_PROTOCOL: Final = "SASL_SSL"
 """The Kafka security protocol of a configuration with credentials, unless ``kafka`` names
@@ -145,7 +154,7 @@ def _sasl_properties(credentials: Credentials, kafka: Mapping[str, Any]) -> dict
     return props
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ClientConfiguration:
     """RocketMQ 5's ``ClientConfiguration(endpoints, credentials, namespace,
     request_timeout)``: where the clients of :mod:`bridge.v5` (and the
@@ -155,46 +164,77 @@ class ClientConfiguration:
     ``endpoints`` are Kafka's bootstrap servers (``"host:9092;host2:9092"``),
     ``credentials`` a SASL login (:class:`Credentials`; None or empty: none), ``namespace``
     the bridge's namespace (empty: ``rmq``) and ``request_timeout`` the bound on a send,
-    seconds (3, as there). ``kafka`` adds librdkafka properties (TLS, tuning).
-    :meth:`to_client_config` is the :class:`~bridge.config.ClientConfig` they make."""
+    seconds (3, as there). ``kafka`` (keyword only; None: none) adds librdkafka properties
+    (TLS, tuning) except those a :class:`~bridge.config.ClientConfig` sets from a field of
+    its own (``linger.ms``, ...), refused naming the field: pass a ``ClientConfig`` instead
+    for those. :meth:`to_client_config` is the :class:`~bridge.config.ClientConfig` they make.
+    Equal configurations hash equal (usable as dict keys)."""
 
     endpoints: str
-    credentials: Credentials | None = None
-    namespace: str = ""
-    request_timeout: float = 3
+    credentials: Credentials | None
+    namespace: str
+    request_timeout: float
     """Seconds."""
-    kafka: Mapping[str, Any] = field(default_factory=dict)
-    """librdkafka properties, as :attr:`ClientConfig.kafka <bridge.ClientConfig.kafka>`."""
+    kafka: Mapping[str, Any]
+    """librdkafka properties, as :attr:`ClientConfig.kafka <bridge.ClientConfig.kafka>`
+    (read-only)."""
     _client_config: ClientConfig = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        credentials = self.credentials if self.credentials is not None else Credentials()
-        if not isinstance(credentials, Credentials):
+    def __init__(
+        self,
+        endpoints: str,
+        credentials: Credentials | None = None,
+        namespace: str = "",
+        request_timeout: float = 3,
+        *,
+        kafka: Mapping[str, Any] | None = None,
+    ) -> None:
+        init = object.__setattr__  # frozen
+        init(self, "endpoints", endpoints)
+        init(self, "credentials", credentials)
+        init(self, "namespace", namespace)
+        init(self, "request_timeout", request_timeout)
+        login = credentials if credentials is not None else Credentials()
+        if not isinstance(login, Credentials):
             raise InvalidArgumentError(
-                f"credentials must be a Credentials, got {type(credentials).__name__}"
+                f"credentials must be a Credentials, got {type(login).__name__}"
             )
-        if not isinstance(self.namespace, str):
+        if not isinstance(namespace, str):
             raise InvalidArgumentError(
-                f"namespace must be a string, got {type(self.namespace).__name__}"
+                f"namespace must be a string, got {type(namespace).__name__}"
             )
-        require_number("request_timeout", self.request_timeout)
-        if not isinstance(self.kafka, Mapping):
+        require_number("request_timeout", request_timeout)
+        if kafka is None:
+            kafka = {}
+        if not isinstance(kafka, Mapping):
             raise InvalidArgumentError(
-                f"kafka must be a mapping of librdkafka properties, got {type(self.kafka).__name__}"
+                f"kafka must be a mapping of librdkafka properties, got {type(kafka).__name__}"
             )
-        kafka = dict(self.kafka)
-        if not credentials.empty:
-            kafka = _sasl_properties(credentials, kafka)
-        object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
-        object.__setattr__(
+        init(self, "kafka", MappingProxyType(dict(kafka)))
+        properties = dict(kafka)
+        if not login.empty:
+            properties = _sasl_properties(login, properties)
+        init(
             self,
             "_client_config",
             ClientConfig(
-                bootstrap_servers=kafka_bootstrap_servers(self.endpoints),
-                namespace=self.namespace or DEFAULT_NAMESPACE,
-                send_msg_timeout_ms=math.ceil(self.request_timeout * 1000),
-                kafka=kafka,
+                bootstrap_servers=kafka_bootstrap_servers(endpoints),
+                namespace=namespace or DEFAULT_NAMESPACE,
+                send_msg_timeout_ms=math.ceil(request_timeout * 1000),
+                kafka=properties,
             ),
+        )
+
+    def __hash__(self) -> int:
+        # The generated hash would hash the kafka mapping, which is not hashable.
+        return hash(
+            (
+                self.endpoints,
+                self.credentials,
+                self.namespace,
+                self.request_timeout,
+                frozenset(self.kafka.items()),
+            )
         )
 
     def to_client_config(self) -> ClientConfig:
@@ -214,6 +254,32 @@ class ClientConfiguration:
             f"credentials={self.credentials!r}, namespace={self.namespace!r}, "
             f"request_timeout={self.request_timeout!r}, kafka={kafka!r})"
         )
+
+
+_TLS_PROTOCOLS: Final = ("SSL", "SASL_SSL")
+
+
+def check_tls_enable(tls_enable: object, config: ClientConfig, client: str) -> None:
+    """Check RocketMQ 5's ``tls_enable`` argument of a ``client`` against ``config``: TLS is
+    a setting of the Kafka connection here (``security.protocol``), not of a client. None and
+    False change nothing; True is accepted when ``config`` connects over TLS already, else
+    :class:`InvalidArgumentError` says where TLS is set."""
+    if tls_enable is None or tls_enable is False:
+        return
+    if tls_enable is not True:
+        raise InvalidArgumentError(f"tls_enable must be a bool, got {tls_enable!r}")
+    protocol = next(
+        (str(v) for k, v in config.kafka.items() if k.lower() == "security.protocol"), ""
+    )
+    if protocol.strip().upper() in _TLS_PROTOCOLS:
+        return
+    raise InvalidArgumentError(
+        f"{client}(tls_enable=True): TLS is a setting of the Kafka connection here, not of a "
+        "client, and this configuration connects over "
+        f"{protocol or 'PLAINTEXT'}: give ClientConfiguration(..., kafka={{'security.protocol': "
+        "'SSL', 'ssl.ca.location': ...}}) (Credentials log in over SASL_SSL already), then "
+        "drop tls_enable or keep it True"
+    )
 
 
 def as_client_config(configuration: object, what: str) -> ClientConfig | None:

@@ -19,7 +19,11 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from bridge.client.producer import Producer
-from bridge.client_configuration import ClientConfiguration, as_client_config
+from bridge.client_configuration import (
+    ClientConfiguration,
+    as_client_config,
+    check_tls_enable,
+)
 from bridge.config import ClientConfig
 from bridge.consumer.config import (
     MAX_INVISIBLE_DURATION_S,
@@ -84,6 +88,9 @@ class SimpleConsumer(Startable):
     :class:`~bridge.FilterExpression` (TAG or SQL92) or a tag expression, and
     ``await_duration`` is how long :meth:`receive` waits for a message, seconds. Settings are
     the fields of :class:`SimpleConsumerConfig`, as keyword arguments or ``settings``.
+    RocketMQ 5's ``tls_enable`` (fifth) is accepted as :class:`bridge.v5.Producer` takes it:
+    TLS is a setting of the Kafka connection, so True raises
+    :class:`~bridge.errors.InvalidArgumentError` unless the configuration connects over TLS.
     :meth:`startup` (or :meth:`start`, or ``with``) joins the group; :meth:`shutdown` leaves
     it.
 
@@ -107,6 +114,7 @@ class SimpleConsumer(Startable):
         consumer_group: str | None = None,
         subscription: Mapping[str, FilterExpression | str] | None = None,
         await_duration: float = DEFAULT_AWAIT_DURATION_S,
+        tls_enable: bool | None = None,
         *,
         kafka_config: Mapping[str, Any] | None = None,
         key_deserializer: Deserializer | None = None,
@@ -123,6 +131,7 @@ class SimpleConsumer(Startable):
         client = apply_kafka_config(given_config or ClientConfig(), parts).replace(
             bootstrap_servers=bootstrap_servers, namespace=namespace
         )
+        check_tls_enable(tls_enable, client, "SimpleConsumer")
         self.consumer_group = validate_user_group(consumer_group, client.namespace)
         for prefix in (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX):
             if consumer_group.startswith(prefix):

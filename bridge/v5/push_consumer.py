@@ -4,9 +4,10 @@ subscribed topics and answers :class:`ConsumeResult`, over the project's
 
 The listener is called once per message, with the message as a
 :class:`~bridge.consumer.simple.MessageView`; SUCCESS consumes it, FAILURE (or an exception,
-or any other answer) retries it through ``%RETRY%<group>`` at RocketMQ's back-off (10 s,
-30 s, 1 min, ...) and, after 16 retries (17 attempts, RocketMQ 5's default), sends it to
-``%DLQ%<group>``.
+or any other answer) retries it and, after 16 retries (17 attempts, RocketMQ 5's default),
+sends it to ``%DLQ%<group>``: through ``%RETRY%<group>`` at RocketMQ's back-off (10 s, 30 s,
+1 min, ...), or, on a FIFO consumer (``fifo=True``), in place after
+``suspend_current_queue_time_millis`` (1 s), its message group waiting (``docs/fifo.md``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from bridge.client_configuration import ClientConfiguration, as_client_config
+from bridge.client_configuration import ClientConfiguration, as_client_config, check_tls_enable
 from bridge.config import ClientConfig
 from bridge.consumer import PushConsumer as _PushConsumer
 from bridge.consumer import PushConsumerConfig
@@ -39,7 +40,8 @@ class ConsumeResult(Enum):
     SUCCESS = 0
     """Consumed."""
     FAILURE = 1
-    """Not consumed: delivered again later, then dead-lettered."""
+    """Not consumed: delivered again later (through the retry topic, or in place on a FIFO
+    consumer), then dead-lettered."""
 
 
 class MessageListener(abc.ABC):
@@ -64,7 +66,13 @@ class PushConsumer(Startable):
     subscription)``: ``subscription`` maps topics to a :class:`~bridge.FilterExpression`
     (TAG or SQL92; a tag expression string, or None for every message).
 
-    ``consumption_thread_count`` is how many listener calls run at once (20). ``fifo=True``
+    ``consumption_thread_count`` is how many listener calls run at once (20). RocketMQ 5's
+    ``max_cache_message_count`` and ``max_cache_message_size`` (bounds for the whole
+    consumer) are taken in their places only to raise
+    :class:`~bridge.errors.InvalidArgumentError`: here the bounds are per partition,
+    ``pull_threshold_for_queue`` (messages) and ``pull_threshold_size_for_queue`` (MiB).
+    ``tls_enable`` is accepted as :class:`bridge.v5.Producer` takes it (TLS is a setting of
+    the Kafka connection). ``fifo=True``
     makes the group FIFO (RocketMQ 5 reads that from the group's settings on the broker;
     here it is the consumer's): the messages of a message group one at a time, in order
     (``docs/fifo.md``). Other settings are the fields of :class:`~bridge.PushConsumerConfig`,
@@ -73,14 +81,17 @@ class PushConsumer(Startable):
     a new consumer is needed); a bad expression raises at once
     (:class:`~bridge.errors.FilterExpressionError` names the position)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - RocketMQ 5's positional order
         self,
         client_configuration: ClientConfiguration | ClientConfig,
         consumer_group: str,
         message_listener: MessageListener | None = None,
         subscription: Mapping[str, FilterExpression | str | None] | None = None,
-        *,
+        max_cache_message_count: int | None = None,
+        max_cache_message_size: int | None = None,
         consumption_thread_count: int | None = None,
+        tls_enable: bool | None = None,
+        *,
         fifo: bool = False,
         settings: PushConsumerConfig | None = None,
         **options: Any,
@@ -88,6 +99,17 @@ class PushConsumer(Startable):
         config = as_client_config(client_configuration, "client_configuration")
         if config is None:
             raise InvalidArgumentError("a PushConsumer needs a client_configuration")
+        for name, value, instead in (
+            ("max_cache_message_count", max_cache_message_count, "pull_threshold_for_queue"),
+            ("max_cache_message_size", max_cache_message_size, "pull_threshold_size_for_queue"),
+        ):
+            if value is not None:
+                raise InvalidArgumentError(
+                    f"PushConsumer({name}={value!r}): RocketMQ 5 bounds the messages a push "
+                    f"consumer holds in all; here the bounds are per partition: give {instead}"
+                    " as a keyword (docs/consuming.md), or leave this out"
+                )
+        check_tls_enable(tls_enable, config, "PushConsumer")
         if not isinstance(consumer_group, str) or not consumer_group.strip():
             raise InvalidArgumentError("a PushConsumer needs a consumer_group")
         if message_listener is not None:

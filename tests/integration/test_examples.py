@@ -149,7 +149,11 @@ def test_v5_transaction_example_delivers_the_committed_and_the_checked(
     out = run_with_fast_checks("v5_transaction_producer", client_config, "example-v5")
     lines = out.splitlines()
     assert "check    order-3: COMMIT" in lines, out
-    assert not any(line.startswith(("check    order-1", "check    order-2")) for line in lines)
+    # Orders 1 and 2 are decided at once; a check of either that came first (a loaded
+    # machine) was answered as the application decided, or not known yet.
+    for order, decided in (("order-1", "COMMIT"), ("order-2", "ROLLBACK")):
+        answers = {line.split(": ")[1] for line in lines if line.startswith(f"check    {order}:")}
+        assert answers <= {decided, "TRANSACTION_RESOLUTION_UNSPECIFIED"}, out
     received = sorted(line.split("'")[1] for line in lines if line.startswith("received "))
     assert received == ["order-1 created", "order-3 created"], out
 

@@ -17,7 +17,7 @@ import pytest
 from bridge import ClientConfig, ConsumeFromWhere, read_messages
 from bridge.coordinator import Coordinator
 from bridge.errors import IllegalStateError, InvalidArgumentError, InvalidMessageError
-from bridge.transaction.admin import read_parked
+from bridge.transaction.admin import list_undecided, read_parked
 from bridge.v5 import (
     ClientConfiguration,
     ConsumeResult,
@@ -243,6 +243,37 @@ def test_a_committed_transaction_is_delivered_once_and_a_rolled_back_one_never(
     # A check that came before a decision (a loaded machine) was answered UNKNOWN: the
     # decisions above decided, whatever the timing.
     assert set(checker.checks) <= {b"commit", b"rollback"}
+
+
+def test_a_commit_after_the_checker_rolled_the_transaction_back_raises_and_delivers_nothing(
+    configuration: ClientConfiguration,
+    client_config: ClientConfig,
+    coordinator: Coordinator,
+    topic: str,
+) -> None:
+    # The local transaction outlasts transaction_timeout_ms (1.5 s here): the coordinator
+    # checks it back, this producer's checker answers ROLLBACK, and that decision stands.
+    checker = ScriptedChecker({b"slow": [TransactionResolution.ROLLBACK]})
+    with Producer(configuration, (topic,), checker) as producer:
+        transaction = producer.begin_transaction()
+        producer.send(Message(topic, b"slow"), transaction)
+
+        def rolled_back() -> bool:
+            undecided = list_undecided(client_config, timeout_ms=2000)
+            return checker.times(b"slow") >= 1 and all(
+                u.transaction_id != transaction.message_id for u in undecided
+            )
+
+        wait_until(rolled_back, timeout_s=60)
+        with pytest.raises(IllegalStateError) as refused:
+            transaction.commit()  # it would be ignored: the coordinator applied the ROLLBACK
+        assert "the TransactionChecker answered ROLLBACK" in str(refused.value)
+        transaction.rollback()  # the same decision: no error
+        # A transaction committed afterwards is delivered; the rolled-back one never.
+        last = producer.begin_transaction()
+        producer.send(Message(topic, b"last"), last)
+        last.commit()
+        assert bodies(client_config, topic, 1) == ["last"]
 
 
 def test_begin_transaction_needs_a_checker(configuration: ClientConfiguration, topic: str) -> None:

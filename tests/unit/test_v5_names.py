@@ -6,8 +6,10 @@ transactions and consumption are in tests/integration/test_v5_api.py)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+import threading
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from bridge import Producer as Producer4
 from bridge.aio import SimpleConsumer as AsyncSimpleConsumer
 from bridge.client_configuration import as_client_config, kafka_bootstrap_servers
 from bridge.errors import (
+    BrokerUnreachableError,
     FilterExpressionError,
     IllegalStateError,
     InvalidArgumentError,
@@ -28,8 +31,10 @@ from bridge.errors import (
     InvalidMessageError,
     InvalidPropertyError,
     InvalidTopicNameError,
+    SendError,
+    SendTimeoutError,
 )
-from bridge.transaction import TransactionMQProducer
+from bridge.transaction import HalfMessage, TransactionMQProducer
 from bridge.v5 import (
     ClientConfiguration,
     ConsumeResult,
@@ -48,6 +53,7 @@ from bridge.v5 import (
 from bridge.v5.message import DELIVERY_TIMESTAMP_MAX_S, as_message
 from bridge.v5.push_consumer import consume_status
 from bridge.v5.transaction import Transaction, checker_listener, transaction_status
+from tests.conftest import wait_until
 
 UNREACHABLE = "127.0.0.1:1"
 """Nothing is sent in these tests: no client here connects."""
@@ -179,6 +185,67 @@ def test_half_a_login_is_refused_and_no_secret_is_ever_shown() -> None:
         assert "s3cret" not in shown
     assert "alice" in repr(config)
     assert "s3cret" not in repr(config.to_client_config())
+
+
+def test_kafka_is_keyword_only_none_is_none_and_what_a_client_config_owns_is_refused() -> None:
+    assert dict(ClientConfiguration("b:1", kafka=None).kafka) == {}
+    assert ClientConfiguration("b:1", kafka=None) == ClientConfiguration("b:1")
+    with pytest.raises(TypeError):
+        ClientConfiguration("b:1", None, "", 3, {})  # type: ignore[call-arg]
+    # A property a ClientConfig sets from a field of its own is refused, naming the field.
+    with pytest.raises(InvalidArgumentError, match="linger_ms"):
+        ClientConfiguration("b:1", kafka={"linger.ms": 5})
+    with pytest.raises(InvalidArgumentError, match="kafka must be a mapping"):
+        ClientConfiguration("b:1", kafka=[("linger.ms", 5)])  # type: ignore[arg-type]
+
+
+def test_equal_configurations_hash_equal() -> None:
+    one = ClientConfiguration("b:1", Credentials("a", "p"), "ns", 3, kafka={"client.rack": "r1"})
+    same = ClientConfiguration("b:1", Credentials("a", "p"), "ns", 3.0, kafka={"client.rack": "r1"})
+    other = ClientConfiguration("b:1", Credentials("a", "p"), "ns", 3, kafka={"client.rack": "r2"})
+    assert one == same and hash(one) == hash(same)
+    assert one != other
+    assert {one: "cached"}[same] == "cached"
+
+
+def test_tls_enable_is_taken_in_its_place_and_said_to_be_a_kafka_setting() -> None:
+    plain = ClientConfiguration(UNREACHABLE, namespace="unit")
+    tls = ClientConfiguration(UNREACHABLE, None, "unit", kafka={"security.protocol": "ssl"})
+    login = ClientConfiguration(UNREACHABLE, Credentials("a", "p"), "unit")  # SASL_SSL
+    checker = _Checker(TransactionResolution.COMMIT)
+    refusals = (
+        lambda: Producer(plain, ("orders",), checker, True),
+        lambda: Producer(plain, tls_enable=True),
+        lambda: SimpleConsumer(plain, "g", {"orders": "*"}, 20, True),
+        lambda: AsyncSimpleConsumer(plain, "g", {"orders": "*"}, 20, True),
+        lambda: PushConsumer(plain, "g", None, None, None, None, 20, True),
+    )
+    for make in refusals:
+        with pytest.raises(InvalidArgumentError, match=r"TLS is a setting of the Kafka connection"):
+            make()
+    with pytest.raises(InvalidArgumentError, match="bool"):
+        Producer(plain, tls_enable="yes")  # type: ignore[arg-type]
+    # TLS on already (or not asked for): RocketMQ 5's call shapes work as they are.
+    for config in (tls, login):
+        assert Producer(config, ("orders",), checker, True).topics == ("orders",)
+        assert SimpleConsumer(config, "g", {"orders": "*"}, 20, True).consumer_group == "g"
+    assert Producer(plain, ("orders",), checker, False).topics == ("orders",)
+
+
+def test_rocketmq_5s_cache_bounds_are_refused_in_their_places_and_thread_count_taken() -> None:
+    config = _configuration()
+    listener = _Listener(ConsumeResult.SUCCESS)
+    for args, name in (
+        ((1024,), "max_cache_message_count"),
+        ((None, 64 << 20), "max_cache_message_size"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=rf"{name}.*per partition") as refused:
+            PushConsumer(config, "g", listener, {"orders": None}, *args)
+        assert "pull_threshold" in str(refused.value)
+    with pytest.raises(InvalidArgumentError, match="per partition"):
+        PushConsumer(config, "g", listener, max_cache_message_count=1024)
+    consumer = PushConsumer(config, "g", listener, {"orders": None}, None, None, 4)
+    assert consumer._consumer.settings.consume_thread_count == 4
 
 
 def test_every_client_takes_either_configuration() -> None:
@@ -434,12 +501,276 @@ def test_a_transaction_whose_half_message_was_not_stored_cannot_be_decided() -> 
         "orders", checker_listener(_Checker(None)), config=_configuration().to_client_config()
     )
     with pytest.raises(IllegalStateError):
-        transaction.send(never_started, Message4("orders", b"x"))
+        transaction._send(never_started, Message4("orders", b"x"))
     for decide in (transaction.commit, transaction.rollback):
         with pytest.raises(IllegalStateError, match="half message was not stored"):
             decide()
     with pytest.raises(InvalidArgumentError, match="one message"):
-        transaction.send(never_started, Message4("orders", b"y"))
+        transaction._send(never_started, Message4("orders", b"y"))
+
+
+C, R, U = TransactionStatus.COMMIT, TransactionStatus.ROLLBACK, TransactionStatus.UNKNOWN
+
+
+class _StubTransactionProducer:
+    """A :class:`TransactionMQProducer` as a :class:`Transaction` uses it: the half message is
+    stored at once; ``end_transaction`` raises ``failures`` one by one, calls ``during_end``,
+    then records the decision."""
+
+    def __init__(self, *failures: BaseException) -> None:
+        self.failures = list(failures)
+        self.decisions: list[TransactionStatus] = []
+        self.during_end: Any = None
+
+    def send_half_message(self, msg: Message4) -> HalfMessage:
+        ext = MessageExt(
+            msg.topic, msg.body, msg_id="tid-7", properties={MessageConst.PRODUCER_GROUP: "g"}
+        )
+        return HalfMessage("tid-7", msg.topic, 0, 41, ext)
+
+    def end_transaction(self, half: HalfMessage, status: TransactionStatus) -> None:
+        if self.during_end is not None:
+            self.during_end()
+        if self.failures:
+            raise self.failures.pop(0)
+        self.decisions.append(status)
+
+
+def _sent(stub: _StubTransactionProducer, stored: Any = None) -> Transaction:
+    transaction = Transaction(lambda: None, stored)
+    transaction._send(stub, Message4("orders", b"x"))  # type: ignore[arg-type]  # duck-typed
+    return transaction
+
+
+@pytest.mark.parametrize(
+    "unknown",
+    [SendTimeoutError("no acknowledgement within 3000 ms"), BrokerUnreachableError("gone")],
+)
+def test_after_a_decision_whose_outcome_is_unknown_only_the_same_one_is_allowed(
+    unknown: Exception,
+) -> None:
+    stub = _StubTransactionProducer(unknown)
+    transaction = _sent(stub)
+    with pytest.raises(type(unknown)):
+        transaction.commit()
+    with pytest.raises(IllegalStateError) as refused:
+        transaction.rollback()
+    assert f"a COMMIT of it was sent and its outcome is unknown ({type(unknown).__name__}" in str(
+        refused.value
+    )
+    assert "may be stored" in str(refused.value) and "call commit() again" in str(refused.value)
+    assert stub.decisions == []  # the refused rollback wrote nothing
+    transaction.commit()
+    assert stub.decisions == [C]
+    assert "committed" in repr(transaction)
+
+
+def test_after_a_decision_the_broker_refused_either_may_follow() -> None:
+    stub = _StubTransactionProducer(SendError("record refused"), IllegalStateError("shut down"))
+    transaction = _sent(stub)
+    with pytest.raises(SendError):
+        transaction.commit()
+    with pytest.raises(IllegalStateError, match="shut down"):
+        transaction.rollback()  # refused before anything was sent
+    transaction.commit()
+    assert stub.decisions == [C]
+
+
+def test_a_check_answer_for_an_undecided_transaction_stands_against_the_opposite_decision() -> None:
+    stub = _StubTransactionProducer()
+    transaction = _sent(stub)
+    assert transaction._check_answered(U) is U
+    assert transaction._check_answered(R) is R
+    with pytest.raises(IllegalStateError) as refused:
+        transaction.commit()
+    assert "the TransactionChecker answered ROLLBACK" in str(refused.value)
+    assert "first decision it reads" in str(refused.value)
+    assert stub.decisions == [] and "the checker answered ROLLBACK" in repr(transaction)
+    transaction.rollback()  # the same decision: written again, harmlessly
+    assert stub.decisions == [R]
+    # Decided here: a later check is answered with the decision stored.
+    assert transaction._check_answered(C) is R
+
+
+def test_a_check_answered_while_a_decision_is_written_leaves_it_to_that_decision() -> None:
+    stub = _StubTransactionProducer()
+    transaction = _sent(stub)
+    during: list[TransactionStatus] = []
+    stub.during_end = lambda: during.append(transaction._check_answered(R))
+    transaction.commit()
+    assert during == [U] and stub.decisions == [C]
+    # After a commit whose outcome is unknown, a check answering ROLLBACK makes both refuse.
+    stub = _StubTransactionProducer(SendTimeoutError("no acknowledgement"))
+    transaction = _sent(stub)
+    with pytest.raises(SendTimeoutError):
+        transaction.commit()
+    assert transaction._check_answered(R) is R
+    with pytest.raises(IllegalStateError, match=r"answered ROLLBACK.*outcome is unknown"):
+        transaction.commit()
+    with pytest.raises(IllegalStateError, match=r"a COMMIT of it .* outcome is unknown"):
+        transaction.rollback()  # the COMMIT may be stored first: no rollback() reports success
+    assert stub.decisions == []
+
+
+def test_the_producer_tells_a_transaction_it_sent_what_its_checker_answered() -> None:
+    checker = _Checker(TransactionResolution.ROLLBACK)
+    producer = Producer(_configuration(), ("orders",), checker)
+    listener = producer._transactional["orders"].listener
+    assert listener is not None
+    stub = _StubTransactionProducer()
+    transaction = _sent(stub, producer._stored)
+    half = _half()
+    half.msg_id = "tid-7"
+    assert listener.check_local_transaction(half) is R
+    with pytest.raises(IllegalStateError, match="answered ROLLBACK"):
+        transaction.commit()
+    # The producer holds its transactions weakly: one nobody holds is forgotten.
+    del transaction
+    gc.collect()
+    assert producer._check_answered("tid-7", C) is C
+
+
+class _BlockingChecker(TransactionChecker):
+    """Commits; a message with the body ``hangs`` is answered once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.calls = 0
+        self.running = 0
+        self.most = 0
+        """The most calls that ran at once."""
+
+    def check(self, message: MessageView) -> TransactionResolution:
+        with self.lock:
+            self.calls += 1
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            if message.body == b"hangs":
+                self.release.wait(30)
+            return TransactionResolution.COMMIT
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_the_checker_is_called_one_check_at_a_time_and_a_check_waits_for_it_boundedly() -> None:
+    checker = _BlockingChecker()
+    listener = checker_listener(checker, wait_s=0.2)
+    hung = threading.Thread(target=listener.check_local_transaction, args=(_half(b"hangs"),))
+    hung.start()
+    try:
+        wait_until(lambda: checker.calls == 1, timeout_s=10)
+        # Another topic's check thread: it waits for the call running, then gives up.
+        assert listener.check_local_transaction(_half(b"next")) is U
+        assert checker.calls == 1
+    finally:
+        checker.release.set()
+        hung.join(10)
+    assert listener.check_local_transaction(_half(b"next")) is C
+    assert checker.most == 1
+    # A producer's topics share one listener, so one lock.
+    producer = Producer(_configuration(), ("a", "b"), checker)
+    assert producer._transactional["a"].listener is producer._transactional["b"].listener
+
+
+class _StubClient:
+    """An inner client whose shutdown returns once ``barrier`` is passed by all."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        self.barrier = barrier
+        self.timeouts: list[int | None] = []
+
+    def shutdown(self, timeout_ms: int | None = None) -> None:
+        self.timeouts.append(timeout_ms)
+        self.barrier.wait()
+
+
+def test_shutdown_stops_the_inner_clients_side_by_side() -> None:
+    producer = Producer(_configuration(), ("a", "b"), _Checker(TransactionResolution.COMMIT))
+    barrier = threading.Barrier(3, timeout=10)  # one after the other: broken after 10 s
+    plain, first, second = (_StubClient(barrier) for _ in range(3))
+    producer._producer = plain  # type: ignore[assignment]
+    producer._transactional = {"a": first, "b": second}  # type: ignore[dict-item]
+    producer.shutdown(500)
+    assert [c.timeouts for c in (plain, first, second)] == [[500], [500], [500]]
+    producer.shutdown(500)  # idempotent
+    assert plain.timeouts == [500]
+    with pytest.raises(InvalidArgumentError, match="timeout_ms"):
+        Producer(_configuration()).shutdown(-1)
+
+
+def test_the_producer_runs_only_once_its_inner_clients_started() -> None:
+    producer = Producer(_configuration(), ("orders",))
+    started, go_on = threading.Event(), threading.Event()
+
+    class SlowStart:
+        def start(self) -> None:
+            started.set()
+            go_on.wait(10)
+
+        def shutdown(self, timeout_ms: int | None = None) -> None:
+            pass
+
+        def send_sync(self, msg: Message4) -> None:
+            raise AssertionError("sent through a producer still starting")
+
+    producer._producer = SlowStart()  # type: ignore[assignment]
+    starting = threading.Thread(target=producer.startup)
+    starting.start()
+    try:
+        assert started.wait(10)
+        with pytest.raises(IllegalStateError, match="CREATE_JUST, not RUNNING: call startup"):
+            producer.send(Message("orders", b"x"))
+        assert not producer.is_running
+    finally:
+        go_on.set()
+        starting.join(10)
+    assert producer.is_running
+    producer.shutdown()
+    assert not producer.is_running
+
+
+def test_a_topic_that_cannot_be_a_producer_group_is_refused_with_a_checker_saying_why() -> None:
+    checker = _Checker(TransactionResolution.COMMIT)
+    long = "t" * 240  # a topic may have 249 characters, a group 200
+    for topic, rule in (
+        (long, "at most 200"),
+        ("a.broadcast.b", "'.broadcast.' is reserved"),
+        ("a.transaction-check.b", "'.transaction-check.'"),
+    ):
+        assert Producer(_configuration(), (topic,)).topics == (topic,)  # plain sends: a topic
+        with pytest.raises(InvalidTopicNameError) as refused:
+            Producer(_configuration(), ("orders", topic), checker)
+        assert refused.value.name == topic
+        assert "producer group of its transactions" in str(refused.value)
+        assert rule in str(refused.value)
+
+
+def test_end_transaction_refuses_what_is_not_a_half_message_of_its_group() -> None:
+    config = _configuration().to_client_config()
+    producer = TransactionMQProducer("orders_tx", checker_listener(_Checker(None)), config=config)
+
+    def half(group: str) -> HalfMessage:
+        msg = MessageExt(
+            "orders", b"x", msg_id="tid-9", properties={MessageConst.PRODUCER_GROUP: group}
+        )
+        return HalfMessage("tid-9", "orders", 0, 3, msg)
+
+    with pytest.raises(InvalidArgumentError, match="TransactionStatus"):
+        producer.end_transaction(half("orders_tx"), "COMMIT")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="HalfMessage"):
+        producer.end_transaction(object(), C)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError) as other:
+        producer.end_transaction(half("payments_tx"), C)
+    assert "'payments_tx'" in str(other.value) and "'orders_tx'" in str(other.value)
+    for call in (
+        lambda: producer.end_transaction(half("orders_tx"), C),
+        lambda: producer.send_half_message(Message4("orders", b"x")),
+    ):
+        with pytest.raises(IllegalStateError, match="not RUNNING"):
+            call()  # never started
 
 
 # --- the push consumer's front ---------------------------------------------------------------
@@ -505,7 +836,7 @@ def test_a_push_consumer_checks_its_listener_and_subscriptions_before_startup() 
     with pytest.raises(InvalidArgumentError, match="consume_thread_count"):
         PushConsumer(_configuration(), "g", consumption_thread_count=0)
     with pytest.raises(InvalidArgumentError, match="unknown push consumer setting"):
-        PushConsumer(_configuration(), "g", max_cache_message_count=1024)
+        PushConsumer(_configuration(), "g", max_cached_messages=1024)
     consumer.shutdown()
     with pytest.raises(IllegalStateError, match="before startup"):
         consumer.subscribe("orders")
