@@ -44,6 +44,7 @@ from bridge.errors import (
 )
 from bridge.message import Message, MessageConst, MessageExt
 from bridge.transaction import (
+    HalfMessage,
     TransactionListener,
     TransactionMQProducer,
     TransactionSendResult,
@@ -66,6 +67,7 @@ __all__ = [
     "FilterExpression",
     "FilterExpressionError",
     "FilterExpressionType",
+    "HalfMessage",
     "InvalidDelayError",
     "InvalidReceiptHandleError",
     "Message",

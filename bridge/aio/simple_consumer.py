@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from bridge.aio.runner import AsyncClient
+from bridge.client_configuration import ClientConfiguration
 from bridge.config import ClientConfig
 from bridge.consumer.config import SimpleConsumerConfig
 from bridge.consumer.counters import ConsumerStats
@@ -47,10 +48,11 @@ class SimpleConsumer(AsyncClient):
 
     def __init__(
         self,
-        client_configuration: ClientConfig | None = None,
+        client_configuration: ClientConfiguration | ClientConfig | None = None,
         consumer_group: str | None = None,
         subscription: Mapping[str, FilterExpression | str] | None = None,
         await_duration: float = DEFAULT_AWAIT_DURATION_S,
+        tls_enable: bool | None = None,
         *,
         kafka_config: Mapping[str, Any] | None = None,
         key_deserializer: Deserializer | None = None,
@@ -66,6 +68,7 @@ class SimpleConsumer(AsyncClient):
             consumer_group,
             subscription,
             await_duration,
+            tls_enable,
             kafka_config=kafka_config,
             key_deserializer=key_deserializer,
             value_deserializer=value_deserializer,

@@ -154,6 +154,8 @@ class FilterExpressionType(Enum):
 
     TAG = "TAG"
     SQL92 = "SQL92"
+    SQL = "SQL92"
+    """The same as ``SQL92``: RocketMQ 5's Python client names it ``FilterType.SQL``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,25 +46,32 @@ consumer acts on it: the application may have changed the message, see
 
 
 class MessageView:
-    """A message a :class:`~bridge.SimpleConsumer` received (RocketMQ 5's ``MessageView``),
-    to :meth:`~bridge.SimpleConsumer.ack` or
-    :meth:`~bridge.SimpleConsumer.change_invisible_duration`.
+    """A received message as RocketMQ 5 shows it (its ``MessageView``): one a
+    :class:`~bridge.SimpleConsumer` received, to :meth:`~bridge.SimpleConsumer.ack` or
+    :meth:`~bridge.SimpleConsumer.change_invisible_duration`, and the message a
+    :mod:`bridge.v5` push consumer's listener or transaction checker is given.
 
     ``delivery_attempt`` counts the deliveries of the message to the group: 1 the first time,
-    one more each time it comes back after its invisible duration passed without an ack. The
-    RocketMQ fields read the received message; :attr:`message` is that message itself (a
-    :class:`~bridge.MessageExt`: the Kafka topic, partition and offset, and the deserialized
-    :attr:`~bridge.Message.value` and :attr:`~bridge.Message.key` when the consumer has
-    deserializers)."""
+    one more each time it comes back (after its invisible duration passed without an ack, or
+    a push consumer's listener failed it). The RocketMQ fields read the received message;
+    :attr:`message` is that message itself (a :class:`~bridge.MessageExt`: the Kafka topic,
+    partition and offset, and the deserialized :attr:`~bridge.Message.value` and
+    :attr:`~bridge.Message.key` when the consumer has deserializers)."""
 
     __slots__ = ("_book", "_lease", "_msg", "receipt_handle")
 
-    def __init__(self, msg: MessageExt, lease: Lease[Leased], book: Leases[Leased]) -> None:
+    def __init__(
+        self,
+        msg: MessageExt,
+        lease: Lease[Leased] | None = None,
+        book: Leases[Leased] | None = None,
+    ) -> None:
         self._msg = msg
         self._lease = lease
         self._book = book
-        self.receipt_handle = lease.handle
-        """What acks this delivery (opaque); ``change_invisible_duration`` replaces it."""
+        self.receipt_handle = lease.handle if lease is not None else None
+        """What acks this delivery (opaque); ``change_invisible_duration`` replaces it. None
+        for a message no simple consumer received (nothing acks it)."""
 
     @property
     def message(self) -> MessageExt:
@@ -278,13 +285,14 @@ class SimpleConsumption(Strategy):
             )
         if self._closed:
             raise IllegalStateError(f"simple consumer {self._context.group} is shut down")
-        if view._book is not self.leases:
+        lease, handle = view._lease, view.receipt_handle
+        if view._book is not self.leases or lease is None or handle is None:
             raise InvalidReceiptHandleError(
                 f"{what}: message {view.message_id} was not received by this consumer "
                 f"(group {self._context.group})",
                 "foreign",
             )
-        return view._lease, view.receipt_handle
+        return lease, handle
 
     def _refuse_released(self, lease: Lease[Leased], handle: str, pq: ProcessQueue) -> None:
         """``lease``'s partition was given up: end it and raise why (its own end, if it had
@@ -307,9 +315,9 @@ class SimpleConsumption(Strategy):
                 raise InvalidArgumentError(
                     f"give_back takes messages received by a SimpleConsumer, got {view!r}"
                 )
-            if view._book is not self.leases:
-                continue  # another consumer's: not this one's to offer again
             lease = view._lease
+            if view._book is not self.leases or lease is None:
+                continue  # another consumer's: not this one's to offer again
             if self.leases.release(lease):
                 pq, msg, place = lease.item
                 pq.end()

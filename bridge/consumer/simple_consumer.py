@@ -19,6 +19,11 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from bridge.client.producer import Producer
+from bridge.client_configuration import (
+    ClientConfiguration,
+    as_client_config,
+    check_tls_enable,
+)
 from bridge.config import ClientConfig
 from bridge.consumer.config import (
     MAX_INVISIBLE_DURATION_S,
@@ -76,11 +81,16 @@ class SimpleConsumer(Startable):
 
     ``SimpleConsumer(client_configuration, consumer_group, subscription, await_duration)``
     as in RocketMQ 5's Python client: ``client_configuration`` is a
-    :class:`~bridge.ClientConfig` (None: the environment's, or ``bootstrap_servers`` and
-    ``namespace`` given here), ``subscription`` maps topics to a
+    :class:`bridge.v5.ClientConfiguration` or a :class:`~bridge.ClientConfig` (None:
+    ``ClientConfig()``'s defaults, with ``bootstrap_servers`` and ``namespace`` given here;
+    :meth:`ClientConfig.from_env <bridge.ClientConfig.from_env>` reads the environment),
+    ``subscription`` maps topics to a
     :class:`~bridge.FilterExpression` (TAG or SQL92) or a tag expression, and
     ``await_duration`` is how long :meth:`receive` waits for a message, seconds. Settings are
     the fields of :class:`SimpleConsumerConfig`, as keyword arguments or ``settings``.
+    RocketMQ 5's ``tls_enable`` (fifth) is accepted as :class:`bridge.v5.Producer` takes it:
+    TLS is a setting of the Kafka connection, so True raises
+    :class:`~bridge.errors.InvalidArgumentError` unless the configuration connects over TLS.
     :meth:`startup` (or :meth:`start`, or ``with``) joins the group; :meth:`shutdown` leaves
     it.
 
@@ -100,10 +110,11 @@ class SimpleConsumer(Startable):
 
     def __init__(
         self,
-        client_configuration: ClientConfig | None = None,
+        client_configuration: ClientConfiguration | ClientConfig | None = None,
         consumer_group: str | None = None,
         subscription: Mapping[str, FilterExpression | str] | None = None,
         await_duration: float = DEFAULT_AWAIT_DURATION_S,
+        tls_enable: bool | None = None,
         *,
         kafka_config: Mapping[str, Any] | None = None,
         key_deserializer: Deserializer | None = None,
@@ -113,17 +124,14 @@ class SimpleConsumer(Startable):
         namespace: str | None = None,
         **options: Any,
     ) -> None:
-        if client_configuration is not None and not isinstance(client_configuration, ClientConfig):
-            raise InvalidArgumentError(
-                "client_configuration must be a ClientConfig, got "
-                f"{type(client_configuration).__name__}"
-            )
+        given_config = as_client_config(client_configuration, "client_configuration")
         if not isinstance(consumer_group, str) or not consumer_group.strip():
             raise InvalidArgumentError("a simple consumer needs a consumer_group")
         parts = read_kafka_config(kafka_config)
-        client = apply_kafka_config(client_configuration or ClientConfig(), parts).replace(
+        client = apply_kafka_config(given_config or ClientConfig(), parts).replace(
             bootstrap_servers=bootstrap_servers, namespace=namespace
         )
+        check_tls_enable(tls_enable, client, "SimpleConsumer")
         self.consumer_group = validate_user_group(consumer_group, client.namespace)
         for prefix in (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX):
             if consumer_group.startswith(prefix):

@@ -6,9 +6,10 @@ from bridge.transaction.model import (
     TransactionListener,
     TransactionStatus,
 )
-from bridge.transaction.producer import TransactionMQProducer, TransactionSendResult
+from bridge.transaction.producer import HalfMessage, TransactionMQProducer, TransactionSendResult
 
 __all__ = [
+    "HalfMessage",
     "LocalTransactionState",
     "TransactionListener",
     "TransactionMQProducer",

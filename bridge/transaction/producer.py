@@ -2,7 +2,9 @@
 
 ``send_message_in_transaction`` stores a half message in the HALF topic (never visible on its
 real topic), runs ``execute_local_transaction`` and writes the decision after the half
-message; the coordinator applies it. Undecided transactions are checked: the coordinator
+message; the coordinator applies it. Its two halves are public too, for RocketMQ 5's model
+(``bridge.v5``: begin a transaction, send, commit or roll back later): ``send_half_message``
+and ``end_transaction``. Undecided transactions are checked: the coordinator
 writes a check request to the producer group's check topic, which every producer of the
 group consumes as one Kafka consumer group, so each request reaches exactly one live member
 (and a dead member's requests move to the others). Checks are answered on named threads
@@ -42,7 +44,7 @@ from bridge.errors import (
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
-from bridge.message import Message, MessageConst, local_ipv4
+from bridge.message import Message, MessageConst, MessageExt, local_ipv4
 from bridge.serialization import Serializer
 from bridge.transaction.model import (
     CheckRequest,
@@ -97,6 +99,22 @@ class TransactionSendResult:
     queue_id: int
     offset: int
     local_transaction_state: TransactionStatus
+
+
+@dataclass(frozen=True, slots=True)
+class HalfMessage:
+    """A half message stored and not decided yet (:meth:`TransactionMQProducer.send_half_message`),
+    what :meth:`TransactionMQProducer.end_transaction` decides."""
+
+    transaction_id: str
+    """The transaction's id, also the message's id."""
+    topic: str
+    """The real topic the message goes to once committed."""
+    half_partition: int
+    """Where the half message waits: its HALF partition and offset."""
+    half_offset: int
+    message: MessageExt
+    """The message as stored (as the listener and the check-back see it)."""
 
 
 def _run_listener(what: str, call: Any, transaction_id: str) -> TransactionStatus:
@@ -330,6 +348,30 @@ class TransactionMQProducer(Startable):
         """
         listener = self._require_listener()
         self._lifecycle.require_running()
+        half = self.send_half_message(msg, partition=partition)
+        tid = half.transaction_id
+        state = _run_listener(
+            "execute_local_transaction",
+            lambda: listener.execute_local_transaction(half.message, arg),
+            tid,
+        )
+        self._end(tid, half.half_partition, state, from_check=False)
+        return TransactionSendResult(
+            SendStatus.SEND_OK, tid, tid, half.topic, half.half_partition, half.half_offset, state
+        )
+
+    def send_half_message(self, msg: Message, *, partition: int = -1) -> HalfMessage:
+        """Store ``msg`` as a half message and return it, undecided: the first half of
+        :meth:`send_message_in_transaction`, without the local transaction. Its transaction
+        ends with :meth:`end_transaction`, or else through the coordinator's check-back, which
+        this producer group's listener answers (RocketMQ 5's ``send`` within a transaction).
+
+        A delay level on ``msg`` is cleared; ``partition`` picks the real partition (-1: the
+        key decides at commit). Raises typed errors for bad messages (nothing stored), and
+        :class:`~bridge.errors.SendError` when the half message was not stored
+        (:class:`~bridge.errors.SendTimeoutError`: perhaps stored, then checked back).
+        """
+        self._lifecycle.require_running()
         given = msg
         # A value= object becomes its bytes (SerializationError: nothing stored, no
         # transaction begun); the half message and the listener's message carry them.
@@ -369,12 +411,59 @@ class TransactionMQProducer(Startable):
         ext = decode_envelope(envelope, msg.topic)
         if given is not msg:  # the listener sees the objects it was given too
             ext._value, ext._key = given.value, given.key
-        state = _run_listener(
-            "execute_local_transaction", lambda: listener.execute_local_transaction(ext, arg), tid
+        return HalfMessage(tid, msg.topic, half_partition, half_offset, ext)
+
+    def end_transaction(self, half: HalfMessage, status: TransactionStatus) -> None:
+        """Decide the transaction of ``half`` (from :meth:`send_half_message`): write the
+        decision after the half message and wait until Kafka stored it (at most
+        ``send_msg_timeout_ms``); the coordinator then applies it. A decision on a transaction
+        decided already changes nothing (the first one the coordinator reads stands), and
+        UNKNOWN leaves it to the check-back.
+
+        Raises :class:`InvalidArgumentError` for a status that is not a
+        :class:`TransactionStatus` and for a half message of another producer group (the
+        coordinator takes a decision only from the group that sent the half message),
+        :class:`IllegalStateError` unless running, and :class:`~bridge.errors.SendError`
+        when the decision was not stored: the check-back decides then (or call again; after a
+        :class:`~bridge.errors.SendTimeoutError` it may have been stored, so decide the same
+        way again)."""
+        if not isinstance(status, TransactionStatus):
+            raise InvalidArgumentError(
+                f"end_transaction takes a TransactionStatus, got {type(status).__name__}"
+            )
+        if not isinstance(half, HalfMessage):
+            raise InvalidArgumentError(
+                f"end_transaction takes the HalfMessage send_half_message returned, got "
+                f"{type(half).__name__}"
+            )
+        sender_group = half.message.get_property(MessageConst.PRODUCER_GROUP)
+        if sender_group and sender_group != self.group:
+            raise InvalidArgumentError(
+                f"end_transaction: transaction {half.transaction_id} was sent by producer group "
+                f"{sender_group!r}, and this producer's group is {self.group!r}: the "
+                "coordinator takes a decision only from the group that sent the half message, "
+                "so decide it with a producer of that group"
+            )
+        self._lifecycle.require_running()
+        record = self._end_record(half.transaction_id, status, from_check=False, check_times=0)
+        self._sender.send_sync(record, half.half_partition)
+
+    def _end_record(
+        self, tid: str, status: TransactionStatus, *, from_check: bool, check_times: int
+    ) -> PreparedRecord:
+        """The HALF-topic record of a decision on transaction ``tid``."""
+        end = EndTransaction(
+            transaction_id=tid,
+            msg_id=tid,
+            producer_group=self.group,
+            status=status,
+            from_transaction_check=from_check,
+            producer_id=self.producer_id,
+            requested_at_ms=time.time_ns() // 1_000_000,
+            check_times=check_times,
         )
-        self._end(tid, half_partition, state, from_check=False)
-        return TransactionSendResult(
-            SendStatus.SEND_OK, tid, tid, msg.topic, half_partition, half_offset, state
+        return PreparedRecord(
+            self._half_topic, tid.encode(), end.encode(), [], tid, end.requested_at_ms
         )
 
     def _end(
@@ -386,19 +475,7 @@ class TransactionMQProducer(Startable):
         from_check: bool,
         check_times: int = 0,
     ) -> None:
-        end = EndTransaction(
-            transaction_id=tid,
-            msg_id=tid,
-            producer_group=self.group,
-            status=status,
-            from_transaction_check=from_check,
-            producer_id=self.producer_id,
-            requested_at_ms=time.time_ns() // 1_000_000,
-            check_times=check_times,
-        )
-        record = PreparedRecord(
-            self._half_topic, tid.encode(), end.encode(), [], tid, end.requested_at_ms
-        )
+        record = self._end_record(tid, status, from_check=from_check, check_times=check_times)
 
         def delivered(err: KafkaError | None, kmsg: Any) -> None:
             if err is not None:

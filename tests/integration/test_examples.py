@@ -36,6 +36,17 @@ def run_example(
     return proc.stdout
 
 
+def run_with_fast_checks(module: str, client: ClientConfig, coordinator_id: str) -> str:
+    """Run a transactional example beside a coordinator that checks undecided transactions
+    back 1.5 s after they were sent, then every second."""
+    config = CoordinatorConfig(
+        client=client, coordinator_id=coordinator_id, transaction_partitions=2,
+        transaction_timeout_ms=1500, check_interval_ms=1000,
+    )  # fmt: skip
+    with Coordinator(config):
+        return run_example(module, client.bootstrap_servers, client.namespace)
+
+
 def test_simple_producer_example(kafka_bootstrap: str) -> None:
     out = run_example("simple_producer", kafka_bootstrap)
     assert "SEND_OK" in out
@@ -47,14 +58,7 @@ def test_simple_producer_example(kafka_bootstrap: str) -> None:
 def test_transaction_producer_example_receives_only_the_committed(
     client_config: ClientConfig,
 ) -> None:
-    config = CoordinatorConfig(
-        client=client_config, coordinator_id="example", transaction_partitions=2,
-        transaction_timeout_ms=1500, check_interval_ms=1000,
-    )  # fmt: skip
-    with Coordinator(config):
-        out = run_example(
-            "transaction_producer", client_config.bootstrap_servers, client_config.namespace
-        )
+    out = run_with_fast_checks("transaction_producer", client_config, "example")
     assert out.count(" UNKNOWN") == 10
     received = [line for line in out.splitlines() if line.startswith("received ")]
     assert sorted(line.split("body=")[1] for line in received) == [
@@ -111,12 +115,7 @@ def test_fifo_consumer_example_keeps_each_orders_events_in_order(
 
 
 def test_async_service_example_ships_only_the_stored_orders(client_config: ClientConfig) -> None:
-    config = CoordinatorConfig(
-        client=client_config, coordinator_id="example-aio", transaction_partitions=2,
-        transaction_timeout_ms=1500, check_interval_ms=1000,
-    )  # fmt: skip
-    with Coordinator(config):
-        out = run_example("async_service", client_config.bootstrap_servers, client_config.namespace)
+    out = run_with_fast_checks("async_service", client_config, "example-aio")
     lines = out.splitlines()
     assert "posted   order-1: COMMIT" in lines, out
     assert "posted   order-2: ROLLBACK" in lines, out
@@ -126,3 +125,48 @@ def test_async_service_example_ships_only_the_stored_orders(client_config: Clien
         "order-1", "order-3",
     ]  # fmt: skip
     assert "received order-2" not in lines, "a rolled-back order was delivered"
+
+
+def test_v5_producer_example_reaches_its_push_consumer(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    out = run_example("v5_producer", kafka_bootstrap, namespace)
+    lines = out.splitlines()
+    received = sorted(line for line in lines if line.startswith("received "))
+    assert [line.split("'")[1] for line in received] == [
+        "order created", "order paid", "order shipped",
+    ], out  # fmt: skip
+    created = next(line for line in received if "order created" in line)
+    assert "tag=TagA keys=['order-1'] properties={'region': 'eu'}" in created, out
+    assert "group=order-1" in next(line for line in received if "shipped" in line), out
+    assert all("attempt=1" in line for line in received), out
+    assert any(line.startswith("async    ") for line in lines), out
+
+
+def test_v5_transaction_example_delivers_the_committed_and_the_checked(
+    client_config: ClientConfig,
+) -> None:
+    out = run_with_fast_checks("v5_transaction_producer", client_config, "example-v5")
+    lines = out.splitlines()
+    assert "check    order-3: COMMIT" in lines, out
+    # Orders 1 and 2 are decided at once; a check of either that came first (a loaded
+    # machine) was answered as the application decided, or not known yet.
+    for order, decided in (("order-1", "COMMIT"), ("order-2", "ROLLBACK")):
+        answers = {line.split(": ")[1] for line in lines if line.startswith(f"check    {order}:")}
+        assert answers <= {decided, "TRANSACTION_RESOLUTION_UNSPECIFIED"}, out
+    received = sorted(line.split("'")[1] for line in lines if line.startswith("received "))
+    assert received == ["order-1 created", "order-3 created"], out
+
+
+def test_v5_simple_consumer_example_redelivers_the_unacked(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    out = run_example("v5_simple_consumer", kafka_bootstrap, namespace)
+    lines = [line for line in out.splitlines() if line.startswith("received ")]
+    assert "received job-2 attempt=1: not acked" in lines, out
+    assert "received job-2 attempt=2: acked" in lines, out
+    assert sorted(line for line in lines if line.endswith(": acked")) == [
+        "received job-1 attempt=1: acked",
+        "received job-2 attempt=2: acked",
+        "received job-3 attempt=1: acked",
+    ], out

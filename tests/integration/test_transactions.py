@@ -145,6 +145,26 @@ def test_commit_rollback_check_outcomes_and_parking(
 
 
 @pytest.mark.check("G4")
+def test_a_half_message_is_decided_later_with_end_transaction(
+    client_config: ClientConfig, coordinator: Coordinator, topic: str
+) -> None:
+    listener = Scripted(execute={}, check={})  # a check (a loaded machine) is answered UNKNOWN
+    with TransactionMQProducer("tx_later", listener, config=client_config) as producer:
+        committed = producer.send_half_message(Message(topic, "committed", keys="order-1"))
+        rolled_back = producer.send_half_message(Message(topic, "rolled-back"))
+        left = producer.send_half_message(Message(topic, "left"))
+        assert (committed.topic, committed.message.body) == (topic, b"committed")
+        assert committed.message.get_property(MessageConst.PRODUCER_GROUP) == "tx_later"
+        producer.end_transaction(committed, C)
+        producer.end_transaction(rolled_back, R)
+        assert bodies(client_config, topic, 1) == ["committed"]
+    (real,) = read_messages(client_config, [topic], max_messages=1)
+    assert real.msg_id == committed.transaction_id and real.keys == ["order-1"]
+    # Shut down: the decision is not written; the check-back decides.
+    with pytest.raises(IllegalStateError, match="not RUNNING"):
+        producer.end_transaction(left, C)
+
+
 def test_first_check_follows_the_timeout_and_checks_follow_the_interval(
     client_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:

@@ -334,6 +334,22 @@ def test_acks_of_foreign_objects_and_other_consumers_messages_are_typed_errors()
         mine.change(theirs.receipt_handle, 5)
 
 
+def test_a_view_no_simple_consumer_received_is_nobody_s_to_ack() -> None:
+    # The view a bridge.v5 push consumer's listener or transaction checker is given.
+    consumption, _ = _consumption()
+    pq = ProcessQueue("t", 0)
+    _fetch(consumption, pq, range(1))
+    pushed = MessageView(_msg(0))
+    assert pushed.receipt_handle is None and pushed.message_id == _msg(0).msg_id
+    for call in (lambda: consumption.ack(pushed), lambda: consumption.change(pushed, 5)):
+        with pytest.raises(InvalidReceiptHandleError) as refused:
+            call()
+        assert refused.value.reason == "foreign"
+    consumption.give_back([pushed])  # not this consumer's to offer again: left as it is
+    (received,) = consumption.take(5, 30, 0)
+    assert received.message.queue_offset == 0 and consumption.take(5, 30, 0) == []
+
+
 def test_an_application_that_changes_where_a_message_was_read_cannot_hide_it() -> None:
     clock = _Clock()
     consumption, copies = _consumption(clock=clock)

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.settings",
             "bridge.delay_policy",
             "bridge.config",
+            "bridge.client_configuration",
             "bridge.property_values",
             "bridge.message_id",
             "bridge.message",
@@ -56,7 +57,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("adapters", ("bridge.kafka", "bridge.runtime", "bridge.observability")),
     ("clients", ("bridge.client",)),
     ("services", ("bridge.consumer", "bridge.delay", "bridge.transaction")),
-    ("coordinator and asyncio clients", ("bridge.coordinator", "bridge.aio")),
+    (
+        "coordinator, asyncio and RocketMQ 5 clients",
+        ("bridge.coordinator", "bridge.aio", "bridge.v5"),
+    ),
     # The database in the loop: listeners for the producer and consumer clients, threaded and
     # asyncio (SQLAlchemy, an optional extra: the entry points import it only when called).
     ("database in the loop", ("bridge.db",)),
