@@ -190,7 +190,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
       ``xdist_group("spark-<module>")`` is added here.
     - ``@pytest.mark.xdist_group("name")``: tests that share something costly that a module
       builds once (its own cluster or broker, a module-scoped coordinator that many tests
-      use) run on one worker, so it is built once.
+      use) run on one worker, so it is built once: a worker tears a module's fixtures down
+      whenever its next test is another module's, and workers run tests of many modules in
+      turn. The tests of the ``authorizing_broker`` (a second broker) get one, added here.
     - ``@pytest.mark.serial``: a test that needs the machine to itself (a bound on lateness
       measured against the wall clock) runs after the parallel run, alone (``make test``
       runs ``-m "not serial"`` on the workers, then ``-m serial`` without them).
@@ -206,6 +208,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
         if item.get_closest_marker("spark") and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(f"spark-{item.path.stem}"))
+        if "authorizing_broker" in getattr(item, "fixturenames", ()):
+            # A session fixture: each worker that ran one of these would start a broker.
+            item.add_marker(pytest.mark.xdist_group("authorizing-broker"))
         if UNIT_TESTS in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.unit)
 

@@ -49,7 +49,8 @@ from bridge.lifecycle import ServiceState
 from tests.conftest import wait_until
 from topics.catalog import TopicSpec
 
-pytestmark = pytest.mark.broker
+# One worker runs the module: its coordinator (a module fixture) is built once.
+pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("test_aio")]
 
 T = TypeVar("T")
 C, R, U = TransactionStatus.COMMIT, TransactionStatus.ROLLBACK, TransactionStatus.UNKNOWN

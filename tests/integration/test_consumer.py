@@ -50,7 +50,8 @@ from tests.conftest import REPO_ROOT, wait_until
 from topics.catalog import SystemTopic, TopicSpec
 from topics.naming import retry_topic
 
-pytestmark = pytest.mark.broker
+# One worker runs the module: its coordinator (a module fixture) is built once.
+pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("test_consumer")]
 
 LEVELS = "1s 1s 1s 2s 3s"
 """Level 3 (a first retry) waits 1 s, level 4 2 s, level 5 3 s."""

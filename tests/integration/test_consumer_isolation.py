@@ -55,7 +55,8 @@ from tests.integration.test_consumer import (
 from topics.catalog import TopicSpec
 from topics.naming import DLQ_GROUP_TOPIC_PREFIX, dlq_topic, retry_topic
 
-pytestmark = pytest.mark.broker
+# One worker runs the module: its coordinator (a module fixture) is built once.
+pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("test_consumer_isolation")]
 
 LEVELS = "1s 1s 1s 2s 3s"
 """Level 3 (a first retry) waits 1 s."""

@@ -12,7 +12,8 @@ from bridge.errors import BrokerStartError, MissingToolError
 from bridge.runtime.jars import require_tool
 from bridge.runtime.local_kafka import LocalKafka, LocalKafkaConfig
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+# One worker runs the module: its broker (a module fixture) is built once.
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.xdist_group("test_runtime")]
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,8 @@ from bridge.runtime.local_kafka import BROKER_PRINCIPAL, LocalKafka, LocalKafkaC
 from tests.conftest import wait_until
 from topics.catalog import TopicSpec
 
-pytestmark = pytest.mark.broker
+# One worker runs the module: its secured broker (a module fixture) is built once.
+pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("test_secured_broker")]
 
 # Passwords made per run: a leak cannot be mistaken for a fixed string in the code base.
 ALICE_PASSWORD = f"alice-{secrets.token_urlsafe(18)}"

@@ -40,7 +40,8 @@ from tests.conftest import REPO_ROOT, wait_until
 from topics.catalog import TopicSpec
 from topics.naming import retry_topic
 
-pytestmark = pytest.mark.broker
+# One worker runs the module: its coordinator (a module fixture) is built once.
+pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("test_tracing")]
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
