@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-GROUPED = '''
+GROUPED = """
 import os
 import pytest
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.xdist_group("one")
 def test_worker(n: int, tmp_path_factory: pytest.TempPathFactory) -> None:
     out = tmp_path_factory.getbasetemp().parent.parent / f"ran-{n}"
     out.write_text(os.environ["PYTEST_XDIST_WORKER"])
-'''
+"""
 
 
 def test_the_tests_of_one_xdist_group_run_on_one_worker(tmp_path: Path) -> None:
