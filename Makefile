@@ -1,6 +1,6 @@
 # Quick start: `make up` (bring the stack up and show a message round trip), `make test`.
 # Inner loop: `make check` (lint, unit tests, one broker test per guarantee).
-.PHONY: up test check bench lint docs bootstrap clean chaos soak differential
+.PHONY: up test check check-tests bench lint docs bootstrap clean chaos soak differential
 SEED ?= 1
 # Worker processes for pytest (pytest-xdist), sharing one broker; tests marked serial run after
 # them, alone. 3 on 2 cores: most integration tests wait on timers and session timeouts more
@@ -25,9 +25,14 @@ endif
 	.venv/bin/python -m chaos run --seed $(SEED) --duration 150
 
 # The inner loop: lint, the unit tests and the broker tests marked check (one a guarantee), on
-# CHECK_WORKERS pytest-xdist processes sharing one broker (0: one process).
+# CHECK_WORKERS pytest-xdist processes sharing one broker (0: one process). Lint runs beside the
+# tests (mypy is one process; the broker tests wait more than they compute), its output shown
+# once it ends; either failing fails the target.
 CHECK_WORKERS ?= 3
-check: lint
+check: bootstrap
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint check-tests
+
+check-tests: bootstrap
 	.venv/bin/python -m pytest -n $(CHECK_WORKERS) --dist loadgroup -m "unit or check"
 
 # Fault injection on a three-broker cluster (fixed seed, a few minutes; fails on a violation).
