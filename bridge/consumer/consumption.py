@@ -246,6 +246,15 @@ class Strategy(abc.ABC):
         after the wait for their running work: end what is still out of them. Nothing by
         default (a listener's late result is ignored by its queue)."""
 
+    def inherit(self, pq: ProcessQueue, offset: int, metadata: str) -> None:  # noqa: B027
+        """Called when ``pq``'s partition is taken, with the offset it starts at and the
+        metadata committed with it (by this strategy's :meth:`commit_metadata` in an earlier
+        owner, or by anything else). Nothing by default."""
+
+    def commit_metadata(self, pq: ProcessQueue, offset: int) -> str:
+        """The metadata to commit with ``offset`` for ``pq``'s partition; "" by default."""
+        return ""
+
 
 class Consumption(Strategy, Generic[ContextT]):
     """A consumption strategy: takes a partition's newly held messages (:meth:`submit`) and

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, Final
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, TopicPartition
 
 from bridge.consumer.consumption import Strategy
 from bridge.consumer.context import ConsumerContext
@@ -81,6 +81,14 @@ class Fetcher:
         self._revoke_wait_s = 0.0
         """How long a revoke waits for running listeners, seconds (CLUSTERING)."""
         self._last_commit = 0.0
+        self._commit_lock = threading.RLock()
+        self._commits_served = threading.Condition()
+        self._issued: dict[Key, int] = {}
+        """Asynchronous commits made, per partition."""
+        self._served: dict[Key, int] = {}
+        """Asynchronous commits whose result came back, per partition (in the order made)."""
+        self._failed: dict[Key, int] = {}
+        """Of those, failed ones not yet reported by :meth:`commit_now`."""
         self._last_refresh = 0.0
         self._last_gauges = 0.0
         self._gauged_topics: set[str] = set()
@@ -117,6 +125,7 @@ class Fetcher:
                 group,
                 f"{group}-consumer",
                 statistics=True,
+                on_commit=self._on_commit,
                 auto_offset_reset=reset,
                 **fetch_tuning(config),
                 **tuning.options,
@@ -302,7 +311,10 @@ class Fetcher:
     def _take(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         positions = self._start_positions(partitions)
         for tp in positions:
-            self.queues[(tp.topic, tp.partition)] = ProcessQueue(tp.topic, tp.partition)
+            pq = self.queues[(tp.topic, tp.partition)] = ProcessQueue(tp.topic, tp.partition)
+            metadata = getattr(tp, "metadata", None)
+            if tp.offset >= 0 and metadata:
+                self._consumption.inherit(pq, tp.offset, metadata)
         logger.info(
             "push consumer %s: assigned %s",
             self._context.group,
@@ -404,24 +416,90 @@ class Fetcher:
             self._kafka.incremental_assign(self._take(new))
 
     # --- offsets -------------------------------------------------------------------------
-    def _commit(self, keys: Iterable[Key], *, asynchronous: bool) -> None:
-        self._last_commit = time.monotonic()
-        offsets = []
-        for key in keys:
-            pq = self.queues.get(key)
-            if pq is None:
-                continue
-            offset = pq.commit_offset()
-            if offset is not None and offset != pq.last_committed:
-                offsets.append(TopicPartition(key[0], key[1], offset))
-                pq.last_committed = offset
-        if not offsets:
-            return
-        try:
-            self._kafka.commit(offsets=offsets, asynchronous=asynchronous)
-        except Exception as exc:
-            logger.warning("push consumer %s: offset commit failed: %s", self._context.group, exc)
-            for tp in offsets:
-                pq = self.queues.get((tp.topic, tp.partition))
-                if pq is not None:
-                    pq.last_committed = -1
+    def commit_now(self, queues: Iterable[ProcessQueue], timeout_s: float) -> bool:
+        """Commit ``queues``' partitions (those still held) with the strategy's metadata, and
+        wait up to ``timeout_s`` seconds until Kafka stored it (and every commit of them made
+        before). True once stored; False if a commit failed or the time ran out (logged).
+
+        From the poll thread a synchronous commit. From another thread an asynchronous one,
+        whose result the poll thread serves (:meth:`_on_commit`): a synchronous commit from a
+        thread other than the one that polls can hang in librdkafka (confluent-kafka-python
+        #1801), and here it did, while a rebalance ran."""
+        keys = [(pq.topic, pq.partition) for pq in queues]
+        if threading.current_thread() is self._thread:
+            return self._commit(keys, asynchronous=False)
+        with self._commit_lock:
+            if not self._commit(keys, asynchronous=True):
+                return False
+            targets = {key: self._issued.get(key, 0) for key in keys}
+        deadline = time.monotonic() + timeout_s
+        with self._commits_served:
+            while True:
+                if any(self._failed.get(key, 0) > 0 for key in targets):
+                    for key in targets:
+                        self._failed.pop(key, None)
+                    return False
+                if all(self._served.get(key, 0) >= n for key, n in targets.items()):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._commits_served.wait(left)
+
+    def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The result of an asynchronous commit (on the poll thread): count it served for its
+        partitions, and have a failed one's offsets committed again."""
+        with self._commits_served:
+            for tp in partitions:
+                key = (tp.topic, tp.partition)
+                self._served[key] = self._served.get(key, 0) + 1
+                if error is not None or tp.error is not None:
+                    self._failed[key] = self._failed.get(key, 0) + 1
+                    pq = self.queues.get(key)
+                    if pq is not None:
+                        pq.last_committed = -1
+            self._commits_served.notify_all()
+        if error is not None:
+            logger.warning("push consumer %s: offset commit failed: %s", self._context.group, error)
+
+    def _commit(self, keys: Iterable[Key], *, asynchronous: bool) -> bool:
+        # One commit at a time, each sent with the state it read: a commit built before a
+        # lease opened must not reach Kafka after one built after it (its metadata would
+        # drop the lease). librdkafka sends a client's commits in the order they were made.
+        with self._commit_lock:
+            self._last_commit = time.monotonic()
+            offsets = []
+            for key in keys:
+                pq = self.queues.get(key)
+                if pq is None:
+                    continue
+                offset = pq.commit_offset()
+                if offset is None:
+                    continue
+                metadata = self._consumption.commit_metadata(pq, offset)
+                if offset != pq.last_committed or metadata != pq.last_metadata:
+                    offsets.append(
+                        TopicPartition(key[0], key[1], offset, metadata=metadata)
+                        if metadata
+                        else TopicPartition(key[0], key[1], offset)
+                    )
+                    pq.last_committed, pq.last_metadata = offset, metadata
+            if not offsets:
+                return True
+            try:
+                self._kafka.commit(offsets=offsets, asynchronous=asynchronous)
+                if asynchronous:
+                    with self._commits_served:
+                        for tp in offsets:
+                            key = (tp.topic, tp.partition)
+                            self._issued[key] = self._issued.get(key, 0) + 1
+            except Exception as exc:
+                logger.warning(
+                    "push consumer %s: offset commit failed: %s", self._context.group, exc
+                )
+                for tp in offsets:
+                    pq = self.queues.get((tp.topic, tp.partition))
+                    if pq is not None:
+                        pq.last_committed = -1
+                return False
+            return True

@@ -150,6 +150,8 @@ class ProcessQueue:
         """Set once the consumer gave the partition up: late listener results are ignored."""
         self.last_committed = -1
         """The offset last committed for this partition (kept by the committing thread)."""
+        self.last_metadata = ""
+        """The metadata committed with :attr:`last_committed` (kept by the committing thread)."""
         # Orderly consumption only: messages not yet handed to the listener, in order.
         self._pending: deque[MessageExt] = deque()
         self.orderly_scheduled = False

@@ -18,13 +18,16 @@ as done only once Kafka acknowledged the copy (G6).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import ClassVar, Final
 
+from bridge.consumer import delivery_counts
 from bridge.consumer.consumption import Failure, Place, Strategy, places, record_failure, restore
 from bridge.consumer.context import ConsumerContext
 from bridge.consumer.counters import Count
@@ -32,8 +35,14 @@ from bridge.consumer.invisibility import Lease, LeaseEnd, Leases
 from bridge.consumer.process_queue import ProcessQueue
 from bridge.consumer.quarantine import Quarantine
 from bridge.errors import IllegalStateError, InvalidArgumentError, InvalidReceiptHandleError
-from bridge.message import MessageExt, PropertyValue
+from bridge.message import MessageConst, MessageExt, PropertyValue
 
+logger = logging.getLogger(__name__)
+
+_RECORD_WAIT_S: Final = 5.0
+"""How long ``receive`` waits for Kafka to store the deliveries of what it returns, seconds
+(a commit and its answer: milliseconds, unless the consumer's poll thread is held up in a
+rebalance); then it returns the messages all the same."""
 _ROOM_POLL_S: Final = 0.05
 """A ``receive`` waiting for room (every lease taken) looks again this often, seconds."""
 
@@ -178,9 +187,100 @@ class SimpleConsumption(Strategy):
         """Messages held and not received yet, in the order the fetcher passed them."""
         self._ready_changed = threading.Condition()
         self._closed = False
+        self._out: weakref.WeakKeyDictionary[ProcessQueue, dict[int, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Per partition held, the offsets handed out and not done, with how many times they
+        went out (counted by earlier owners too): what :meth:`commit_metadata` commits. A
+        partition's entry goes with its queue."""
+        self._out_lock = threading.Lock()
+        self._persist: Callable[[Iterable[ProcessQueue], float], bool] | None = None
+        self._unpersisted_warned = False
+
+    def persist_with(self, commit: Callable[[Iterable[ProcessQueue], float], bool]) -> None:
+        """``commit``: commits the given partitions' offsets and metadata and waits up to the
+        seconds given for Kafka to store them (the fetcher's
+        :meth:`~bridge.consumer.fetcher.Fetcher.commit_now`); ``receive`` calls it before it
+        returns messages, so that a crash after it still counts their delivery."""
+        self._persist = commit
+
+    # --- deliveries a partition's next owner counts ---------------------------------------
+    def inherit(self, pq: ProcessQueue, offset: int, metadata: str) -> None:
+        counts = delivery_counts.decode(offset, metadata)
+        if counts:
+            with self._out_lock:
+                self._out[pq] = counts
+            logger.info(
+                "simple consumer %s: %s[%d] had %d messages out with its last owner; their "
+                "deliveries are counted",
+                self._context.group,
+                pq.topic,
+                pq.partition,
+                len(counts),
+            )
+
+    def commit_metadata(self, pq: ProcessQueue, offset: int) -> str:
+        with self._out_lock:
+            out = self._out.get(pq)
+            if not out:
+                return ""
+            for gone in [o for o in out if o < offset or not pq.holds(o)]:
+                del out[gone]
+            text, left = delivery_counts.encode(offset, out)
+        if left:
+            logger.warning(
+                "simple consumer %s: %d messages out of %s[%d] beyond what the commit metadata "
+                "holds: a crash would not count their delivery",
+                self._context.group,
+                left,
+                pq.topic,
+                pq.partition,
+            )
+        return text
+
+    def _count_out(self, pq: ProcessQueue, offset: int) -> None:
+        with self._out_lock:
+            out = self._out.setdefault(pq, {})
+            out[offset] = out.get(offset, 0) + 1
+
+    def _count_done(self, pq: ProcessQueue, offset: int) -> None:
+        with self._out_lock:
+            out = self._out.get(pq)
+            if out is not None:
+                out.pop(offset, None)
+
+    def _went_out_before(self, pq: ProcessQueue, msgs: list[MessageExt]) -> list[MessageExt]:
+        """Those of ``msgs`` that went out with an earlier owner and were not done, each with
+        ``reconsume_times`` raised by its deliveries there but one (the copy adds that one)."""
+        with self._out_lock:
+            out = self._out.get(pq)
+            if not out:
+                return []
+            before = [(m, out[m.queue_offset]) for m in msgs if m.queue_offset in out]
+        for msg, times in before:
+            if times > 1:
+                msg.put_system_property(
+                    MessageConst.RECONSUME_TIME, str(msg.reconsume_times + times - 1)
+                )
+        return [m for m, _ in before]
 
     # --- from the fetcher (the poll thread) ----------------------------------------------
     def submit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        before = self._went_out_before(pq, msgs)
+        if before:
+            # Received by an earlier owner that never acked them (it crashed, or gave the
+            # partition up): back to the group as a message whose invisible duration passed,
+            # one delivery more, or to the DLQ once they are spent.
+            record_failure(before, Failure.NOT_ACKED)
+            self.policy.fail(pq, before, [0] * len(before))
+            sent = {id(m) for m in before}
+            msgs = [m for m in msgs if id(m) not in sent]
+            # Commit past them as soon as their copies are stored: a crash before would have
+            # the next owner send them back once more, counting from the same delivery.
+            context = self._context
+            context.flush_copies(context.bounded_ms(context.config.send_msg_timeout_ms))
+            if self._persist is not None:
+                self._persist([pq], _RECORD_WAIT_S)
         with self._ready_changed:
             self._ready.extend((pq, msg) for msg in msgs)
             self._ready_changed.notify_all()
@@ -239,14 +339,33 @@ class SimpleConsumption(Strategy):
                     pq, msg = ready.popleft()
                     if not pq.begin():
                         continue  # given up: the partition's next owner delivers it
+                    self._count_out(pq, msg.queue_offset)
                     lease = self.leases.open((pq, msg, places([msg])[0]), now, duration_s)
                     views.append(MessageView(msg, lease, self.leases))
                 if views:
-                    return views
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return views
                 self._ready_changed.wait(left if room else min(left, _ROOM_POLL_S))
+        self._record_out(views)
+        return views
+
+    def _record_out(self, views: list[MessageView]) -> None:
+        """Commit the deliveries of ``views`` before they are returned (see
+        :mod:`~bridge.consumer.delivery_counts`). A failed commit is logged and the messages
+        go out all the same: only a crash before the next commit would not count them."""
+        if self._persist is None:
+            return
+        queues = {id(v._lease.item[0]): v._lease.item[0] for v in views if v._lease is not None}
+        if self._persist(queues.values(), _RECORD_WAIT_S) or self._unpersisted_warned:
+            return
+        self._unpersisted_warned = True
+        logger.warning(
+            "simple consumer %s: the deliveries of received messages could not be committed; "
+            "a crash before the next commit would not count them",
+            self._context.group,
+        )
 
     def ack(self, view: object) -> None:
         """End ``view``'s lease and mark its message done; see :meth:`_lease_of` for what
@@ -259,6 +378,7 @@ class SimpleConsumption(Strategy):
                 self._refuse_released(lease, handle, pq)
             self.leases.ack(lease, handle, self._clock())
             pq.remove((msg.queue_offset,))
+        self._count_done(pq, msg.queue_offset)
         pq.end()
         self._context.counters.add(Count.CONSUMED)
 
@@ -322,6 +442,12 @@ class SimpleConsumption(Strategy):
                 pq, msg, place = lease.item
                 pq.end()
                 restore([msg], [place], self._context.group)
+                with self._out_lock:  # never seen by the caller: not a delivery
+                    out = self._out.get(pq)
+                    if out is not None and out.get(msg.queue_offset, 0) > 1:
+                        out[msg.queue_offset] -= 1
+                    elif out is not None:
+                        out.pop(msg.queue_offset, None)
                 back.append((pq, msg))
         with self._ready_changed:
             if not self._closed:

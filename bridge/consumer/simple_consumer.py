@@ -267,6 +267,7 @@ class SimpleConsumer(Startable):
         self._fetcher = Fetcher(
             context, self._consumption, self._quarantine, self._topic_names, retry_kafka_topic
         )
+        self._consumption.persist_with(self._fetcher.commit_now)
         self._fetcher.start()
         logger.info(
             "simple consumer %s started (topics %s)",

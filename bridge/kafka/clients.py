@@ -216,6 +216,7 @@ def new_consumer(
     client_id: str,
     *,
     statistics: bool = False,
+    on_commit: Callable[[KafkaError | None, list[Any]], None] | None = None,
     **overrides: Any,
 ) -> Consumer:
     """A confluent-kafka ``Consumer`` with :func:`consumer_config`. Raises
@@ -223,10 +224,13 @@ def new_consumer(
 
     ``statistics=True`` records its librdkafka statistics (lag per topic, labelled with
     ``group_id``) while metrics are on; left off for short-lived readers, whose random
-    groups would only add series."""
+    groups would only add series. ``on_commit``: called with the result of each asynchronous
+    offset commit (error or None, the partitions), on the thread that polls."""
     conf = consumer_config(config, group_id, client_id, **overrides)
     if statistics:
         conf = _with_statistics(conf, group_id, config.namespace)
+    if on_commit is not None:
+        conf["on_commit"] = on_commit
     return _construct(Consumer, conf, config, "consumer")
 
 
