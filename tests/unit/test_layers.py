@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.consumer.invisibility",
             "bridge.consumer.message_groups",
             "bridge.transaction.model",
+            "bridge.transaction.pending",
             "bridge.transaction.state",
         ),
     ),

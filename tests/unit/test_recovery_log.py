@@ -13,23 +13,27 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from bridge.config import ClientConfig
 from bridge.errors import KafkaClientError
+from bridge.transaction.ledger import HalfLedger
 from bridge.transaction.recovery import Recovery
+from bridge.transaction.state import CheckPolicy
 
 HALF = "ns.RMQ_SYS_TRANS_HALF_TOPIC"
+OP = "ns.RMQ_SYS_TRANS_OP_HALF_TOPIC"
 
 
 def _recovery(failures: list[BaseException | None]) -> Recovery:
     """A Recovery of HALF partition 0 whose attempts end as ``failures`` says, in order
     (None: recovered)."""
-    consumer = SimpleNamespace(assignment=lambda: [TopicPartition(HALF, 0)])
-    service: Any = SimpleNamespace(
-        _consumer=consumer,
-        timeout_s=0.1,
-        _half=HALF,
-        config=SimpleNamespace(client=ClientConfig(bootstrap_servers="127.0.0.1:1")),
+    consumer: Any = SimpleNamespace(assignment=lambda: [TopicPartition(HALF, 0)])
+    recovery = Recovery(
+        HalfLedger(),
         name="transaction-c1",
+        client=ClientConfig(bootstrap_servers="127.0.0.1:1"),
+        policy=CheckPolicy(),
+        half_topic=HALF,
+        op_topic=OP,
+        consumer=lambda: consumer,
     )
-    recovery = Recovery(service)
 
     def attempt(*_: object) -> None:
         failure = failures.pop(0)
