@@ -27,7 +27,8 @@ from bridge.transaction.model import OpAction
 from bridge.transaction.state import HalfPartition, PendingHalf
 from topics.catalog import SystemTopic
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("bridge.transaction.checks")
+"""The check-back's logger: one name for an operator to tune for all of the checks."""
 
 Check = Callable[[HalfPartition, PendingHalf, int, HalfBatch], None]
 """Check (or park) a due transaction at a time (epoch ms), its outputs in a batch."""

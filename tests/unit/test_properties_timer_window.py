@@ -140,7 +140,18 @@ class Run:
     def restart(self) -> None:
         self.consumer = Consumer(self.broker)
         self.service = Service(self.broker, self.consumer)
-        self.fetcher = Fetcher(self.service)  # type: ignore[arg-type]
+        service = self.service
+        self.fetcher = Fetcher(
+            name=service.name,
+            topic=service.topic,
+            group_id=service.group_id,
+            timeout_s=service.timeout_s,
+            consumer=lambda: service._consumer,  # type: ignore[arg-type,return-value]
+            place=service.place,
+            exit_time_ms=service.policy.exit_time_ms,
+            check_fencing=service.check_fencing,
+            counts=service,  # type: ignore[arg-type]
+        )
         self.fetcher.assign([TopicPartition(TOPIC, p) for p in self.broker.logs])
 
     def step(self, advance: int, fetch: int, splits: list[bool], fail: set[int]) -> None:
@@ -388,7 +399,7 @@ def test_unreadable_metadata_stops_its_partition_only_and_says_how_to_clear_it(
     run = Run(broker)
     with caplog.at_level(logging.ERROR, logger="bridge.delay.fetch"):
         for _ in range(20):
-            run.fetcher._reposition_after = 0.0  # as if 0.2 s had passed between passes
+            run.fetcher._seeks.now()  # as if 0.2 s had passed between passes
             run.step(1, 5, [], set())
     assert sorted(run.delivered) == [(1, o) for o in range(5)]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
