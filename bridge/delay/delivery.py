@@ -15,11 +15,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.codec import PreparedRecord
 from bridge.delay.fetch import Fetcher
-from bridge.delay.held import RECORD_ERRORS, DelayCounts, Held, Key
+from bridge.delay.held import RECORD_ERRORS, DelayCounts, DelaySettings, Held, Key
 from bridge.delay.isolation import Isolation, Unit, located
 from bridge.delay.records import failed_deliveries, send_key
 from bridge.kafka.batch_writer import Check, Refused, TransactionBatch
-from bridge.kafka.service import ServiceConfig
 from bridge.message import now_ms
 from bridge.observability.metrics import active_metrics
 from topics.catalog import SystemTopic
@@ -66,20 +65,17 @@ class Write(Protocol):
 
 
 class Delivery:
-    """Writes what the due records of a delay service (of ``kind``, reading ``topic``) become,
-    and remembers the sends it delivered for :data:`DUPLICATE_WINDOW_MS`. The records come
-    from ``fetcher``, what each becomes from ``isolation``; they are written with ``write``
-    (``transaction_failed`` aborts a failed transaction or replaces the producer) through the
-    producer and consumer the two callables give. ``due_at`` says when a record was due (its
-    lateness is measured); what was written is counted in ``counts``."""
+    """Writes what the due records of a delay service become, and remembers the sends it
+    delivered for :data:`DUPLICATE_WINDOW_MS`. The records come from ``fetcher``, what each
+    becomes from ``isolation``; they are written with ``write`` (``transaction_failed``
+    aborts a failed transaction or replaces the producer) through the producer and consumer
+    the two callables give. ``due_at`` says when a record was due (its lateness is
+    measured); what was written is counted in ``counts``."""
 
     def __init__(
         self,
+        settings: DelaySettings,
         *,
-        name: str,
-        kind: str,
-        topic: str,
-        config: ServiceConfig,
         fetcher: Fetcher,
         isolation: Isolation,
         counts: DelayCounts,
@@ -89,11 +85,11 @@ class Delivery:
         producer: Callable[[], Any],
         consumer: Callable[[], Consumer | None],
     ) -> None:
-        self._name = name
-        self._kind = kind
-        self._topic = topic
-        self._config = config
-        self._client = config.client
+        self._name = settings.name
+        self._kind = settings.kind
+        self._topic = settings.topic
+        self._config = settings.config
+        self._client = settings.config.client
         self._fetcher = fetcher
         self._isolation = isolation
         self._counts = counts

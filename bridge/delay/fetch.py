@@ -18,6 +18,14 @@ partition waits in order as before.
 
 After a failed transaction or a new assignment, a partition is read again from its committed
 offset, and nothing of it is taken before that seek succeeded.
+
+:class:`Fetcher` stays one class of about 400 lines: what it knows of a partition (held,
+in the window, taken, named not done, done above the base) changes together in every step, and
+the one rule they keep together (the committed offset and its metadata never pass a record not
+done) would otherwise be spread over several objects. What stands apart has left: the record
+and its types (:mod:`bridge.delay.held`), the offset metadata's format
+(:mod:`bridge.delay.done_offsets`) and the consumer's pauses and seeks
+(:mod:`bridge.delay.seeks`).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.delay.done_offsets import METADATA_MAX_CHARS, decode_done, encode_done
-from bridge.delay.held import RECORD_ERRORS, DelayCounts, Headers, Held, Key
+from bridge.delay.held import RECORD_ERRORS, DelayCounts, DelaySettings, Headers, Held, Key
 from bridge.delay.seeks import Seeks
 from bridge.errors import WireFormatError
 from bridge.kafka.quarantine import read_headers
@@ -64,33 +72,26 @@ memory when the window has room (memory: at most this many and one fetched batch
 
 
 class Fetcher:
-    """The fetched records of a service's partitions of ``topic``, held until due, and where
-    each partition is read from. ``consumer`` gives the service's consumer (None before it
-    started or after it stopped), ``place`` sets when a fetched record is due,
-    ``exit_time_ms`` is :meth:`~bridge.delay_policy.DelayPolicy.exit_time_ms`,
-    ``check_fencing`` stops the service when a consumer error says another coordinator runs
-    with its id; stale and delivered-before records are counted in ``counts``."""
+    """The fetched records of a service's partitions, held until due, and where each
+    partition is read from. ``consumer`` gives the service's consumer (None before it started
+    or after it stopped), ``place`` sets when a fetched record is due, ``check_fencing`` stops
+    the service when a consumer error says another coordinator runs with its id; stale and
+    delivered-before records are counted in ``counts``."""
 
     def __init__(
         self,
+        settings: DelaySettings,
         *,
-        name: str,
-        topic: str,
-        group_id: str,
-        timeout_s: float,
         consumer: Callable[[], Consumer | None],
         place: Callable[[Held], None],
-        exit_time_ms: Callable[[int, int], int],
         check_fencing: Callable[[KafkaError], None],
         counts: DelayCounts,
     ) -> None:
-        self._name = name
-        self._topic = topic
-        self._group_id = group_id
-        self._timeout_s = timeout_s
+        self._name = settings.name
+        self._topic = settings.topic
         self._consumer = consumer
         self._place = place
-        self._exit_time_ms = exit_time_ms
+        self._exit_time_ms = settings.policy.exit_time_ms
         self._check_fencing = check_fencing
         self._counts = counts
         self._held: dict[int, deque[Held]] = {}
@@ -121,9 +122,7 @@ class Fetcher:
         self._next_offset: dict[int, int | None] = {}
         """Assigned partitions -> the next offset to take; None until a seek to the committed
         offset succeeded (after an assignment or a failed transaction)."""
-        self._seeks = Seeks(
-            name=name, topic=topic, group_id=group_id, timeout_s=timeout_s, consumer=consumer
-        )
+        self._seeks = Seeks(settings, consumer)
         self._pending_high: dict[int, int] = {}
         """What :attr:`_high` becomes once the transaction being written commits."""
         self.in_order = False

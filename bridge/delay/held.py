@@ -1,6 +1,6 @@
-"""A record the delay services fetched (:class:`Held`) and the counts they keep: what every part
-of a delay service (:mod:`~bridge.delay.fetch`, :mod:`~bridge.delay.isolation`,
-:mod:`~bridge.delay.delivery`) shares, with no behaviour of its own.
+"""What every part of a delay service (:mod:`~bridge.delay.fetch`,
+:mod:`~bridge.delay.isolation`, :mod:`~bridge.delay.delivery`) shares, with no behaviour of its
+own: a record it fetched (:class:`Held`), the service's settings and the counts it keeps.
 """
 
 from __future__ import annotations
@@ -8,7 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from bridge.config import NamePatterns
+from bridge.delay_policy import DelayPolicy
 from bridge.errors import WireFormatError
+from bridge.kafka.service import ServiceConfig
 
 RECORD_ERRORS: Final = (WireFormatError, ValueError, TypeError, SystemError, ArithmeticError)
 """What decoding one malformed record can raise (its own fault: it is quarantined)."""
@@ -38,6 +41,30 @@ class Held:
     """A timer's delivery time, epoch ms (None: a delay level, or unreadable)."""
     send_key: tuple[int, bytes] | None = None
     """Identifies its send (see :func:`~bridge.delay.records.send_key`), once it is due."""
+
+
+@dataclass(frozen=True, slots=True)
+class DelaySettings:
+    """A delay service's settings, as its parts read them."""
+
+    name: str
+    """The service's name (in log lines)."""
+    kind: str
+    """``schedule`` or ``timer`` (its metrics label)."""
+    topic: str
+    """The topic whose partitions it reads."""
+    timer_topic: str
+    """Where a back-off copy waits."""
+    group_id: str
+    config: ServiceConfig
+    policy: DelayPolicy
+    allowed_topics: NamePatterns
+    """The real topics it delivers to (G12)."""
+
+    @property
+    def timeout_s(self) -> float:
+        """Bound on each Kafka call, seconds."""
+        return self.config.client.request_timeout_ms / 1000
 
 
 @dataclass(slots=True)

@@ -25,14 +25,12 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource, ResourceType
 
 from bridge.codec import PreparedRecord
-from bridge.config import NamePatterns
-from bridge.delay.held import RECORD_ERRORS, Held, Key
+from bridge.delay.held import RECORD_ERRORS, DelaySettings, Held, Key
 from bridge.delay.records import backoff_copy, backoff_source
-from bridge.delay_policy import DELIVERY_BACKOFF_MAX_MS, DelayPolicy
+from bridge.delay_policy import DELIVERY_BACKOFF_MAX_MS
 from bridge.kafka.batch_writer import TransactionBatch
 from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import QUARANTINE_OMITTED_BYTES, quarantine_copy
-from bridge.kafka.service import ServiceConfig
 from bridge.kafka.transactional import is_permanent_delivery_error
 from topics.catalog import SystemTopic
 from topics.naming import is_kafka_internal
@@ -74,32 +72,27 @@ def located(topic: str, partition: int) -> str:
 
 
 class Isolation:
-    """The records of a delay service (its partitions of ``topic``) that failed a transaction
-    or will, and what they become instead (back-off copies in ``timer_topic``, quarantine
-    copies, deliveries on their own). ``process`` says what a due record becomes (and whether
-    that is its delivery to a real topic of ``allowed_topics``); ``producer`` gives the
-    service's producer, whose metadata says which targets exist."""
+    """The records of a delay service that failed a transaction or will, and what they become
+    instead (back-off copies in the timer topic, quarantine copies, deliveries on their own).
+    ``process`` says what a due record becomes (and whether that is its delivery to a real
+    topic); ``producer`` gives the service's producer, whose metadata says which targets
+    exist."""
 
     def __init__(
         self,
+        settings: DelaySettings,
         *,
-        name: str,
-        topic: str,
-        timer_topic: str,
-        config: ServiceConfig,
-        policy: DelayPolicy,
-        allowed_topics: NamePatterns,
         process: Callable[[Held, int], tuple[PreparedRecord, bool]],
         producer: Callable[[], Any],
     ) -> None:
-        self._name = name
-        self._topic = topic
-        self._timer_topic = timer_topic
-        self._config = config
-        self._client = config.client
-        self._timeout_s = config.client.request_timeout_ms / 1000
-        self._policy = policy
-        self._allowed_topics = allowed_topics
+        self._name = settings.name
+        self._topic = settings.topic
+        self._timer_topic = settings.timer_topic
+        self._config = settings.config
+        self._client = settings.config.client
+        self._timeout_s = settings.timeout_s
+        self._policy = settings.policy
+        self._allowed_topics = settings.allowed_topics
         self._process = process
         self._producer = producer
         self._culprits: dict[Key, str] = {}

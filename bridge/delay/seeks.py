@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from bridge.delay.held import DelaySettings
 from bridge.errors import WireFormatError
 
 logger = logging.getLogger("bridge.delay.fetch")
@@ -23,22 +24,14 @@ _MALFORMED_LOG_S = 60.0
 
 
 class Seeks:
-    """Pauses, resumes and seeks of the partitions of ``topic`` through the consumer
-    ``consumer`` gives (None before the service started or after it stopped)."""
+    """Pauses, resumes and seeks of the service's partitions through the consumer ``consumer``
+    gives (None before the service started or after it stopped)."""
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        topic: str,
-        group_id: str,
-        timeout_s: float,
-        consumer: Callable[[], Consumer | None],
-    ) -> None:
-        self._name = name
-        self._topic = topic
-        self._group_id = group_id
-        self._timeout_s = timeout_s
+    def __init__(self, settings: DelaySettings, consumer: Callable[[], Consumer | None]) -> None:
+        self._name = settings.name
+        self._topic = settings.topic
+        self._group_id = settings.group_id
+        self._timeout_s = settings.timeout_s
         self._consumer = consumer
         self.paused: set[int] = set()
         """Partitions not fetched now (what was fetched of them stays held)."""

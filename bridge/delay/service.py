@@ -33,7 +33,7 @@ from bridge.config import NamePatterns, TrustLimits
 from bridge.delay import records
 from bridge.delay.delivery import Delivery
 from bridge.delay.fetch import Fetcher
-from bridge.delay.held import RECORD_ERRORS, DelayCounts, Held
+from bridge.delay.held import RECORD_ERRORS, DelayCounts, DelaySettings, Held
 from bridge.delay.isolation import Isolation
 from bridge.delay.records import timer_deliver_ms
 from bridge.delay_policy import DelayPolicy
@@ -91,32 +91,26 @@ class FifoDelayService(TransactionalService):
         self.timer_topic = config.catalog.topic(SystemTopic.TIMER)
         self.counts = DelayCounts()
         """What it did (for tests and metrics)."""
+        settings = DelaySettings(
+            self.name,
+            self.kind,
+            self.topic,
+            self.timer_topic,
+            self.group_id,
+            config,
+            self.policy,
+            self.allowed_topics,
+        )
         self.fetcher = Fetcher(
-            name=self.name,
-            topic=self.topic,
-            group_id=self.group_id,
-            timeout_s=self.timeout_s,
+            settings,
             consumer=lambda: self._consumer,
             place=self.place,
-            exit_time_ms=self.policy.exit_time_ms,
             check_fencing=self.check_fencing,
             counts=self.counts,
         )
-        self.isolation = Isolation(
-            name=self.name,
-            topic=self.topic,
-            timer_topic=self.timer_topic,
-            config=config,
-            policy=self.policy,
-            allowed_topics=self.allowed_topics,
-            process=self.process,
-            producer=lambda: self._producer,
-        )
+        self.isolation = Isolation(settings, process=self.process, producer=lambda: self._producer)
         self.delivery = Delivery(
-            name=self.name,
-            kind=self.kind,
-            topic=self.topic,
-            config=config,
+            settings,
             fetcher=self.fetcher,
             isolation=self.isolation,
             counts=self.counts,

@@ -18,7 +18,7 @@ drains at the pace the group's producers answer instead of being counted unasked
 
 Isolation: a check that cannot be made (its group's check topic cannot be created) counts as a
 check, and a transaction whose check outputs cannot be written is checked on its own and
-parked with the reason.
+parked with the reason (:mod:`bridge.transaction.failed_checks`).
 
 Trust (G12): a half message whose producer group is outside ``allowed_producer_groups`` is
 never checked (its group's check topic is never created): at its first check time it is parked
@@ -33,10 +33,8 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaError
 
-from bridge.config import TrustLimits
 from bridge.errors import BridgeError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.service import ServiceConfig
 from bridge.message import MessageConst, PropertyValue, now_ms
 from bridge.transaction.check_topics import CheckTopics
 from bridge.transaction.failed_checks import FailedChecks
@@ -48,12 +46,12 @@ from bridge.transaction.half_batch import (
     envelope,
     with_check_times,
 )
-from bridge.transaction.ledger import HalfLedger, HalfWriter
+from bridge.transaction.ledger import HalfLedger, HalfSettings, HalfWriter
 from bridge.transaction.liveness import ProducerLiveness
 from bridge.transaction.model import CheckRequest, OpAction
 from bridge.transaction.pacing import UNANSWERED_ASKS_MAX, CheckPacing
 from bridge.transaction.parking import ALONE_PER_CYCLE
-from bridge.transaction.state import CheckAction, CheckPolicy, HalfPartition, PendingHalf
+from bridge.transaction.state import CheckAction, HalfPartition, PendingHalf
 from topics.catalog import SystemTopic
 
 logger = logging.getLogger(__name__)
@@ -71,25 +69,22 @@ class CheckBack:
         self,
         ledger: HalfLedger,
         writer: HalfWriter,
+        settings: HalfSettings,
         *,
-        config: ServiceConfig,
-        policy: CheckPolicy,
-        limits: TrustLimits,
-        half_topic: str,
         check_topic_partitions: int,
     ) -> None:
         self._ledger = ledger
         self._writer = writer
-        self._config = config
-        self._catalog = config.catalog
-        self._policy = policy
-        self._limits = limits
-        self._half = half_topic
-        self._topics = CheckTopics(config.catalog, check_topic_partitions)
-        self._failed = FailedChecks(ledger, writer, config=config, half_topic=half_topic)
+        self._config = settings.config
+        self._catalog = settings.catalog
+        self._policy = policy = settings.policy
+        self._limits = settings.limits
+        self._half = settings.half_topic
+        self._topics = CheckTopics(settings.catalog, check_topic_partitions)
+        self._failed = FailedChecks(ledger, writer, settings)
         self.pacing = CheckPacing(policy.check_interval_ms)
         """The checks awaiting an answer, and each group's window."""
-        self._liveness = ProducerLiveness(config.client, absent_ms=policy.check_interval_ms)
+        self._liveness = ProducerLiveness(self._config.client, absent_ms=policy.check_interval_ms)
 
     def start(self, admin: TopicAdmin) -> None:
         """Use ``admin`` to create check topics."""

@@ -18,17 +18,15 @@ from typing import Any, Final
 from confluent_kafka import KafkaError
 
 from bridge.codec import ENVELOPE_SCHEMA, PreparedRecord, envelope_to_message
-from bridge.config import TrustLimits
 from bridge.errors import BridgeError, WireFormatError
 from bridge.kafka.quarantine import quarantine_copy
-from bridge.kafka.service import ServiceConfig
 from bridge.kafka.transactional import is_permanent_delivery_error
 from bridge.lifecycle import FatalServiceError
 from bridge.message import MessageConst, MessageExt, now_ms
 from bridge.observability.metrics import BridgeMetrics, active_metrics
 from bridge.transaction.checks import CheckBack
 from bridge.transaction.half_batch import HalfBatch
-from bridge.transaction.ledger import HalfLedger, HalfWriter
+from bridge.transaction.ledger import HalfLedger, HalfSettings, HalfWriter
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
     EndTransaction,
@@ -54,24 +52,21 @@ class Decisions:
         self,
         ledger: HalfLedger,
         writer: HalfWriter,
+        settings: HalfSettings,
         *,
-        name: str,
-        config: ServiceConfig,
-        limits: TrustLimits,
         targets: Targets,
-        half_topic: str,
         parking: Parking,
         checks: CheckBack,
         check_fencing: Callable[[KafkaError], None],
     ) -> None:
         self._ledger = ledger
         self._writer = writer
-        self._name = name
-        self._config = config
-        self._catalog = config.catalog
-        self._limits = limits
+        self._name = settings.name
+        self._config = settings.config
+        self._catalog = settings.catalog
+        self._limits = settings.limits
+        self._half = settings.half_topic
         self._targets = targets
-        self._half = half_topic
         self._parking = parking
         self._checks = checks
         self._check_fencing = check_fencing

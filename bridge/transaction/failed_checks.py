@@ -11,8 +11,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from confluent_kafka import KafkaError
+
 from bridge.codec import encode_envelope
-from bridge.kafka.service import ServiceConfig
 from bridge.kafka.transactional import is_permanent_delivery_error
 from bridge.message import MessageConst, now_ms
 from bridge.transaction.half_batch import (
@@ -22,7 +23,7 @@ from bridge.transaction.half_batch import (
     TRANSIENT_BACKOFF_MAX_MS,
     HalfBatch,
 )
-from bridge.transaction.ledger import HalfLedger, HalfWriter
+from bridge.transaction.ledger import HalfLedger, HalfSettings, HalfWriter
 from bridge.transaction.model import OpAction
 from bridge.transaction.state import HalfPartition, PendingHalf
 from topics.catalog import SystemTopic
@@ -55,14 +56,12 @@ class FailedChecks:
     """The transactions whose check-back outputs made a Kafka transaction fail, by id: each is
     checked on its own through ``writer``; a failure rebuilds its partition (of ``ledger``)."""
 
-    def __init__(
-        self, ledger: HalfLedger, writer: HalfWriter, *, config: ServiceConfig, half_topic: str
-    ) -> None:
+    def __init__(self, ledger: HalfLedger, writer: HalfWriter, settings: HalfSettings) -> None:
         self._ledger = ledger
         self._writer = writer
-        self._config = config
-        self._catalog = config.catalog
-        self._half = half_topic
+        self._config = settings.config
+        self._catalog = settings.catalog
+        self._half = settings.half_topic
         self._bad_checks: dict[str, BadCheck] = {}
         """Transactions checked on their own (their check-back outputs failed), by id."""
 
@@ -103,14 +102,7 @@ class FailedChecks:
         for tid, err in named.items():
             bad = self._bad_checks.setdefault(tid, BadCheck())
             bad.attempts += 1
-            bad.reason = f"its check-back output could not be written: {err.str()} ({err.name()})"
-            logger.warning(
-                "transaction %s: %s (attempt %d of %d); checked on its own",
-                tid,
-                bad.reason,
-                bad.attempts,
-                self._config.delivery_attempts,
-            )
+            self._refused(tid, bad, err, "; checked on its own")
         for tid in suspects:
             self._bad_checks.setdefault(tid, BadCheck())
 
@@ -142,14 +134,7 @@ class FailedChecks:
                 bad.park_failures += 1
             else:
                 bad.attempts += 1
-            bad.reason = f"its check-back output could not be written: {err.str()} ({err.name()})"
-            logger.warning(
-                "transaction %s: %s (attempt %d of %d)",
-                tid,
-                bad.reason,
-                bad.attempts,
-                self._config.delivery_attempts,
-            )
+            self._refused(tid, bad, err)
         bad.failures += 1
         bad.next_attempt_ms = now_ms() + min(
             self._config.delivery_backoff_ms * 2 ** (bad.failures - 1), TRANSIENT_BACKOFF_MAX_MS
@@ -157,6 +142,19 @@ class FailedChecks:
         # The state was changed optimistically (or the outcome is unknown): rebuild the
         # partition from Kafka before this is tried again.
         self._ledger.rebuild(state.partition)
+
+    def _refused(self, tid: str, bad: BadCheck, err: KafkaError, then: str = "") -> None:
+        """Note that ``tid``'s check-back outputs were refused for good (``err``), and say so
+        (``then``: what follows)."""
+        bad.reason = f"its check-back output could not be written: {err.str()} ({err.name()})"
+        logger.warning(
+            "transaction %s: %s (attempt %d of %d)%s",
+            tid,
+            bad.reason,
+            bad.attempts,
+            self._config.delivery_attempts,
+            then,
+        )
 
     def _park(
         self, state: HalfPartition, pending: PendingHalf, bad: BadCheck, batch: HalfBatch

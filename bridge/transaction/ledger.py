@@ -1,8 +1,8 @@
 """What the transaction service lends its collaborators (:mod:`~bridge.transaction.decisions`,
 :mod:`~bridge.transaction.checks`, :mod:`~bridge.transaction.parking`,
-:mod:`~bridge.transaction.recovery`): the ledger of the HALF partitions it owns and the writer
-of its Kafka transactions. A collaborator changes the partitions only through the ledger's
-operations and writes only through the writer; none of them holds the service.
+:mod:`~bridge.transaction.recovery`): its settings, the ledger of the HALF partitions it owns
+and the writer of its Kafka transactions. A collaborator changes the partitions only through
+the ledger's operations and writes only through the writer; none of them holds the service.
 """
 
 from __future__ import annotations
@@ -12,12 +12,34 @@ from dataclasses import dataclass
 
 from confluent_kafka import TopicPartition
 
+from bridge.config import TrustLimits
 from bridge.kafka.batch_writer import TransactionBatch
+from bridge.kafka.service import ServiceConfig
 from bridge.message import now_ms
 from bridge.observability.metrics import BridgeMetrics
 from bridge.transaction.half_batch import HalfBatch
 from bridge.transaction.model import OpAction, OpEntry
-from bridge.transaction.state import HalfPartition, PendingHalf
+from bridge.transaction.state import CheckPolicy, HalfPartition, PendingHalf
+from topics.catalog import TopicCatalog
+
+
+@dataclass(frozen=True, slots=True)
+class HalfSettings:
+    """The transaction service's settings, as its collaborators read them."""
+
+    name: str
+    """The service's name (in log lines)."""
+    config: ServiceConfig
+    policy: CheckPolicy
+    limits: TrustLimits
+    """The real topics it writes and the producer groups it acts for (G12)."""
+    half_topic: str
+    op_topic: str
+
+    @property
+    def catalog(self) -> TopicCatalog:
+        """The system topics' names."""
+        return self.config.catalog
 
 
 class HalfLedger:

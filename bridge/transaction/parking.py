@@ -25,9 +25,7 @@ from typing import Final
 
 from confluent_kafka import KafkaError
 
-from bridge.config import TrustLimits
 from bridge.errors import BridgeError
-from bridge.kafka.service import ServiceConfig
 from bridge.kafka.transactional import is_permanent_delivery_error
 from bridge.message import MessageConst, PropertyValue, now_ms
 from bridge.transaction.half_batch import (
@@ -38,7 +36,7 @@ from bridge.transaction.half_batch import (
     HalfBatch,
     envelope,
 )
-from bridge.transaction.ledger import HalfLedger, HalfWriter
+from bridge.transaction.ledger import HalfLedger, HalfSettings, HalfWriter
 from bridge.transaction.model import OpAction, committed_record
 from bridge.transaction.state import HalfPartition, PendingHalf
 from bridge.transaction.targets import Targets, delivery_problem
@@ -75,22 +73,19 @@ class Parking:
         self,
         ledger: HalfLedger,
         writer: HalfWriter,
+        settings: HalfSettings,
         *,
-        name: str,
-        config: ServiceConfig,
-        limits: TrustLimits,
         targets: Targets,
-        half_topic: str,
         wait: Callable[[float], object],
     ) -> None:
         self._ledger = ledger
         self._writer = writer
-        self._name = name
-        self._config = config
-        self._catalog = config.catalog
-        self._limits = limits
+        self._name = settings.name
+        self._config = settings.config
+        self._catalog = settings.catalog
+        self._limits = settings.limits
+        self._half = settings.half_topic
         self._targets = targets
-        self._half = half_topic
         self._wait = wait
         self._poison: dict[str, _Poison] = {}
         """Commits applied on their own, by transaction id."""

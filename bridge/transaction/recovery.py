@@ -17,13 +17,12 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from bridge.config import ClientConfig
 from bridge.errors import KafkaClientError, UnknownSchemaError, WireFormatError
 from bridge.kafka.clients import is_transient, new_reader, read_record_at
 from bridge.message import now_ms
-from bridge.transaction.ledger import HalfLedger
+from bridge.transaction.ledger import HalfLedger, HalfSettings
 from bridge.transaction.model import OpEntry
-from bridge.transaction.state import CheckPolicy, HalfPartition
+from bridge.transaction.state import HalfPartition
 from topics.naming import reader_group
 
 logger = logging.getLogger(__name__)
@@ -46,22 +45,18 @@ class Recovery:
     def __init__(
         self,
         ledger: HalfLedger,
+        settings: HalfSettings,
         *,
-        name: str,
-        client: ClientConfig,
-        policy: CheckPolicy,
-        half_topic: str,
-        op_topic: str,
         consumer: Callable[[], Consumer | None],
     ) -> None:
         self._ledger = ledger
-        self._name = name
-        self._client = client
-        self._policy = policy
-        self._half = half_topic
-        self._op = op_topic
+        self._name = settings.name
+        self._client = settings.config.client
+        self._policy = settings.policy
+        self._half = settings.half_topic
+        self._op = settings.op_topic
         self._consumer = consumer
-        self._timeout_s = client.request_timeout_ms / 1000
+        self._timeout_s = self._client.request_timeout_ms / 1000
         self._failures: dict[int, int] = {}
         """Failed recoveries in a row, per HALF partition."""
 

@@ -42,7 +42,7 @@ from bridge.message import now_ms
 from bridge.transaction.checks import CheckBack
 from bridge.transaction.decisions import Decisions
 from bridge.transaction.half_batch import HalfBatch
-from bridge.transaction.ledger import HalfLedger, HalfWriter
+from bridge.transaction.ledger import HalfLedger, HalfSettings, HalfWriter
 from bridge.transaction.parking import Parking
 from bridge.transaction.recovery import Recovery
 from bridge.transaction.state import CheckPolicy
@@ -96,42 +96,19 @@ class TransactionService(TransactionalService):
         self.targets = Targets(config.client, self.name, lambda: self.timeout_s)
         ledger = self._partitions
         writer = HalfWriter(self._op, self._commit, self._commit_alone, self.count)
-        self.recovery = Recovery(
-            ledger,
-            name=self.name,
-            client=config.client,
-            policy=self.policy,
-            half_topic=self._half,
-            op_topic=self._op,
-            consumer=lambda: self._consumer,
-        )
+        settings = HalfSettings(self.name, config, self.policy, self.limits, self._half, self._op)
+        self.recovery = Recovery(ledger, settings, consumer=lambda: self._consumer)
         self.parking = Parking(
-            ledger,
-            writer,
-            name=self.name,
-            config=config,
-            limits=self.limits,
-            targets=self.targets,
-            half_topic=self._half,
-            wait=self._stopped.wait,
+            ledger, writer, settings, targets=self.targets, wait=self._stopped.wait
         )
         self.checks = CheckBack(
-            ledger,
-            writer,
-            config=config,
-            policy=self.policy,
-            limits=self.limits,
-            half_topic=self._half,
-            check_topic_partitions=check_topic_partitions,
+            ledger, writer, settings, check_topic_partitions=check_topic_partitions
         )
         self.decisions = Decisions(
             ledger,
             writer,
-            name=self.name,
-            config=config,
-            limits=self.limits,
+            settings,
             targets=self.targets,
-            half_topic=self._half,
             parking=self.parking,
             checks=self.checks,
             check_fencing=self.check_fencing,

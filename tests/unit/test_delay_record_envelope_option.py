@@ -23,6 +23,7 @@ from bridge.config import TrustLimits
 from bridge.consumer.model import RetryRoute
 from bridge.consumer.send_back import send_back_record
 from bridge.delay.fetch import Held
+from bridge.delay.held import DelaySettings
 from bridge.delay.isolation import Isolation
 from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER, delayed_record
 from bridge.errors import InvalidArgumentError, MalformedRecordError
@@ -164,16 +165,11 @@ class _Record:
 
 def _isolation(client: ClientConfig) -> Isolation:
     config = ServiceConfig(client=client, catalog=client.catalog(), coordinator_id="c")
-    return Isolation(
-        name="timer",
-        topic=config.catalog.topic(SystemTopic.TIMER),
-        timer_topic=config.catalog.topic(SystemTopic.TIMER),
-        config=config,
-        policy=client.delay_policy,
-        allowed_topics=TrustLimits().topics,
-        process=_no_process,
-        producer=lambda: None,
+    timer = config.catalog.topic(SystemTopic.TIMER)
+    settings = DelaySettings(
+        "timer", "timer", timer, timer, "g", config, client.delay_policy, TrustLimits().topics
     )
+    return Isolation(settings, process=_no_process, producer=lambda: None)
 
 
 def _no_process(held: Held, now: int) -> tuple[PreparedRecord, bool]:

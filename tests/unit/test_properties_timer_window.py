@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
+from typing import Any
 from unittest.mock import patch
 
 import pytest
@@ -22,7 +23,10 @@ from confluent_kafka import KafkaException, TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.config import ClientConfig, TrustLimits
 from bridge.delay.fetch import _OUT_OF_ORDER_MAX, _REFILL_BELOW, METADATA_MAX_CHARS, Fetcher, Held
+from bridge.delay.held import DelaySettings
+from bridge.kafka.service import ServiceConfig
 
 PROPERTY = settings(max_examples=120, derandomize=True, database=None, deadline=None)
 TOPIC = "rmq.timer"
@@ -141,14 +145,16 @@ class Run:
         self.consumer = Consumer(self.broker)
         self.service = Service(self.broker, self.consumer)
         service = self.service
+        client = ClientConfig(bootstrap_servers="127.0.0.1:1", request_timeout_ms=1000)
+        config = ServiceConfig(client=client, catalog=client.catalog(), coordinator_id="c")
+        policy: Any = service.policy
+        delay_settings = DelaySettings(
+            service.name, "timer", TOPIC, TOPIC, GROUP, config, policy, TrustLimits().topics
+        )
         self.fetcher = Fetcher(
-            name=service.name,
-            topic=service.topic,
-            group_id=service.group_id,
-            timeout_s=service.timeout_s,
+            delay_settings,
             consumer=lambda: service._consumer,  # type: ignore[arg-type,return-value]
             place=service.place,
-            exit_time_ms=service.policy.exit_time_ms,
             check_fencing=service.check_fencing,
             counts=service,  # type: ignore[arg-type]
         )
