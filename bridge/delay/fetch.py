@@ -150,7 +150,7 @@ class Fetcher:
         """Drop what is held and known of ``partition`` (read again from its committed
         offset, or no longer ours)."""
         self._held.pop(partition, None)
-        self._seeks.paused.discard(partition)
+        self._seeks.forget(partition)
         self._blocked.discard(partition)
         for known in (self._waiting, self._taken, self._high, self._restored, self._unseen):
             known.pop(partition, None)

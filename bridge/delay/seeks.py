@@ -39,9 +39,14 @@ class Seeks:
         """Partition -> when its unreadable offset metadata was last logged, monotonic s."""
         self._retry_after = 0.0
 
+    def forget(self, partition: int) -> None:
+        """``partition`` is to be read again from its committed offset (or is no longer read):
+        it counts as not paused (the seek that reads it again resumes it)."""
+        self.paused.discard(partition)
+
     def revoked(self, partition: int) -> None:
         """``partition`` is no longer read."""
-        self.paused.discard(partition)
+        self.forget(partition)
         self._malformed_logged.pop(partition, None)
 
     def now(self) -> None:

@@ -35,7 +35,6 @@ from bridge.delay.delivery import Delivery
 from bridge.delay.fetch import Fetcher
 from bridge.delay.held import RECORD_ERRORS, DelayCounts, DelaySettings, Held
 from bridge.delay.isolation import Isolation
-from bridge.delay.records import timer_deliver_ms
 from bridge.delay_policy import DelayPolicy
 from bridge.errors import InvalidDelayError
 from bridge.kafka.clients import new_consumer
@@ -51,7 +50,6 @@ __all__ = [
     "REMOVED_ON_DELIVERY",
     "ScheduleDeliveryService",
     "TimerService",
-    "timer_deliver_ms",
     "timer_exit_ms",
 ]
 
@@ -67,7 +65,7 @@ def timer_exit_ms(policy: DelayPolicy, held: Held) -> int:
     delivery time cannot be read leaves at the end of the wait (and is quarantined then)."""
     tier_due = int(held.record.timestamp()[1]) + policy.tier_delay_ms(held.partition)
     try:
-        deliver_ms = timer_deliver_ms(held)
+        deliver_ms = records.timer_deliver_ms(held)
     except RECORD_ERRORS:
         return tier_due
     return policy.exit_time_ms(tier_due, deliver_ms)
@@ -300,7 +298,7 @@ class TimerService(FifoDelayService):
         its time (:attr:`Held.due_ms`, :meth:`DelayPolicy.exit_time_ms`)."""
         held.fifo_ms = held.due_ms = tier_due = super().due_at(held)
         try:
-            held.exact_ms = timer_deliver_ms(held)
+            held.exact_ms = records.timer_deliver_ms(held)
         except RECORD_ERRORS:
             return  # process() quarantines it
         held.due_ms = self.policy.exit_time_ms(tier_due, held.exact_ms)
@@ -312,7 +310,7 @@ class TimerService(FifoDelayService):
         quarantined)."""
         # place() read the delivery time when the record was fetched (None: unreadable then,
         # so reading it again raises and the record is quarantined).
-        deliver_ms = held.exact_ms if held.exact_ms is not None else timer_deliver_ms(held)
+        deliver_ms = held.exact_ms if held.exact_ms is not None else records.timer_deliver_ms(held)
         policy = self.policy
         tier = policy.route(deliver_ms, now, policy.tier_count)
         if tier is None:
