@@ -8,29 +8,22 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from bridge.codec import (
-    BORN_TIMESTAMP_HEADER,
-    PreparedRecord,
-    decode_envelope,
-    is_header_format,
-    last_message_header,
-    message_headers_start,
-)
-from bridge.delay.fetch import RECORD_ERRORS, Held, Key
-from bridge.delay.isolation import Unit, attempt_count, located
-from bridge.delay.routing import SEND_ID_HEADER
-from bridge.kafka.batch_writer import TransactionBatch
-from bridge.kafka.transactional import DELIVERY_ATTEMPTS
+from bridge.codec import PreparedRecord
+from bridge.delay.fetch import Fetcher
+from bridge.delay.held import RECORD_ERRORS, DelayCounts, DelaySettings, Held, Key
+from bridge.delay.isolation import Isolation, Unit, located
+from bridge.delay.records import failed_deliveries, send_key
+from bridge.kafka.batch_writer import Check, Refused, TransactionBatch
 from bridge.message import now_ms
 from bridge.observability.metrics import active_metrics
 from topics.catalog import SystemTopic
 
-if TYPE_CHECKING:
-    from bridge.delay.service import FifoDelayService
+__all__ = ["DUPLICATE_WINDOW_MS", "Delivery", "Write", "send_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,26 +48,56 @@ _DUPLICATE_MEMORY: Final = 100_000
 """At most this many delivered sends are remembered per service."""
 
 
-def send_key(held: Held) -> tuple[int, bytes] | None:
-    """(partition, send id) of a record a producer wrote (see
-    :data:`bridge.delay.routing.SEND_ID_HEADER`); None for the coordinator's own copies,
-    records of other clients and records whose headers could not be read. In the header
-    format only the coordinator's headers (those before the born time) are looked at: a
-    message property of that name is not a send id."""
-    for name, raw in held.headers:
-        if name == SEND_ID_HEADER and raw:
-            return (held.partition, raw)
-        if name == BORN_TIMESTAMP_HEADER:
-            break
-    return None
+class Write(Protocol):
+    """Write a batch in one Kafka transaction of the service's producer (see
+    :meth:`~bridge.kafka.service.TransactionalService.write`); True once committed."""
+
+    def __call__(
+        self,
+        batch: TransactionBatch,
+        *,
+        on_failure: Callable[[KafkaException], None] | None = None,
+        offsets: Callable[[], list[TopicPartition]] | None = None,
+        before_commit: Check | None = None,
+        on_refused: Refused | None = None,
+        failures: tuple[type[BaseException], ...] = ...,
+    ) -> bool: ...
 
 
 class Delivery:
     """Writes what the due records of a delay service become, and remembers the sends it
-    delivered for :data:`DUPLICATE_WINDOW_MS`."""
+    delivered for :data:`DUPLICATE_WINDOW_MS`. The records come from ``fetcher``, what each
+    becomes from ``isolation``; they are written with ``write`` (``transaction_failed``
+    aborts a failed transaction or replaces the producer) through the producer and consumer
+    the two callables give. ``due_at`` says when a record was due (its lateness is
+    measured); what was written is counted in ``counts``."""
 
-    def __init__(self, service: FifoDelayService) -> None:
-        self._svc = service
+    def __init__(
+        self,
+        settings: DelaySettings,
+        *,
+        fetcher: Fetcher,
+        isolation: Isolation,
+        counts: DelayCounts,
+        due_at: Callable[[Held], int],
+        write: Write,
+        transaction_failed: Callable[[KafkaException], None],
+        producer: Callable[[], Any],
+        consumer: Callable[[], Consumer | None],
+    ) -> None:
+        self._name = settings.name
+        self._kind = settings.kind
+        self._topic = settings.topic
+        self._config = settings.config
+        self._client = settings.config.client
+        self._fetcher = fetcher
+        self._isolation = isolation
+        self._counts = counts
+        self._due_at = due_at
+        self._write = write
+        self._transaction_failed = transaction_failed
+        self._producer = producer
+        self._consumer = consumer
         self._delivered_recently: OrderedDict[tuple[int, bytes], int] = OrderedDict()
         """Sends delivered (or moved on) in the last :data:`DUPLICATE_WINDOW_MS`, with
         when, epoch ms."""
@@ -94,8 +117,8 @@ class Delivery:
                 # the second copy is consumed and not delivered again.
                 logger.warning(
                     "%s: %s[%d]@%d is a second copy of a message delivered already; skipped",
-                    self._svc.name,
-                    self._svc.topic,
+                    self._name,
+                    self._topic,
                     held.partition,
                     held.offset,
                 )
@@ -103,7 +126,7 @@ class Delivery:
                 continue
             if key is not None:
                 in_this_pass.add(key)
-            unit = self._svc.isolation.unit(held, now)
+            unit = self._isolation.unit(held, now)
             if unit.suspect:
                 segments += [[unit], []]
             else:
@@ -114,13 +137,13 @@ class Delivery:
             if units and not self._commit(units, now):
                 failed.update(u.held.partition for u in units)
         if failed:
-            self._svc.fetcher.rewind_all()
+            self._fetcher.rewind_all()
         return not failed
 
     def _commit(self, units: list[Unit], now: int) -> bool:
         """One Kafka transaction: the records ``units`` become and their offsets."""
-        producer = self._svc._producer
-        if self._svc._consumer is None:
+        producer = self._producer()
+        if self._consumer() is None:
             return False
         batch = TransactionBatch()
         owners: list[int] = []
@@ -131,10 +154,10 @@ class Delivery:
                 owners.append(index)
 
         def refused(at: int, record: PreparedRecord, exc: KafkaException) -> PreparedRecord | None:
-            return self._svc.isolation.replace_refused(units[owners[at]], record, exc, now)
+            return self._isolation.replace_refused(units[owners[at]], record, exc, now)
 
         def positions() -> list[TopicPartition]:
-            return self._svc.fetcher.positions([unit.held for unit in units])
+            return self._fetcher.positions([unit.held for unit in units])
 
         def patience(_: TransactionBatch) -> None:
             slow = self._unacknowledged(units, batch, owners)
@@ -151,11 +174,11 @@ class Delivery:
             ):
                 # A broker whose offset.metadata.max.bytes is below what the final window
                 # writes: deliver in offset order from now on rather than fail again.
-                self._svc.fetcher.keep_order(error.str())
-            self._svc.transaction_failed(failure)
+                self._fetcher.keep_order(error.str())
+            self._transaction_failed(failure)
             producer.poll(0)  # the reports of what the abort purged
 
-        if not self._svc.write(
+        if not self._write(
             batch,
             on_failure=failed,
             offsets=positions,
@@ -164,28 +187,27 @@ class Delivery:
             failures=_FAILURES,
         ):
             assert batch.failure is not None
-            self._svc.isolation.blame(units, batch, owners, batch.failure)
+            self._isolation.blame(units, batch, owners, batch.failure)
             return False
-        self._svc.fetcher.committed([unit.held for unit in units])
+        self._fetcher.committed([unit.held for unit in units])
         metrics = active_metrics()
         for unit in units:
-            self._svc.isolation.settled((unit.held.partition, unit.held.offset))
-            self._svc.delivered += unit.real
+            self._isolation.settled((unit.held.partition, unit.held.offset))
+            self._counts.delivered += unit.real
             if metrics is not None and unit.real:
-                ns, kind = self._svc.client.namespace, self._svc.kind
+                ns, kind = self._client.namespace, self._kind
                 metrics.delay_deliveries.labels(ns, kind).inc()
-                late_ms = max(now_ms() - self._svc.due_at(unit.held), 0)
+                late_ms = max(now_ms() - self._due_at(unit.held), 0)
                 metrics.delay_lateness.labels(ns, kind).observe(late_ms / 1000)
             elif (
                 metrics is not None
                 and unit.record is not None
-                and unit.record.kafka_topic
-                == (self._svc.config.catalog.topic(SystemTopic.QUARANTINE))
+                and unit.record.kafka_topic == (self._config.catalog.topic(SystemTopic.QUARANTINE))
             ):
-                metrics.quarantined.labels(self._svc.client.namespace, "delay").inc()
-            self._svc.moved_aside += unit.aside
+                metrics.quarantined.labels(self._client.namespace, "delay").inc()
+            self._counts.moved_aside += unit.aside
             if unit.duplicate:
-                self._svc.duplicates += 1
+                self._counts.duplicates += 1
             else:
                 self._remember(unit.held, now)
         return True
@@ -220,7 +242,7 @@ class Delivery:
         alike (a slow broker: the commit waits for them). ``owners`` maps a record's index to
         its unit's."""
         answered = time.monotonic()
-        limit_s = self._svc.client.send_msg_timeout_ms / 1000
+        limit_s = self._client.send_msg_timeout_ms / 1000
         tries: dict[int, int] = {}
         expected = set(range(len(batch)))
         reports = batch.reports
@@ -269,23 +291,17 @@ class Delivery:
                     not fresh or (few and (len(slow) < len(units_sent) or len(units_sent) == 1))
                 ):
                     for key, why in slow.items():
-                        self._svc.isolation.slow(key, why)
+                        self._isolation.slow(key, why)
                     logger.warning(
-                        "%s: deliveries set aside: %s", self._svc.name, sorted(slow.values())
+                        "%s: deliveries set aside: %s", self._name, sorted(slow.values())
                     )
                     return slow
-            self._svc._producer.poll(0.01)
+            self._producer().poll(0.01)
 
     @staticmethod
     def _tries(held: Held) -> int:
         """How many deliveries of ``held`` failed before (its ``DELIVERY_ATTEMPTS``)."""
         try:
-            headers = held.headers
-            if headers and is_header_format(headers):
-                start = message_headers_start(headers)
-                return attempt_count(last_message_header(headers, DELIVERY_ATTEMPTS, start))
-            return attempt_count(
-                decode_envelope(held.record.value()).get_property(DELIVERY_ATTEMPTS)
-            )
+            return failed_deliveries(held)
         except RECORD_ERRORS:
             return 0

@@ -18,36 +18,45 @@ partition waits in order as before.
 
 After a failed transaction or a new assignment, a partition is read again from its committed
 offset, and nothing of it is taken before that seek succeeded.
+
+:class:`Fetcher` stays one class of about 400 lines: what it knows of a partition (held,
+in the window, taken, named not done, done above the base) changes together in every step, and
+the one rule they keep together (the committed offset and its metadata never pass a record not
+done) would otherwise be spread over several objects. What stands apart has left: the record
+and its types (:mod:`bridge.delay.held`), the offset metadata's format
+(:mod:`bridge.delay.done_offsets`) and the consumer's pauses and seeks
+(:mod:`bridge.delay.seeks`).
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-import time
 from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from bridge.delay.done_offsets import METADATA_MAX_CHARS, decode_done, encode_done
+from bridge.delay.held import RECORD_ERRORS, DelayCounts, DelaySettings, Headers, Held, Key
+from bridge.delay.seeks import Seeks
 from bridge.errors import WireFormatError
 from bridge.kafka.quarantine import read_headers
 from bridge.lifecycle import FatalServiceError
 
-if TYPE_CHECKING:
-    from bridge.delay.service import FifoDelayService
+__all__ = [
+    "METADATA_MAX_CHARS",
+    "RECORD_ERRORS",
+    "Fetcher",
+    "Headers",
+    "Held",
+    "Key",
+    "decode_done",
+    "encode_done",
+]
 
 logger = logging.getLogger(__name__)
-
-_REPOSITION_RETRY_S = 0.2
-"""Wait between tries to read committed offsets when the group coordinator does not answer."""
-RECORD_ERRORS: Final = (WireFormatError, ValueError, TypeError, SystemError, ArithmeticError)
-"""What decoding one malformed record can raise (its own fault: it is quarantined)."""
-
-Headers = list[tuple[str, bytes | None]]
-Key = tuple[int, int]
-"""(partition, offset) of a fetched record."""
 
 _OUT_OF_ORDER_MAX = 256
 """A partition puts a record in the final window, or takes a record past lower ones not done,
@@ -60,67 +69,31 @@ _REFILL_BELOW = 500
 """A partition whose head waits only for room in the final window (the window is full) is
 fetched again while fewer than this many of its records are held, so those behind it are in
 memory when the window has room (memory: at most this many and one fetched batch)."""
-_MALFORMED_LOG_S = 60.0
-"""A partition whose committed offset metadata cannot be read says so at most this often, s."""
-METADATA_MAX_CHARS: Final = 3500
-"""The longest offset metadata written, characters (the broker refuses more than its
-``offset.metadata.max.bytes``, 4096 by default)."""
-_METADATA_VERSION: Final = "w1"
-
-
-def encode_done(base: int, high: int, undone: list[int]) -> str | None:
-    """The offset metadata of a partition committed at ``base`` whose records below ``high``
-    are all done but ``undone`` (sorted, each above ``base``): ``w1:<high - base>:<u - base>,...``
-    (decimal). None when nothing above ``base`` is done."""
-    if high <= base + 1 and not undone:
-        return None
-    return f"{_METADATA_VERSION}:{high - base}:" + ",".join(str(u - base) for u in undone)
-
-
-def decode_done(base: int, metadata: str | None) -> tuple[int, set[int]]:
-    """(high, the offsets not done) from the offset metadata of a partition committed at
-    ``base`` (see :func:`encode_done`): records at ``base`` or above and below ``high`` that
-    are not named are done. (0, empty) for no metadata or metadata not written here."""
-    if not metadata or not metadata.startswith(_METADATA_VERSION + ":"):
-        return 0, set()
-    try:
-        _, span, listed = metadata.split(":", 2)
-        undone = {base + int(u) for u in listed.split(",") if u}
-        high = base + int(span)
-    except ValueError:
-        raise WireFormatError(f"offset metadata {metadata[:80]!r} is malformed") from None
-    if high <= base or any(not base < u < high for u in undone):
-        raise WireFormatError(f"offset metadata {metadata[:80]!r} is out of range")
-    return high, undone | {base}
-
-
-@dataclass(slots=True)
-class Held:
-    """A fetched record, its headers read once (see :func:`read_headers`)."""
-
-    record: Any
-    partition: int
-    offset: int
-    headers: Headers
-    header_error: str | None
-    """Why the headers could not be read (then ``headers`` is empty)."""
-    due_ms: int = 0
-    """When it is due, epoch ms (its exact time, for a timer in its final window)."""
-    fifo_ms: int = 0
-    """When its wait in its partition is over, epoch ms (then the records behind it may pass
-    it); at most ``due_ms``."""
-    exact_ms: int | None = None
-    """A timer's delivery time, epoch ms (None: a delay level, or unreadable)."""
-    send_key: tuple[int, bytes] | None = None
-    """Identifies its send (see :func:`_send_key`), once it is due."""
 
 
 class Fetcher:
     """The fetched records of a service's partitions, held until due, and where each
-    partition is read from."""
+    partition is read from. ``consumer`` gives the service's consumer (None before it started
+    or after it stopped), ``place`` sets when a fetched record is due, ``check_fencing`` stops
+    the service when a consumer error says another coordinator runs with its id; stale and
+    delivered-before records are counted in ``counts``."""
 
-    def __init__(self, service: FifoDelayService) -> None:
-        self._svc = service
+    def __init__(
+        self,
+        settings: DelaySettings,
+        *,
+        consumer: Callable[[], Consumer | None],
+        place: Callable[[Held], None],
+        check_fencing: Callable[[KafkaError], None],
+        counts: DelayCounts,
+    ) -> None:
+        self._name = settings.name
+        self._topic = settings.topic
+        self._consumer = consumer
+        self._place = place
+        self._exit_time_ms = settings.policy.exit_time_ms
+        self._check_fencing = check_fencing
+        self._counts = counts
         self._held: dict[int, deque[Held]] = {}
         """Fetched records whose wait in their partition is not over, per partition, in offset
         order (at most a batch)."""
@@ -144,15 +117,12 @@ class Fetcher:
         """Partitions delivering in offset order (no final window) because their offset
         metadata would not fit; each goes back to the window once nothing of it is not done
         out of order (its window drained and its committed metadata lists nothing)."""
-        self._malformed_logged: dict[int, float] = {}
-        """Partition -> when its unreadable offset metadata was last logged, monotonic s."""
         self._blocked: set[int] = set()
         """Partitions whose head's wait is over but which wait in order for the window."""
-        self._paused: set[int] = set()
         self._next_offset: dict[int, int | None] = {}
         """Assigned partitions -> the next offset to take; None until a seek to the committed
         offset succeeded (after an assignment or a failed transaction)."""
-        self._reposition_after = 0.0
+        self._seeks = Seeks(settings, consumer)
         self._pending_high: dict[int, int] = {}
         """What :attr:`_high` becomes once the transaction being written commits."""
         self.in_order = False
@@ -166,7 +136,7 @@ class Fetcher:
         for tp in partitions:
             self._forget(tp.partition)
             self._next_offset[tp.partition] = None
-        self._reposition_after = 0.0
+        self._seeks.now()
 
     def revoke(self, revoked: set[int]) -> None:
         """Forget the partitions ``revoked``."""
@@ -174,13 +144,13 @@ class Fetcher:
             self._forget(partition)
             self._next_offset.pop(partition, None)
             self._ordered.discard(partition)
-            self._malformed_logged.pop(partition, None)
+            self._seeks.revoked(partition)
 
     def _forget(self, partition: int) -> None:
         """Drop what is held and known of ``partition`` (read again from its committed
         offset, or no longer ours)."""
         self._held.pop(partition, None)
-        self._paused.discard(partition)
+        self._seeks.forget(partition)
         self._blocked.discard(partition)
         for known in (self._waiting, self._taken, self._high, self._restored, self._unseen):
             known.pop(partition, None)
@@ -224,7 +194,7 @@ class Fetcher:
             self._waiting[partition].discard(offset)
             taken.setdefault(partition, []).append(record)
         resume = []
-        exit_time = self._svc.policy.exit_time_ms
+        exit_time = self._exit_time_ms
         for partition, held in list(self._held.items()):
             self._blocked.discard(partition)
             waiting = self._waiting.setdefault(partition, set())
@@ -241,7 +211,7 @@ class Fetcher:
                     in_order = True
                 else:
                     self._ordered.discard(partition)
-                    logger.info("%s: partition %d: final window again", self._svc.name, partition)
+                    logger.info("%s: partition %d: final window again", self._name, partition)
             while held and held[0].fifo_ms <= now:
                 head = held[0]
                 due_ms = head.due_ms
@@ -268,11 +238,11 @@ class Fetcher:
                     out.append(head)
                 held.popleft()
             refill = partition in self._blocked and len(held) < _REFILL_BELOW
-            if held and not refill and partition not in self._paused:
+            if held and not refill and partition not in self._seeks.paused:
                 # The head stays: stop fetching this partition until it may leave (FIFO: the
                 # records behind it wait longer in the partition); what was fetched waits here.
-                self.pause([TopicPartition(self._svc.topic, partition)])
-            elif held and refill and partition in self._paused:
+                self._seeks.pause([TopicPartition(self._topic, partition)])
+            elif held and refill and partition in self._seeks.paused:
                 # The head's wait is over but it waits for room in the window: the records
                 # behind it are about as close to their time, so keep a few fetched rather
                 # than read them only when this queue has emptied (then at or after their
@@ -280,7 +250,7 @@ class Fetcher:
                 resume.append(partition)
             elif not held:
                 del self._held[partition]
-                if partition in self._paused:
+                if partition in self._seeks.paused:
                     resume.append(partition)
         due: list[Held] = []
         for partition, records in taken.items():
@@ -344,7 +314,7 @@ class Fetcher:
                         logger.error(
                             "%s: partition %d: %d characters of offset metadata; its timers "
                             "are delivered in offset order until its final window drains",
-                            self._svc.name,
+                            self._name,
                             partition,
                             len(metadata),
                         )
@@ -356,9 +326,9 @@ class Fetcher:
                         )
                     )
             self._pending_high[partition] = high if high > base + 1 else 0
-            tp = TopicPartition(self._svc.topic, partition, base)
+            tp = TopicPartition(self._topic, partition, base)
             if metadata is not None:
-                tp = TopicPartition(self._svc.topic, partition, base, metadata)
+                tp = TopicPartition(self._topic, partition, base, metadata)
             out.append(tp)
         return out
 
@@ -367,7 +337,7 @@ class Fetcher:
         out-of-order delivery needs cannot be written (``why``). What was committed with
         metadata before is still honoured."""
         if not self.in_order:
-            logger.error("%s: %s; timers are delivered in offset order", self._svc.name, why)
+            logger.error("%s: %s; timers are delivered in offset order", self._name, why)
         self.in_order = True
 
     def committed(self, done: list[Held]) -> None:
@@ -394,7 +364,7 @@ class Fetcher:
         for partition in partitions:
             expected = self._next_offset.get(partition)
             if expected is not None:
-                self.resume(consumer, TopicPartition(self._svc.topic, partition, expected))
+                self._seeks.resume(consumer, partition, expected)
 
     def accept(self, record: Any) -> None:
         """Keep a fetched record, unless it is stale (of a partition no longer (or newly)
@@ -404,16 +374,16 @@ class Fetcher:
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
                 return
-            self._svc.check_fencing(error)
+            self._check_fencing(error)
             if error.fatal():  # the consumer cannot go on: stop rather than idle unseen
-                raise FatalServiceError(f"{self._svc.name}: Kafka consumer failed: {error.str()}")
-            logger.warning("%s: consumer error %s", self._svc.name, error.str())
+                raise FatalServiceError(f"{self._name}: Kafka consumer failed: {error.str()}")
+            logger.warning("%s: consumer error %s", self._name, error.str())
             return
         partition = record.partition()
         offset = record.offset()
         expected = self._next_offset.get(partition)
         if expected is None or offset < expected:
-            self._svc.dropped += 1
+            self._counts.dropped += 1
             return
         self._next_offset[partition] = offset + 1
         unseen = self._unseen.get(partition)
@@ -422,11 +392,11 @@ class Fetcher:
         if offset < self._high.get(partition, 0) and offset not in self._restored.get(
             partition, ()
         ):
-            self._svc.done_before += 1  # delivered out of order before the last restart
+            self._counts.done_before += 1  # delivered out of order before the last restart
             return
         headers, header_error = read_headers(record)
         held = Held(record, partition, offset, headers, header_error)
-        self._svc.place(held)
+        self._place(held)
         self._held.setdefault(partition, deque()).append(held)
 
     def _pass_unseen(self, partition: int, unseen: deque[int], offset: int) -> None:
@@ -439,7 +409,7 @@ class Fetcher:
             restored.discard(missing)
             logger.info(
                 "%s: partition %d: offset %d named not done is no record; skipped",
-                self._svc.name,
+                self._name,
                 partition,
                 missing,
             )
@@ -466,9 +436,10 @@ class Fetcher:
         self._blocked.clear()
         for partition in self._next_offset:
             self._next_offset[partition] = None
-        self._reposition_after = 0.0
-        if self._svc._consumer is not None:
-            self.reposition(self._svc._consumer)
+        self._seeks.now()
+        consumer = self._consumer()
+        if consumer is not None:
+            self.reposition(consumer)
 
     def reposition(self, consumer: Consumer) -> None:
         """Seek the partitions waiting for it to their committed offsets (and note which
@@ -476,20 +447,8 @@ class Fetcher:
         cannot be read now is paused and waits (nothing of it is taken), so no later batch can
         commit past what a failed one left undone."""
         pending = [p for p, expected in self._next_offset.items() if expected is None]
-        if not pending or time.monotonic() < self._reposition_after:
-            return
-        tps = [TopicPartition(self._svc.topic, p) for p in pending]
-        try:
-            committed = consumer.committed(tps, self._svc.timeout_s)
-        except KafkaException as exc:
-            logger.warning(
-                "%s: cannot read committed offsets of partitions %s (%s); they wait",
-                self._svc.name,
-                pending,
-                exc,
-            )
-            self._reposition_after = time.monotonic() + _REPOSITION_RETRY_S
-            self.pause([tp for tp in tps if tp.partition not in self._paused])
+        committed = self._seeks.committed(consumer, pending)
+        if committed is None:
             return
         for tp in committed:
             if tp.error is not None or tp.partition not in self._next_offset:
@@ -501,64 +460,15 @@ class Fetcher:
                 # Only this code writes the metadata of this group: unreadable, it cannot be
                 # trusted to say what was delivered, so the partition waits (loudly, once a
                 # minute); the others go on.
-                self._malformed(tp, exc)
-                self.pause([TopicPartition(self._svc.topic, tp.partition)])
+                self._seeks.malformed(tp, exc)
                 continue
-            self._malformed_logged.pop(tp.partition, None)
+            self._seeks.readable(tp.partition)
             start = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            if self.resume(consumer, TopicPartition(self._svc.topic, tp.partition, start)):
+            if self._seeks.resume(consumer, tp.partition, start):
                 self._next_offset[tp.partition] = max(tp.offset, 0)
                 if high:
                     self._high[tp.partition] = high
                     self._restored[tp.partition] = undone
                     self._unseen[tp.partition] = deque(sorted(undone))
         if any(expected is None for expected in self._next_offset.values()):
-            self._reposition_after = time.monotonic() + _REPOSITION_RETRY_S
-
-    def _malformed(self, tp: TopicPartition, exc: WireFormatError) -> None:
-        """Log that partition ``tp`` waits for its unreadable offset metadata (at most once
-        per :data:`_MALFORMED_LOG_S`), and how an operator clears it."""
-        now = time.monotonic()
-        last = self._malformed_logged.get(tp.partition)
-        if last is not None and now - last < _MALFORMED_LOG_S:
-            return
-        self._malformed_logged[tp.partition] = now
-        logger.error(
-            "%s: partition %d of %s waits: %s. To clear it, stop every coordinator and run "
-            "kafka-consumer-groups.sh --bootstrap-server <brokers> --group %s "
-            "--topic %s:%d --reset-offsets --to-offset %d --execute (records of it delivered "
-            "out of order after offset %d may then be delivered again)",
-            self._svc.name,
-            tp.partition,
-            self._svc.topic,
-            exc,
-            self._svc.group_id,
-            self._svc.topic,
-            tp.partition,
-            tp.offset,
-            tp.offset,
-        )
-
-    def pause(self, tps: list[TopicPartition]) -> None:
-        """Stop fetching the partitions of ``tps`` (what was fetched stays held)."""
-        consumer = self._svc._consumer
-        if consumer is None or not tps:
-            return
-        try:
-            consumer.pause(tps)
-            self._paused.update(tp.partition for tp in tps)
-        except KafkaException as exc:  # revoked meanwhile
-            logger.info("%s: pause failed: %s", self._svc.name, exc)
-
-    def resume(self, consumer: Consumer, at: TopicPartition) -> bool:
-        """Fetch ``at.partition`` from ``at.offset`` on. The seek also wakes the fetcher at
-        once: after a plain resume of the only fetchable partition librdkafka's broker
-        thread fetches again only when its idle wait ends (0.25 to 1 s later)."""
-        try:
-            consumer.resume([TopicPartition(self._svc.topic, at.partition)])
-            self._paused.discard(at.partition)
-            consumer.seek(at)
-        except KafkaException as exc:
-            logger.info("%s: seek of partition %d failed: %s", self._svc.name, at.partition, exc)
-            return False
-        return True
+            self._seeks.later()

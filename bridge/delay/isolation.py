@@ -17,42 +17,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from bridge.codec import (
-    BORN_TIMESTAMP_HEADER,
-    PreparedRecord,
-    decode_envelope,
-    delayed_headers,
-    encode_envelope,
-    header_delivery_record,
-    header_format_message,
-    is_header_format,
-    last_message_header,
-    message_headers_start,
-)
-from bridge.delay.fetch import RECORD_ERRORS, Headers, Held, Key
+from bridge.codec import PreparedRecord
+from bridge.delay.held import RECORD_ERRORS, DelaySettings, Held, Key
+from bridge.delay.records import backoff_copy, backoff_source
 from bridge.delay_policy import DELIVERY_BACKOFF_MAX_MS
 from bridge.kafka.batch_writer import TransactionBatch
 from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import QUARANTINE_OMITTED_BYTES, quarantine_copy
-from bridge.kafka.transactional import (
-    DELIVERY_ATTEMPTS,
-    DELIVERY_ERROR,
-    MAX_DELIVERY_ERROR_CHARS,
-    REMOVED_ON_DELIVERY,
-    is_permanent_delivery_error,
-)
-from bridge.message import DELAY_PROPERTIES, MessageConst
+from bridge.kafka.transactional import is_permanent_delivery_error
 from topics.catalog import SystemTopic
 from topics.naming import is_kafka_internal
-
-if TYPE_CHECKING:
-    from bridge.delay.service import FifoDelayService
 
 logger = logging.getLogger(__name__)
 
@@ -85,14 +66,6 @@ class Unit:
     """A second copy of a record delivered already: consumed, nothing written."""
 
 
-def attempt_count(raw: str | bytes | None) -> int:
-    """A ``DELIVERY_ATTEMPTS`` value as a count (0 when missing or malformed)."""
-    try:
-        return max(int(raw), 0) if raw else 0
-    except ValueError:
-        return 0
-
-
 def located(topic: str, partition: int) -> str:
     """``topic[partition]``, or ``topic`` when the partition is not known (-1)."""
     return f"{topic}[{partition}]" if partition >= 0 else topic
@@ -100,10 +73,28 @@ def located(topic: str, partition: int) -> str:
 
 class Isolation:
     """The records of a delay service that failed a transaction or will, and what they become
-    instead (back-off copies, quarantine copies, deliveries on their own)."""
+    instead (back-off copies in the timer topic, quarantine copies, deliveries on their own).
+    ``process`` says what a due record becomes (and whether that is its delivery to a real
+    topic); ``producer`` gives the service's producer, whose metadata says which targets
+    exist."""
 
-    def __init__(self, service: FifoDelayService) -> None:
-        self._svc = service
+    def __init__(
+        self,
+        settings: DelaySettings,
+        *,
+        process: Callable[[Held, int], tuple[PreparedRecord, bool]],
+        producer: Callable[[], Any],
+    ) -> None:
+        self._name = settings.name
+        self._topic = settings.topic
+        self._timer_topic = settings.timer_topic
+        self._config = settings.config
+        self._client = settings.config.client
+        self._timeout_s = settings.timeout_s
+        self._policy = settings.policy
+        self._allowed_topics = settings.allowed_topics
+        self._process = process
+        self._producer = producer
         self._culprits: dict[Key, str] = {}
         """(partition, offset) -> why its delivery failed: moved aside on the next pass."""
         self._suspects: set[Key] = set()
@@ -143,19 +134,19 @@ class Isolation:
     def start(self) -> None:
         """Find out whether producing to a missing topic creates it (the broker's
         ``auto.create.topics.enable`` and the client's ``allow.auto.create.topics``)."""
-        if str(self._svc.client.kafka.get("allow.auto.create.topics", "true")).lower() == "false":
+        if str(self._client.kafka.get("allow.auto.create.topics", "true")).lower() == "false":
             self._auto_create = False
             return
         try:
-            admin = new_admin(self._svc.client, f"{self._svc.name}-config")
-            brokers = admin.list_topics(timeout=self._svc.timeout_s).brokers
+            admin = new_admin(self._client, f"{self._name}-config")
+            brokers = admin.list_topics(timeout=self._timeout_s).brokers
             resource = ConfigResource(ResourceType.BROKER, str(next(iter(brokers))))
-            entries = admin.describe_configs([resource], request_timeout=self._svc.timeout_s)
-            config = entries[resource].result(timeout=self._svc.timeout_s)
+            entries = admin.describe_configs([resource], request_timeout=self._timeout_s)
+            config = entries[resource].result(timeout=self._timeout_s)
             entry = config.get("auto.create.topics.enable")
             self._auto_create = entry is None or str(entry.value).lower() == "true"
         except Exception as exc:  # unknown: let the producer find out
-            logger.info("%s: broker's auto.create.topics.enable unknown: %s", self._svc.name, exc)
+            logger.info("%s: broker's auto.create.topics.enable unknown: %s", self._name, exc)
             self._auto_create = True
 
     def unit(self, held: Held, now: int) -> Unit:
@@ -174,7 +165,7 @@ class Isolation:
         if problem is not None:
             return Unit(held, self._aside(held, problem, now, transient=True), aside=True)
         try:
-            record, real = self._svc.process(held, now)
+            record, real = self._process(held, now)
         except RECORD_ERRORS as exc:
             return Unit(held, self._quarantined(held, str(exc) or type(exc).__name__))
         if real:
@@ -186,12 +177,12 @@ class Isolation:
         quarantine copy when the topic is outside the service's ``allowed_topics`` (G12: no
         back-off makes it allowed; an operator replays it with ``bridge quarantine replay``),
         its back-off copy when the topic is known to refuse it, else ``out``."""
-        refusal = self._svc.allowed_topics.refusal("topic", out.kafka_topic)
+        refusal = self._allowed_topics.refusal("topic", out.kafka_topic)
         if refusal is not None:
             logger.warning(
                 "%s: %s[%d]@%d not delivered: %s",
-                self._svc.name,
-                self._svc.topic,
+                self._name,
+                self._topic,
                 held.partition,
                 held.offset,
                 refusal,
@@ -207,10 +198,10 @@ class Isolation:
         if held.header_error is not None:
             reason += f"; copied without its headers, which could not be read ({held.header_error})"
         return quarantine_copy(
-            self._svc.config.catalog,
+            self._config.catalog,
             held.record,
             reason,
-            self._svc.name,
+            self._name,
             headers=held.headers,
             keep_value=keep_value,
         )
@@ -228,77 +219,38 @@ class Isolation:
         :func:`~bridge.codec.is_header_format`): the header format, or with ``"envelope"`` the
         record releases before it wrote (an envelope with ``TIMER_DELIVER_MS`` as its one
         header), which their coordinators read during a rolling upgrade."""
-        raw_attempts: str | bytes | None
         try:
-            if held.headers and is_header_format(held.headers):
-                start = message_headers_start(held.headers)
-                raw_attempts = last_message_header(held.headers, DELIVERY_ATTEMPTS, start)
-                # Checks it is deliverable at all (else quarantined below, with the reason).
-                msg_id = header_delivery_record(
-                    held.headers, None, self._svc.config.catalog.namespace, REMOVED_ON_DELIVERY
-                ).msg_id
-            else:
-                msg = decode_envelope(held.record.value())
-                raw_attempts = msg.get_property(DELIVERY_ATTEMPTS)
-                msg_id = msg.msg_id
-            attempts = attempt_count(raw_attempts) + 1
-            if not transient and attempts >= self._svc.config.delivery_attempts:
-                logger.warning(
-                    "%s: delivery failed %d times: %s", self._svc.name, attempts, problem
-                )
+            previous, msg_id, msg = backoff_source(held, self._config.catalog.namespace)
+            attempts = previous + 1
+            if not transient and attempts >= self._config.delivery_attempts:
+                logger.warning("%s: delivery failed %d times: %s", self._name, attempts, problem)
                 return self._quarantined(held, f"delivery failed {attempts} times: {problem}")
             backoff_ms = min(
-                self._svc.config.delivery_backoff_ms * 2 ** min(attempts - 1, 30),
+                self._config.delivery_backoff_ms * 2 ** min(attempts - 1, 30),
                 DELIVERY_BACKOFF_MAX_MS,
             )
             deliver_ms = now + backoff_ms
-            again = (
-                (DELIVERY_ATTEMPTS, str(attempts).encode()),
-                (DELIVERY_ERROR, problem[:MAX_DELIVERY_ERROR_CHARS].encode()),
-                (MessageConst.TIMER_DELIVER_MS, str(deliver_ms).encode()),
+            value, headers = backoff_copy(
+                held,
+                msg,
+                attempts,
+                problem,
+                deliver_ms,
+                envelope=self._client.delay_record_format == "envelope",
             )
-            dropped = {*DELAY_PROPERTIES, DELIVERY_ATTEMPTS, DELIVERY_ERROR}
-            headers: Headers
-            if self._svc.config.client.delay_record_format == "envelope":
-                if held.headers and is_header_format(held.headers):
-                    msg = header_format_message(held.headers, held.record.value())
-                props = {k: v for k, v in msg.properties.items() if k not in DELAY_PROPERTIES}
-                props[DELIVERY_ATTEMPTS] = str(attempts)
-                props[DELIVERY_ERROR] = problem[:MAX_DELIVERY_ERROR_CHARS]
-                props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
-                value = encode_envelope(
-                    msg.msg_id, msg.body, props, msg.born_timestamp_ms, msg.born_host
-                )
-                headers = [again[2]]
-            elif held.headers and is_header_format(held.headers):
-                # The born time and the message's headers, in their order, the delay and
-                # attempt ones replaced; the producer's send id is left out.
-                headers = [(BORN_TIMESTAMP_HEADER, held.headers[start - 1][1])]
-                headers += [h for h in held.headers[start:] if h[0] not in dropped]
-                headers += again
-                value = held.record.value()
-            else:
-                props = {k: v for k, v in msg.properties.items() if k not in dropped}
-                headers = delayed_headers(
-                    [], msg.msg_id, msg.born_host, props, msg.born_timestamp_ms
-                )
-                headers += again
-                value = msg.body
         except RECORD_ERRORS as exc:
             return self._quarantined(held, f"{problem}; then {exc}")
         logger.warning(
             "%s: delivery of %s failed (%s); attempt %d%s in %d ms",
-            self._svc.name,
+            self._name,
             msg_id,
             problem,
             attempts + 1,
-            "" if transient else f" of {self._svc.config.delivery_attempts}",
+            "" if transient else f" of {self._config.delivery_attempts}",
             backoff_ms,
         )
-        tier = self._svc.policy.route(deliver_ms, now, self._svc.policy.tier_count) or 0
-        return PreparedRecord(
-            self._svc.timer_topic, held.record.key(), value, headers, msg_id, 0, tier
-        )
+        tier = self._policy.route(deliver_ms, now, self._policy.tier_count) or 0
+        return PreparedRecord(self._timer_topic, held.record.key(), value, headers, msg_id, 0, tier)
 
     def _target_problem(self, out: PreparedRecord) -> str | None:
         """Why ``out`` cannot be delivered, from (cached) metadata, or None if it may be."""
@@ -325,11 +277,11 @@ class Isolation:
         looks_wrong = count is None or partition >= count or problem is not None
         if fresh or age > _METADATA_MAX_AGE_S or (looks_wrong and age > _METADATA_RECHECK_S):
             try:
-                meta = self._svc._producer.list_topics(
-                    topic, timeout=self._svc.timeout_s
-                ).topics.get(topic)
+                meta = (
+                    self._producer().list_topics(topic, timeout=self._timeout_s).topics.get(topic)
+                )
             except KafkaException as exc:
-                logger.info("%s: no metadata for %s: %s", self._svc.name, topic, exc)
+                logger.info("%s: no metadata for %s: %s", self._name, topic, exc)
                 return _UNKNOWN_TARGET
             error = None if meta is None else meta.error
             if meta is None or (error is not None and error.code() in _MISSING):
@@ -371,7 +323,7 @@ class Isolation:
         return what replaces it: (1: quarantine, 2: quarantine without value and headers,
         3: nothing smaller exists; why)."""
         key = (unit.held.partition, unit.held.offset)
-        quarantine_topic = self._svc.config.catalog.topic(SystemTopic.QUARANTINE)
+        quarantine_topic = self._config.catalog.topic(SystemTopic.QUARANTINE)
         if failed.kafka_topic != quarantine_topic:
             stage = 1
         else:
@@ -384,8 +336,8 @@ class Isolation:
             logger.error(
                 "%s: even the smallest quarantine copy of %s[%d]@%d is refused (%s): "
                 "fix the %s topic",
-                self._svc.name,
-                self._svc.topic,
+                self._name,
+                self._topic,
                 key[0],
                 key[1],
                 problem,
@@ -393,7 +345,7 @@ class Isolation:
             )
             return stage, why
         self._shrink[key] = (stage, why)
-        logger.warning("%s: %s[%d]@%d: %s", self._svc.name, self._svc.topic, key[0], key[1], why)
+        logger.warning("%s: %s[%d]@%d: %s", self._name, self._topic, key[0], key[1], why)
         return stage, why
 
     def blame(
@@ -442,9 +394,9 @@ class Isolation:
         if timed_out:
             logger.warning(
                 "%s: deliveries timed out: %s",
-                self._svc.name,
+                self._name,
                 sorted(
-                    f"{self._svc.topic}[{units[i].held.partition}]@{units[i].held.offset}"
+                    f"{self._topic}[{units[i].held.partition}]@{units[i].held.offset}"
                     for i in timed_out
                 ),
             )
@@ -474,6 +426,4 @@ class Isolation:
                 else:
                     self._suspects.add(key)
         if blamed:
-            logger.warning(
-                "%s: failed deliveries: %s", self._svc.name, sorted(set(blamed.values()))
-            )
+            logger.warning("%s: failed deliveries: %s", self._name, sorted(set(blamed.values())))

@@ -28,23 +28,15 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from bridge.codec import (
-    PreparedRecord,
-    decode_envelope,
-    delivery_record,
-    header_delivery_record,
-    is_header_format,
-    last_message_header,
-    message_headers_start,
-    new_tuple,
-)
+from bridge.codec import PreparedRecord
 from bridge.config import NamePatterns, TrustLimits
+from bridge.delay import records
 from bridge.delay.delivery import Delivery
-from bridge.delay.fetch import RECORD_ERRORS, Fetcher, Headers, Held
+from bridge.delay.fetch import Fetcher
+from bridge.delay.held import RECORD_ERRORS, DelayCounts, DelaySettings, Held
 from bridge.delay.isolation import Isolation
-from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER
 from bridge.delay_policy import DelayPolicy
-from bridge.errors import InvalidDelayError, MalformedRecordError
+from bridge.errors import InvalidDelayError
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.service import ServiceConfig, TransactionalService
 from bridge.kafka.transactional import REMOVED_ON_DELIVERY
@@ -54,39 +46,15 @@ from topics.catalog import SystemTopic
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["REMOVED_ON_DELIVERY", "ScheduleDeliveryService", "TimerService"]
+__all__ = [
+    "REMOVED_ON_DELIVERY",
+    "ScheduleDeliveryService",
+    "TimerService",
+    "timer_exit_ms",
+]
 
 _BATCH = 2000
 _MAX_POLL_WAIT_MS = 50
-
-
-def _time_ms(where: str, raw: str | bytes) -> int:
-    """``raw``, the value of a ``TIMER_DELIVER_MS`` header or property (``where``), as epoch
-    ms; :class:`MalformedRecordError` naming it and its value (the first 64 characters) if it
-    is no integer."""
-    try:
-        return int(raw)
-    except ValueError:  # not digits, or more than int() reads (4300 digits)
-        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
-        raise MalformedRecordError(
-            f"{where} {TIMER_ROUTING_HEADER} is not a time: {text[:64]!r}"
-        ) from None
-
-
-def timer_deliver_ms(held: Held) -> int:
-    """The delivery time of the timer record ``held``, epoch ms: its last
-    ``TIMER_DELIVER_MS`` header, else (a record of another client, or whose headers could not
-    be read) its envelope's property; 0 (due now) for a header-format record without one.
-    Raises one of :data:`~bridge.delay.fetch.RECORD_ERRORS` (the record is quarantined):
-    :class:`MalformedRecordError` for a time that is no integer."""
-    raw = last_message_header(held.headers, TIMER_ROUTING_HEADER)
-    if raw is not None:
-        return _time_ms("header", raw)
-    if held.headers and is_header_format(held.headers):
-        return 0  # no time: due now (delivery quarantines it if it is malformed otherwise)
-    # Written by another client, or headers unreadable: the envelope has it.
-    wanted = decode_envelope(held.record.value()).get_property(TIMER_ROUTING_HEADER)
-    return _time_ms("property", wanted) if wanted else 0
 
 
 def timer_exit_ms(policy: DelayPolicy, held: Held) -> int:
@@ -97,7 +65,7 @@ def timer_exit_ms(policy: DelayPolicy, held: Held) -> int:
     delivery time cannot be read leaves at the end of the wait (and is quarantined then)."""
     tier_due = int(held.record.timestamp()[1]) + policy.tier_delay_ms(held.partition)
     try:
-        deliver_ms = timer_deliver_ms(held)
+        deliver_ms = records.timer_deliver_ms(held)
     except RECORD_ERRORS:
         return tier_due
     return policy.exit_time_ms(tier_due, deliver_ms)
@@ -119,20 +87,63 @@ class FifoDelayService(TransactionalService):
         self.policy: DelayPolicy = config.client.delay_policy
         self.topic = config.catalog.topic(self.system)
         self.timer_topic = config.catalog.topic(SystemTopic.TIMER)
-        self.delivered = 0
+        self.counts = DelayCounts()
+        """What it did (for tests and metrics)."""
+        settings = DelaySettings(
+            self.name,
+            self.kind,
+            self.topic,
+            self.timer_topic,
+            self.group_id,
+            config,
+            self.policy,
+            self.allowed_topics,
+        )
+        self.fetcher = Fetcher(
+            settings,
+            consumer=lambda: self._consumer,
+            place=self.place,
+            check_fencing=self.check_fencing,
+            counts=self.counts,
+        )
+        self.isolation = Isolation(settings, process=self.process, producer=lambda: self._producer)
+        self.delivery = Delivery(
+            settings,
+            fetcher=self.fetcher,
+            isolation=self.isolation,
+            counts=self.counts,
+            due_at=self.due_at,
+            write=self.write,
+            transaction_failed=self.transaction_failed,
+            producer=lambda: self._producer,
+            consumer=lambda: self._consumer,
+        )
+
+    @property
+    def delivered(self) -> int:
         """Messages delivered to their real topics (for tests and metrics)."""
-        self.moved_aside = 0
+        return self.counts.delivered
+
+    @property
+    def moved_aside(self) -> int:
         """Messages sent back to wait after a failed delivery, or quarantined."""
-        self.dropped = 0
+        return self.counts.moved_aside
+
+    @property
+    def dropped(self) -> int:
         """Fetched records thrown away to be read again (stale after a rebalance or rewind)."""
-        self.duplicates = 0
+        return self.counts.dropped
+
+    @property
+    def duplicates(self) -> int:
         """Second copies of one send, consumed without a delivery."""
-        self.done_before = 0
+        return self.counts.duplicates
+
+    @property
+    def done_before(self) -> int:
         """Fetched records skipped because the committed offset metadata says they were
         delivered already (out of order, before a restart or a failed transaction)."""
-        self.fetcher = Fetcher(self)
-        self.isolation = Isolation(self)
-        self.delivery = Delivery(self)
+        return self.counts.done_before
 
     def renewed(self) -> FifoDelayService:
         """A new, not started service of this kind with the same settings (see
@@ -245,19 +256,9 @@ class FifoDelayService(TransactionalService):
         held.fifo_ms = held.due_ms = self.due_at(held)
 
     def deliver(self, held: Held) -> tuple[PreparedRecord, bool]:
-        """The real-topic record of a delayed message that is due: a header rewrite of a
-        header-format record (:func:`header_delivery_record`), or built from the envelope's
-        fields of one written before (:func:`delivery_record`). A record whose headers could
-        not be read is taken for an envelope record (the bridge never wrote a header-format
-        record such headers; if its value is no envelope, it is quarantined)."""
-        headers = held.headers
-        if headers and is_header_format(headers):
-            return header_delivery_record(
-                headers, held.record.value(), self.config.catalog.namespace, REMOVED_ON_DELIVERY
-            ), True
-        return delivery_record(
-            held.record.value(), self.config.catalog.namespace, REMOVED_ON_DELIVERY
-        ), True
+        """The real-topic record of a delayed message that is due (see
+        :func:`~bridge.delay.records.delivery`), and True: it is its delivery."""
+        return records.delivery(held, self.config.catalog.namespace), True
 
 
 class ScheduleDeliveryService(FifoDelayService):
@@ -297,7 +298,7 @@ class TimerService(FifoDelayService):
         its time (:attr:`Held.due_ms`, :meth:`DelayPolicy.exit_time_ms`)."""
         held.fifo_ms = held.due_ms = tier_due = super().due_at(held)
         try:
-            held.exact_ms = timer_deliver_ms(held)
+            held.exact_ms = records.timer_deliver_ms(held)
         except RECORD_ERRORS:
             return  # process() quarantines it
         held.due_ms = self.policy.exit_time_ms(tier_due, held.exact_ms)
@@ -309,7 +310,7 @@ class TimerService(FifoDelayService):
         quarantined)."""
         # place() read the delivery time when the record was fetched (None: unreadable then,
         # so reading it again raises and the record is quarantined).
-        deliver_ms = held.exact_ms if held.exact_ms is not None else timer_deliver_ms(held)
+        deliver_ms = held.exact_ms if held.exact_ms is not None else records.timer_deliver_ms(held)
         policy = self.policy
         tier = policy.route(deliver_ms, now, policy.tier_count)
         if tier is None:
@@ -320,31 +321,4 @@ class TimerService(FifoDelayService):
             # for ever); the quarantine keeps it, with the reason (logged there), for an
             # operator.
             raise InvalidDelayError(beyond)
-        # A hop is the coordinator's own copy, written once in a Kafka transaction: without
-        # the producer's send id, it can never pass for a second copy of that send.
-        headers: Headers
-        if is_header_format(held.headers):
-            # The coordinator's headers (before and with the born time) without the send id,
-            # then the message's (its TIMER_DELIVER_MS among them) as they are.
-            start = message_headers_start(held.headers)
-            headers = [h for h in held.headers[:start] if h[0] != SEND_ID_HEADER]
-            headers += held.headers[start:]
-        else:  # an envelope record
-            headers = [
-                (k, v) for k, v in held.headers if k not in (TIMER_ROUTING_HEADER, SEND_ID_HEADER)
-            ]
-            headers.append((TIMER_ROUTING_HEADER, str(deliver_ms).encode()))
-        record = held.record
-        hop = new_tuple(
-            PreparedRecord,
-            (
-                self.topic,
-                record.key(),
-                record.value(),
-                headers,
-                f"{self.topic}-{held.partition}-{held.offset}",
-                0,
-                tier,
-            ),
-        )
-        return hop, False
+        return records.hop(held, self.topic, deliver_ms, tier), False

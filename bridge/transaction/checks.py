@@ -18,7 +18,7 @@ drains at the pace the group's producers answer instead of being counted unasked
 
 Isolation: a check that cannot be made (its group's check topic cannot be created) counts as a
 check, and a transaction whose check outputs cannot be written is checked on its own and
-parked with the reason.
+parked with the reason (:mod:`bridge.transaction.failed_checks`).
 
 Trust (G12): a half message whose producer group is outside ``allowed_producer_groups`` is
 never checked (its group's check topic is never created): at its first check time it is parked
@@ -29,35 +29,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from confluent_kafka import KafkaError
 
-from bridge.codec import encode_envelope
 from bridge.errors import BridgeError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.transactional import is_permanent_delivery_error
 from bridge.message import MessageConst, PropertyValue, now_ms
+from bridge.transaction.check_topics import CheckTopics
+from bridge.transaction.failed_checks import FailedChecks
 from bridge.transaction.half_batch import (
     DELIVERY_ATTEMPTS,
     DELIVERY_ERROR,
     MAX_DELIVERY_ERROR_CHARS,
-    TRANSIENT_BACKOFF_MAX_MS,
     HalfBatch,
     envelope,
     with_check_times,
 )
+from bridge.transaction.ledger import HalfLedger, HalfSettings, HalfWriter
 from bridge.transaction.liveness import ProducerLiveness
 from bridge.transaction.model import CheckRequest, OpAction
 from bridge.transaction.pacing import UNANSWERED_ASKS_MAX, CheckPacing
 from bridge.transaction.parking import ALONE_PER_CYCLE
 from bridge.transaction.state import CheckAction, HalfPartition, PendingHalf
-from bridge.transaction.targets import MISSING_CACHE_MS
 from topics.catalog import SystemTopic
-
-if TYPE_CHECKING:
-    from bridge.transaction.service import TransactionService
 
 logger = logging.getLogger(__name__)
 
@@ -65,56 +60,47 @@ CHECKS_PER_CYCLE: Final = 1000
 """Checks (and put-backs) per HALF partition and iteration, at most."""
 
 
-@dataclass(slots=True)
-class _BadCheck:
-    """A transaction whose check-back outputs made a Kafka transaction fail: it is checked
-    on its own, and parked after ``ServiceConfig.delivery_attempts`` permanent failures."""
-
-    attempts: int = 0
-    """Failures for a permanent reason so far (0: only a suspect)."""
-    reason: str = ""
-    park_failures: int = 0
-    """Parked copies refused so far (the next one leaves the body out)."""
-    failures: int = 0
-    """Failed tries on its own, of any kind: the back-off grows with them."""
-    next_attempt_ms: int = 0
-    """Not tried on its own again before this (epoch ms): a failure rebuilds the partition,
-    and without a wait the rebuilt transaction would be due, and fail, at once."""
-
-
 class CheckBack:
-    """Checks and put-backs of the undecided half messages of the service's HALF partitions,
-    and the transactions whose check outputs cannot be written."""
+    """Checks and put-backs of the undecided half messages of the HALF partitions of
+    ``ledger``, written through ``writer``, and the transactions whose check outputs cannot be
+    written (:class:`~bridge.transaction.failed_checks.FailedChecks`)."""
 
-    def __init__(self, service: TransactionService) -> None:
-        self._svc = service
-        self._admin: TopicAdmin | None = None
-        self._known_check_topics: set[str] = set()
-        self._check_topic_errors: dict[str, tuple[str, int]] = {}
-        """Check topic -> (why it could not be had, when that was found, ms)."""
-        self._bad_checks: dict[str, _BadCheck] = {}
-        """Transactions checked on their own (their check-back outputs failed), by id."""
-        self.pacing = CheckPacing(service.policy.check_interval_ms)
+    def __init__(
+        self,
+        ledger: HalfLedger,
+        writer: HalfWriter,
+        settings: HalfSettings,
+        *,
+        check_topic_partitions: int,
+    ) -> None:
+        self._ledger = ledger
+        self._writer = writer
+        self._config = settings.config
+        self._catalog = settings.catalog
+        self._policy = policy = settings.policy
+        self._limits = settings.limits
+        self._half = settings.half_topic
+        self._topics = CheckTopics(settings.catalog, check_topic_partitions)
+        self._failed = FailedChecks(ledger, writer, settings)
+        self.pacing = CheckPacing(policy.check_interval_ms)
         """The checks awaiting an answer, and each group's window."""
-        self._liveness = ProducerLiveness(
-            service.client, absent_ms=service.policy.check_interval_ms
-        )
+        self._liveness = ProducerLiveness(self._config.client, absent_ms=policy.check_interval_ms)
 
     def start(self, admin: TopicAdmin) -> None:
         """Use ``admin`` to create check topics."""
-        self._admin = admin
+        self._topics.start(admin)
 
     def forget(self, tid: str) -> None:
         """Transaction ``tid`` was decided by its producer: no check of it is needed any more,
         on its own or not."""
-        self._bad_checks.pop(tid, None)
+        self._failed.forget(tid)
         self.pacing.forget(tid)
 
     def clear(self, revoked: set[int]) -> None:
         """After a revocation of the HALF partitions ``revoked``: the transactions checked on
         their own are found again (if still bad) by whoever owns them next, and the answers
         to their checks are awaited there."""
-        self._bad_checks.clear()
+        self._failed.clear()
         self.pacing.forget_partitions(revoked)
 
     def answered(
@@ -146,21 +132,20 @@ class CheckBack:
     def run(self, now: int) -> None:
         """Write the put-backs and checks due at ``now`` (epoch ms) in one Kafka transaction;
         then check those that failed before, each on its own."""
-        svc = self._svc
         checks = HalfBatch()
         alone: list[tuple[HalfPartition, PendingHalf]] = []
         # Checks sent three intervals ago and neither answered nor due since: their
         # transactions left this view (decided meanwhile); they hold no room any more.
-        self.pacing.forget_older(now - 3 * svc.policy.check_interval_ms)
-        self._liveness.forget_older(now - 3 * svc.policy.check_interval_ms)
+        self.pacing.forget_older(now - 3 * self._policy.check_interval_ms)
+        self._liveness.forget_older(now - 3 * self._policy.check_interval_ms)
         admit = self._admission(now)
-        for state in list(svc._partitions.values()):
+        for state in self._ledger.values():
             for pending in state.put_backs_due(now, CHECKS_PER_CYCLE):
                 checks.current = pending.transaction_id
                 checks.about[pending.transaction_id] = state.partition
                 self._put_back(state, pending, checks)
             for pending in state.due(now, CHECKS_PER_CYCLE, admit):
-                bad = self._bad_checks.get(pending.transaction_id)
+                bad = self._failed.get(pending.transaction_id)
                 if bad is not None:
                     if bad.next_attempt_ms > now:
                         state.postpone(pending, now, bad.next_attempt_ms - now)
@@ -171,32 +156,32 @@ class CheckBack:
                 checks.about[pending.transaction_id] = state.partition
                 self._check_or_discard(state, pending, now, checks)
         checks.current = None
-        if not svc._commit(checks):
+        if not self._writer.commit(checks):
             # A check topic deleted meanwhile is created again by the next check.
-            self._known_check_topics.clear()
+            self._topics.forget_known()
             for tid in checks.about:  # their requests were not written: none is awaited
                 self.pacing.forget(tid)
-            self._set_aside_checks(checks)
+            self._failed.set_aside(checks)
         for state, pending in alone[:ALONE_PER_CYCLE]:
-            if svc._partitions.get(state.partition) is state:
-                self._check_alone(state, pending, now)
+            if self._ledger.get(state.partition) is state:
+                self._failed.check_alone(state, pending, now, self._check_or_discard)
         for state, pending in alone[ALONE_PER_CYCLE:]:
-            state.postpone(pending, now, svc.config.delivery_backoff_ms)
+            state.postpone(pending, now, self._config.delivery_backoff_ms)
 
     def _admission(self, now: int) -> Callable[[PendingHalf], bool]:
         """Whether a due transaction is handed out now: always, unless what it needs is a
         check request its group's window has no room for (then it waits, due)."""
-        svc = self._svc
+        policy = self._policy
         taken: dict[str, int] = {}
 
         def admit(pending: PendingHalf) -> bool:
             tid = pending.transaction_id
-            if tid in self._bad_checks or self.pacing.awaited(tid) is not None:
+            if tid in self._failed or self.pacing.awaited(tid) is not None:
                 return True  # checked on its own; or asked again in the room it holds
-            if svc.policy.action(pending.check_times, pending.born_ms, now) is CheckAction.DISCARD:
+            if policy.action(pending.check_times, pending.born_ms, now) is CheckAction.DISCARD:
                 return True
             group = pending.producer_group
-            if svc.limits.producer_groups.refusal("producer group", group) is not None:
+            if self._limits.producer_groups.refusal("producer group", group) is not None:
                 return True
             if self._liveness.live(group, now) is False:
                 return True  # counted, no request sent
@@ -207,136 +192,16 @@ class CheckBack:
 
         return admit
 
-    def _set_aside_checks(self, batch: HalfBatch) -> None:
-        """After a failed checks transaction: the transactions whose outputs (check copy,
-        check request, put-back or parked copy) failed for a permanent reason are checked on
-        their own from now on, and parked after ``delivery_attempts`` such failures; when the
-        transaction's own error is permanent and no report names an output, every
-        transaction of the batch is a suspect, checked on its own (uncounted) to find it."""
-        named = {
-            tid: err
-            for tid, err in batch.side.items()
-            if err is not None and is_permanent_delivery_error(err)
-        }
-        suspects: list[str] = []
-        if not named and is_permanent_delivery_error(batch.error):
-            assert batch.error is not None
-            unacknowledged = [t for t in batch.about if batch.side.get(t, batch.error) is not None]
-            if len(unacknowledged) == 1:
-                named[unacknowledged[0]] = batch.error
-            else:
-                suspects = unacknowledged
-        for tid, err in named.items():
-            bad = self._bad_checks.setdefault(tid, _BadCheck())
-            bad.attempts += 1
-            bad.reason = f"its check-back output could not be written: {err.str()} ({err.name()})"
-            logger.warning(
-                "transaction %s: %s (attempt %d of %d); checked on its own",
-                tid,
-                bad.reason,
-                bad.attempts,
-                self._svc.config.delivery_attempts,
-            )
-        for tid in suspects:
-            self._bad_checks.setdefault(tid, _BadCheck())
-
-    def _check_alone(self, state: HalfPartition, pending: PendingHalf, now: int) -> None:
-        """Check (or park) one transaction whose check-back outputs made a transaction fail,
-        in a Kafka transaction of its own; parked with the reason after
-        ``delivery_attempts`` permanent failures."""
-        tid = pending.transaction_id
-        bad = self._bad_checks[tid]
-        batch = HalfBatch(current=tid)
-        batch.about[tid] = state.partition
-        parking = bad.attempts >= self._svc.config.delivery_attempts
-        if parking:
-            self._park_check(state, pending, bad, batch)
-        else:
-            self._check_or_discard(state, pending, now, batch)
-        if self._svc._commit_alone(batch):
-            self._bad_checks.pop(tid, None)
-            self._svc._offsets_dirty = True
-            return
-        err = batch.side.get(tid)
-        if not is_permanent_delivery_error(err):
-            err = batch.error
-        if err is not None and is_permanent_delivery_error(err) and not batch.in_doubt:
-            if parking:
-                bad.park_failures += 1
-            else:
-                bad.attempts += 1
-            bad.reason = f"its check-back output could not be written: {err.str()} ({err.name()})"
-            logger.warning(
-                "transaction %s: %s (attempt %d of %d)",
-                tid,
-                bad.reason,
-                bad.attempts,
-                self._svc.config.delivery_attempts,
-            )
-        bad.failures += 1
-        bad.next_attempt_ms = now_ms() + min(
-            self._svc.config.delivery_backoff_ms * 2 ** (bad.failures - 1), TRANSIENT_BACKOFF_MAX_MS
-        )
-        # The state was changed optimistically (or the outcome is unknown): rebuild the
-        # partition from Kafka before this is tried again.
-        self._svc._partitions.pop(state.partition, None)
-        self._svc._to_recover.add(state.partition)
-
-    def _park_check(
-        self, state: HalfPartition, pending: PendingHalf, bad: _BadCheck, batch: HalfBatch
-    ) -> None:
-        """Park a transaction whose check-back cannot be written, with the reason. When even
-        its parked copy was refused, the copy leaves the body out (its size and where the
-        half message is are in the reason; it stays there until the HALF retention)."""
-        reason = bad.reason
-        body: bytes | None = None
-        if bad.park_failures:
-            body = b""
-            reason += (
-                f"; parked without its body of {len(pending.message.body)} bytes (the half "
-                f"message is at {self._svc._half}[{state.partition}]@{pending.offset})"
-            )
-        msg = pending.message
-        props = msg.properties
-        if body is not None:  # replaying this copy would deliver an empty message
-            props[MessageConst.BODY_OMITTED_BYTES] = str(len(msg.body))
-        props[MessageConst.TRANSACTION_CHECK_TIMES] = str(pending.check_times)
-        props[DELIVERY_ATTEMPTS] = str(bad.attempts)
-        props[DELIVERY_ERROR] = reason[:MAX_DELIVERY_ERROR_CHARS]
-        parked = encode_envelope(
-            msg.msg_id,
-            msg.body if body is None else body,
-            props,
-            msg.born_timestamp_ms,
-            msg.born_host,
-        )
-        logger.warning(
-            "transaction %s (group %s) parked in %s: %s",
-            pending.transaction_id,
-            pending.producer_group,
-            self._svc.catalog.topic(SystemTopic.CHECK_MAX),
-            reason,
-        )
-        batch.put(
-            self._svc.catalog.topic(SystemTopic.CHECK_MAX),
-            parked,
-            key=pending.transaction_id.encode(),
-        )
-        self._svc.write_op(state, pending, OpAction.DISCARD, batch)
-        state.resolve(pending)
-        ns = self._svc.client.namespace
-        self._svc.count(batch, lambda m: m.parked.labels(ns, "check_failed").inc())
-
     def _check_or_discard(
         self, state: HalfPartition, pending: PendingHalf, now: int, batch: HalfBatch
     ) -> None:
-        refusal = self._svc.limits.producer_groups.refusal("producer group", pending.producer_group)
+        refusal = self._limits.producer_groups.refusal("producer group", pending.producer_group)
         if refusal is not None:
             # G12: no check topic is created for the group, and the message is never committed:
             # parked with the reason, for an operator to replay or drop.
             self._discard(state, pending, batch, f"not checked: {refusal}")
             return
-        action = self._svc.policy.action(pending.check_times, pending.born_ms, now)
+        action = self._policy.action(pending.check_times, pending.born_ms, now)
         try:
             if action is CheckAction.DISCARD:
                 self._discard(state, pending, batch)
@@ -414,7 +279,7 @@ class CheckBack:
             tid,
             pending.producer_group,
             pending.check_times,
-            self._svc.policy.transaction_check_max,
+            self._policy.transaction_check_max,
             reason,
         )
         self._add_half_copy(state, tid, copy, batch)
@@ -428,7 +293,7 @@ class CheckBack:
                 state.copy_written(tid, kmsg.offset())
 
         batch.put(
-            self._svc._half,
+            self._half,
             copy,
             partition=state.partition,
             key=tid.encode(),
@@ -449,7 +314,7 @@ class CheckBack:
                 "transaction %s (group %s) parked in %s: %s",
                 pending.transaction_id,
                 pending.producer_group,
-                self._svc.catalog.topic(SystemTopic.CHECK_MAX),
+                self._catalog.topic(SystemTopic.CHECK_MAX),
                 refused,
             )
         else:
@@ -457,7 +322,7 @@ class CheckBack:
                 "transaction %s (group %s) parked in %s after %d checks%s",
                 pending.transaction_id,
                 pending.producer_group,
-                self._svc.catalog.topic(SystemTopic.CHECK_MAX),
+                self._catalog.topic(SystemTopic.CHECK_MAX),
                 pending.check_times,
                 f" ({pending.check_error})" if pending.check_error else "",
             )
@@ -471,21 +336,21 @@ class CheckBack:
             changes[DELIVERY_ATTEMPTS] = str(pending.check_failures)
             changes[DELIVERY_ERROR] = pending.check_error[:MAX_DELIVERY_ERROR_CHARS]
         batch.put(
-            self._svc.catalog.topic(SystemTopic.CHECK_MAX),
+            self._catalog.topic(SystemTopic.CHECK_MAX),
             envelope(pending, **changes),
             key=pending.transaction_id.encode(),
         )
-        self._svc.write_op(state, pending, OpAction.DISCARD, batch)
+        self._writer.write_op(state, pending, OpAction.DISCARD, batch)
         state.resolve(pending)
         self.pacing.forget(pending.transaction_id)
         if refused is not None:
             reason = "refused"
-        elif pending.check_times >= self._svc.policy.transaction_check_max:
+        elif pending.check_times >= self._policy.transaction_check_max:
             reason = "check_max"
         else:
             reason = "too_old"
-        ns = self._svc.client.namespace
-        self._svc.count(batch, lambda m: m.parked.labels(ns, reason).inc())
+        ns = self._config.client.namespace
+        self._writer.count(batch, lambda m: m.parked.labels(ns, reason).inc())
 
     def _put_back(self, state: HalfPartition, pending: PendingHalf, batch: HalfBatch) -> None:
         """Copy ``pending`` unchanged to the end of its partition (no check request), so its
@@ -500,7 +365,7 @@ class CheckBack:
         """Send a check request of ``pending`` to its group, for the ``asks``-th time; it
         counts once answered (:meth:`answered`)."""
         group = pending.producer_group
-        topic = self._ensure_check_topic(group, now)
+        topic = self._topics.ensure(group, now)
         number = pending.check_times + 1
         tid = pending.transaction_id
         # The half message as read: the producer gives its listener the message with
@@ -516,41 +381,12 @@ class CheckBack:
         batch.put(topic, request.encode(), key=tid.encode())
         state.asked(pending, now)
         self.pacing.sent(tid, state.partition, group, number, now, asks=asks)
-        ns = self._svc.client.namespace
-        self._svc.count(batch, lambda m: m.checks_sent.labels(ns, group).inc())
+        ns = self._config.client.namespace
+        self._writer.count(batch, lambda m: m.checks_sent.labels(ns, group).inc())
         logger.info(
             "transaction %s (group %s): check %d of %d",
             tid,
             group,
             number,
-            self._svc.policy.transaction_check_max,
+            self._policy.transaction_check_max,
         )
-
-    def _ensure_check_topic(self, group: str, now: int) -> str:
-        """The check topic of producer ``group``, created if missing. Any partition count
-        will do (a producer may have created it with its own ``check_topic_partitions``: a
-        consumer group reads them all). Raises :class:`BridgeError` when it cannot be had;
-        that answer is kept :data:`MISSING_CACHE_MS` ms (many checks, one question)."""
-        topic = self._svc.catalog.check_topic(group)
-        if topic in self._known_check_topics:
-            return topic
-        failed = self._check_topic_errors.get(topic)
-        if failed is not None and now - failed[1] < MISSING_CACHE_MS:
-            raise BridgeError(failed[0])
-        try:
-            self._admin_client().ensure_topics(
-                [self._svc.catalog.check_topic_spec(group, self._svc.check_topic_partitions)],
-                strict=False,
-            )
-        except BridgeError as exc:
-            self._check_topic_errors[topic] = (str(exc), now)
-            raise
-        self._check_topic_errors.pop(topic, None)
-        self._known_check_topics.add(topic)
-        return topic
-
-    def _admin_client(self) -> TopicAdmin:
-        """The admin client, given in :meth:`start`."""
-        if self._admin is None:
-            raise BridgeError("transaction service used before it started")
-        return self._admin

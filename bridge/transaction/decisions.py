@@ -12,7 +12,8 @@ to a topic outside ``allowed_topics``, or of a producer group outside
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from confluent_kafka import KafkaError
 
@@ -23,7 +24,9 @@ from bridge.kafka.transactional import is_permanent_delivery_error
 from bridge.lifecycle import FatalServiceError
 from bridge.message import MessageConst, MessageExt, now_ms
 from bridge.observability.metrics import BridgeMetrics, active_metrics
+from bridge.transaction.checks import CheckBack
 from bridge.transaction.half_batch import HalfBatch
+from bridge.transaction.ledger import HalfLedger, HalfSettings, HalfWriter
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
     EndTransaction,
@@ -31,20 +34,42 @@ from bridge.transaction.model import (
     TransactionStatus,
     committed_record,
 )
+from bridge.transaction.parking import Parking
 from bridge.transaction.state import HalfArrival, HalfPartition, PendingHalf, end_refusal
+from bridge.transaction.targets import Targets
 from topics.avro import default_registry
-
-if TYPE_CHECKING:
-    from bridge.transaction.service import TransactionService
 
 logger = logging.getLogger(__name__)
 
 
 class Decisions:
-    """Reads HALF records into the partitions' state and applies the decisions they bring."""
+    """Reads HALF records into the partitions' state (of ``ledger``) and applies the
+    decisions they bring through ``writer``: a commit whose real record cannot go with the
+    others is handed to ``parking``, an answer to a check to ``checks``. ``check_fencing``
+    stops the service when a consumer error says another coordinator runs with its id."""
 
-    def __init__(self, service: TransactionService) -> None:
-        self._svc = service
+    def __init__(
+        self,
+        ledger: HalfLedger,
+        writer: HalfWriter,
+        settings: HalfSettings,
+        *,
+        targets: Targets,
+        parking: Parking,
+        checks: CheckBack,
+        check_fencing: Callable[[KafkaError], None],
+    ) -> None:
+        self._ledger = ledger
+        self._writer = writer
+        self._name = settings.name
+        self._config = settings.config
+        self._catalog = settings.catalog
+        self._limits = settings.limits
+        self._half = settings.half_topic
+        self._targets = targets
+        self._parking = parking
+        self._checks = checks
+        self._check_fencing = check_fencing
         self._shrink_quarantine: set[tuple[int, int]] = set()
         """HALF (partition, offset) of malformed records whose whole quarantine copy was
         refused: quarantined without their value next time."""
@@ -54,13 +79,13 @@ class Decisions:
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
                 return
-            self._svc.check_fencing(error)  # another coordinator with this id: stop, say why
+            self._check_fencing(error)  # another coordinator with this id: stop, say why
             if error.fatal():  # the consumer cannot go on: stop rather than idle unseen
-                raise FatalServiceError(f"{self._svc.name}: Kafka consumer failed: {error.str()}")
-            logger.warning("%s: consumer error %s", self._svc.name, error.str())
+                raise FatalServiceError(f"{self._name}: Kafka consumer failed: {error.str()}")
+            logger.warning("%s: consumer error %s", self._name, error.str())
             return
-        state = self._svc._partitions.get(record.partition())
-        if state is None or record.partition() in self._svc._to_recover:
+        state = self._ledger.current(record.partition())
+        if state is None:
             return  # revoked meanwhile, or replayed after recovery
         offset = record.offset()
         try:
@@ -76,7 +101,7 @@ class Decisions:
                     logger.info(
                         "%s[%d]@%d: a second copy of the half message of pending transaction "
                         "%s; dropped",
-                        self._svc._half,
+                        self._half,
                         state.partition,
                         offset,
                         msg.transaction_id or msg.msg_id,
@@ -94,10 +119,10 @@ class Decisions:
         nothing else."""
         where = (record.partition(), record.offset())
         copy = quarantine_copy(
-            self._svc.catalog,
+            self._catalog,
             record,
             reason,
-            self._svc.name,
+            self._name,
             keep_value=where not in self._shrink_quarantine,
         )
 
@@ -110,8 +135,8 @@ class Decisions:
                 self._shrink_quarantine.discard(where)
 
         batch.add_record(copy, refused)
-        ns = self._svc.client.namespace
-        self._svc.count(batch, lambda m: m.quarantined.labels(ns, "transaction").inc())
+        ns = self._config.client.namespace
+        self._writer.count(batch, lambda m: m.quarantined.labels(ns, "transaction").inc())
         state.on_other(record.offset())
 
     def _conflict(
@@ -123,11 +148,11 @@ class Decisions:
         pending = state.pending[tid]
         reason = (
             f"transaction {tid} is pending already with another half message at "
-            f"{self._svc._half}[{state.partition}]@{pending.offset}: this one does not replace it"
+            f"{self._half}[{state.partition}]@{pending.offset}: this one does not replace it"
         )
         logger.warning(
             "%s[%d]@%d quarantined: %s",
-            self._svc._half,
+            self._half,
             state.partition,
             record.offset(),
             reason,
@@ -146,19 +171,19 @@ class Decisions:
                 and current.producer_group == end.producer_group
             ):
                 # The check counts (once) now that a producer of the group answered it.
-                self._svc.checks.answered(state, current, end.check_times, batch)
+                self._checks.answered(state, current, end.check_times, batch)
                 metrics = active_metrics()
                 if metrics is not None:
                     # Counted only for a pending transaction of that group: any name a HALF
                     # writer puts in an UNKNOWN would otherwise become a series of its own.
-                    ns = self._svc.client.namespace
+                    ns = self._config.client.namespace
                     metrics.check_answers.labels(ns, end.producer_group, end.status.value).inc()
             logger.debug("transaction %s: UNKNOWN from %s", end.transaction_id, end.producer_id)
             return
         current = state.pending.get(end.transaction_id)
         if current is not None:
             refusal = end_refusal(
-                current, end.producer_group, end.status.value, self._svc.limits.producer_groups
+                current, end.producer_group, end.status.value, self._limits.producer_groups
             )
             if refusal is not None:
                 # G12: another group's decision, or a check answer from it, changes nothing.
@@ -168,7 +193,7 @@ class Decisions:
                     refusal,
                     "check answer" if end.from_transaction_check else "end request",
                     end.producer_id,
-                    self._svc._half,
+                    self._half,
                     state.partition,
                     offset,
                 )
@@ -183,18 +208,18 @@ class Decisions:
             )
             return
         # Decided by its producer: no check of it is needed any more, on its own or not.
-        self._svc.checks.forget(end.transaction_id)
+        self._checks.forget(end.transaction_id)
         topic: str | None = None
         if end.status is TransactionStatus.COMMIT:
             topic = self._apply_commit(state, pending, batch)
         else:
-            self._svc.write_op(state, pending, OpAction.ROLLBACK, batch)
+            self._writer.write_op(state, pending, OpAction.ROLLBACK, batch)
             state.resolve(pending)
-        self._svc.count(
+        self._writer.count(
             batch,
             lambda m: _count_decision(
                 m,
-                self._svc.client.namespace,
+                self._config.client.namespace,
                 end,
                 pending,
                 self._topic_label(pending) if topic is None else topic,
@@ -209,10 +234,10 @@ class Decisions:
         make series of names it chooses."""
         msg = pending.message
         try:
-            kafka_topic = committed_record(msg, self._svc.catalog.namespace).kafka_topic
+            kafka_topic = committed_record(msg, self._catalog.namespace).kafka_topic
         except (BridgeError, ValueError):
             return NOT_ALLOWED_TOPIC
-        if self._svc.limits.topics.refusal("topic", kafka_topic) is not None:
+        if self._limits.topics.refusal("topic", kafka_topic) is not None:
             return NOT_ALLOWED_TOPIC
         return str(msg.get_property(MessageConst.REAL_TOPIC) or msg.topic)
 
@@ -222,44 +247,42 @@ class Decisions:
         Returns the decision's ``topic`` label (see :meth:`_topic_label`), from the real
         record built here rather than building it twice."""
         tid = pending.transaction_id
-        poison = self._svc.parking.get(tid)
+        poison = self._parking.get(tid)
         real: PreparedRecord | None = None
         label: str | None = None
         if poison is None:
             label = NOT_ALLOWED_TOPIC
             try:
-                real = committed_record(pending.message, self._svc.catalog.namespace)
+                real = committed_record(pending.message, self._catalog.namespace)
             except (BridgeError, ValueError) as exc:
                 # No retry makes a name or a property that cannot be written writable.
-                poison = self._svc.parking.set_aside(
+                poison = self._parking.set_aside(
                     state,
                     tid,
                     f"its real record cannot be built: {exc}",
-                    self._svc.config.delivery_attempts,
+                    self._config.delivery_attempts,
                 )
             else:
-                refusal = self._svc.limits.topics.refusal("topic", real.kafka_topic)
+                refusal = self._limits.topics.refusal("topic", real.kafka_topic)
                 if refusal is not None:
                     # G12: the coordinator does not write there; parked with the reason (no
                     # retry makes it allowed), replayed by an operator.
-                    poison = self._svc.parking.set_aside(
-                        state, tid, refusal, self._svc.config.delivery_attempts
+                    poison = self._parking.set_aside(
+                        state, tid, refusal, self._config.delivery_attempts
                     )
                 else:
                     msg = pending.message
                     label = str(msg.get_property(MessageConst.REAL_TOPIC) or msg.topic)
-                    problem = self._svc.targets.problem(
-                        real.kafka_topic, real.partition, fresh=False
-                    )
+                    problem = self._targets.problem(real.kafka_topic, real.partition, fresh=False)
                     if problem is not None:
-                        poison = self._svc.parking.set_aside(state, tid, problem, 1)
+                        poison = self._parking.set_aside(state, tid, problem, 1)
         if label is None:
             label = self._topic_label(pending)
         if poison is not None or real is None:
             state.hold(pending)  # committed on its own by Parking.commit_alone_due
             return label
         batch.add_real(tid, state.partition, real)
-        self._svc.write_op(state, pending, OpAction.COMMIT, batch)
+        self._writer.write_op(state, pending, OpAction.COMMIT, batch)
         state.resolve(pending)
         return label
 

@@ -19,8 +19,9 @@ rebuilds and retries the whole batch, with back-off: nothing is lost.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from confluent_kafka import KafkaError
 
@@ -35,13 +36,11 @@ from bridge.transaction.half_batch import (
     HalfBatch,
     envelope,
 )
+from bridge.transaction.ledger import HalfLedger, HalfSettings, HalfWriter
 from bridge.transaction.model import OpAction, committed_record
 from bridge.transaction.state import HalfPartition, PendingHalf
-from bridge.transaction.targets import delivery_problem
+from bridge.transaction.targets import Targets, delivery_problem
 from topics.catalog import SystemTopic
-
-if TYPE_CHECKING:
-    from bridge.transaction.service import TransactionService
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +65,28 @@ class _Poison:
 
 class Parking:
     """The commits set aside to be applied on their own, by transaction id (kept across
-    rebuilds of the state), and what is done with them."""
+    rebuilds of the state), and what is done with them: tried through ``writer`` against the
+    partitions of ``ledger``, the targets' metadata from ``targets``; ``wait(seconds)`` backs
+    off before a failed batch is tried again (it returns early when the service stops)."""
 
-    def __init__(self, service: TransactionService) -> None:
-        self._svc = service
+    def __init__(
+        self,
+        ledger: HalfLedger,
+        writer: HalfWriter,
+        settings: HalfSettings,
+        *,
+        targets: Targets,
+        wait: Callable[[float], object],
+    ) -> None:
+        self._ledger = ledger
+        self._writer = writer
+        self._name = settings.name
+        self._config = settings.config
+        self._catalog = settings.catalog
+        self._limits = settings.limits
+        self._half = settings.half_topic
+        self._targets = targets
+        self._wait = wait
         self._poison: dict[str, _Poison] = {}
         """Commits applied on their own, by transaction id."""
         self.failures = 0
@@ -90,7 +107,7 @@ class Parking:
     def set_aside(self, state: HalfPartition, tid: str, reason: str, attempts: int) -> _Poison:
         """Set ``tid`` aside to be committed on its own (``attempts`` failed so far)."""
         poison = _Poison(
-            state.partition, attempts, reason, now_ms() + self._svc.config.delivery_backoff_ms
+            state.partition, attempts, reason, now_ms() + self._config.delivery_backoff_ms
         )
         self._poison[tid] = poison
         logger.warning(
@@ -99,7 +116,7 @@ class Parking:
             tid,
             reason,
             attempts,
-            self._svc.config.delivery_attempts,
+            self._config.delivery_attempts,
         )
         return poison
 
@@ -109,8 +126,8 @@ class Parking:
         for tid, poison in list(self._poison.items()):
             if tried >= ALONE_PER_CYCLE:
                 return
-            state = self._svc._partitions.get(poison.half_partition)
-            if state is None or poison.half_partition in self._svc._to_recover:
+            state = self._ledger.current(poison.half_partition)
+            if state is None:
                 continue  # being rebuilt: its end request is read again
             pending = state.pending.get(tid)
             if pending is None or not pending.held:
@@ -126,32 +143,32 @@ class Parking:
     def _deliver_alone(self, state: HalfPartition, pending: PendingHalf, poison: _Poison) -> None:
         tid = pending.transaction_id
         now = now_ms()
-        if poison.attempts >= self._svc.config.delivery_attempts:
+        if poison.attempts >= self._config.delivery_attempts:
             self._park(state, pending, poison)
             return
         try:
-            real = committed_record(pending.message, self._svc.catalog.namespace)
+            real = committed_record(pending.message, self._catalog.namespace)
         except (BridgeError, ValueError) as exc:
-            poison.attempts = self._svc.config.delivery_attempts
+            poison.attempts = self._config.delivery_attempts
             poison.reason = f"its real record cannot be built: {exc}"
             self._park(state, pending, poison)
             return
-        refusal = self._svc.limits.topics.refusal("topic", real.kafka_topic)
+        refusal = self._limits.topics.refusal("topic", real.kafka_topic)
         if refusal is not None:
             # G12: never written there, whatever set it aside first; no retry changes that.
-            poison.attempts = self._svc.config.delivery_attempts
+            poison.attempts = self._config.delivery_attempts
             poison.reason = refusal
             self._park(state, pending, poison)
             return
-        problem = self._svc.targets.problem(real.kafka_topic, real.partition, fresh=True)
+        problem = self._targets.problem(real.kafka_topic, real.partition, fresh=True)
         if problem is None:
             batch = HalfBatch()
             batch.add_real(tid, state.partition, real)
-            self._svc.write_op(state, pending, OpAction.COMMIT, batch)
-            if self._svc._commit_alone(batch):
+            self._writer.write_op(state, pending, OpAction.COMMIT, batch)
+            if self._writer.commit_alone(batch):
                 state.resolve(pending)
                 self._poison.pop(tid, None)
-                self._svc._offsets_dirty = True
+                self._ledger.checkpoint_moved()
                 logger.info("transaction %s: committed on its own", tid)
                 return
             if batch.in_doubt:
@@ -167,25 +184,25 @@ class Parking:
                 # this does not count towards parking it.
                 poison.transient_failures += 1
                 poison.next_attempt_ms = now + min(
-                    self._svc.config.delivery_backoff_ms * 2**poison.transient_failures,
+                    self._config.delivery_backoff_ms * 2**poison.transient_failures,
                     TRANSIENT_BACKOFF_MAX_MS,
                 )
                 return
             problem = delivery_problem(real.kafka_topic, err)
-            self._svc.targets.remember_refusal(real.kafka_topic, err, problem)
+            self._targets.remember_refusal(real.kafka_topic, err, problem)
         poison.attempts += 1
         poison.reason = problem
         logger.warning(
             "transaction %s: delivery attempt %d of %d failed: %s",
             tid,
             poison.attempts,
-            self._svc.config.delivery_attempts,
+            self._config.delivery_attempts,
             problem,
         )
-        if poison.attempts >= self._svc.config.delivery_attempts:
+        if poison.attempts >= self._config.delivery_attempts:
             self._park(state, pending, poison)
         else:
-            poison.next_attempt_ms = now + self._svc.config.delivery_backoff_ms * 2 ** (
+            poison.next_attempt_ms = now + self._config.delivery_backoff_ms * 2 ** (
                 poison.attempts - 1
             )
 
@@ -200,8 +217,7 @@ class Parking:
             tid,
             state.partition,
         )
-        self._svc._partitions.pop(state.partition, None)
-        self._svc._to_recover.add(state.partition)
+        self._ledger.rebuild(state.partition)
 
     def _park(self, state: HalfPartition, pending: PendingHalf, poison: _Poison) -> None:
         """Move a commit that cannot be delivered to the check-max topic with its reason (an
@@ -220,15 +236,15 @@ class Parking:
             changes[MessageConst.BODY_OMITTED_BYTES] = str(len(pending.message.body))
             changes[DELIVERY_ERROR] = (
                 f"{poison.reason}; parked without its body (the half message is at "
-                f"{self._svc._half}[{state.partition}]@{pending.offset})"
+                f"{self._half}[{state.partition}]@{pending.offset})"
             )[:MAX_DELIVERY_ERROR_CHARS]
         parked = envelope(pending, body, **changes)
         batch = HalfBatch()
-        batch.put(self._svc.catalog.topic(SystemTopic.CHECK_MAX), parked, key=tid.encode())
-        self._svc.write_op(state, pending, OpAction.DISCARD, batch)
-        ns = self._svc.client.namespace
-        self._svc.count(batch, lambda m: m.parked.labels(ns, "undeliverable").inc())
-        if not self._svc._commit_alone(batch):
+        batch.put(self._catalog.topic(SystemTopic.CHECK_MAX), parked, key=tid.encode())
+        self._writer.write_op(state, pending, OpAction.DISCARD, batch)
+        ns = self._config.client.namespace
+        self._writer.count(batch, lambda m: m.parked.labels(ns, "undeliverable").inc())
+        if not self._writer.commit_alone(batch):
             if batch.in_doubt:
                 self._reread(state, tid)
                 return
@@ -243,18 +259,18 @@ class Parking:
                     state.partition,
                 )
             poison.next_attempt_ms = now_ms() + min(
-                self._svc.config.delivery_backoff_ms * 2 ** (poison.park_failures - 1),
+                self._config.delivery_backoff_ms * 2 ** (poison.park_failures - 1),
                 TRANSIENT_BACKOFF_MAX_MS,
             )
             return
         state.resolve(pending)
         self._poison.pop(tid, None)
-        self._svc._offsets_dirty = True
+        self._ledger.checkpoint_moved()
         logger.warning(
             "transaction %s (group %s) parked in %s after %d failed deliveries: %s",
             tid,
             pending.producer_group,
-            self._svc.catalog.topic(SystemTopic.CHECK_MAX),
+            self._catalog.topic(SystemTopic.CHECK_MAX),
             poison.attempts,
             poison.reason,
         )
@@ -274,11 +290,11 @@ class Parking:
             else:
                 # Timed out, purged, or the whole transaction refused (a partition could
                 # not be added to it): ask the metadata about its target.
-                reason = self._svc.targets.problem(real.kafka_topic, real.partition, fresh=True)
+                reason = self._targets.problem(real.kafka_topic, real.partition, fresh=True)
             if reason is not None and tid not in self._poison:
                 now = now_ms()
                 self._poison[tid] = _Poison(
-                    half_partition, 1, reason, now + self._svc.config.delivery_backoff_ms
+                    half_partition, 1, reason, now + self._config.delivery_backoff_ms
                 )
                 found += 1
                 logger.warning(
@@ -296,7 +312,7 @@ class Parking:
         if self.failures >= 2:
             self._set_aside_lone_failures(batch)
         # Transient (the broker, the network): retry the rebuilt batch, not in a tight loop.
-        self._svc._stopped.wait(min(0.05 * 2**self.failures, 5.0))
+        self._wait(min(0.05 * 2**self.failures, 5.0))
 
     def _suspect_all(self, batch: HalfBatch) -> int:
         """The transaction failed for a record's reason (its own error says so, e.g. a topic
@@ -320,7 +336,7 @@ class Parking:
             logger.warning(
                 "%s: a Kafka transaction failed (%s) and no record is named: committing its "
                 "%d commits on their own",
-                self._svc.name,
+                self._name,
                 batch.error.str(),
                 found,
             )

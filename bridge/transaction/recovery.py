@@ -12,19 +12,18 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.errors import KafkaClientError, UnknownSchemaError, WireFormatError
 from bridge.kafka.clients import is_transient, new_reader, read_record_at
 from bridge.message import now_ms
+from bridge.transaction.ledger import HalfLedger, HalfSettings
 from bridge.transaction.model import OpEntry
 from bridge.transaction.state import HalfPartition
 from topics.naming import reader_group
-
-if TYPE_CHECKING:
-    from bridge.transaction.service import TransactionService
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +39,24 @@ so, which a new user should not read as a fault."""
 
 
 class Recovery:
-    """Rebuilds the state of the service's HALF partitions from what Kafka committed."""
+    """Rebuilds the state of the service's HALF partitions from what Kafka committed, into
+    its ``ledger``; ``consumer`` gives the service's consumer (None before it started)."""
 
-    def __init__(self, service: TransactionService) -> None:
-        self._svc = service
+    def __init__(
+        self,
+        ledger: HalfLedger,
+        settings: HalfSettings,
+        *,
+        consumer: Callable[[], Consumer | None],
+    ) -> None:
+        self._ledger = ledger
+        self._name = settings.name
+        self._client = settings.config.client
+        self._policy = settings.policy
+        self._half = settings.half_topic
+        self._op = settings.op_topic
+        self._consumer = consumer
+        self._timeout_s = self._client.request_timeout_ms / 1000
         self._failures: dict[int, int] = {}
         """Failed recoveries in a row, per HALF partition."""
 
@@ -52,13 +65,13 @@ class Recovery:
         decisions in OP since the oldest undecided half message, then HALF from the committed
         offset. A partition whose recovery fails stays to be recovered (tried again on the
         next iteration)."""
-        consumer = self._svc._consumer
+        consumer = self._consumer()
         if consumer is None:
             return
-        timeout_s = self._svc.timeout_s
-        assigned = {tp.partition for tp in consumer.assignment() if tp.topic == self._svc._half}
+        timeout_s = self._timeout_s
+        assigned = {tp.partition for tp in consumer.assignment() if tp.topic == self._half}
         reader = new_reader(
-            self._svc.config.client, reader_group("recovery", uuid.uuid4().hex[:12]), self._svc.name
+            self._client, reader_group("recovery", uuid.uuid4().hex[:12]), self._name
         )
         try:
             for p in partitions:
@@ -73,7 +86,7 @@ class Recovery:
                     logger.log(
                         logging.INFO if quiet else logging.WARNING,
                         "%s: recovering HALF partition %d failed (%d in a row; tried again): %s",
-                        self._svc.name,
+                        self._name,
                         p,
                         failures,
                         exc,
@@ -88,24 +101,23 @@ class Recovery:
     ) -> None:
         started = time.monotonic()
         if not assigned:
-            self._svc._to_recover.discard(p)
+            self._ledger.recovered(p, None)
             return
-        committed = consumer.committed([TopicPartition(self._svc._half, p)], timeout_s)[0].offset
+        committed = consumer.committed([TopicPartition(self._half, p)], timeout_s)[0].offset
         # Asked with the service's consumer (its fetches wait at most 50 ms at the broker): a
         # new reader's first lookup can take most of a second, which a partition read up to
         # its end (the usual rebalance) would then pay for nothing.
-        low, high = consumer.get_watermark_offsets(TopicPartition(self._svc._half, p), timeout_s)
+        low, high = consumer.get_watermark_offsets(TopicPartition(self._half, p), timeout_s)
         start = committed if committed >= 0 else low
-        state = HalfPartition(p, self._svc.policy, position=start, catch_up_offset=high)
+        state = HalfPartition(p, self._policy, position=start, catch_up_offset=high)
         if start < high:
             self._load_decisions(reader, state, start)
-        consumer.seek(TopicPartition(self._svc._half, p, start if start >= 0 else OFFSET_BEGINNING))
-        self._svc._partitions[p] = state
-        self._svc._to_recover.discard(p)
+        consumer.seek(TopicPartition(self._half, p, start if start >= 0 else OFFSET_BEGINNING))
+        self._ledger.recovered(p, state)
         logger.info(
             "%s: HALF partition %d recovered in %.2f s: reading from %d (end %d), "
             "%d decisions loaded",
-            self._svc.name,
+            self._name,
             p,
             time.monotonic() - started,
             start,
@@ -118,11 +130,11 @@ class Recovery:
         # A read that times out raises: the recovery is tried again, never guessed (a guess
         # too recent misses decisions and commits them twice).
         first = read_record_at(
-            reader, TopicPartition(self._svc._half, state.partition, start), self._svc.timeout_s
+            reader, TopicPartition(self._half, state.partition, start), self._timeout_s
         )
         since_ms = (first.timestamp()[1] if first is not None else now_ms()) - _OP_SCAN_SLACK_MS
         tp = reader.offsets_for_times(
-            [TopicPartition(self._svc._op, state.partition, max(since_ms, 0))], self._svc.timeout_s
+            [TopicPartition(self._op, state.partition, max(since_ms, 0))], self._timeout_s
         )[0]
         if tp.error is not None:
             # The lookup failed (e.g. a leader moving): read as "no decisions", it would apply
@@ -131,17 +143,17 @@ class Recovery:
         if tp.offset < 0:
             return
         reader.assign([tp])
-        deadline = time.monotonic() + self._svc.timeout_s
+        deadline = time.monotonic() + self._timeout_s
         while True:
             record = reader.poll(0.2)
             if record is None:
                 if time.monotonic() > deadline:
                     raise KafkaClientError(
                         f"OP partition {state.partition}: no record nor its end within "
-                        f"{self._svc.client.request_timeout_ms} ms"
+                        f"{self._client.request_timeout_ms} ms"
                     )
                 continue
-            deadline = time.monotonic() + self._svc.timeout_s
+            deadline = time.monotonic() + self._timeout_s
             error = record.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
@@ -158,7 +170,7 @@ class Recovery:
                 # would drop the transaction its key names, committed or not, unseen.
                 logger.warning(
                     "%s: OP record at %d of partition %d is no decision, ignored: %s",
-                    self._svc.name,
+                    self._name,
                     record.offset(),
                     state.partition,
                     exc,
@@ -177,7 +189,7 @@ class Recovery:
         if not key:
             logger.warning(
                 "%s: OP record at %d of partition %d cannot be read and has no key (%s)",
-                self._svc.name,
+                self._name,
                 record.offset(),
                 state.partition,
                 exc,
@@ -188,7 +200,7 @@ class Recovery:
         logger.warning(
             "%s: OP record at %d of partition %d cannot be read (%s); transaction %s counts "
             "as decided",
-            self._svc.name,
+            self._name,
             record.offset(),
             state.partition,
             exc,

@@ -10,9 +10,13 @@ half message). So a crash at any point either applies a decision completely or n
 and a decision is applied at most once: each committed message reaches its real topic exactly
 once (G2, G3).
 
-The service is a thin loop over its collaborators, each in a module of its own:
+The service is a thin loop over its collaborators, each in a module of its own, each given
+what it needs (the :class:`~bridge.transaction.ledger.HalfLedger` of the partitions it owns,
+the :class:`~bridge.transaction.ledger.HalfWriter` of its Kafka transactions, settings and
+callbacks), never the service:
 :class:`~bridge.transaction.decisions.Decisions` (HALF records into state, decisions into the
-batch), :class:`~bridge.transaction.checks.CheckBack` (checks and put-backs),
+batch), :class:`~bridge.transaction.checks.CheckBack` (checks and put-backs; those whose
+outputs fail in :class:`~bridge.transaction.failed_checks.FailedChecks`),
 :class:`~bridge.transaction.parking.Parking` (commits applied on their own, poison isolation),
 :class:`~bridge.transaction.recovery.Recovery` (rebuilding a partition from Kafka) and
 :class:`~bridge.transaction.targets.Targets` (what the metadata says of real topics). Every
@@ -38,10 +42,10 @@ from bridge.message import now_ms
 from bridge.transaction.checks import CheckBack
 from bridge.transaction.decisions import Decisions
 from bridge.transaction.half_batch import HalfBatch
-from bridge.transaction.model import OpAction, OpEntry
+from bridge.transaction.ledger import HalfLedger, HalfSettings, HalfWriter
 from bridge.transaction.parking import Parking
 from bridge.transaction.recovery import Recovery
-from bridge.transaction.state import CheckPolicy, HalfPartition, PendingHalf
+from bridge.transaction.state import CheckPolicy
 from bridge.transaction.targets import Targets
 from topics.catalog import SystemTopic
 
@@ -81,12 +85,8 @@ class TransactionService(TransactionalService):
         self.catalog = config.catalog
         self._half = config.catalog.topic(SystemTopic.HALF)
         self._op = config.catalog.topic(SystemTopic.OP)
-        self._partitions: dict[int, HalfPartition] = {}
-        """The state of each owned HALF partition that is recovered."""
-        self._to_recover: set[int] = set()
-        """Owned HALF partitions whose state is to be rebuilt from Kafka first."""
-        self._offsets_dirty = False
-        """A commit applied on its own moved a checkpoint: the next batch commits offsets."""
+        self._partitions = HalfLedger()
+        """The owned HALF partitions: their state, those to rebuild from Kafka first."""
         self._committed: dict[int, int] = {}
         """HALF partition -> the checkpoint this service last committed for it (only
         partitions whose last commit it knows: cleared on a rebalance, a recovery and a failed
@@ -94,10 +94,25 @@ class TransactionService(TransactionalService):
         self.committed_transactions = 0
         """How many Kafka transactions this service committed (for tests and metrics)."""
         self.targets = Targets(config.client, self.name, lambda: self.timeout_s)
-        self.recovery = Recovery(self)
-        self.decisions = Decisions(self)
-        self.checks = CheckBack(self)
-        self.parking = Parking(self)
+        ledger = self._partitions
+        writer = HalfWriter(self._op, self._commit, self._commit_alone, self.count)
+        settings = HalfSettings(self.name, config, self.policy, self.limits, self._half, self._op)
+        self.recovery = Recovery(ledger, settings, consumer=lambda: self._consumer)
+        self.parking = Parking(
+            ledger, writer, settings, targets=self.targets, wait=self._stopped.wait
+        )
+        self.checks = CheckBack(
+            ledger, writer, settings, check_topic_partitions=check_topic_partitions
+        )
+        self.decisions = Decisions(
+            ledger,
+            writer,
+            settings,
+            targets=self.targets,
+            parking=self.parking,
+            checks=self.checks,
+            check_fencing=self.check_fencing,
+        )
 
     def renewed(self) -> TransactionService:
         """A new, not started service with the same settings (see
@@ -139,7 +154,7 @@ class TransactionService(TransactionalService):
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
-            self._to_recover.add(tp.partition)
+            self._partitions.assigned(tp.partition)
         self._committed.clear()
         logger.info(
             "%s: assigned HALF partitions %s", self.name, [tp.partition for tp in partitions]
@@ -148,8 +163,7 @@ class TransactionService(TransactionalService):
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
         for p in revoked:
-            self._partitions.pop(p, None)
-            self._to_recover.discard(p)
+            self._partitions.revoked(p)
         self.parking.revoke(revoked)
         self.checks.clear(revoked)
         self._committed.clear()
@@ -164,14 +178,15 @@ class TransactionService(TransactionalService):
         consumer = self._consumer
         if consumer is None or not self.producer_ready():
             return
-        if self._to_recover:
+        to_recover = self._partitions.to_recover()
+        if to_recover:
             self._committed.clear()
-            self.recovery.recover(sorted(self._to_recover))
+            self.recovery.recover(to_recover)
         first = consumer.poll(_POLL_TIMEOUT_S)
         records = [first] if first is not None else []
         if first is not None:
             records.extend(consumer.consume(_BATCH, 0))
-        batch = HalfBatch(dirty=self._offsets_dirty)
+        batch = HalfBatch(dirty=self._partitions.moved)
         for record in records:
             self.decisions.handle(record, batch)
         self._follow_positions(consumer)
@@ -198,24 +213,6 @@ class TransactionService(TransactionalService):
             if state is not None and tp.error is None and tp.offset >= 0:
                 state.on_position(tp.offset)
 
-    def write_op(
-        self, state: HalfPartition, pending: PendingHalf, action: OpAction, batch: HalfBatch
-    ) -> None:
-        """Add the OP record that decides ``pending`` (``action``) to ``batch``."""
-        entry = OpEntry(
-            half_partition=state.partition,
-            # The newest copy, read back or not: a restart that reads it knows it is decided.
-            half_offset=pending.latest_offset,
-            transaction_id=pending.transaction_id,
-            msg_id=pending.message.msg_id,
-            producer_group=pending.producer_group,
-            action=action,
-            decided_at_ms=now_ms(),
-        )
-        batch.put(
-            self._op, entry.encode(), partition=state.partition, key=pending.transaction_id.encode()
-        )
-
     # --- Kafka transaction ----------------------------------------------------------------
     def _commit(self, batch: HalfBatch) -> bool:
         """Write ``batch`` and every owned partition's checkpoint in one Kafka transaction.
@@ -230,9 +227,9 @@ class TransactionService(TransactionalService):
         if not batch.dirty or self._consumer is None:
             return True
         if not batch.records and self._unmoved():
-            self._offsets_dirty = False
+            self._partitions.offsets_written()
             return True
-        self._offsets_dirty = False
+        self._partitions.offsets_written()
         producer = self._producer
         consumer = self._consumer
         timeout_s = self.timeout_s
@@ -288,11 +285,7 @@ class TransactionService(TransactionalService):
 
     def _checkpoints(self) -> list[TopicPartition]:
         """Where a restart must read each owned, recovered HALF partition again."""
-        return [
-            TopicPartition(self._half, p, state.checkpoint())
-            for p, state in self._partitions.items()
-            if p not in self._to_recover
-        ]
+        return self._partitions.checkpoints(self._half)
 
     def _unmoved(self) -> bool:
         """True when every owned, recovered partition's checkpoint is the one this service
@@ -319,5 +312,4 @@ class TransactionService(TransactionalService):
         self.transaction_failed(exc)
         self._committed.clear()
         # State was changed optimistically: rebuild it from what Kafka committed.
-        self._to_recover.update(self._partitions)
-        self._partitions.clear()
+        self._partitions.rebuild_all()

@@ -6,14 +6,12 @@ Also: a header-format record with a null value or a null, empty or repeated ``UN
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
 import pytest
 
 from bridge import ClientConfig, Message
 from bridge.codec import (
     BORN_TIMESTAMP_HEADER,
+    PreparedRecord,
     decode_envelope,
     delayed_headers,
     delayed_message,
@@ -21,9 +19,11 @@ from bridge.codec import (
     header_delivery_record,
     is_header_format,
 )
+from bridge.config import TrustLimits
 from bridge.consumer.model import RetryRoute
 from bridge.consumer.send_back import send_back_record
 from bridge.delay.fetch import Held
+from bridge.delay.held import DelaySettings
 from bridge.delay.isolation import Isolation
 from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER, delayed_record
 from bridge.errors import InvalidArgumentError, MalformedRecordError
@@ -165,13 +165,15 @@ class _Record:
 
 def _isolation(client: ClientConfig) -> Isolation:
     config = ServiceConfig(client=client, catalog=client.catalog(), coordinator_id="c")
-    service: Any = SimpleNamespace(
-        config=config,
-        name="timer",
-        policy=client.delay_policy,
-        timer_topic=config.catalog.topic(SystemTopic.TIMER),
+    timer = config.catalog.topic(SystemTopic.TIMER)
+    settings = DelaySettings(
+        "timer", "timer", timer, timer, "g", config, client.delay_policy, TrustLimits().topics
     )
-    return Isolation(service)
+    return Isolation(settings, process=_no_process, producer=lambda: None)
+
+
+def _no_process(held: Held, now: int) -> tuple[PreparedRecord, bool]:
+    raise AssertionError("only back-off copies are made here")
 
 
 @pytest.mark.parametrize("written", ["headers", "envelope"])

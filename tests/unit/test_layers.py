@@ -1,6 +1,7 @@
 """Layers import only downward: each module of ``topics/``, ``bridge/`` and ``spark_jobs/`` is
-parsed with :mod:`ast` and every import (module level or inside a function) is checked against
-the layer table below.
+parsed with :mod:`ast` and every import (module level, inside a function or under
+``if TYPE_CHECKING:``) is checked against the layer table below, and the imports together must
+form no cycle.
 
 From the bottom: names and wire format (``topics``), the core model and settings, the pure
 rules and record codec, the Kafka and runtime adapters, the public clients, the services, the
@@ -51,6 +52,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.consumer.invisibility",
             "bridge.consumer.message_groups",
             "bridge.transaction.model",
+            "bridge.transaction.pending",
             "bridge.transaction.state",
         ),
     ),
@@ -181,6 +183,105 @@ def test_spark_jobs_import_only_topics() -> None:
                 continue
             wrong.append(f"{module} imports {target}")
     assert wrong == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Project module -> the project modules it imports (at module level, inside a function or
+    for type hints only). ``from package import module`` imports ``module``; an imported name
+    that is no module counts as its module's."""
+    paths = {_module_name(path): path for path in _sources("bridge", "topics", "spark_jobs")}
+    graph: dict[str, set[str]] = {module: set() for module in paths}
+    for module, path in paths.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+                names = [name if name in paths else node.module for name in names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                target = name
+                while target and target not in paths:  # a name of a module: that module
+                    target = target.rpartition(".")[0]
+                if target and target != module:
+                    graph[module].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (its modules in import order, the first one again at the end) for each
+    group of modules that import each other (a strongly connected component of ``graph``,
+    Tarjan's algorithm without recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph.get(target, ())))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.add(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(group)
+    cycles = []
+    for group in groups:
+        # The shortest way back to the group's first module (breadth first, inside the group).
+        start = min(group)
+        came_from: dict[str, str] = {}
+        frontier = [start]
+        while start not in came_from:
+            reached = []
+            for node in frontier:
+                for target in sorted(graph[node] & group):
+                    if target not in came_from:
+                        came_from[target] = node
+                        reached.append(target)
+            frontier = reached
+        path = [start]
+        while came_from[path[-1]] != start:
+            path.append(came_from[path[-1]])
+        cycles.append([start, *reversed(path[1:]), start])
+    return sorted(cycles)
+
+
+def test_no_import_cycle() -> None:
+    # Imports made only for type hints count: a cycle through them is a design cycle all the
+    # same (and becomes a real one as soon as a hint is needed at run time).
+    cycles = [" -> ".join(cycle) for cycle in _cycles(_module_graph())]
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_cycle_check_names_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e", "d"}}
+    assert _cycles(graph) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_layer_table_detects_an_upward_import() -> None:

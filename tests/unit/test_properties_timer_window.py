@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
+from typing import Any
 from unittest.mock import patch
 
 import pytest
@@ -22,7 +23,10 @@ from confluent_kafka import KafkaException, TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.config import ClientConfig, TrustLimits
 from bridge.delay.fetch import _OUT_OF_ORDER_MAX, _REFILL_BELOW, METADATA_MAX_CHARS, Fetcher, Held
+from bridge.delay.held import DelaySettings
+from bridge.kafka.service import ServiceConfig
 
 PROPERTY = settings(max_examples=120, derandomize=True, database=None, deadline=None)
 TOPIC = "rmq.timer"
@@ -140,7 +144,20 @@ class Run:
     def restart(self) -> None:
         self.consumer = Consumer(self.broker)
         self.service = Service(self.broker, self.consumer)
-        self.fetcher = Fetcher(self.service)  # type: ignore[arg-type]
+        service = self.service
+        client = ClientConfig(bootstrap_servers="127.0.0.1:1", request_timeout_ms=1000)
+        config = ServiceConfig(client=client, catalog=client.catalog(), coordinator_id="c")
+        policy: Any = service.policy
+        delay_settings = DelaySettings(
+            service.name, "timer", TOPIC, TOPIC, GROUP, config, policy, TrustLimits().topics
+        )
+        self.fetcher = Fetcher(
+            delay_settings,
+            consumer=lambda: service._consumer,  # type: ignore[arg-type,return-value]
+            place=service.place,
+            check_fencing=service.check_fencing,
+            counts=service,  # type: ignore[arg-type]
+        )
         self.fetcher.assign([TopicPartition(TOPIC, p) for p in self.broker.logs])
 
     def step(self, advance: int, fetch: int, splits: list[bool], fail: set[int]) -> None:
@@ -388,7 +405,7 @@ def test_unreadable_metadata_stops_its_partition_only_and_says_how_to_clear_it(
     run = Run(broker)
     with caplog.at_level(logging.ERROR, logger="bridge.delay.fetch"):
         for _ in range(20):
-            run.fetcher._reposition_after = 0.0  # as if 0.2 s had passed between passes
+            run.fetcher._seeks.now()  # as if 0.2 s had passed between passes
             run.step(1, 5, [], set())
     assert sorted(run.delivered) == [(1, o) for o in range(5)]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]

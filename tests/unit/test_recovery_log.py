@@ -11,25 +11,25 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from bridge.config import ClientConfig
+from bridge.config import ClientConfig, TrustLimits
 from bridge.errors import KafkaClientError
+from bridge.kafka.service import ServiceConfig
+from bridge.transaction.ledger import HalfLedger, HalfSettings
 from bridge.transaction.recovery import Recovery
+from bridge.transaction.state import CheckPolicy
 
 HALF = "ns.RMQ_SYS_TRANS_HALF_TOPIC"
+OP = "ns.RMQ_SYS_TRANS_OP_HALF_TOPIC"
 
 
 def _recovery(failures: list[BaseException | None]) -> Recovery:
     """A Recovery of HALF partition 0 whose attempts end as ``failures`` says, in order
     (None: recovered)."""
-    consumer = SimpleNamespace(assignment=lambda: [TopicPartition(HALF, 0)])
-    service: Any = SimpleNamespace(
-        _consumer=consumer,
-        timeout_s=0.1,
-        _half=HALF,
-        config=SimpleNamespace(client=ClientConfig(bootstrap_servers="127.0.0.1:1")),
-        name="transaction-c1",
-    )
-    recovery = Recovery(service)
+    consumer: Any = SimpleNamespace(assignment=lambda: [TopicPartition(HALF, 0)])
+    client = ClientConfig(bootstrap_servers="127.0.0.1:1")
+    config = ServiceConfig(client=client, catalog=client.catalog(), coordinator_id="c1")
+    settings = HalfSettings("transaction-c1", config, CheckPolicy(), TrustLimits(), HALF, OP)
+    recovery = Recovery(HalfLedger(), settings, consumer=lambda: consumer)
 
     def attempt(*_: object) -> None:
         failure = failures.pop(0)
