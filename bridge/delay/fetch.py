@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from bridge.errors import WireFormatError
+from bridge.errors import InvalidArgumentError, WireFormatError
 from bridge.kafka.quarantine import read_headers
 from bridge.lifecycle import FatalServiceError
 
@@ -42,8 +42,12 @@ logger = logging.getLogger(__name__)
 
 _REPOSITION_RETRY_S = 0.2
 """Wait between tries to read committed offsets when the group coordinator does not answer."""
-RECORD_ERRORS: Final = (WireFormatError, ValueError, TypeError, SystemError, ArithmeticError)
-"""What decoding one malformed record can raise (its own fault: it is quarantined)."""
+RECORD_ERRORS: Final = (WireFormatError, InvalidArgumentError)
+"""What the codec raises for one malformed record (its own fault: it is quarantined): bytes
+or headers it cannot decode (:class:`WireFormatError`), a real topic with no Kafka name or a
+delay it cannot honour (:class:`InvalidArgumentError`). Anything else (a ``TypeError``, say)
+is a fault of the code, not of the record: it fails the pass, which is read again, rather
+than quarantine good records."""
 
 Headers = list[tuple[str, bytes | None]]
 Key = tuple[int, int]
