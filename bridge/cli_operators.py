@@ -41,7 +41,7 @@ from bridge.consumer.admin import (
 )
 from bridge.consumer.send_back import ReplayTarget
 from bridge.delay.admin import delay_status
-from bridge.errors import BridgeError, SendError
+from bridge.errors import BridgeError, ReplayTargetError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_producer, new_reader, read_record_at
 from bridge.kafka.quarantine import (
@@ -366,12 +366,6 @@ def dlq_list(ctx: click.Context, bootstrap_servers: str | None, group: str, as_j
         )
     if not as_json:
         console.print(f"{len(letters)} dead letters")
-
-
-class ReplayTargetError(SendError):
-    """The topic a quarantined message or a dead letter is replayed to cannot take it (a Kafka
-    internal topic, a partition the topic does not have, a topic that does not exist): nothing
-    was written, and it stays where it was. The message names the topic and what is wrong."""
 
 
 def _target_problem(config: ClientConfig, topic: str, partition: int) -> str | None:

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
+from topics.errors import ClientPropertyError as ClientPropertyError  # noqa: PLC0414 - re-export
 from topics.errors import InvalidArgumentError
 
 ENV_KAFKA_PREFIX: Final = "BRIDGE_KAFKA_"
@@ -84,19 +85,6 @@ LIBRDKAFKA_SECURITY: Final = frozenset(
 """librdkafka security properties :func:`to_librdkafka` accepts as they are."""
 
 _PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-
-
-class ClientPropertyError(InvalidArgumentError):
-    """A client property cannot be used or mapped; :attr:`property` names it. The message
-    never holds the property's value."""
-
-    def __init__(self, name: str, reason: str, source: str = "", *, shown: str = "") -> None:
-        where = f" ({source})" if source else ""
-        what = shown or f"client property {name!r}"
-        super().__init__(f"{what}{where}: {reason}")
-        self.property = name
-        self.reason = reason
-        self.shown = shown
 
 
 def is_secret(name: str) -> bool:

@@ -11,6 +11,13 @@ quarantined delayed message to its real topic once the cause is fixed, exactly o
 Guarantees kept here (see ``docs/guarantees.md``): G8, G9.
 """
 
+from bridge.errors import (
+    AlreadyReplayedError,
+    NotReplayableError,
+    QuarantineReplayError,
+    QuarantineReplayKafkaError,
+    ReplayConflictError,
+)
 from bridge.kafka.quarantine.copy import (
     ORIGINAL_HEADER_PREFIX,
     QUARANTINE_OMITTED_BYTES,
@@ -26,15 +33,7 @@ from bridge.kafka.quarantine.copy import (
     read_headers,
 )
 from bridge.kafka.quarantine.reader import QuarantinedRecord, read_quarantine
-from bridge.kafka.quarantine.replay import (
-    AlreadyReplayedError,
-    NotReplayableError,
-    QuarantineReplayError,
-    QuarantineReplayKafkaError,
-    ReplayConflictError,
-    ReplayedMessage,
-    replay_quarantined,
-)
+from bridge.kafka.quarantine.replay import ReplayedMessage, replay_quarantined
 
 __all__ = [
     "ORIGINAL_HEADER_PREFIX",

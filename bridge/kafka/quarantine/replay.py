@@ -21,9 +21,12 @@ from bridge.codec import (
 )
 from bridge.config import ClientConfig
 from bridge.errors import (
-    BridgeError,
+    AlreadyReplayedError,
     InvalidArgumentError,
-    KafkaClientError,
+    NotReplayableError,
+    QuarantineReplayError,
+    QuarantineReplayKafkaError,
+    ReplayConflictError,
     SendError,
     WireFormatError,
 )
@@ -46,27 +49,6 @@ from topics.catalog import SystemTopic, TopicCatalog
 logger = logging.getLogger(__name__)
 
 _FENCED: Final = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})
-
-
-class QuarantineReplayError(BridgeError):
-    """A quarantined record could not be replayed."""
-
-
-class QuarantineReplayKafkaError(QuarantineReplayError, KafkaClientError):
-    """Kafka failed while a replay read the QUARANTINE topic (broker unreachable, ...)."""
-
-
-class NotReplayableError(QuarantineReplayError, InvalidArgumentError):
-    """The QUARANTINE offset holds no quarantined delayed message that can be delivered (no
-    record, a marker, a record from another service, an undecodable or targetless one)."""
-
-
-class AlreadyReplayedError(QuarantineReplayError):
-    """The quarantined record was replayed before: it is not delivered again."""
-
-
-class ReplayConflictError(QuarantineReplayError):
-    """Another replay of the same QUARANTINE offset ran at the same time and won."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +133,7 @@ def _replayable(
                 original, record.value(), catalog.namespace, REMOVED_ON_DELIVERY
             )
         return real_record(decode_envelope(record.value()), catalog.namespace, REMOVED_ON_DELIVERY)
-    except (WireFormatError, ValueError) as exc:
+    except (WireFormatError, InvalidArgumentError) as exc:  # what the codec raises for it
         raise NotReplayableError(
             f"QUARANTINE offset {offset} holds no deliverable message: {exc}"
         ) from exc
