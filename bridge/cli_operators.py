@@ -11,11 +11,10 @@ import base64
 import dataclasses
 import logging
 import time
-import uuid
 from typing import Any
 
 import click
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
 from bridge.cli_common import bootstrap_option, client_config, console
 from bridge.cli_output import (
@@ -27,7 +26,7 @@ from bridge.cli_output import (
     require_broker,
     shown,
 )
-from bridge.codec import decode_envelope, decode_headers
+from bridge.codec import PreparedRecord
 from bridge.config import ClientConfig
 from bridge.consumer.admin import (
     DeadLetterReplayError,
@@ -41,22 +40,15 @@ from bridge.consumer.admin import (
 )
 from bridge.consumer.send_back import ReplayTarget
 from bridge.delay.admin import delay_status
-from bridge.errors import BridgeError, ReplayTargetError
+from bridge.errors import ReplayTargetError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_producer, new_reader, read_record_at
-from bridge.kafka.quarantine import (
-    QUARANTINE_SOURCE_TOPIC,
-    read_headers,
-    read_quarantine,
-    replay_quarantined,
-)
+from bridge.kafka.clients import new_producer
+from bridge.kafka.quarantine import read_quarantine, read_quarantined, replay_quarantined
 from bridge.message import MessageConst, MessageExt, property_text
-from bridge.property_values import parse_count
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import OpAction
 from bridge.transaction.targets import auto_create_allowed, partition_problem, topic_problem
 from topics.catalog import SystemTopic, TopicCatalog
-from topics.naming import to_kafka_topic
 
 
 @click.group()
@@ -574,43 +566,10 @@ def _quarantined_record(config: ClientConfig, offset: int) -> Any:
             f"no quarantined record at offset {offset}: {topic} does not exist (nothing was "
             f"quarantined in namespace {config.namespace})"
         )
-    reader = new_reader(
-        config, f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}", "bridge-replay"
-    )
-    try:
-        record = read_record_at(
-            reader, TopicPartition(topic, 0, offset), config.request_timeout_ms / 1000
-        )
-    finally:
-        reader.close()
-    if record is None or record.offset() != offset:
+    record = read_quarantined(config, offset, timeout_ms=config.request_timeout_ms)
+    if record is None:
         raise NotFoundError(f"no quarantined record at offset {offset} of {topic}")
     return record
-
-
-def _real_target(record: Any, namespace: str) -> tuple[str, int] | None:
-    """The Kafka topic and partition (-1: the key decides) a quarantined delayed message is
-    delivered to, as the replay reads them (the ``REAL_TOPIC`` and ``REAL_QID`` headers, or
-    the envelope's properties); None when they cannot be read (the replay then refuses the
-    record with its own reason)."""
-    raw, unreadable = read_headers(record)
-    if unreadable is not None:
-        return None
-    props = decode_headers(raw)
-    source = props.get(QUARANTINE_SOURCE_TOPIC)
-    catalog = TopicCatalog(namespace=namespace)
-    if source not in (catalog.topic(SystemTopic.SCHEDULE), catalog.topic(SystemTopic.TIMER)):
-        return None  # not a delayed message: the replay says so
-    try:
-        if MessageConst.REAL_TOPIC not in props:  # an envelope record: routing in its value
-            props = dict(decode_envelope(record.value()).properties)
-        real_topic = props.get(MessageConst.REAL_TOPIC)
-        if not isinstance(real_topic, str) or not real_topic:
-            return None
-        partition = parse_count(props.get(MessageConst.REAL_QUEUE_ID))
-        return to_kafka_topic(real_topic, namespace), -1 if partition is None else partition
-    except (BridgeError, ValueError):
-        return None
 
 
 @quarantine_list.command("replay")
@@ -626,15 +585,16 @@ def quarantine_replay(ctx: click.Context, bootstrap_servers: str | None, offset:
     given = bootstrap_servers or (ctx.obj or {}).get("quarantine_bootstrap")
     config = _read_config(ctx, given)
     record = _quarantined_record(config, offset)
-    target = _real_target(record, config.namespace)
-    if target is not None:
-        problem = _target_problem(config, *target)
+
+    def refuse_target(real: PreparedRecord) -> None:
+        problem = _target_problem(config, real.kafka_topic, real.partition)
         if problem is not None:
             raise ReplayTargetError(
                 f"replaying QUARANTINE offset {offset}: {problem}; replay refuses it, "
                 "it stays quarantined"
             )
-    done = replay_quarantined(config, offset)
+
+    done = replay_quarantined(config, offset, record=record, check=refuse_target)
     console.print(
         f"replayed {shown(done.msg_id)} from quarantine offset {offset} to "
         f"{done.topic}[{done.partition}]@{done.offset}",

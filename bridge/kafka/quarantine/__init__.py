@@ -33,7 +33,12 @@ from bridge.kafka.quarantine.copy import (
     read_headers,
 )
 from bridge.kafka.quarantine.reader import QuarantinedRecord, read_quarantine
-from bridge.kafka.quarantine.replay import ReplayedMessage, replay_quarantined
+from bridge.kafka.quarantine.replay import (
+    ReplayedMessage,
+    quarantined_delivery,
+    read_quarantined,
+    replay_quarantined,
+)
 
 __all__ = [
     "ORIGINAL_HEADER_PREFIX",
@@ -54,7 +59,9 @@ __all__ = [
     "ReplayedMessage",
     "is_replay_marker",
     "quarantine_copy",
+    "quarantined_delivery",
     "read_headers",
     "read_quarantine",
+    "read_quarantined",
     "replay_quarantined",
 ]
