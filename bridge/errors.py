@@ -60,8 +60,8 @@ The errors of ``topics`` (the root, the argument, name, client-property, Spark t
 format errors) are defined there, below the bridge, and re-exported here.
 ``DeadLetterReplayError`` lives beside the dead-letter views it reports on (its
 attributes hold their messages), in ``bridge.consumer.admin``. Apart from this tree, the
-command line's own ``click`` exceptions carry its exit statuses, and the SQL92 evaluator has a
-private signal for a comparison that is unknown (never raised to a caller).
+command line's own ``click`` exceptions carry its exit statuses, and the SQL92 evaluator has an
+internal signal for a value that is unknown (never raised to a caller).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from topics.errors import BridgeError
 OUTSIDE_THE_TREE = {
     "bridge.cli_output.NotFoundError": "a click exception: the command line's exit status 4",
     "bridge.cli_output.UnreachableError": "a click exception: the command line's exit status 3",
-    "bridge.consumer.sql92._EvaluationError": "private: an SQL92 value that is unknown",
+    "bridge.consumer.sql92.values.EvaluationError": "internal: an SQL92 value is unknown",
 }
 DEFINED_ELSEWHERE = {"bridge.consumer.admin.DeadLetterReplayError"}
 """Named in the tree, defined beside what it reports on (its attributes hold its messages)."""
