@@ -232,7 +232,7 @@ def _resolved(config: ClientConfig, topic: str, offset: int, timeout_s: float) -
             elif error.code() == KafkaError._PARTITION_EOF:
                 if (record.offset() or 0) >= high:
                     return False  # the end of what is committed, at or past the high watermark
-            elif error.fatal() or not error.retriable():
+            elif not QuarantineReplayKafkaError.retriable_kafka_error(error):
                 raise translate_error(
                     error, f"reading {topic} after offset {offset}", QuarantineReplayKafkaError
                 )
