@@ -199,20 +199,8 @@ def test_a_kafka_error_is_classified_once_whichever_way_it_comes(
     assert errors.SendError("s", err, retriable=False).retriable is False
 
 
-REFUSED = {
-    KafkaError._UNKNOWN_PARTITION,
-    KafkaError._UNKNOWN_TOPIC,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED,
-    KafkaError.MSG_SIZE_TOO_LARGE,
-    KafkaError.TOPIC_EXCEPTION,
-    KafkaError.INVALID_RECORD,
-    KafkaError.RECORD_LIST_TOO_LARGE,
-    KafkaError.POLICY_VIOLATION,
-    KafkaError.INVALID_TIMESTAMP,
-    KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT,
-}
-"""What Kafka refuses a record for: sending it again changes nothing."""
+REFUSED = errors._REFUSED_RECORD
+"""What Kafka refuses a record for (the cases above pin examples of it)."""
 
 
 def test_the_coordinator_renews_a_service_whose_error_is_retriable() -> None:
