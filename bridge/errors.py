@@ -50,11 +50,12 @@
 
 Every error has a bool :attr:`~BridgeError.retriable`: whether the same call, made again
 unchanged, may succeed. ``[r]`` marks the classes where it is True. ``[k]``: an error of that
-class carrying librdkafka's error (``kafka_error``) takes its own value
-from it (:meth:`KafkaClientError.retriable_kafka_error`): a timeout, a lost connection or a
-partition without a leader yet is worth retrying; for a :class:`SendError`, whatever Kafka did
-not refuse the record for (its size, its topic, an ACL) is. The consumers' send-back and
-quarantine copies, the coordinator's services and their renewal read it.
+class (or of a subclass not marked otherwise) carrying librdkafka's error (``kafka_error``)
+takes its own value from it (:meth:`KafkaClientError.retriable_kafka_error`): a partition
+without a leader yet, a timed-out request or what librdkafka calls retriable is worth
+retrying; for a :class:`SendError`, whatever Kafka did not refuse the record itself for (its
+size, its topic, the topic's ACL) is. The consumers' send-back and quarantine copies, the
+coordinator services' delivery rule, recovery and renewal read it.
 
 The errors of ``topics`` (the root, the argument, name, client-property, Spark topic and wire
 format errors) are defined there, below the bridge, and re-exported here.
