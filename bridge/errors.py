@@ -2,9 +2,11 @@
 
 ::
 
-    BridgeError
+    BridgeError                                  retriable: False unless marked [r]
     +-- InvalidArgumentError (also ValueError)   bad argument or configuration value
     |   +-- InvalidTopicNameError                topic, group or namespace name
+    |   +-- ClientPropertyError                  a client property or JAAS setting
+    |   +-- TopicNotFoundError                   a topic a Spark job was told to read
     |   +-- InvalidMessageError                  message content
     |   |   +-- MessageTooLargeError             body larger than max_message_bytes
     |   |   +-- InvalidDelayError                delay level or timer value not honoured
@@ -14,39 +16,85 @@
     |   +-- InvalidReceiptHandleError            ack of a message not (or no longer) held
     |   +-- KafkaConfigError                     a Kafka config setting the bridge owns
     +-- WireFormatError                          undecodable record (quarantined)
-    |   +-- UnknownSchemaError, MalformedRecordError
-    +-- DeserializationError                     a key or value deserializer failed (retried)
+    |   +-- UnknownSchemaError                   written with a schema not known here
+    |   +-- MalformedRecordError                 bytes not in the expected encoding
+    +-- DeserializationError [r]                 a key or value deserializer failed
     +-- IllegalStateError                        illegal lifecycle or state transition
     |   +-- EventLoopClosedError                 an asyncio client's event loop has ended
-    +-- KafkaClientError                         the Kafka client or broker failed a call
-    |   +-- BrokerUnreachableError               no broker answered within the timeout
-    |   +-- SendError                            a message was not stored
-    |       +-- SendTimeoutError                 ... within send_msg_timeout_ms
-    |   +-- TopicProvisioningError               creating or checking topics failed
+    +-- KafkaClientError [k]                     the Kafka client or broker failed a call
+    |   +-- BrokerUnreachableError [r]           no broker answered within the timeout
+    |   +-- AuthorizationError                   the principal lacks a Kafka ACL
+    |   +-- SendError [k]                        a message was not stored
+    |   |   +-- SendTimeoutError [r]             ... within send_msg_timeout_ms
+    |   |   +-- SendAuthorizationError           ... the principal may not write it
+    |   |   |                                        (also an AuthorizationError)
+    |   |   +-- ReplayTargetError                a replay's target topic cannot take it
+    |   |   +-- ParkedReplayError                a parked half message stays parked
+    |   |   +-- DeadLetterReplayError            some dead letters were not replayed
+    |   |                                            (in bridge.consumer.admin)
+    |   +-- TopicProvisioningError [k]           creating or checking topics failed
+    +-- QuarantineReplayError                    a quarantined record was not replayed
+    |   +-- QuarantineReplayKafkaError [k]       ... Kafka failed (also a KafkaClientError)
+    |   +-- NotReplayableError                   ... nothing deliverable there (also an
+    |   |                                            InvalidArgumentError)
+    |   +-- AlreadyReplayedError                 ... it was replayed before
+    |   +-- ReplayConflictError                  ... another replay of it won
+    +-- FatalServiceError                        a coordinator service must not go on
+    |   +-- DuplicateCoordinatorError            another coordinator runs with this id
+    |   +-- MembershipLostError [r]              its consumer lost its group membership
     +-- RuntimeSetupError                        the local runtime cannot be set up
         +-- MissingToolError                     java or mvn is not installed
         +-- ArtifactFetchError                   Maven could not fetch the jars
         +-- BrokerStartError                     the local broker did not come up
+            +-- ClusterUnhealthyError            the local cluster did not become healthy
+
+Every error has a bool :attr:`~BridgeError.retriable`: whether the same call, made again
+unchanged, may succeed. ``[r]`` marks the classes where it is True. ``[k]``: an error of that
+class (or of a subclass not marked otherwise) carrying librdkafka's error (``kafka_error``)
+takes its own value from it (:meth:`KafkaClientError.retriable_kafka_error`): a partition
+without a leader yet, a timed-out request or what librdkafka calls retriable is worth
+retrying; for a :class:`SendError`, whatever Kafka did not refuse the record itself for (its
+size, its topic, the topic's ACL) is. The consumers' send-back and quarantine copies, the
+coordinator services' delivery rule, recovery and renewal read it.
+
+The errors of ``topics`` (the root, the argument, name, client-property, Spark topic and wire
+format errors) are defined there, below the bridge, and re-exported here.
+``DeadLetterReplayError`` lives beside the dead-letter views it reports on (its
+attributes hold their messages), in ``bridge.consumer.admin``. Apart from this tree, the
+command line's own ``click`` exceptions carry its exit statuses, and the SQL92 evaluator has an
+internal signal for a value that is unknown (never raised to a caller).
 """
 
 from __future__ import annotations
 
+from typing import ClassVar, Final
+
+from confluent_kafka import KafkaError
+
 from topics.errors import (
     BridgeError,
+    ClientPropertyError,
     InvalidArgumentError,
     InvalidTopicNameError,
     MalformedRecordError,
+    TopicNotFoundError,
     UnknownSchemaError,
     WireFormatError,
 )
 
 __all__ = [
+    "AlreadyReplayedError",
     "ArtifactFetchError",
+    "AuthorizationError",
     "BridgeError",
     "BrokerStartError",
     "BrokerUnreachableError",
+    "ClientPropertyError",
+    "ClusterUnhealthyError",
     "DeserializationError",
+    "DuplicateCoordinatorError",
     "EventLoopClosedError",
+    "FatalServiceError",
     "FilterExpressionError",
     "IllegalStateError",
     "InvalidArgumentError",
@@ -58,12 +106,21 @@ __all__ = [
     "KafkaClientError",
     "KafkaConfigError",
     "MalformedRecordError",
+    "MembershipLostError",
     "MessageTooLargeError",
     "MissingToolError",
+    "NotReplayableError",
+    "ParkedReplayError",
+    "QuarantineReplayError",
+    "QuarantineReplayKafkaError",
+    "ReplayConflictError",
+    "ReplayTargetError",
     "RuntimeSetupError",
+    "SendAuthorizationError",
     "SendError",
     "SendTimeoutError",
     "SerializationError",
+    "TopicNotFoundError",
     "TopicProvisioningError",
     "UnknownSchemaError",
     "WireFormatError",
@@ -113,6 +170,8 @@ class DeserializationError(BridgeError):
     after ``max_reconsume_times``, dead-lettered with its bytes intact, from where
     ``bridge dlq replay`` brings it back once the cause is fixed. It is not a
     :class:`WireFormatError`: the record is never quarantined for it."""
+
+    retriable = True
 
     def __init__(self, message: str, topic: str, field: str) -> None:
         super().__init__(message)
@@ -179,38 +238,202 @@ class EventLoopClosedError(IllegalStateError):
     transaction producer sends no check answer."""
 
 
-class KafkaClientError(BridgeError):
-    """The Kafka client or broker failed a call; ``kafka_error`` holds librdkafka's error."""
+_TRANSIENT_CODES: Final = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
+"""Errors of a call to a partition whose leader is not known yet or is moving (a topic created
+a moment ago, a broker restarting), or that timed out: librdkafka's ``KafkaError.retriable()``
+is False on the errors of plain calls such as ``get_watermark_offsets``, so it cannot tell
+them."""
 
-    def __init__(self, message: str, kafka_error: object | None = None) -> None:
+_REFUSED_RECORD: Final = frozenset(
+    {
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
+        # Retriable for the broker, but in a delivery report librdkafka has already retried
+        # for message.timeout.ms: the topic or partition is gone (deleted, never created).
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.INVALID_RECORD,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.POLICY_VIOLATION,
+        KafkaError.INVALID_TIMESTAMP,
+        KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+    }
+)
+"""Errors of a record's delivery that sending it again will not change."""
+_NOT_THE_RECORD: Final = frozenset(
+    {
+        # What happened to the transaction or the client, not to one record.
+        KafkaError._PURGE_QUEUE,
+        KafkaError._PURGE_INFLIGHT,
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.INVALID_TXN_STATE,
+        KafkaError._STATE,
+        KafkaError._FATAL,
+        KafkaError._INCONSISTENT,
+        KafkaError._DESTROY,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        # Time and transport: the broker may come back.
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
+    }
+)
+"""Errors of a record's delivery that say nothing against the record: sent again (by a
+producer that is not fenced, to a broker that is back), it may be stored."""
+
+
+class KafkaClientError(BridgeError):
+    """The Kafka client or broker failed a call; ``kafka_error`` holds librdkafka's error.
+
+    :attr:`~BridgeError.retriable`: given, or taken from ``kafka_error`` when there is one
+    (:meth:`retriable_kafka_error`), else the class's own (False here)."""
+
+    by_kafka_error: ClassVar[bool] = True
+    """Whether an error of this class takes :attr:`~BridgeError.retriable` from its
+    ``kafka_error`` (False for the classes whose condition decides it, as a timeout or an ACL
+    does)."""
+
+    def __init__(
+        self, message: str, kafka_error: object | None = None, *, retriable: bool | None = None
+    ) -> None:
         super().__init__(message)
         self.kafka_error = kafka_error
+        if retriable is None and self.by_kafka_error and isinstance(kafka_error, KafkaError):
+            retriable = self.retriable_kafka_error(kafka_error)
+        if retriable is not None:
+            self.retriable = retriable
+
+    @classmethod
+    def retriable_kafka_error(cls, error: KafkaError) -> bool:
+        """Whether a call that failed with librdkafka's ``error`` may succeed if made again:
+        a partition without a leader yet or a timed-out request, or what librdkafka itself
+        calls retriable; never a fatal error."""
+        if error.fatal():
+            return False
+        return error.code() in _TRANSIENT_CODES or bool(error.retriable())
 
 
 class BrokerUnreachableError(KafkaClientError):
     """No broker answered within the timeout."""
 
+    retriable = True
+    by_kafka_error = False
+
 
 class SendError(KafkaClientError):
-    """A message was not stored by the broker."""
+    """A message was not stored by the broker. One carrying the delivery report's error is
+    :attr:`~BridgeError.retriable` unless Kafka refused the record itself (too large, unknown
+    topic or partition, not authorized to write the topic, invalid): a timeout, a lost
+    connection, a purged queue or a fenced producer say nothing against the record."""
+
+    @classmethod
+    def retriable_kafka_error(cls, error: KafkaError) -> bool:
+        """Whether a record whose delivery (or ``produce()``) failed with ``error`` may be
+        stored if sent again. A fatal error ends the producer, not the record: True."""
+        code = error.code()
+        if code in _REFUSED_RECORD:
+            return False
+        if code in _NOT_THE_RECORD or error.fatal() or error.retriable():
+            return True
+        return code < 0  # another broker error refuses the record; a local one is the client's
 
 
 class SendTimeoutError(SendError):
     """A message was not acknowledged within ``send_msg_timeout_ms``."""
+
+    retriable = True
+    by_kafka_error = False
 
 
 class AuthorizationError(KafkaClientError):
     """The broker refused this client's principal an operation (Kafka ACLs); the message names
     the resource and the permission it lacks."""
 
+    by_kafka_error = False
+
 
 class SendAuthorizationError(SendError, AuthorizationError):
     """A message was not stored: the principal may not write it (or use the transactional id
-    or cluster permission the write needs)."""
+    or cluster permission the write needs). :attr:`~BridgeError.retriable` as for any
+    :class:`SendError`: not for the topic's own ACL; for the transactional id's or the
+    cluster's, which say nothing against the record (it goes through once the permission is
+    granted)."""
+
+    by_kafka_error = True
+
+
+class ReplayTargetError(SendError):
+    """The topic a quarantined message or a dead letter is replayed to cannot take it (a Kafka
+    internal topic, a partition the topic does not have, a topic that does not exist): nothing
+    was written, and it stays where it was. The message names the topic and what is wrong."""
+
+
+class ParkedReplayError(SendError):
+    """A parked message could not be replayed or dropped; it stays parked. The message names
+    the cause (e.g. its real topic does not exist)."""
 
 
 class TopicProvisioningError(KafkaClientError):
     """Creating or checking topics failed."""
+
+
+class QuarantineReplayError(BridgeError):
+    """A quarantined record could not be replayed."""
+
+
+class QuarantineReplayKafkaError(QuarantineReplayError, KafkaClientError):
+    """Kafka failed while a replay read the QUARANTINE topic (broker unreachable, ...)."""
+
+
+class NotReplayableError(QuarantineReplayError, InvalidArgumentError):
+    """The QUARANTINE offset holds no quarantined delayed message that can be delivered (no
+    record, a marker, a record from another service, an undecodable or targetless one)."""
+
+
+class AlreadyReplayedError(QuarantineReplayError):
+    """The quarantined record was replayed before: it is not delivered again."""
+
+
+class ReplayConflictError(QuarantineReplayError):
+    """Another replay of the same QUARANTINE offset ran at the same time and won."""
+
+
+class FatalServiceError(BridgeError):
+    """Raised by a service (from ``on_start`` or ``run_once``) that must not go on: the
+    service stops, keeps the error as :attr:`~bridge.lifecycle.ServiceThread.failure` and
+    tells its failure listeners. A coordinator then stops as a whole, unless the error is
+    :attr:`~BridgeError.retriable`: then it runs a fresh service in the failed one's place."""
+
+
+class DuplicateCoordinatorError(FatalServiceError):
+    """Another running coordinator uses this coordinator's id: Kafka fenced this one."""
+
+
+class MembershipLostError(FatalServiceError):
+    """This service's own consumer lost its static group membership and Kafka fenced its late
+    requests: no other coordinator holds the membership. Seen after a broker restart or a
+    stall longer than the session timeout: librdkafka clears the member id when its session
+    times out and its next heartbeat or offset commit carries the stale one. The coordinator
+    runs a fresh service in its place (``TransactionalService.renewed``)."""
+
+    retriable = True
 
 
 class RuntimeSetupError(BridgeError):
@@ -227,3 +450,23 @@ class ArtifactFetchError(RuntimeSetupError):
 
 class BrokerStartError(RuntimeSetupError):
     """The local Kafka broker did not become ready; the message carries its log's tail."""
+
+
+class ClusterUnhealthyError(BrokerStartError):
+    """The cluster did not become healthy in time: the message names the nodes that are not
+    registered and the partitions that are leaderless or under-replicated."""
+
+    def __init__(
+        self,
+        message: str,
+        missing_nodes: tuple[int, ...] = (),
+        under_replicated: tuple[tuple[str, int], ...] = (),
+        leaderless: tuple[tuple[str, int], ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.missing_nodes = missing_nodes
+        """Node ids the metadata does not show as live brokers."""
+        self.under_replicated = under_replicated
+        """(topic, partition) whose ISR is smaller than its replica set."""
+        self.leaderless = leaderless
+        """(topic, partition) without a leader."""

@@ -14,7 +14,17 @@ from enum import Enum
 from types import TracebackType
 from typing import Self
 
-from bridge.errors import BridgeError, IllegalStateError, InvalidArgumentError
+from bridge.errors import FatalServiceError, IllegalStateError, InvalidArgumentError
+
+__all__ = [
+    "TRANSITIONS",
+    "FatalServiceError",
+    "Lifecycle",
+    "ServiceState",
+    "ServiceThread",
+    "Startable",
+]
+"""``FatalServiceError`` is defined in :mod:`bridge.errors` and importable from here."""
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +86,6 @@ class Lifecycle:
             raise IllegalStateError(
                 f"{self._owner} is {self._state.value}, not RUNNING: call start() first"
             )
-
-
-class FatalServiceError(BridgeError):
-    """Raised by a service (from ``on_start`` or ``run_once``) that must not go on: the
-    service stops, keeps the error as :attr:`ServiceThread.failure` and tells its failure
-    listeners (a coordinator then stops as a whole)."""
 
 
 class Startable(abc.ABC):

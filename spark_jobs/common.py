@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 
 from topics.client_security import ENV_COMMAND_CONFIG, client_settings, spark_kafka_options
 from topics.errors import InvalidArgumentError
+from topics.errors import TopicNotFoundError as TopicNotFoundError  # noqa: PLC0414 - re-export
 from topics.naming import DEFAULT_NAMESPACE
 from topics.properties import MessageConst
 
@@ -194,10 +195,6 @@ def kafka_options(
     else:
         options["subscribePattern"] = str(pattern)
     return options
-
-
-class TopicNotFoundError(InvalidArgumentError):
-    """A topic a job was told to read does not exist."""
 
 
 def batch_read(

@@ -13,17 +13,54 @@ Pure functions, no I/O except :func:`read_properties_file`:
   does, for the processes that cannot import the bridge (the Spark jobs).
 
 A setting that cannot be mapped raises :class:`ClientPropertyError` naming the property (and
-what to use instead); no message ever holds a setting's value, since many are secrets.
+what to use instead); no message ever holds a setting's value, since many are secrets. The two
+text formats it reads live apart, each beside its own rules: Java's ``.properties`` in
+:mod:`topics.java_properties`, the ``sasl.jaas.config`` value in :mod:`topics.jaas` (their
+functions are importable from here too).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from topics.errors import InvalidArgumentError
+from topics.errors import ClientPropertyError
+from topics.jaas import jaas_login, parse_jaas_login
+from topics.java_properties import (
+    Properties,
+    format_properties,
+    parse_properties,
+    read_properties_file,
+)
+
+__all__ = [
+    "COMMON_PROPERTIES",
+    "ENV_COMMAND_CONFIG",
+    "ENV_KAFKA_PREFIX",
+    "LIBRDKAFKA_SECURITY",
+    "NOT_CLIENT_ENV",
+    "PLAIN_LOGIN_MODULE",
+    "SCRAM_LOGIN_MODULE",
+    "SCRAM_MECHANISMS",
+    "ClientPropertyError",
+    "Properties",
+    "client_settings",
+    "format_properties",
+    "is_secret",
+    "jaas_login",
+    "kafka_env_properties",
+    "masked",
+    "parse_jaas_login",
+    "parse_properties",
+    "read_properties_file",
+    "spark_kafka_options",
+    "to_java",
+    "to_librdkafka",
+]
+"""With what :mod:`topics.java_properties` and :mod:`topics.jaas` define, importable from
+here as before."""
 
 ENV_KAFKA_PREFIX: Final = "BRIDGE_KAFKA_"
 """``BRIDGE_KAFKA_<PROPERTY>`` sets ``ClientConfig.kafka``: any librdkafka property, upper case
@@ -83,20 +120,12 @@ LIBRDKAFKA_SECURITY: Final = frozenset(
 )
 """librdkafka security properties :func:`to_librdkafka` accepts as they are."""
 
+_PROPERTY_NAME: Final = re.compile(r"(?=.{1,64}$)[a-z][a-z0-9_-]*(?:\.[a-z0-9_-]+)+")
+"""What a client property's name looks like (lower case, dotted, at most 64 characters); any
+other unknown key is not printed: it may be a line of a pasted PEM key (base64 has no dots) or
+the tail of a value broken over lines."""
+
 _PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-
-
-class ClientPropertyError(InvalidArgumentError):
-    """A client property cannot be used or mapped; :attr:`property` names it. The message
-    never holds the property's value."""
-
-    def __init__(self, name: str, reason: str, source: str = "", *, shown: str = "") -> None:
-        where = f" ({source})" if source else ""
-        what = shown or f"client property {name!r}"
-        super().__init__(f"{what}{where}: {reason}")
-        self.property = name
-        self.reason = reason
-        self.shown = shown
 
 
 def is_secret(name: str) -> bool:
@@ -114,203 +143,6 @@ def is_secret(name: str) -> bool:
 def masked(settings: Mapping[str, str]) -> dict[str, str]:
     """``settings`` with every secret value (:func:`is_secret`) replaced by ``***``."""
     return {k: "***" if is_secret(k) else v for k, v in settings.items()}
-
-
-# --- properties files ------------------------------------------------------------------------
-
-_ESCAPES: Final = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
-_LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
-"""Java's line terminators in a properties file (and only these: unlike str.splitlines,
-U+0085, U+2028, U+000B, U+000C and U+001C-U+001E are not line breaks)."""
-_PROPERTY_NAME: Final = re.compile(r"(?=.{1,64}$)[a-z][a-z0-9_-]*(?:\.[a-z0-9_-]+)+")
-"""What a client property's name looks like (lower case, dotted, at most 64 characters); any
-other unknown key is not printed: it may be a line of a pasted PEM key (base64 has no dots) or
-the tail of a value broken over lines."""
-
-
-class Properties(dict[str, str]):
-    """A properties file's key/value pairs and, in :attr:`lines`, the line (1-based) each
-    key's last value starts on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: dict[str, int] = {}
-
-
-def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
-    """(first line number, logical line) of a properties file: comments and blank lines
-    dropped, lines ending in an odd number of backslashes joined with the next (its leading
-    blanks stripped)."""
-    pending = ""
-    start = 0
-    for number, raw in enumerate(_LINE_BREAK.split(text), 1):
-        line = raw.lstrip(" \t\f")
-        if not pending and (not line or line[0] in "#!"):
-            continue
-        if not pending:
-            start = number
-        trailing = len(line) - len(line.rstrip("\\"))
-        if trailing % 2 == 1:
-            pending += line[:-1]
-            continue
-        yield start, pending + line
-        pending = ""
-    if pending:
-        yield start, pending
-
-
-def _unescape(text: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch != "\\" or i + 1 == len(text):
-            out.append(ch)
-            i += 1
-            continue
-        nxt = text[i + 1]
-        if nxt == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", text[i + 2 : i + 6]):
-            out.append(chr(int(text[i + 2 : i + 6], 16)))
-            i += 6
-            continue
-        out.append(_ESCAPES.get(nxt, nxt))
-        i += 2
-    # \uXXXX pairs are UTF-16 surrogates (as Java writes characters above U+FFFF): join them.
-    return "".join(out).encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
-
-
-def parse_properties(text: str) -> Properties:
-    """The key/value pairs of a Java ``.properties`` text (``key=value``, ``key: value`` or
-    ``key value``; ``#``/``!`` comments; backslash continuations and escapes; a repeated key's
-    last value wins; lines end at ``\\r\\n``, ``\\r`` or ``\\n`` only, as in Java)."""
-    out = Properties()
-    for number, line in _logical_lines(text):
-        i = 0
-        while i < len(line):
-            if line[i] == "\\":
-                i += 2
-                continue
-            if line[i] in "=: \t\f":
-                break
-            i += 1
-        key, rest = line[:i], line[i:]
-        rest = rest.lstrip(" \t\f")
-        if rest[:1] in ("=", ":"):
-            rest = rest[1:].lstrip(" \t\f")
-        name = _unescape(key)
-        out[name] = _unescape(rest)
-        out.lines[name] = number
-    return out
-
-
-def read_properties_file(path: str | Path) -> Properties:
-    """The properties of the file at ``path`` (:func:`parse_properties`); an unreadable file is
-    an :class:`InvalidArgumentError` naming it."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
-        raise InvalidArgumentError(
-            f"cannot read the client properties file {path}: {reason}"
-        ) from None
-    return parse_properties(text)
-
-
-# --- JAAS ------------------------------------------------------------------------------------
-
-_JAAS_TOKEN: Final = re.compile(
-    r"""\s*(?:(?P<quoted>"(?:[^"\\]|\\.)*")|(?P<semi>;)|(?P<eq>=)|(?P<word>[^\s=;"]+))""",
-    re.S,
-)
-
-
-# Escapes in a quoted JAAS value, as Java's StreamTokenizer (which Kafka's JaasConfig uses)
-# reads them: these letters, an octal \ooo, and any other character as itself.
-_JAAS_ESCAPES: Final = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
-_JAAS_ESCAPE: Final = re.compile(r"\\(?:([0-3][0-7]{0,2}|[4-7][0-7]?)|(.))", re.S)
-
-
-def _jaas_unquote(quoted: str) -> str:
-    def one(m: re.Match[str]) -> str:
-        if m.group(1):
-            return chr(int(m.group(1), 8))
-        return _JAAS_ESCAPES.get(m.group(2), m.group(2))
-
-    return _JAAS_ESCAPE.sub(one, quoted)
-
-
-def _jaas_tokens(text: str) -> list[tuple[str, str, int]]:
-    """(kind, value, line number in ``text``) of each token of a JAAS config."""
-    tokens: list[tuple[str, str, int]] = []
-    pos = 0
-    while pos < len(text):
-        if not text[pos:].strip():
-            break
-        m = _JAAS_TOKEN.match(text, pos)
-        if m is None:
-            raise ClientPropertyError("sasl.jaas.config", "cannot be parsed (an unclosed quote?)")
-        kind = m.lastgroup or ""
-        value = m.group(kind)
-        if kind == "quoted":
-            value = _jaas_unquote(value[1:-1])
-        tokens.append((kind, value, text.count("\n", 0, m.start(kind)) + 1))
-        pos = m.end()
-    return tokens
-
-
-def parse_jaas_login(text: str) -> tuple[str, dict[str, str]]:
-    """(login module class, options) of a one-module ``sasl.jaas.config`` such as
-    ``...ScramLoginModule required username="alice" password="...";``. Errors name the
-    property and the module or option, never a value, nor the name of an option that follows
-    the start of a ``password`` option (an unquoted password with a blank would turn its tail
-    into an option): those errors give the line of the JAAS config instead."""
-    tokens = _jaas_tokens(text)
-    if len(tokens) < 3 or tokens[0][0] != "word" or tokens[1][0] != "word":
-        raise ClientPropertyError(
-            "sasl.jaas.config", "expected '<LoginModule class> required key=\"value\" ... ;'"
-        )
-    module, flag = tokens[0][1], tokens[1][1]
-    if flag.lower() not in ("required", "requisite", "sufficient", "optional"):
-        raise ClientPropertyError("sasl.jaas.config", "the login module's flag must be 'required'")
-    options: dict[str, str] = {}
-    after_password = False
-    rest = tokens[2:]
-    while rest and rest[0][0] != "semi":
-        if len(rest) < 3 or rest[0][0] != "word" or rest[1][0] != "eq":
-            raise ClientPropertyError("sasl.jaas.config", "expected key=value options")
-        name = rest[0][1]
-        if rest[2][0] not in ("word", "quoted"):
-            shown = f"line {rest[0][2]} of the JAAS config" if after_password else repr(name)
-            raise ClientPropertyError("sasl.jaas.config", f"option {shown} has no value")
-        if after_password and (name in options or name not in _LOGIN_OPTIONS):
-            raise ClientPropertyError(
-                "sasl.jaas.config",
-                f"an option on line {rest[0][2]} of the JAAS config follows the password and "
-                "is not supported or repeated (quote a password holding blanks or '=')",
-            )
-        after_password = after_password or name == "password"
-        options[name] = rest[2][1]
-        rest = rest[3:]
-    if not rest or len(rest) != 1:
-        raise ClientPropertyError(
-            "sasl.jaas.config", "must hold exactly one login module, ended by ';'"
-        )
-    return module, options
-
-
-_LOGIN_OPTIONS: Final = ("username", "password")
-
-
-def jaas_login(module: str, username: str, password: str) -> str:
-    """A ``sasl.jaas.config`` value for ``module`` with a username and password (quoted;
-    ``\\``, ``"``, line breaks and tabs escaped, which Java's tokenizer reads back)."""
-
-    def quote(value: str) -> str:
-        value = value.replace("\\", "\\\\").replace('"', '\\"')
-        value = value.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
-        return '"' + value + '"'
-
-    return f"{module} required username={quote(username)} password={quote(password)};"
 
 
 # --- Java -> librdkafka ----------------------------------------------------------------------
@@ -643,29 +475,3 @@ def client_settings(
     if path:
         settings.update(to_librdkafka(read_properties_file(path), source=str(path)))
     return settings
-
-
-def _java_unicode_escape(m: re.Match[str]) -> str:
-    """``\\uXXXX`` for the matched character (two, a UTF-16 surrogate pair, above U+FFFF)."""
-    units = m.group(0).encode("utf-16-be", "surrogatepass")
-    return "".join(f"\\u{units[i] << 8 | units[i + 1]:04x}" for i in range(0, len(units), 2))
-
-
-def format_properties(props: Mapping[str, str]) -> str:
-    """``props`` as a Java ``.properties`` text that :func:`parse_properties` (and Java) reads
-    back to the same pairs. The text is ASCII: every other character, and every control
-    character but tab, line feed, carriage return and form feed (escaped as ``\\t`` etc.), is
-    written ``\\uXXXX`` (UTF-16), since Java's ``Properties.load`` (Kafka's
-    ``--command-config``) reads ISO-8859-1."""
-
-    def escape(text: str, key: bool) -> str:
-        out = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
-        out = out.replace("\t", "\\t").replace("\f", "\\f")
-        out = re.sub(r"[^\x20-\x7e]", _java_unicode_escape, out)
-        if key:
-            out = re.sub(r"([=: #!])", r"\\\1", out)
-        elif out.startswith((" ", "#", "!")):
-            out = "\\" + out
-        return out
-
-    return "".join(f"{escape(k, True)}={escape(v, False)}\n" for k, v in props.items())

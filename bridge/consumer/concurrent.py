@@ -6,6 +6,8 @@ committed offset follows however the threads finish. A message in its listener f
 than ``consume_timeout`` is sent back (RocketMQ's ``cleanExpireMsg``) and its listener's late
 result ignored, and the messages of its task not started yet go to another task (a call that
 never returns holds only its own messages, as a RocketMQ consume thread holds only its request).
+The consume timeout's send-back is :mod:`bridge.consumer.overdue`; what a listener's answer
+means, :mod:`bridge.consumer.concurrent_results`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import ClassVar, Final, cast
 
+from bridge.consumer.concurrent_results import batch_consumed, delay_level
 from bridge.consumer.consumption import (
     BatchListener,
     Consumption,
@@ -35,9 +38,8 @@ from bridge.consumer.model import (
     ConsumeStatus,
     MessageListenerConcurrently,
     MessageQueue,
-    checked_ack_index,
-    checked_delay_level,
 )
+from bridge.consumer.overdue import send_back_overdue
 from bridge.consumer.process_queue import Call, ProcessQueue, Run
 from bridge.consumer.quarantine import Quarantine
 from bridge.errors import EventLoopClosedError
@@ -60,9 +62,6 @@ _EXPIRY_CHECK_S: Final = 1.0
 _SETTLE_S: Final = 0.01
 """A task running messages one by one marks those consumed done at least this often, seconds
 (so the commit follows a slow listener)."""
-_CONSUME_TIMEOUT_DELAY_LEVEL: Final = 3
-"""The delay level of a message sent back for running past ``consume_timeout`` (RocketMQ's
-``cleanExpireMsg``)."""
 
 
 class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
@@ -163,65 +162,27 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         self.submit(pq, msgs)
 
     def expire_overdue(self, queues: Iterable[ProcessQueue]) -> None:
-        """RocketMQ's ``cleanExpireMsg``: a message in its listener for longer than
-        ``consume_timeout`` is sent back for retry at delay level 3 (dropped, BROADCASTING),
-        so its offset can be committed past; its listener's late result will not count. The
-        messages of its chunk that its task had not started are queued for other tasks (that
-        task, should its call return, stops there)."""
+        """RocketMQ's ``cleanExpireMsg``, at most every :data:`_EXPIRY_CHECK_S`: a message in
+        its listener for longer than ``consume_timeout`` is sent back for retry at delay level
+        3 (dropped, BROADCASTING), so its offset can be committed past; its listener's late
+        result will not count. The messages of its chunk that its task had not started are
+        queued for other tasks (that task, should its call return, stops there). See
+        :func:`~bridge.consumer.overdue.send_back_overdue`."""
         now = time.monotonic()
         if now < self._next_expiry_check:
             return
         settings = self._context.settings
-        timeout_s = settings.consume_timeout * 60
-        self._next_expiry_check = now + min(_EXPIRY_CHECK_S, timeout_s)
+        self._next_expiry_check = now + min(_EXPIRY_CHECK_S, settings.consume_timeout * 60)
         for pq in list(queues):
-            if pq.dropped:
-                continue
-            rest: list[MessageExt] = []
-            failed: list[tuple[MessageExt, int]] = []
-            late = pq.overdue(now, timeout_s, rest, failed)
-            if not late:
-                continue
-            logger.warning(
-                "push consumer %s: %d messages of %s[%d] in their listener for more than "
-                "consume_timeout (%s min), sending them back; the listener's results for them "
-                "will be ignored: %s",
-                self._context.group,
-                len(late),
-                pq.topic,
-                pq.partition,
-                settings.consume_timeout,
-                [m.msg_id for m in late],
-            )
-            record_failure(late, Failure.CONSUME_TIMEOUT)
-            try:
-                self.policy.fail(pq, late, [_CONSUME_TIMEOUT_DELAY_LEVEL] * len(late))
-            finally:
-                if failed:
-                    # Failed before the hung call by the same task, which would send them
-                    # back only once it ends.
-                    back = [m for m, _ in failed]
-                    try:
-                        self.policy.fail(pq, back, [level for _, level in failed])
-                    except Exception:
-                        logger.exception(
-                            "push consumer %s: handling %d failed messages; consuming them "
-                            "again later",
-                            self._context.group,
-                            len(back),
-                        )
-                        self.policy.retry_locally(pq, [m for m in back if pq.holds(m.queue_offset)])
-                if rest:
-                    rest.sort(key=_offset)
-                    logger.warning(
-                        "push consumer %s: %d messages of %s[%d] that the same tasks had not "
-                        "started go to other tasks",
-                        self._context.group,
-                        len(rest),
-                        pq.topic,
-                        pq.partition,
-                    )
-                    self.submit(pq, rest)
+            if not pq.dropped:
+                send_back_overdue(
+                    pq,
+                    now,
+                    timeout_min=settings.consume_timeout,
+                    policy=self.policy,
+                    resubmit=self.submit,
+                    group=self._context.group,
+                )
 
     def _consume_chunk(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         """Run a chunk of ``pq``'s messages: one by one through a per-message listener (one
@@ -523,46 +484,9 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
                 self.policy.retry_locally(pq, back)
 
     def _delay_level(self, context: ConsumeConcurrentlyContext, msgs: list[MessageExt]) -> int:
-        """The listener's ``delay_level_when_next_consume``; the default (0) if not an int."""
-        level = checked_delay_level(context.delay_level_when_next_consume)
-        if level is None:
-            logger.warning(
-                "push consumer %s: the listener set delay_level_when_next_consume=%r (not an "
-                "int) for %s; using the default level",
-                self._context.group,
-                context.delay_level_when_next_consume,
-                [m.msg_id for m in msgs],
-            )
-            return 0
-        return level
+        return delay_level(context, msgs, self._context.group)
 
     def _consume_batch(
         self, listener: BatchListener, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
     ) -> int:
-        """CONSUME_SUCCESS (or SUCCESS): up to the listener's ``ack_index`` (one that is not an
-        int fails the whole batch); anything else: none."""
-        # Its own list: one it empties or reorders must not change what the consumer holds.
-        # Typed object: a listener may return anything (None, True, the other enum).
-        listening = cast(MessageListenerConcurrently, listener)
-        status: object = listening.consume_message(list(msgs), context)
-        # Either enum's success, as per-message listeners may return.
-        if status is ConsumeStatus.CONSUME_SUCCESS or status is ConsumeOrderlyStatus.SUCCESS:
-            index = checked_ack_index(context.ack_index, len(msgs))
-            if index is None:
-                logger.warning(
-                    "push consumer %s: the listener set ack_index=%r (not an int) for %s: "
-                    "RECONSUME_LATER",
-                    self._context.group,
-                    context.ack_index,
-                    [m.msg_id for m in msgs],
-                )
-                record_failure(msgs, Failure.ACK_INDEX)
-                return 0
-            record_failure(msgs[index + 1 :], Failure.ACK_INDEX)
-            return index + 1
-        record_failure(msgs, status_failure(status, msgs[0].msg_id))
-        return 0
-
-
-def _offset(msg: MessageExt) -> int:
-    return msg.queue_offset
+        return batch_consumed(listener, msgs, context, self._context.group)

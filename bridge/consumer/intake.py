@@ -1,11 +1,14 @@
 """What a push consumer makes of the records one poll brings: messages to hold, by partition.
 
 Each record is handled on its own: a record Kafka reports an error for is logged, one that
-cannot be decoded (a header name that is not UTF-8, a malformed retry record) is held under a
-placeholder to be quarantined, one the subscription's filter does not take (its tag, or its
-SQL92 expression on the properties) is skipped, and a partition that holds all it may
-(``pull_threshold_for_queue``, ``pull_threshold_size_for_queue``) takes no more of the poll: it
-is sought back, and Kafka brings the rest again once it resumes.
+cannot be decoded (a header name that is not UTF-8, a malformed retry record: a
+:class:`~bridge.errors.WireFormatError` or an :class:`~bridge.errors.InvalidArgumentError`) is
+held under a placeholder to be quarantined, one the subscription's filter does not take (its
+tag, or its SQL92 expression on the properties) is skipped, and a partition that holds all it
+may (``pull_threshold_for_queue``, ``pull_threshold_size_for_queue``) takes no more of the
+poll: it is sought back, and Kafka brings the rest again once it resumes. Any other exception
+is a fault of the code, not of a record: the poll's partitions are sought back (nothing of it
+is lost or quarantined) and it is raised, for the poll loop to log.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from bridge.consumer.quarantine import Headerless
 from bridge.consumer.send_back import RETRY_PROPERTIES
 from bridge.consumer.sql92 import PropertyLookup, SqlFilter
 from bridge.message import DEAD_LETTER_PROPERTIES, MessageConst, MessageExt, parse_count
-from topics.errors import MalformedRecordError
+from topics.errors import InvalidArgumentError, MalformedRecordError, WireFormatError
 from topics.naming import DLQ_GROUP_TOPIC_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -206,9 +209,35 @@ class Intake:
                 incoming.records.append(record)
                 incoming.work.append(msg)
                 incoming.bytes += size
-            except Exception as exc:
+            except (WireFormatError, InvalidArgumentError) as exc:
                 self._isolate(record, exc, batches)
+            except Exception:
+                # A fault of the code, not of the record: quarantining would blame every
+                # record it meets. Nothing of this poll is held; it is fetched again.
+                self._read_again(records)
+                raise
         return batches
+
+    def _read_again(self, records: list[Any]) -> None:
+        """Seek each partition of ``records`` (one poll) back to its first record of them, so
+        that none of them is skipped: Kafka brings them again on a later poll."""
+        first: dict[Key, int] = {}
+        for record in records:
+            if record.error() is None:
+                key = (record.topic(), record.partition())
+                first[key] = min(first.get(key, record.offset()), record.offset())
+        for (topic, partition), offset in first.items():
+            try:
+                self._kafka.seek(TopicPartition(topic, partition, offset))
+            except Exception as exc:  # revoked meanwhile: its next owner reads it
+                logger.warning(
+                    "push consumer %s: cannot seek %s[%d] back to %d: %s",
+                    self._context.group,
+                    topic,
+                    partition,
+                    offset,
+                    exc,
+                )
 
     def _incoming(self, key: Key, batches: dict[Key, Incoming]) -> Incoming:
         """``key``'s share of the poll being received."""

@@ -17,26 +17,25 @@ from bridge.codec import PreparedRecord
 from bridge.consumer.context import ConsumerContext
 from bridge.consumer.counters import Count
 from bridge.consumer.process_queue import ProcessQueue
-from bridge.errors import InvalidArgumentError, KafkaClientError
+from bridge.errors import InvalidArgumentError, SendError
 from bridge.kafka.quarantine import quarantine_copy
-from bridge.kafka.transactional import is_permanent_delivery_error
 
 logger = logging.getLogger(__name__)
 
 
 def refused_for_good(error: object) -> bool:
-    """True if a copy failed for a reason that sending it again will not change: a delivery
-    report or ``produce()`` error that :func:`is_permanent_delivery_error` calls permanent
-    (record too large, topic unknown or not authorized, ...), or a record the client refuses
-    (:class:`InvalidArgumentError`, such as :class:`~bridge.errors.MessageTooLargeError`).
-    Timeouts, an unreachable broker and anything else are transient."""
+    """True if a copy failed for a reason that sending it again will not change: Kafka or the
+    client refused the record itself (a :class:`SendError`, or a delivery report's or
+    ``produce()``'s librdkafka error, that is not :attr:`~bridge.errors.BridgeError.retriable`:
+    record too large, topic unknown or not authorized, ...; or an
+    :class:`InvalidArgumentError` such as :class:`~bridge.errors.MessageTooLargeError`).
+    Timeouts, an unreachable broker and anything else (a client not started, ...) are
+    transient."""
     if isinstance(error, KafkaException) and error.args:
         error = error.args[0]
-    if isinstance(error, KafkaClientError):
-        error = error.kafka_error
     if isinstance(error, KafkaError):
-        return is_permanent_delivery_error(error)
-    return isinstance(error, InvalidArgumentError)
+        error = SendError(error.str(), error)
+    return isinstance(error, SendError | InvalidArgumentError) and not error.retriable
 
 
 def error_text(error: object) -> str:

@@ -4,8 +4,10 @@ CLUSTERING: the message is copied to the group's retry topic through the delay l
 (:func:`~bridge.consumer.model.retry_route`), or to its dead-letter queue once its retries are
 spent, and counts as done only once Kafka has acknowledged the copy. A copy that cannot be
 written is consumed again locally after ``send_back_retry_delay_ms`` (its offset stays
-uncommitted meanwhile); one that cannot be built, or is refused for good (too large, not
-authorized) :data:`COPY_ATTEMPTS` times, goes to QUARANTINE instead. BROADCASTING: a failed
+uncommitted meanwhile); one that cannot be built (the message cannot be encoded), or is
+refused for good (too large, not authorized) :data:`COPY_ATTEMPTS` times, goes to QUARANTINE
+instead. Building a copy that raises anything else is a fault of the code: logged with its
+traceback, the message is consumed again, never quarantined for it. BROADCASTING: a failed
 message is dropped with a warning, as RocketMQ does.
 """
 
@@ -30,7 +32,7 @@ from bridge.consumer.quarantine import (
     refused_for_good,
 )
 from bridge.consumer.send_back import origin_topic, send_back_record
-from bridge.errors import KafkaClientError, SendError
+from bridge.errors import KafkaClientError, SendError, WireFormatError
 from bridge.message import MessageConst, MessageExt, local_ipv4
 
 logger = logging.getLogger(__name__)
@@ -154,12 +156,14 @@ class RetryPolicy:
     def _built_copy(
         self, pq: ProcessQueue, msg: MessageExt, level: int, where: str
     ) -> tuple[RetryRoute, PreparedRecord] | None:
-        """:meth:`copy_of`, or None when the copy cannot be built: then held ``msg`` is
-        quarantined with the reason (a copy is built from the message alone: it would fail
-        the same way again)."""
+        """:meth:`copy_of`, or None when the message cannot be encoded in a copy (a
+        :class:`~bridge.errors.WireFormatError` or ``ValueError``, such as a name or a property
+        that cannot be written): then held ``msg`` is quarantined with the reason (a copy is
+        built from the message alone: it would fail the same way again). Anything else is a
+        fault of the code, not of the message, and is raised."""
         try:
             return self.copy_of(msg, level, _key_of(pq.record_of(msg.queue_offset)))
-        except Exception as exc:
+        except (WireFormatError, ValueError) as exc:
             logger.warning(
                 "push consumer %s: cannot build the %s copy of %s, quarantining it: %s",
                 self._context.group,
@@ -187,7 +191,12 @@ class RetryPolicy:
         report = copies.report
         try:
             for msg, level in zip(msgs, levels, strict=True):
-                built = self._built_copy(pq, msg, level, "retry")
+                try:
+                    built = self._built_copy(pq, msg, level, "retry")
+                except Exception:
+                    self._fault(msg, "retry")
+                    self.retry_locally(pq, [msg])
+                    continue
                 if built is None:
                     continue
                 route, record = built
@@ -242,15 +251,21 @@ class RetryPolicy:
     ) -> tuple[list[MessageExt], list[MessageExt]]:
         """Copy ``msgs`` to the DLQ and wait for Kafka; return (acknowledged, not). A message
         whose copy cannot be built, or was refused for good :data:`COPY_ATTEMPTS` times, is
-        quarantined instead (it is in neither list)."""
+        quarantined instead (it is in neither list); one whose building raised a fault of the
+        code is not acknowledged."""
         built: list[tuple[MessageExt, RetryRoute, PreparedRecord]] = []
+        kept: list[MessageExt] = []
         for msg in msgs:
-            copy = self._built_copy(pq, msg, -1, "DLQ")
+            try:
+                copy = self._built_copy(pq, msg, -1, "DLQ")
+            except Exception:
+                self._fault(msg, "DLQ")
+                kept.append(msg)
+                continue
             if copy is not None:
                 built.append((msg, *copy))
         results = self._context.sender.send_records_sync([record for _, _, record in built])
         sent: list[MessageExt] = []
-        kept: list[MessageExt] = []
         # A copy refused with its request batch as too large was sent again alone already
         # (send_records_sync): a refusal here is the copy's own.
         for (msg, route, _), result in zip(built, results, strict=True):
@@ -266,6 +281,18 @@ class RetryPolicy:
             sent.append(msg)
             self._sent_back(msg, route)
         return sent, kept
+
+    def _fault(self, msg: MessageExt, where: str) -> None:
+        """Log (with the traceback) that building the ``where`` copy of ``msg`` raised what no
+        message makes the codec raise: a fault of the code, so the message is not blamed
+        (never quarantined for it) but consumed again."""
+        logger.exception(
+            "push consumer %s: building the %s copy of %s failed, a fault of the code rather "
+            "than of the message: it stays held and is consumed again",
+            self._context.group,
+            where,
+            msg.msg_id,
+        )
 
     def quarantine_held(self, pq: ProcessQueue, msg: MessageExt, reason: Exception) -> None:
         """Quarantine the record of held ``msg`` (its copy cannot be built or was refused)."""

@@ -22,7 +22,7 @@ from bridge.config import ALLOW_ALL, ClientConfig, TrustLimits
 from bridge.delay.service import ScheduleDeliveryService, TimerService
 from bridge.errors import InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.service import MembershipLostError, ServiceConfig, TransactionalService
+from bridge.kafka.service import ServiceConfig, TransactionalService
 from bridge.lifecycle import FatalServiceError, Lifecycle, ServiceState, ServiceThread, Startable
 from bridge.settings import env_values, require_int
 from bridge.transaction.service import TransactionService
@@ -218,7 +218,8 @@ class Coordinator(Startable):
     def _service_failed(self, service: ServiceThread, error: FatalServiceError) -> None:
         # Called on the failed service's thread: whatever takes the transition lock (a stop
         # holds it while it joins this very thread) runs on a thread of its own.
-        if isinstance(error, MembershipLostError) and isinstance(service, TransactionalService):
+        # Retriable (its consumer lost its group membership): a fresh service may go on.
+        if error.retriable and isinstance(service, TransactionalService):
             threading.Thread(
                 target=self._renew,
                 args=(service, error),
@@ -253,7 +254,7 @@ class Coordinator(Startable):
         renewals.append(now)
         return True
 
-    def _renew(self, old: TransactionalService, error: MembershipLostError) -> None:
+    def _renew(self, old: TransactionalService, error: FatalServiceError) -> None:
         """Run a fresh service in place of ``old`` (whose thread is ending), or stop the
         coordinator once renewals are used up. The new producer's ``init_transactions`` aborts
         what ``old`` left open; its consumer joins with the same static membership and

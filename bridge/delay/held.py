@@ -10,11 +10,15 @@ from typing import Any, Final
 
 from bridge.config import NamePatterns
 from bridge.delay_policy import DelayPolicy
-from bridge.errors import WireFormatError
+from bridge.errors import InvalidArgumentError, WireFormatError
 from bridge.kafka.service import ServiceConfig
 
-RECORD_ERRORS: Final = (WireFormatError, ValueError, TypeError, SystemError, ArithmeticError)
-"""What decoding one malformed record can raise (its own fault: it is quarantined)."""
+RECORD_ERRORS: Final = (WireFormatError, InvalidArgumentError)
+"""What the codec raises for one malformed record (its own fault: it is quarantined): bytes
+or headers it cannot decode (:class:`WireFormatError`), a real topic with no Kafka name or a
+delay it cannot honour (:class:`InvalidArgumentError`). Anything else (a ``TypeError``, say)
+is a fault of the code, not of the record: it fails the pass, which is read again, rather
+than quarantine good records."""
 
 Headers = list[tuple[str, bytes | None]]
 Key = tuple[int, int]

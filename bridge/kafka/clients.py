@@ -37,31 +37,6 @@ RECORD_OVERHEAD_BYTES = 64 * 1024
 
 _UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE})
 
-_TRANSIENT_CODES: Final = frozenset(
-    {
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._TIMED_OUT,
-        KafkaError.REQUEST_TIMED_OUT,
-    }
-)
-"""Errors of a partition whose leader is not known yet or is moving (a topic created a moment
-ago, a broker restarting): librdkafka's ``KafkaError.retriable()`` is False on the errors of
-plain calls such as ``get_watermark_offsets``, so it cannot tell them."""
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` (a ``KafkaException`` or :class:`KafkaClientError`) is a partition
-    without a leader yet or a timed-out request: worth trying again soon."""
-    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    if isinstance(exc, KafkaClientError):
-        error = exc.kafka_error
-    return isinstance(error, KafkaError) and (
-        error.code() in _TRANSIENT_CODES or bool(error.retriable())
-    )
-
-
 _CONSUMER_ONLY_PREFIXES = (
     "session.timeout.ms",
     "heartbeat.interval.ms",

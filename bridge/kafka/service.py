@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from bridge.config import ClientConfig
+from bridge.errors import DuplicateCoordinatorError, MembershipLostError
 from bridge.kafka.batch_writer import (
     TRANSACTION_FAILURES,
     Check,
@@ -31,6 +32,14 @@ from topics.naming import (
     coordinator_group_instance_id,
     coordinator_transactional_id,
 )
+
+__all__ = [
+    "DuplicateCoordinatorError",
+    "MembershipLostError",
+    "ServiceConfig",
+    "TransactionalService",
+]
+"""The two errors are defined in :mod:`bridge.errors` and importable from here."""
 
 logger = logging.getLogger(__name__)
 
@@ -52,18 +61,6 @@ _REJOIN_MIN_S: Final = 30.0
 _ON_COMMIT_BATCHES: Final = 64
 """Batches whose :meth:`TransactionalService.on_commit` actions are kept until written; a
 batch given up without a commit is forgotten once this many newer ones have actions."""
-
-
-class DuplicateCoordinatorError(FatalServiceError):
-    """Another running coordinator uses this coordinator's id: Kafka fenced this one."""
-
-
-class MembershipLostError(FatalServiceError):
-    """This service's own consumer lost its static group membership and Kafka fenced its late
-    requests: no other coordinator holds the membership. Seen after a broker restart or a
-    stall longer than the session timeout: librdkafka clears the member id when its session
-    times out and its next heartbeat or offset commit carries the stale one. The coordinator
-    runs a fresh service in its place (:meth:`TransactionalService.renewed`)."""
 
 
 @dataclass(frozen=True, slots=True)

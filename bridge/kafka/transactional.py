@@ -13,6 +13,7 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException
 
 from bridge.config import ClientConfig
+from bridge.errors import SendError
 from bridge.kafka.clients import new_producer
 from bridge.lifecycle import FatalServiceError
 from bridge.message import DELAY_PROPERTIES, MessageConst
@@ -37,66 +38,19 @@ REMOVED_ON_DELIVERY: Final = frozenset(
 )
 """Properties a delayed message loses when it reaches its real topic."""
 
-_PERMANENT: Final = frozenset(
-    {
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError._UNKNOWN_TOPIC,
-        # Retriable for the broker, but in a delivery report librdkafka has already retried
-        # for message.timeout.ms: the topic or partition is gone (deleted, never created).
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.TOPIC_EXCEPTION,
-        KafkaError.INVALID_RECORD,
-        KafkaError.RECORD_LIST_TOO_LARGE,
-        KafkaError.POLICY_VIOLATION,
-        KafkaError.INVALID_TIMESTAMP,
-        KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT,
-    }
-)
-_NEVER_PERMANENT: Final = frozenset(
-    {
-        # What happened to the transaction or the client, not to one record.
-        KafkaError._PURGE_QUEUE,
-        KafkaError._PURGE_INFLIGHT,
-        KafkaError._FENCED,
-        KafkaError.PRODUCER_FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
-        KafkaError.FENCED_INSTANCE_ID,
-        KafkaError.INVALID_TXN_STATE,
-        KafkaError._STATE,
-        KafkaError._FATAL,
-        KafkaError._INCONSISTENT,
-        KafkaError._DESTROY,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-        # Time and transport: the broker may come back.
-        KafkaError._MSG_TIMED_OUT,
-        KafkaError._TIMED_OUT,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._RESOLVE,
-    }
-)
-
 
 def is_permanent_delivery_error(err: KafkaError | None) -> bool:
     """True if a record's delivery failed for a reason that will not go away by retrying it
     (unknown topic or partition, authorization, record too large, invalid or internal
-    topic), False for transient, transport, timeout, purge and fencing errors and for None.
+    topic), False for transient, transport, timeout, purge and fencing errors and for None:
+    a :class:`~bridge.errors.SendError` with ``err`` would not be
+    :attr:`~bridge.errors.BridgeError.retriable` (the rule is
+    :meth:`SendError.retriable_kafka_error <bridge.errors.SendError.retriable_kafka_error>`).
 
     Meant for delivery reports and ``produce()`` errors of one record; the error a failed
     transaction raises names a record's problem only when such a report does.
     """
-    if err is None:
-        return False
-    code = err.code()
-    if code in _PERMANENT:
-        return True
-    if code in _NEVER_PERMANENT or err.fatal() or err.retriable():
-        return False
-    return code >= 0  # other broker errors that are not retriable; local ones are ours
+    return err is not None and not SendError.retriable_kafka_error(err)
 
 
 WATCHDOG_GRACE_S: Final = 5.0

@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient
 from bridge.errors import (
     BrokerStartError,
     BrokerUnreachableError,
+    ClusterUnhealthyError,
     IllegalStateError,
     InvalidArgumentError,
 )
@@ -40,7 +41,6 @@ from bridge.lifecycle import Startable
 from bridge.runtime.cluster_config import (
     BROKER_HEARTBEAT_INTERVAL_MS,
     BROKER_SESSION_TIMEOUT_MS,
-    ClusterUnhealthyError,
     LocalClusterConfig,
     cluster_state,
     node_configs,

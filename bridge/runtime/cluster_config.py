@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from bridge.errors import BrokerStartError, InvalidArgumentError
+from bridge.errors import InvalidArgumentError
 from bridge.runtime.node_config import (
     JVM_OPTIONS,
     LocalKafkaConfig,
@@ -28,26 +28,6 @@ leaderships, ms (Kafka's default: 9000). Short enough for a test to see a killed
 replaced within seconds; long enough that a busy 2-core machine does not fence live brokers."""
 
 _MAX_NODES = 9
-
-
-class ClusterUnhealthyError(BrokerStartError):
-    """The cluster did not become healthy in time: the message names the nodes that are not
-    registered and the partitions that are leaderless or under-replicated."""
-
-    def __init__(
-        self,
-        message: str,
-        missing_nodes: tuple[int, ...] = (),
-        under_replicated: tuple[tuple[str, int], ...] = (),
-        leaderless: tuple[tuple[str, int], ...] = (),
-    ) -> None:
-        super().__init__(message)
-        self.missing_nodes = missing_nodes
-        """Node ids the metadata does not show as live brokers."""
-        self.under_replicated = under_replicated
-        """(topic, partition) whose ISR is smaller than its replica set."""
-        self.leaderless = leaderless
-        """(topic, partition) without a leader."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError, KafkaException
 from bridge.client.reader import read_to_end
 from bridge.codec import ENVELOPE_SCHEMA, PreparedRecord, envelope_to_message
 from bridge.config import ClientConfig
-from bridge.errors import InvalidArgumentError, SendError, WireFormatError
+from bridge.errors import InvalidArgumentError, ParkedReplayError, WireFormatError
 from bridge.kafka.batch_writer import TransactionBatch, abort_quietly, kafka_error, write_batch
 from bridge.kafka.clients import new_producer
 from bridge.kafka.transactional import transactional_producer
@@ -43,11 +43,6 @@ message (``half_offset`` is then its offset in the check-max topic)."""
 _FENCED = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 )
-
-
-class ParkedReplayError(SendError):
-    """A parked message could not be replayed or dropped; it stays parked. The message names
-    the cause (e.g. its real topic does not exist)."""
 
 
 def _operator_resolutions(config: ClientConfig, timeout_ms: int) -> dict[int, OpEntry]:

@@ -18,7 +18,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.errors import KafkaClientError, UnknownSchemaError, WireFormatError
-from bridge.kafka.clients import is_transient, new_reader, read_record_at
+from bridge.kafka.clients import new_reader, read_record_at, translate_error
 from bridge.message import now_ms
 from bridge.transaction.ledger import HalfLedger, HalfSettings
 from bridge.transaction.model import OpEntry
@@ -82,7 +82,12 @@ class Recovery:
                     # is tried again on the next iteration.
                     failures = self._failures.get(p, 0) + 1
                     self._failures[p] = failures
-                    quiet = failures < _QUIET_FAILURES and is_transient(exc)
+                    typed = (
+                        translate_error(exc, "recovery", KafkaClientError)
+                        if isinstance(exc, KafkaException)
+                        else exc
+                    )
+                    quiet = failures < _QUIET_FAILURES and typed.retriable
                     logger.log(
                         logging.INFO if quiet else logging.WARNING,
                         "%s: recovering HALF partition %d failed (%d in a row; tried again): %s",

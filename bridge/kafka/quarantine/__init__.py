@@ -11,6 +11,13 @@ quarantined delayed message to its real topic once the cause is fixed, exactly o
 Guarantees kept here (see ``docs/guarantees.md``): G8, G9.
 """
 
+from bridge.errors import (
+    AlreadyReplayedError,
+    NotReplayableError,
+    QuarantineReplayError,
+    QuarantineReplayKafkaError,
+    ReplayConflictError,
+)
 from bridge.kafka.quarantine.copy import (
     ORIGINAL_HEADER_PREFIX,
     QUARANTINE_OMITTED_BYTES,
@@ -27,12 +34,9 @@ from bridge.kafka.quarantine.copy import (
 )
 from bridge.kafka.quarantine.reader import QuarantinedRecord, read_quarantine
 from bridge.kafka.quarantine.replay import (
-    AlreadyReplayedError,
-    NotReplayableError,
-    QuarantineReplayError,
-    QuarantineReplayKafkaError,
-    ReplayConflictError,
     ReplayedMessage,
+    quarantined_delivery,
+    read_quarantined,
     replay_quarantined,
 )
 
@@ -55,7 +59,9 @@ __all__ = [
     "ReplayedMessage",
     "is_replay_marker",
     "quarantine_copy",
+    "quarantined_delivery",
     "read_headers",
     "read_quarantine",
+    "read_quarantined",
     "replay_quarantined",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -21,9 +22,12 @@ from bridge.codec import (
 )
 from bridge.config import ClientConfig
 from bridge.errors import (
-    BridgeError,
+    AlreadyReplayedError,
     InvalidArgumentError,
-    KafkaClientError,
+    NotReplayableError,
+    QuarantineReplayError,
+    QuarantineReplayKafkaError,
+    ReplayConflictError,
     SendError,
     WireFormatError,
 )
@@ -48,27 +52,6 @@ logger = logging.getLogger(__name__)
 _FENCED: Final = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})
 
 
-class QuarantineReplayError(BridgeError):
-    """A quarantined record could not be replayed."""
-
-
-class QuarantineReplayKafkaError(QuarantineReplayError, KafkaClientError):
-    """Kafka failed while a replay read the QUARANTINE topic (broker unreachable, ...)."""
-
-
-class NotReplayableError(QuarantineReplayError, InvalidArgumentError):
-    """The QUARANTINE offset holds no quarantined delayed message that can be delivered (no
-    record, a marker, a record from another service, an undecodable or targetless one)."""
-
-
-class AlreadyReplayedError(QuarantineReplayError):
-    """The quarantined record was replayed before: it is not delivered again."""
-
-
-class ReplayConflictError(QuarantineReplayError):
-    """Another replay of the same QUARANTINE offset ran at the same time and won."""
-
-
 @dataclass(frozen=True, slots=True)
 class ReplayedMessage:
     """Where :func:`replay_quarantined` delivered a quarantined message."""
@@ -80,8 +63,25 @@ class ReplayedMessage:
     offset: int
 
 
+def read_quarantined(config: ClientConfig, offset: int, *, timeout_ms: int = 10_000) -> Any:
+    """The QUARANTINE record at ``offset`` (a consumed ``confluent_kafka.Message``), or None
+    when there is none there (past the end, or the offset of a transaction's commit marker).
+    ``timeout_ms`` bounds the read."""
+    topic = TopicCatalog(namespace=config.namespace).topic(SystemTopic.QUARANTINE)
+    reader = _reader(config)
+    try:
+        return _read_at(reader, topic, offset, timeout_ms / 1000)
+    finally:
+        reader.close()
+
+
 def replay_quarantined(
-    config: ClientConfig, offset: int, *, timeout_ms: int = 10_000
+    config: ClientConfig,
+    offset: int,
+    *,
+    timeout_ms: int = 10_000,
+    record: Any = None,
+    check: Callable[[PreparedRecord], None] | None = None,
 ) -> ReplayedMessage:
     """Deliver the delayed message quarantined at QUARANTINE ``offset`` to its real topic
     (delay and delivery-attempt properties removed), after the cause was fixed.
@@ -93,44 +93,61 @@ def replay_quarantined(
     ``offset``), :class:`AlreadyReplayedError`, :class:`ReplayConflictError` (a concurrent
     replay won), or a :class:`~bridge.errors.KafkaClientError` if the target still refuses
     the message (then nothing was written). ``timeout_ms`` bounds each Kafka call.
+
+    ``record``: the record at ``offset`` when the caller read it already
+    (:func:`read_quarantined`), so it is not read again. ``check`` is called with the real
+    record (:func:`quarantined_delivery`) before anything is written; what it raises stops
+    the replay (``bridge quarantine replay`` refuses a target the topic's metadata says
+    cannot take it).
     """
     if offset < 0:
         raise NotReplayableError(f"QUARANTINE offset must be 0 or more, got {offset}")
     catalog = TopicCatalog(namespace=config.namespace)
     topic = catalog.topic(SystemTopic.QUARANTINE)
     timeout_s = timeout_ms / 1000
-    reader = new_reader(
-        config,
-        f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}",
-        "bridge-replay",
-    )
-    try:
-        real = _replayable(reader, catalog, topic, offset, timeout_s)
+    if record is None:
+        reader = _reader(config)
         try:
-            # Fences a replay of this offset still running and waits for its transaction.
-            producer = transactional_producer(
-                config,
-                "bridge-quarantine-replay",
-                f"{config.namespace}.quarantine.replay.{offset}",
-                timeout_s,
-                message_timeout_ms=min(config.send_msg_timeout_ms, timeout_ms),
-            )
-        except KafkaException as exc:
-            raise translate_error(exc, f"replaying QUARANTINE offset {offset}") from exc
-        if _resolved(config, topic, offset, timeout_s):
-            raise AlreadyReplayedError(f"QUARANTINE offset {offset} was replayed already")
-        return _deliver(producer, real, topic, offset, timeout_s)
-    finally:
-        reader.close()
-
-
-def _replayable(
-    reader: Consumer, catalog: TopicCatalog, topic: str, offset: int, timeout_s: float
-) -> PreparedRecord:
-    """The real record of the quarantined delayed message at ``offset``."""
-    record = read_record_at(reader, TopicPartition(topic, 0, offset), timeout_s)
-    if record is None or record.offset() != offset:
+            record = _read_at(reader, topic, offset, timeout_s)
+        finally:
+            reader.close()
+    if record is None or record.topic() != topic or record.offset() != offset:
         raise NotReplayableError(f"QUARANTINE offset {offset} holds no record")
+    real = quarantined_delivery(record, catalog)
+    if check is not None:
+        check(real)
+    try:
+        # Fences a replay of this offset still running and waits for its transaction.
+        producer = transactional_producer(
+            config,
+            "bridge-quarantine-replay",
+            f"{config.namespace}.quarantine.replay.{offset}",
+            timeout_s,
+            message_timeout_ms=min(config.send_msg_timeout_ms, timeout_ms),
+        )
+    except KafkaException as exc:
+        raise translate_error(exc, f"replaying QUARANTINE offset {offset}") from exc
+    if _resolved(config, topic, offset, timeout_s):
+        raise AlreadyReplayedError(f"QUARANTINE offset {offset} was replayed already")
+    return _deliver(producer, real, topic, offset, timeout_s)
+
+
+def _reader(config: ClientConfig) -> Consumer:
+    return new_reader(config, f"bridge-quarantine-replay-{uuid.uuid4().hex[:12]}", "bridge-replay")
+
+
+def _read_at(reader: Consumer, topic: str, offset: int, timeout_s: float) -> Any:
+    record = read_record_at(reader, TopicPartition(topic, 0, offset), timeout_s)
+    return record if record is not None and record.offset() == offset else None
+
+
+def quarantined_delivery(record: Any, catalog: TopicCatalog) -> PreparedRecord:
+    """The real-topic record of the delayed message quarantined as ``record`` (a QUARANTINE
+    record): what :func:`replay_quarantined` writes, its topic and partition those it is
+    delivered to. Raises :class:`NotReplayableError` when it holds none: unreadable headers,
+    a replay marker, a record quarantined from another topic than SCHEDULE or the timer
+    topic, or one the codec cannot decode or route."""
+    offset = record.offset()
     raw, unreadable = read_headers(record)
     props = decode_headers(raw)
     if unreadable is not None:
@@ -151,7 +168,7 @@ def _replayable(
                 original, record.value(), catalog.namespace, REMOVED_ON_DELIVERY
             )
         return real_record(decode_envelope(record.value()), catalog.namespace, REMOVED_ON_DELIVERY)
-    except (WireFormatError, ValueError) as exc:
+    except (WireFormatError, InvalidArgumentError) as exc:  # what the codec raises for it
         raise NotReplayableError(
             f"QUARANTINE offset {offset} holds no deliverable message: {exc}"
         ) from exc
@@ -215,7 +232,7 @@ def _resolved(config: ClientConfig, topic: str, offset: int, timeout_s: float) -
             elif error.code() == KafkaError._PARTITION_EOF:
                 if (record.offset() or 0) >= high:
                     return False  # the end of what is committed, at or past the high watermark
-            elif error.fatal() or not error.retriable():
+            elif not QuarantineReplayKafkaError.retriable_kafka_error(error):
                 raise translate_error(
                     error, f"reading {topic} after offset {offset}", QuarantineReplayKafkaError
                 )
