@@ -31,8 +31,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from bridge.client.producer import Producer, SendStatus
-from bridge.client.send_checks import PartitionCounts, kafka_topic_for
+from bridge.client.records import RecordBuilder, producer_settings
+from bridge.client.send_results import SendStatus
 from bridge.codec import PreparedRecord, decode_envelope, encode_envelope
 from bridge.config import ClientConfig
 from bridge.errors import (
@@ -178,23 +178,22 @@ class TransactionMQProducer(Startable):
             )
         self.group = group
         self.listener = listener
-        # Checks and builds each message (never started: the half messages and end requests
-        # go through the sender below).
-        self._producer = Producer(
-            group,
+        self.config, serializers = producer_settings(
             bootstrap_servers=bootstrap_servers,
             namespace=namespace,
+            send_msg_timeout_ms=None,
             config=config,
             kafka_config=kafka_config,
             key_serializer=key_serializer,
             value_serializer=value_serializer,
         )
-        self.config = self._producer.config
-        self._sender = HalfSender(self.config, group)
-        self._partition_counts = PartitionCounts(self.config)
         # The check consumers' group is <namespace>.transaction-check.<group>: the group name
         # must not be one of the bridge's own.
         validate_user_group(group, self.config.namespace)
+        self._sender = HalfSender(self.config, group)
+        # Checks and builds each message (an explicit partition against the sender's
+        # metadata); the half messages and end requests go through the sender.
+        self._builder = RecordBuilder(self.config, serializers, self._sender.metadata)
         self.catalog = TopicCatalog(namespace=self.config.namespace)
         self.producer_id = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._check_pool_size = check_thread_pool_size
@@ -329,7 +328,6 @@ class TransactionMQProducer(Startable):
                 ", ".join(f"{tid} {state}" for tid, state in abandoned),
             )
         self._sender.shutdown(timeout)
-        self._producer.shutdown(timeout)
         self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
 
     def stop(self) -> None:
@@ -375,17 +373,9 @@ class TransactionMQProducer(Startable):
         given = msg
         # A value= object becomes its bytes (SerializationError: nothing stored, no
         # transaction begun); the half message and the listener's message carry them.
-        msg = self._producer.serialized(msg)
-        # Validates topic, body and size; assigns the id. Then the partition's range, from the
-        # sender's metadata.
-        prepared = self._producer.prepare(msg, partition)
-        if partition != -1:
-            self._partition_counts.check(
-                self._sender.kafka,
-                msg.topic,
-                kafka_topic_for(msg.topic, self.config.namespace),
-                partition,
-            )
+        msg = self._builder.serialized(msg)
+        # Validates topic, body, size and the partition's range; assigns the id.
+        prepared = self._builder.prepare(msg, partition)
         tid = prepared.msg_id
         props = dict(msg.wire_properties())
         props.pop(MessageConst.DELAY_TIME_LEVEL, None)

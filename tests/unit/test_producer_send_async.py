@@ -41,15 +41,15 @@ def producer() -> Iterator[Producer]:
         bootstrap_servers=NOWHERE, namespace="ns", max_message_bytes=1000, send_msg_timeout_ms=1000
     )
     with Producer("pg", config=config) as started:
-        kafka = started._kafka
-        started._kafka = HandedOver(kafka)
+        kafka = started._sender.pump.kafka
+        started._sender.pump.kafka = HandedOver(kafka)
         yield started
-        started._kafka = kafka
+        started._sender.pump.kafka = kafka
         kafka.purge()
 
 
 def handed_over(producer: Producer) -> list[dict[str, Any]]:
-    log = producer._kafka
+    log = producer._sender.pump.kafka
     assert isinstance(log, HandedOver)
     return log.records
 
