@@ -19,6 +19,10 @@ So the loop never waits for Kafka and spends a few microseconds per send. Every 
 awaits its outcome (``send_oneway``: its hand-over), so a loop of sends lets other tasks run.
 ``confluent_kafka.aio.AIOProducer`` is not used: its batched ``produce`` takes no headers,
 and every record of the bridge carries its properties as headers.
+
+The module stays a little above 500 lines on purpose: the loop's side of a send (futures,
+room in the outbox, timeouts) and the sender thread's side (hand-over, outcomes) share one
+small state each send, :class:`_Send`, read best beside both.
 """
 
 from __future__ import annotations

@@ -145,25 +145,14 @@ class DeliveryPump:
         when the record was not taken."""
         if not self._system_topics.ready and record.kafka_topic in self._system_topics.names:
             self._system_topics.ensure()
-        try:
-            self.kafka.produce(
-                record.kafka_topic,
-                record.value,
-                record.key,
-                partition=partition,
-                on_delivery=callback,
-                timestamp=record.born_timestamp_ms,
-                headers=record.headers,
-            )
-        except Exception:  # a full queue to wait for, or an error to translate
-            produce_record(
-                self.kafka,
-                record,
-                partition,
-                callback,
-                timeout_ms=self._timeout_ms,
-                wait_full=self.wait_for_room,
-            )
+        produce_record(
+            self.kafka,
+            record,
+            partition,
+            callback,
+            timeout_ms=self._timeout_ms,
+            wait_full=self.wait_for_room,
+        )
         self._senders_active = True
 
     def serve_reports(self) -> None:

@@ -176,6 +176,12 @@ class Producer(Startable):
         return self._builder.prepare_batch(msgs, partition)
 
     # --- sending ----------------------------------------------------------------------
+    def _prepare_in(self, span: TraceSpan, msg: Message, partition: int) -> PreparedRecord:
+        """:meth:`prepare` in the send span ``span``, which it names the message id in."""
+        record = self._builder.prepare(msg, partition)
+        span.set_attribute("messaging.message.id", record.msg_id)
+        return record
+
     def send_sync(self, msg: Message, *, partition: int = -1) -> SendResult:
         """Send and wait for the broker's acknowledgement (at most ``send_msg_timeout_ms``).
 
@@ -190,8 +196,7 @@ class Producer(Startable):
         if not sender.running:
             sender.require_running()
         with _span(msg) as span:
-            record = self._builder.prepare(msg, partition)
-            span.set_attribute("messaging.message.id", record.msg_id)
+            record = self._prepare_in(span, msg, partition)
             stored_partition, offset = sender.send_record_sync(record)
         return SendResult(SendStatus.SEND_OK, record.msg_id, offset, msg.topic, stored_partition)
 
@@ -224,8 +229,7 @@ class Producer(Startable):
         if record is None:
             if tracing_active():
                 with send_span(msg) as span:
-                    record = self._builder.prepare(msg, partition)
-                    span.set_attribute("messaging.message.id", record.msg_id)
+                    record = self._prepare_in(span, msg, partition)
                     sender.produce_async(record, msg.topic, on_success, on_exception)
                 sender.serve_reports()
                 return record.msg_id
@@ -240,8 +244,7 @@ class Producer(Startable):
         if not sender.running:
             sender.require_running()
         with _span(msg) as span:
-            record = self._builder.prepare(msg, partition)
-            span.set_attribute("messaging.message.id", record.msg_id)
+            record = self._prepare_in(span, msg, partition)
             sender.send_oneway(record)
         sender.serve_reports()
         return record.msg_id
@@ -288,9 +291,7 @@ class Producer(Startable):
             prepared: list[PreparedRecord | None] = []
             for msg in batch:
                 with send_span(msg) as span:
-                    record = self._builder.prepare(msg, partition)
-                    span.set_attribute("messaging.message.id", record.msg_id)
-                prepared.append(record)
+                    prepared.append(self._prepare_in(span, msg, partition))
         else:
             prepared = self._builder.check_batch(batch, partition)
         sender.pump.refuse_waiting_in_a_callback("send_batch")

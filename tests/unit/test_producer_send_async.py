@@ -8,13 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import strategies as st
 
 from bridge import ClientConfig, Message, Producer
 from bridge.message import MessageConst
 
 NOWHERE = "127.0.0.1:1"
-any_text = st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from("\ud800\udfff"))
 
 
 class HandedOver:
@@ -49,22 +47,6 @@ def handed_over(producer: Producer) -> list[dict[str, Any]]:
     log = producer._sender.pump.kafka
     assert isinstance(log, HandedOver)
     return log.records
-
-
-def comparable(record: dict[str, Any]) -> tuple[Any, ...]:
-    """What ``produce`` was given, without the id (the only part two builds differ in)."""
-    headers = [
-        (n, v) for n, v in record["headers"] if n != MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
-    ]
-    return record["topic"], record["key"], record["value"], headers, record["partition"]
-
-
-def _with(topic: object, tags: object, body: object) -> Message:
-    msg = Message("orders", b"x")
-    msg.topic = topic  # type: ignore[assignment]  # what an untyped caller can do
-    msg.tags = tags  # type: ignore[assignment]
-    msg._body = body  # type: ignore[assignment]
-    return msg
 
 
 def test_send_async_ids_are_unique_and_name_the_record(producer: Producer) -> None:
