@@ -32,7 +32,13 @@ from typing import Any
 from bridge.client.batch_send import BatchSender
 from bridge.client.records import RecordBuilder, message_list, producer_settings
 from bridge.client.send_checks import MAX_PROPERTIES_BYTES
-from bridge.client.send_results import OnException, OnSuccess, SendResult, SendStatus
+from bridge.client.send_results import (
+    OnException,
+    OnSuccess,
+    SendResult,
+    SendStatus,
+    async_report,
+)
 from bridge.client.sender import RecordSender
 from bridge.codec import PreparedRecord
 from bridge.config import ClientConfig
@@ -103,6 +109,8 @@ class Producer(Startable):
         self.group = validate_user_group(group, settings.namespace)
         self._sender = sender = RecordSender(settings, self.group)
         self._builder = builder = RecordBuilder(settings, serializers, sender.pump.metadata)
+        self._pump = sender.pump
+        self._resend = sender.resend
         self._batches = BatchSender(
             sender.pump, sender.resender, builder.checked_record, settings.send_msg_timeout_ms
         )
@@ -220,9 +228,8 @@ class Producer(Startable):
         again), and the callback gets that send's outcome: it is then stored after the
         messages of its partition sent after it that were stored meanwhile.
         """
-        sender = self._sender
-        if not sender.running:
-            sender.require_running()
+        if not self._sender.running:
+            self._sender.require_running()
         # The common case (a body, at most short tags, to a topic sent to before, no span)
         # without prepare's checks of what the message does not have.
         record = self._builder.common_record(msg) if partition == -1 and untraced() else None
@@ -230,12 +237,13 @@ class Producer(Startable):
             if tracing_active():
                 with send_span(msg) as span:
                     record = self._prepare_in(span, msg, partition)
-                    sender.produce_async(record, msg.topic, on_success, on_exception)
-                sender.serve_reports()
+                    report = async_report(record, msg.topic, on_success, on_exception, self._resend)
+                    self._pump.produce(record, record.partition, report)
+                self._pump.serve_reports()
                 return record.msg_id
             record = self._builder.prepare(msg, partition)
-        sender.produce_async(record, msg.topic, on_success, on_exception)
-        sender.serve_reports()
+        report = async_report(record, msg.topic, on_success, on_exception, self._resend)
+        self._pump.produce(record, record.partition, report, serve=True)
         return record.msg_id
 
     def send_oneway(self, msg: Message, *, partition: int = -1) -> str:
@@ -245,8 +253,8 @@ class Producer(Startable):
             sender.require_running()
         with _span(msg) as span:
             record = self._prepare_in(span, msg, partition)
-            sender.send_oneway(record)
-        sender.serve_reports()
+            self._pump.produce(record, record.partition, sender.oneway_report(record))
+        self._pump.serve_reports()
         return record.msg_id
 
     def send_batch(

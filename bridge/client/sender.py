@@ -19,11 +19,8 @@ from confluent_kafka import KafkaError
 from bridge.client.delivery import DeliveryPump
 from bridge.client.resend import AloneResender, sends_alone
 from bridge.client.send_results import (
-    OnException,
-    OnSuccess,
     Report,
     ResendAlone,
-    async_report,
     log_oneway_failure,
     not_resent,
     refused_with_its_batch,
@@ -125,29 +122,6 @@ class RecordSender(Startable):
         self.pump.ensure_system_topics()
 
     # --- asynchronous sends -------------------------------------------------------------
-    def produce_async(
-        self,
-        record: PreparedRecord,
-        topic: str,
-        on_success: OnSuccess | None,
-        on_exception: OnException | None,
-    ) -> None:
-        """Hand ``record`` (of a message sent to ``topic``) to librdkafka; its report calls
-        ``on_success`` or ``on_exception`` (:func:`~bridge.client.send_results.async_report`,
-        sending a record refused with its request batch again alone first). Serves no
-        reports: :meth:`serve_reports` after."""
-        report = async_report(record, topic, on_success, on_exception, self.resend)
-        self.pump.produce(record, record.partition, report)
-
-    def serve_reports(self) -> None:
-        """Serve waiting delivery reports on this thread every few sends."""
-        self.pump.serve_reports()
-
-    def send_oneway(self, record: PreparedRecord) -> None:
-        """Hand ``record`` to librdkafka; a failure is only logged (after the record is sent
-        again alone, if its request batch was refused as too large). Serves no reports."""
-        self.pump.produce(record, record.partition, self.oneway_report(record))
-
     def oneway_report(self, record: PreparedRecord) -> Report:
         """The delivery report handler of a oneway send of ``record``."""
         resend = self.resend
