@@ -16,8 +16,7 @@ from bridge.codec import PreparedRecord
 from bridge.errors import BridgeError
 from bridge.message import MessageConst
 from bridge.serialization import Serializers
-
-any_text = st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from("\ud800\udfff"))
+from tests.unit.test_producer_batch import _with, any_text
 
 
 def builder(**settings: Any) -> RecordBuilder:
@@ -82,14 +81,6 @@ def comparable(record: PreparedRecord) -> tuple[Any, ...]:
     born time)."""
     headers = [(n, v) for n, v in record.headers if n != MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX]
     return record.kafka_topic, record.key, record.value, headers, record.partition
-
-
-def _with(topic: object, tags: object, body: object) -> Message:
-    msg = Message("orders", b"x")
-    msg.topic = topic  # type: ignore[assignment]  # what an untyped caller can do
-    msg.tags = tags  # type: ignore[assignment]
-    msg._body = body  # type: ignore[assignment]
-    return msg
 
 
 @settings(
