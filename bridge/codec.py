@@ -11,6 +11,12 @@ Properties are binary-safe: :func:`header_bytes` writes a property value as a he
 UTF-8, bytes as they are) and :func:`header_value` reads one back (text when the bytes are
 valid UTF-8, else the bytes), so ``header_bytes(header_value(raw)) == raw`` for any bytes.
 
+Plain records are built by :mod:`bridge.client.records`. This module stays above 500 lines
+on purpose: it is the wire format in both directions (the consumed record decoded, lazily for
+listeners; the envelope; the delayed header format; the coordinator's delivery records),
+whose parts share the header encoding and the property rules, and a reader checks a format's
+writer against its reader in one place.
+
 Guarantees kept here (see ``docs/guarantees.md``): G10.
 """
 
@@ -68,28 +74,6 @@ class PreparedRecord(NamedTuple):
     :func:`stamped_copy`)."""
     partition: int = -1
     """The partition to write to; -1 lets the key decide."""
-
-
-def plain_record(  # noqa: PLR0917 - the fields of the record, in PreparedRecord's order
-    msg: Message,
-    kafka_topic: str,
-    msg_id: str,
-    born_timestamp_ms: int,
-    born_host: bytes,
-    partition: int = -1,
-) -> PreparedRecord:
-    """``msg`` as a plain record of ``kafka_topic`` (a real, retry or DLQ topic): value = body,
-    key from the sharding key or keys, headers = id, born host and every property."""
-    headers = msg.wire_headers(
-        [
-            (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id.encode()),
-            (MessageConst.BORN_HOST, born_host),
-        ]
-    )
-    return new_tuple(
-        PreparedRecord,
-        (kafka_topic, msg.kafka_key(), msg.body, headers, msg_id, born_timestamp_ms, partition),
-    )
 
 
 # confluent-kafka's TIMESTAMP_LOG_APPEND_TIME (kept literal to keep this module import-light).
@@ -669,7 +653,8 @@ def delayed_headers(
     """The headers of a SCHEDULE or timer record in the header format: ``head`` (the
     coordinator's own, e.g. a send id), the born time (:data:`BORN_TIMESTAMP_HEADER`), then
     the message: its id, born host and ``properties`` (text first, then bytes: the order the
-    envelope delivered them in), each written as :func:`plain_record` writes it. Properties
+    envelope delivered them in), each written as a plain record's header
+    (:func:`bridge.client.records.plain_headers`). Properties
     named like the id or born host are left out (the message's own fields win, as before).
     ``head`` is extended and returned.
 

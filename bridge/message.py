@@ -543,21 +543,6 @@ class Message:
             props[MessageConst.TAGS] = self.tags
         return props
 
-    def wire_headers(self, head: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
-        """Append :meth:`wire_properties` to ``head`` as Kafka headers (text as UTF-8, bytes
-        as they are); return it.
-
-        The same content as ``encode_headers(wire_properties())``, without the copies: this
-        runs once per send (``bridge.codec.header_bytes``, inlined).
-        """
-        for name, value in self._properties.items():
-            head.append((name, value.encode() if isinstance(value, str) else value))
-        if self._keys:
-            head.append((MessageConst.KEYS, MessageConst.KEY_SEPARATOR.join(self._keys).encode()))
-        if self.tags:
-            head.append((MessageConst.TAGS, self.tags.encode()))
-        return head
-
     def _objects_repr(self) -> str:
         """``, key=<type>, value=<type>`` for the objects set (never deserializing: a repr
         neither blocks nor raises), ``value=<not yet deserialized>`` before the first read."""

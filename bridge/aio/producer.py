@@ -1,9 +1,10 @@
 """The asyncio ``Producer``: ``await send(msg)``, ``send_oneway``, ``send_batch``.
 
-A front over the threaded :class:`bridge.client.Producer`, which keeps every rule: each
-message is checked and its record built by the same :meth:`~bridge.client.Producer.prepare`
-(the same typed errors, and nothing sent when one is raised), and sent by the same producer,
-idempotent and ``acks=all``, with the same delivery reports
+A front over the threaded producer's collaborators, which keep every rule: each message is
+checked and its record built by the same :class:`~bridge.client.records.RecordBuilder` as
+:meth:`bridge.Producer.prepare` (the same typed errors, and nothing sent when one is raised),
+and sent by the same :class:`~bridge.client.sender.RecordSender`, idempotent and
+``acks=all``, with the same delivery reports
 (:func:`~bridge.client.send_results.async_report`). Only where the work runs differs:
 
 * on the event loop: a future per send and a queue append, nothing more;
@@ -18,6 +19,10 @@ So the loop never waits for Kafka and spends a few microseconds per send. Every 
 awaits its outcome (``send_oneway``: its hand-over), so a loop of sends lets other tasks run.
 ``confluent_kafka.aio.AIOProducer`` is not used: its batched ``produce`` takes no headers,
 and every record of the bridge carries its properties as headers.
+
+The module stays a little above 500 lines on purpose: the loop's side of a send (futures,
+room in the outbox, timeouts) and the sender thread's side (hand-over, outcomes) share one
+small state each send, :class:`_Send`, read best beside both.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any, Final, cast
 
 from bridge.aio.runner import AsyncClient
 from bridge.client.producer import Producer as ThreadedProducer
+from bridge.client.producer import collaborators
 from bridge.client.send_results import SendResult, async_report
 from bridge.codec import PreparedRecord
 from bridge.config import ClientConfig
@@ -207,6 +213,7 @@ class Producer(AsyncClient):
             key_serializer=key_serializer,
             value_serializer=value_serializer,
         )
+        self._builder, self._record_sender = collaborators(self._producer)
         self.config = self._producer.config
         self.group = self._producer.group
         self._max_queued = max_queued_sends
@@ -254,8 +261,8 @@ class Producer(AsyncClient):
         is sent): what the first ones load on first use (imports, schemas: tens of ms) is
         loaded here, off the loop."""
         self._producer.start()
-        self._producer.prepare(Message("warm-up", b"-"))
-        self._producer.prepare(Message("warm-up", b"-", delay_time_level=1))
+        self._builder.prepare(Message("warm-up", b"-"))
+        self._builder.prepare(Message("warm-up", b"-", delay_time_level=1))
 
     async def shutdown(self, timeout_ms: int | None = None) -> None:
         """Stop taking sends, wait up to ``timeout_ms`` (default ``send_msg_timeout_ms``) in
@@ -292,9 +299,9 @@ class Producer(AsyncClient):
         the loop (no I/O), or on a worker thread when ``partition`` is given (its range is
         checked against the topic's metadata) or a serializer is to run (a Schema Registry
         serializer's first use of a schema makes blocking HTTP calls)."""
-        if partition == -1 and not self._producer.serializers.will_run(msg):
-            return self._producer.prepare(msg, partition)
-        return await asyncio.to_thread(self._producer.prepare, msg, partition)
+        if partition == -1 and not self._builder.serializers.will_run(msg):
+            return self._builder.prepare(msg, partition)
+        return await asyncio.to_thread(self._builder.prepare, msg, partition)
 
     async def send(self, msg: Message, *, partition: int = -1) -> SendResult:
         """Send and wait for the broker's acknowledgement (at most ``send_msg_timeout_ms``,
@@ -317,7 +324,7 @@ class Producer(AsyncClient):
         """Send ``msgs`` together and wait for every acknowledgement; return, in order, each
         one's :class:`SendResult` or the error it failed with (:class:`SendError`,
         :class:`SendTimeoutError`, ``BrokerUnreachableError``), as
-        :meth:`bridge.client.Producer.send_records_sync` does.
+        :meth:`bridge.Producer.send_batch` does.
 
         Every message is checked first: one that is not valid raises its typed error and
         none is sent.
@@ -427,11 +434,11 @@ class Producer(AsyncClient):
     def _hand_over(self, item: _Send) -> None:
         """Prepare every message of ``item`` (the first that is not valid fails them all,
         none sent), then hand each record to librdkafka."""
-        producer = self._producer
+        builder, sender = self._builder, self._record_sender
         if item.abandoned:  # timed out or cancelled while queued: never sent
             return
         try:
-            records = [producer.prepare(msg, item.partition) for msg in item.msgs]
+            records = [builder.prepare(msg, item.partition) for msg in item.msgs]
         except Exception as exc:  # a typed error naming the problem: nothing is sent
             item.fail(exc)
             return
@@ -440,14 +447,14 @@ class Producer(AsyncClient):
             if not item.claim():  # timed out or cancelled: the caller was told; not sent
                 return
             if results is None:
-                report: Report = producer.oneway_report(record)
+                report: Report = sender.oneway_report(record)
             else:
                 pending = results[index]
                 report = async_report(
-                    record, item.msgs[index].topic, pending.ok, pending.fail, producer.alone_resend
+                    record, item.msgs[index].topic, pending.ok, pending.fail, sender.resend
                 )
             try:
-                producer.send_record_async(record, record.partition, report)
+                sender.send_record_async(record, record.partition, report)
             except Exception as exc:  # refused before librdkafka took it (queue full, ...)
                 error = _as_client_error(exc, record)
                 if results is None:

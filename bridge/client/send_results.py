@@ -27,7 +27,7 @@ Report = Callable[[KafkaError | None, Any], None]
 """A delivery report handler: ``(KafkaError | None, confluent_kafka.Message)``."""
 ResendAlone = Callable[[PreparedRecord, Report], None]
 """Sends a record again in a request batch of its own, with its report handler; raises when
-it cannot hand the record over (``Producer.alone_resend``)."""
+it cannot hand the record over (``AloneResender.resend``)."""
 Headers = Sequence[tuple[str, bytes | None]]
 
 _TOO_LARGE: Final = KafkaError.MSG_SIZE_TOO_LARGE
@@ -183,6 +183,20 @@ class SyncWaiter:
         arrived."""
         return self.done or self._reported.acquire(timeout=timeout_s)
 
+    def outcome(
+        self, record: PreparedRecord, timeout_ms: int
+    ) -> tuple[int, int] | KafkaClientError:
+        """What the send of ``record`` came to: (partition, offset), or its error
+        (:class:`SendTimeoutError` while no report came: none within ``timeout_ms``)."""
+        if self.failure is not None:
+            return self.failure
+        context = f"send of {record.msg_id} to {record.kafka_topic}"
+        if not self.done:
+            return SendTimeoutError(f"{context}: no acknowledgement within {timeout_ms} ms")
+        if self.error is not None:
+            return translate_error(self.error, context)
+        return self.partition, self.offset
+
 
 def report_async(  # noqa: PLR0917 - the send's fields, then the report's
     resend: ResendAlone | None,
@@ -257,7 +271,7 @@ def async_report(
     ``functools.partial``, one small C object per message in flight (a closure would keep
     several objects per message alive), called at C speed (a tuple with ``__call__`` costs a
     Python-level dispatch more). ``resend``: how to send the record again alone when its
-    request batch is refused as too large (``Producer.alone_resend``); None: not sent again."""
+    request batch is refused as too large (``AloneResender.resend``); None: not sent again."""
     return partial(
         report_async,
         resend,
@@ -289,9 +303,7 @@ class BatchReports:
     """
 
     __slots__ = (
-        "born_ms",
         "handlers",
-        "headers",
         "kafka_topics",
         "msg_ids",
         "msgs",
@@ -314,10 +326,6 @@ class BatchReports:
         self.msg_ids = [""] * count
         self.kafka_topics = [""] * count
         """Where each record went (set as it is handed over)."""
-        self.headers: list[Headers] = [()] * count
-        self.born_ms = [0] * count
-        """Each record's headers and timestamp (set as it is handed over), to send it again
-        alone (a report carries neither)."""
         self.too_large: list[int] = []
         """Indexes of the messages refused with their request batch as too large
         (:func:`refused_with_its_batch`), in the order the reports came."""

@@ -16,8 +16,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from bridge.client.producer import Producer
 from bridge.client.reader import read_to_end
+from bridge.client.sender import RecordSender
 from bridge.codec import PreparedRecord, message_from_record
 from bridge.config import ClientConfig
 from bridge.consumer.send_back import ReplayTarget, origin_topic, replay_record
@@ -203,12 +203,12 @@ def write_back(
         return []
     replayed: list[MessageExt] = []
     failed: list[ReplayFailure] = []
-    with Producer("bridge-dlq-replay", config=config) as producer:
+    with RecordSender(config, "bridge-dlq-replay") as sender:
         for start in range(0, len(letters), REPLAY_CHUNK):
             chunk = letters[start : start + REPLAY_CHUNK]
             built, unbuilt = prepare_replay(chunk, group, target, namespace=config.namespace)
             failed.extend(unbuilt)
-            results = producer.send_records_sync([r for _, r in built]) if built else []
+            results = sender.send_records_sync([r for _, r in built]) if built else []
             for (m, _), r in zip(built, results, strict=True):
                 if isinstance(r, KafkaClientError):
                     failed.append(ReplayFailure(m, f"{type(r).__name__}: {r}"))

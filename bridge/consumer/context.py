@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from bridge.client.producer import Producer
+from bridge.client.sender import RecordSender
 from bridge.config import ClientConfig
 from bridge.consumer.config import PushConsumerConfig
 from bridge.consumer.counters import Counters
@@ -75,7 +75,7 @@ class ConsumerContext:
         """By RocketMQ topic name."""
         self.counters = Counters(group, config.namespace)
         self.scheduler = Scheduler(group)
-        self.producer: Producer | None = None
+        self.producer: RecordSender | None = None
         """The producer of copies (send-backs, quarantine), once started."""
         self.executor: ThreadPoolExecutor | None = None
         """The listener threads, once started."""
@@ -90,7 +90,7 @@ class ConsumerContext:
         return self.settings.message_model is MessageModel.BROADCASTING
 
     @property
-    def sender(self) -> Producer:
+    def sender(self) -> RecordSender:
         """The producer of copies, once started."""
         if self.producer is None:
             raise IllegalStateError(f"push consumer {self.group} is not started")
@@ -101,7 +101,7 @@ class ConsumerContext:
         unacknowledged.
 
         The producer's flush waits for the copies it sent again alone too
-        (:meth:`Producer.flush`), and the reports it serves may send a copy on (to quarantine):
+        (:meth:`RecordSender.flush`), and the reports it serves may send a copy on (to quarantine):
         flushed again until nothing is in flight, so no copy is still being written when the
         offsets are committed."""
         deadline = time.monotonic() + timeout_ms / 1000

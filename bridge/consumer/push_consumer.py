@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from typing import Any, Final
 
-from bridge.client.producer import Producer
+from bridge.client.sender import RecordSender
 from bridge.config import ClientConfig
 from bridge.consumer.concurrent import ConcurrentConsumption
 from bridge.consumer.config import PushConsumerConfig, apply_group_kafka_config
@@ -423,7 +423,7 @@ class PushConsumer(Startable):
             topic_names[retry_kafka_topic] = RETRY_GROUP_TOPIC_PREFIX + self.group
         # Nothing waits on a copy's acknowledgement but its held message: batch them longer.
         linger_ms = max(self.config.linger_ms, _COPY_LINGER_MS)
-        context.producer = Producer(self.group, config=self.config.replace(linger_ms=linger_ms))
+        context.producer = RecordSender(self.config.replace(linger_ms=linger_ms), self.group)
         context.producer.start()
         if clustering and not consumption.in_place:
             self._prepare_send_backs(context.producer)
@@ -438,7 +438,7 @@ class PushConsumer(Startable):
         )
         self._fetcher.start()
 
-    def _prepare_send_backs(self, producer: Producer) -> None:
+    def _prepare_send_backs(self, producer: RecordSender) -> None:
         """Have the producer of copies check the system topics (SCHEDULE, where a retry copy
         waits) now, before any message is fetched. Otherwise the first send-back of each
         listener thread does it, all at once, while their partitions stop (admin round trips,

@@ -27,7 +27,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Final
 
-from bridge.codec import PreparedRecord, plain_record, stamped_copy
+from bridge.client.records import plain_record
+from bridge.codec import PreparedRecord, stamped_copy
 from bridge.config import ClientConfig
 from bridge.consumer.model import RetryRoute
 from bridge.delay.routing import delayed_record

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Final
 
-from bridge.client.producer import Producer
+from bridge.client.sender import RecordSender
 from bridge.client_configuration import (
     ClientConfiguration,
     as_client_config,
@@ -260,8 +260,8 @@ class SimpleConsumer(Startable):
         retry_kafka_topic = catalog.retry_topic(self.consumer_group)
         self._topic_names[retry_kafka_topic] = RETRY_GROUP_TOPIC_PREFIX + self.consumer_group
         linger_ms = max(self.config.linger_ms, _COPY_LINGER_MS)
-        context.producer = Producer(
-            self.consumer_group, config=self.config.replace(linger_ms=linger_ms)
+        context.producer = RecordSender(
+            self.config.replace(linger_ms=linger_ms), self.consumer_group
         )
         context.producer.start()
         self._fetcher = Fetcher(

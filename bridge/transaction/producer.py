@@ -4,83 +4,53 @@
 real topic), runs ``execute_local_transaction`` and writes the decision after the half
 message; the coordinator applies it. Its two halves are public too, for RocketMQ 5's model
 (``bridge.v5``: begin a transaction, send, commit or roll back later): ``send_half_message``
-and ``end_transaction``. Undecided transactions are checked: the coordinator
-writes a check request to the producer group's check topic, which every producer of the
-group consumes as one Kafka consumer group, so each request reaches exactly one live member
-(and a dead member's requests move to the others). Checks are answered on named threads
-(RocketMQ's defaults: 1 thread, 2000 requests held). Every wait is bounded: a
-``check_local_transaction`` that runs longer than ``check_timeout_ms`` gets a thread started
-in its place, so the checks queued behind it go on; a hung one delays ``shutdown()`` by at
-most its timeout, and an unanswered check is simply asked again by the coordinator at its
-next check interval.
+and ``end_transaction``. Undecided transactions are checked: the coordinator writes a check
+request to the producer group's check topic, which the producer's
+:class:`~bridge.transaction.check_responder.CheckResponder` answers with the listener's
+``check_local_transaction``.
+
+The producer's collaborators: a :class:`~bridge.client.records.RecordBuilder` checks each
+message and builds its record as :meth:`bridge.Producer.prepare` does (an explicit partition
+against the sender's metadata), the :class:`~bridge.transaction.sender.HalfSender` writes the
+half messages and the decisions, the ``CheckResponder`` answers the checks.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import count
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError
 
-from bridge.client.producer import Producer, SendStatus
-from bridge.client.send_checks import PartitionCounts, kafka_topic_for
+from bridge.client.records import RecordBuilder, producer_settings
+from bridge.client.send_results import SendStatus
 from bridge.codec import PreparedRecord, decode_envelope, encode_envelope
 from bridge.config import ClientConfig
 from bridge.errors import (
     IllegalStateError,
     InvalidArgumentError,
     KafkaClientError,
-    WireFormatError,
 )
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_consumer
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.message import Message, MessageConst, MessageExt, local_ipv4
 from bridge.serialization import Serializer
+from bridge.transaction.check_responder import CheckResponder, run_listener
 from bridge.transaction.model import (
-    CheckRequest,
     EndTransaction,
     TransactionListener,
     TransactionStatus,
 )
 from bridge.transaction.sender import HalfSender
 from topics.catalog import SystemTopic, TopicCatalog
-from topics.naming import transaction_check_group, validate_user_group
+from topics.naming import validate_user_group
 
 logger = logging.getLogger(__name__)
-
-_HOLD_WAIT_S = 0.05
-"""How long the check loop waits for a request, or for room in the check hold, before it
-looks at the stop flag and the hung checks again, s."""
-_ANSWERS_KEPT = 20_000
-"""Answers of the last this many checks are kept: a check asked again is answered the same
-way without a second call of ``check_local_transaction``."""
-_COMMIT_INTERVAL_S = 1.0
-"""The check consumer commits the offsets of the requests it took at most this often, s."""
-
-
-@dataclass(slots=True)
-class _RunningCheck:
-    """A ``check_local_transaction`` call in progress on a check thread."""
-
-    transaction_id: str
-    check_times: int
-    started_s: float
-    """When it started, ``time.monotonic()`` s."""
-    replaced: bool = False
-    """Past ``check_timeout_ms``: another check thread was started in its place, and its
-    place in the check hold released."""
-    refused: bool = False
-    """Past ``check_timeout_ms`` with no thread left to start (logged once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,23 +85,6 @@ class HalfMessage:
     half_offset: int
     message: MessageExt
     """The message as stored (as the listener and the check-back see it)."""
-
-
-def _run_listener(what: str, call: Any, transaction_id: str) -> TransactionStatus:
-    try:
-        status = call()
-    except Exception:
-        logger.exception("transaction %s: %s raised; state is UNKNOWN", transaction_id, what)
-        return TransactionStatus.UNKNOWN
-    if not isinstance(status, TransactionStatus):
-        logger.error(
-            "transaction %s: %s returned %r, not a TransactionStatus; state is UNKNOWN",
-            transaction_id,
-            what,
-            status,
-        )
-        return TransactionStatus.UNKNOWN
-    return status
 
 
 class TransactionMQProducer(Startable):
@@ -178,57 +131,36 @@ class TransactionMQProducer(Startable):
             )
         self.group = group
         self.listener = listener
-        # Checks and builds each message (never started: the half messages and end requests
-        # go through the sender below).
-        self._producer = Producer(
-            group,
+        self.config, serializers = producer_settings(
             bootstrap_servers=bootstrap_servers,
             namespace=namespace,
+            send_msg_timeout_ms=None,
             config=config,
             kafka_config=kafka_config,
             key_serializer=key_serializer,
             value_serializer=value_serializer,
         )
-        self.config = self._producer.config
-        self._sender = HalfSender(self.config, group)
-        self._partition_counts = PartitionCounts(self.config)
         # The check consumers' group is <namespace>.transaction-check.<group>: the group name
         # must not be one of the bridge's own.
         validate_user_group(group, self.config.namespace)
+        self._sender = HalfSender(self.config, group)
+        # Checks and builds each message (an explicit partition against the sender's
+        # metadata); the half messages and end requests go through the sender.
+        self._builder = RecordBuilder(self.config, serializers, self._sender.metadata)
         self.catalog = TopicCatalog(namespace=self.config.namespace)
         self.producer_id = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
-        self._check_pool_size = check_thread_pool_size
-        self._check_hold = threading.BoundedSemaphore(check_request_hold_max)
-        self._check_hold_max = check_request_hold_max
-        self._check_timeout_ms = check_timeout_ms
         self._check_partitions = check_topic_partitions
-        self._session_timeout_ms = session_timeout_ms
         self._lifecycle = Lifecycle(f"transaction producer {group}")
-        self._stop = threading.Event()
-        self._check_thread: threading.Thread | None = None
-        # Checks are answered on daemon threads (_start_worker).
-        self._check_queue: queue.SimpleQueue[tuple[str, Callable[[], None]] | None] = (
-            queue.SimpleQueue()
+        self._responder = CheckResponder(
+            self.config,
+            group,
+            listener=self._require_listener,
+            end=self._end_from_check,
+            pool_size=check_thread_pool_size,
+            hold_max=check_request_hold_max,
+            timeout_ms=check_timeout_ms,
+            session_timeout_ms=session_timeout_ms,
         )
-        self._checks_lock = threading.Condition()
-        self._checks: dict[int, tuple[str, str]] = {}
-        """Check number -> (transaction id, ``queued`` or ``running``), for each check taken
-        and not answered yet."""
-        self._check_numbers = count()
-        self._answered: OrderedDict[tuple[str, int], TransactionStatus] = OrderedDict()
-        """(transaction id, check number) -> the listener's answer, for the last
-        :data:`_ANSWERS_KEPT` checks called."""
-        self._answers_closed = False
-        # The watchdog (run by the check loop): a check call past check_timeout_ms no longer
-        # counts as one of the pool's threads; one more is started in its place, and a thread
-        # stops again once the pool is back above its size.
-        self._running: dict[int, _RunningCheck] = {}
-        """Check number -> the call in progress, for each check a thread is answering."""
-        self._workers_alive = 0
-        """Check threads started and not stopped (hung ones included)."""
-        self._replaced_running = 0
-        """Calls still running that another thread was started in place of."""
-        self._worker_names = count()
         self._half_topic = self.catalog.topic(SystemTopic.HALF)
         self._born_host = local_ipv4()
 
@@ -270,14 +202,7 @@ class TransactionMQProducer(Startable):
         except BaseException:
             self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
             raise
-        with self._checks_lock:
-            self._workers_alive += self._check_pool_size
-        for _ in range(self._check_pool_size):
-            self._start_worker()
-        self._check_thread = threading.Thread(
-            target=self._check_loop, name=f"bridge-txn-check-{self.group}", daemon=True
-        )
-        self._check_thread.start()
+        self._responder.start()
 
     def shutdown(self, timeout_ms: int | None = None) -> None:
         """Stop taking check requests, wait at most ``timeout_ms`` (default
@@ -297,39 +222,8 @@ class TransactionMQProducer(Startable):
         timeout = self.config.send_msg_timeout_ms if timeout_ms is None else timeout_ms
         if timeout < 0:
             raise InvalidArgumentError(f"timeout_ms must not be negative, got {timeout}")
-        deadline = time.monotonic() + timeout / 1000
-        self._stop.set()
-        check_thread = self._check_thread
-        if check_thread is not None:
-            # It sees the stop flag within one poll or hold wait, then leaves its group.
-            check_thread.join(max(deadline - time.monotonic(), 0) + 2 * _HOLD_WAIT_S)
-            if check_thread.is_alive():
-                logger.warning(
-                    "transaction producer %s: the check consumer did not stop within %d ms; "
-                    "left behind",
-                    self.group,
-                    timeout,
-                )
-        with self._checks_lock:
-            self._checks_lock.wait_for(
-                lambda: not self._checks, max(deadline - time.monotonic(), 0)
-            )
-            self._answers_closed = True
-            abandoned = sorted(self._checks.values())
-            workers = self._workers_alive
-        for _ in range(workers):
-            self._check_queue.put(None)  # idle workers stop; hung ones are daemons
-        if abandoned:
-            logger.warning(
-                "transaction producer %s: shutdown abandoned %d unanswered checks after %d ms "
-                "(%s); the coordinator asks again at its next check interval",
-                self.group,
-                len(abandoned),
-                timeout,
-                ", ".join(f"{tid} {state}" for tid, state in abandoned),
-            )
+        self._responder.stop(time.monotonic() + timeout / 1000, timeout)
         self._sender.shutdown(timeout)
-        self._producer.shutdown(timeout)
         self._lifecycle.transition(ServiceState.SHUTDOWN_ALREADY)
 
     def stop(self) -> None:
@@ -350,7 +244,7 @@ class TransactionMQProducer(Startable):
         self._lifecycle.require_running()
         half = self.send_half_message(msg, partition=partition)
         tid = half.transaction_id
-        state = _run_listener(
+        state = run_listener(
             "execute_local_transaction",
             lambda: listener.execute_local_transaction(half.message, arg),
             tid,
@@ -375,17 +269,9 @@ class TransactionMQProducer(Startable):
         given = msg
         # A value= object becomes its bytes (SerializationError: nothing stored, no
         # transaction begun); the half message and the listener's message carry them.
-        msg = self._producer.serialized(msg)
-        # Validates topic, body and size; assigns the id. Then the partition's range, from the
-        # sender's metadata.
-        prepared = self._producer.prepare(msg, partition)
-        if partition != -1:
-            self._partition_counts.check(
-                self._sender.kafka,
-                msg.topic,
-                kafka_topic_for(msg.topic, self.config.namespace),
-                partition,
-            )
+        msg = self._builder.serialized(msg)
+        # Validates topic, body, size and the partition's range; assigns the id.
+        prepared = self._builder.prepare(msg, partition)
         tid = prepared.msg_id
         props = dict(msg.wire_properties())
         props.pop(MessageConst.DELAY_TIME_LEVEL, None)
@@ -466,6 +352,12 @@ class TransactionMQProducer(Startable):
             self._half_topic, tid.encode(), end.encode(), [], tid, end.requested_at_ms
         )
 
+    def _end_from_check(
+        self, tid: str, half_partition: int, status: TransactionStatus, check_times: int
+    ) -> None:
+        """:meth:`_end` of a check's answer."""
+        self._end(tid, half_partition, status, from_check=True, check_times=check_times)
+
     def _end(
         self,
         tid: str,
@@ -489,338 +381,3 @@ class TransactionMQProducer(Startable):
             # and is not the caller's error (a retry would send a second message); the
             # coordinator checks the transaction back, as for an end request not stored.
             logger.warning("transaction %s: end request not sent (%s)", tid, exc)
-
-    # --- check-back ---------------------------------------------------------------------------
-    def _check_loop(self) -> None:
-        """Take check requests while the check hold has room, and keep the group membership
-        whatever the request rate: offsets are committed at most once per
-        :data:`_COMMIT_INTERVAL_S` (one commit per storm of requests, not one a request:
-        thousands of commits queued on the connection held back the heartbeats until the
-        session timed out), and while the hold is full the partitions are paused and polled
-        (a consumer that stops polling leaves its group)."""
-        topic = self.catalog.check_topic(self.group)
-        taken: dict[int, int] = {}
-        """Partition -> the offset after the last request taken, not committed yet."""
-        committed_at = time.monotonic()
-        paused: list[TopicPartition] = []
-        rewind: set[int] = set()
-        """Partitions sought back (while paused) to a request read but not taken."""
-
-        def commit(partitions: list[TopicPartition] | None = None) -> None:
-            # Synchronous when partitions are named (revoked, or closing): their next owner
-            # starts after what this member took.
-            nonlocal committed_at
-            committed_at = time.monotonic()
-            wanted = [p.partition for p in partitions] if partitions is not None else list(taken)
-            offsets = [TopicPartition(topic, p, taken.pop(p)) for p in wanted if p in taken]
-            if not offsets:
-                return
-            try:
-                if partitions is None:
-                    consumer.commit(offsets=offsets, asynchronous=True)
-                else:
-                    consumer.commit(offsets=offsets, asynchronous=False)
-            except KafkaException as exc:
-                # Not lost: a request taken again is answered again (answers are idempotent),
-                # and one never answered is asked again by the coordinator.
-                logger.info("check consumer: offsets not committed (%s)", exc)
-
-        def revoked(_: Any, partitions: list[TopicPartition]) -> None:
-            nonlocal paused
-            commit(partitions)
-            paused = []  # a new assignment starts unpaused
-            rewind.clear()
-
-        def flow_control(call: Callable[[Any], None], partitions: Any) -> bool:
-            # Pausing, seeking or resuming a partition revoked meanwhile raises: the loop goes
-            # on (a request not taken is read by the partition's next owner, or asked again).
-            try:
-                call(partitions)
-            except KafkaException as exc:
-                logger.info("check consumer: %s of %s failed (%s)", call.__name__, partitions, exc)
-                return False
-            return True
-
-        consumer = new_consumer(
-            self.config,
-            transaction_check_group(self.config.namespace, self.group),
-            client_id=f"{self.group}-check",
-            session_timeout_ms=self._session_timeout_ms,
-            heartbeat_interval_ms=max(self._session_timeout_ms // 6, 500),
-        )
-        consumer.subscribe([topic], on_revoke=revoked, on_lost=revoked)
-        try:
-            while not self._stop.is_set():
-                self._watch_checks()
-                if time.monotonic() - committed_at >= _COMMIT_INTERVAL_S:
-                    commit()
-                if not self._check_hold.acquire(blocking=False):
-                    # RocketMQ's checkRequestHoldMax: the hold is full (perhaps of checks
-                    # behind a hung one). Requests wait in Kafka, for this member or another.
-                    if not paused:
-                        paused = consumer.assignment()
-                        flow_control(consumer.pause, paused)
-                    record = consumer.poll(_HOLD_WAIT_S)
-                    partition = None if record is None else record.partition()
-                    if record is not None and partition is not None and partition not in rewind:
-                        # Read before the pause took effect: read again after it.
-                        rewind.add(partition)
-                        flow_control(
-                            consumer.seek, TopicPartition(topic, partition, record.offset() or 0)
-                        )
-                    continue
-                if paused:
-                    if not flow_control(consumer.resume, paused):
-                        # Whatever was not resumed, this member must not stay paused.
-                        flow_control(consumer.resume, consumer.assignment())
-                    paused, rewind = [], set()
-                record = consumer.poll(_HOLD_WAIT_S)
-                if record is None:
-                    self._check_hold.release()
-                    continue
-                error = record.error()
-                if error is not None:
-                    self._check_hold.release()
-                    if error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                        logger.warning("check consumer: %s", error.str())
-                    continue
-                if not self._answer(record):
-                    self._check_hold.release()
-                taken[record.partition() or 0] = (record.offset() or 0) + 1
-            commit(consumer.assignment())
-        finally:
-            consumer.close()
-
-    def _answer(self, record: Any) -> bool:
-        """Queue a check request for the check threads, in the place the caller took in the
-        check hold; False when it is not queued (unreadable: its place is the caller's to
-        release)."""
-        try:
-            request = CheckRequest.decode(record.value())
-            msg = decode_envelope(request.message)
-            # As RocketMQ's listener sees it: this check counted (the coordinator sends the
-            # half message as stored).
-            msg.put_system_property(MessageConst.TRANSACTION_CHECK_TIMES, str(request.check_times))
-        except WireFormatError as exc:
-            logger.error(
-                "unreadable check request at %s@%d: %s", record.partition(), record.offset(), exc
-            )
-            return False
-        listener = self._require_listener()
-        tid = request.transaction_id
-
-        number = next(self._check_numbers)
-
-        def work() -> None:
-            replaced = False  # then the watchdog released its place in the hold
-            try:
-                with self._checks_lock:
-                    if self._answers_closed:
-                        return
-                    # One call per transaction at a time: the checks of a transaction whose
-                    # call hangs would each take a thread (up to check_request_hold_max).
-                    # Unanswered, it is asked again; the running call's answer still counts.
-                    # A check asked again (its answer was late, or lost) is answered as
-                    # before, without a second call.
-                    before = self._answered.get((tid, request.check_times))
-                    busy = next(
-                        (r for r in self._running.values() if r.transaction_id == tid), None
-                    )
-                    if before is None and busy is None:
-                        self._checks[number] = (tid, "running")
-                        self._running[number] = _RunningCheck(
-                            tid, request.check_times, time.monotonic()
-                        )
-                if before is not None:
-                    logger.info(
-                        "transaction %s: check %d asked again; answered %s again",
-                        tid,
-                        request.check_times,
-                        before.value,
-                    )
-                    self._end(
-                        tid,
-                        request.half_partition,
-                        before,
-                        from_check=True,
-                        check_times=request.check_times,
-                    )
-                    return
-                if busy is not None:
-                    # Asked, and still at it: UNKNOWN, so the check counts (a listener that
-                    # never returns for it ends with the message parked, not checked for ever).
-                    logger.warning(
-                        "transaction %s: check %d not called, check %d of it still runs; "
-                        "answered UNKNOWN",
-                        tid,
-                        request.check_times,
-                        busy.check_times,
-                    )
-                    self._end(
-                        tid,
-                        request.half_partition,
-                        TransactionStatus.UNKNOWN,
-                        from_check=True,
-                        check_times=request.check_times,
-                    )
-                    return
-                status = _run_listener(
-                    "check_local_transaction", lambda: listener.check_local_transaction(msg), tid
-                )
-                with self._checks_lock:
-                    late = self._answers_closed
-                    run = self._running.pop(number)
-                    self._answered[(tid, request.check_times)] = status
-                    if len(self._answered) > _ANSWERS_KEPT:
-                        self._answered.popitem(last=False)
-                    replaced = run.replaced
-                    if replaced:
-                        self._replaced_running -= 1
-                if replaced:
-                    logger.warning(
-                        "transaction %s: check %d returned %s after %d ms, past "
-                        "check_timeout_ms (%d)",
-                        tid,
-                        request.check_times,
-                        status.value,
-                        (time.monotonic() - run.started_s) * 1000,
-                        self._check_timeout_ms,
-                    )
-                if late:
-                    logger.info(
-                        "transaction %s: check %d answered %s after shutdown; not sent, "
-                        "the coordinator asks again",
-                        tid,
-                        request.check_times,
-                        status.value,
-                    )
-                    return
-                logger.info(
-                    "transaction %s: check %d answered %s", tid, request.check_times, status.value
-                )
-                try:
-                    self._end(
-                        tid,
-                        request.half_partition,
-                        status,
-                        from_check=True,
-                        check_times=request.check_times,
-                    )
-                except IllegalStateError:  # shut down meanwhile (at the shutdown deadline)
-                    logger.info("transaction %s: check answer not sent, shut down", tid)
-            finally:
-                with self._checks_lock:
-                    left = self._running.pop(number, None)
-                    if left is not None and left.replaced:  # raised past _run_listener
-                        replaced = True
-                        self._replaced_running -= 1
-                    self._checks.pop(number, None)
-                    self._checks_lock.notify_all()
-                if not replaced:
-                    self._check_hold.release()
-
-        with self._checks_lock:
-            self._checks[number] = (tid, "queued")
-        self._check_queue.put((tid, work))
-        return True
-
-    def _start_worker(self) -> None:
-        """Start a check thread the caller counted in ``_workers_alive`` already (uncounted
-        again if it cannot start). A daemon: a listener that never returns must not keep the
-        process alive after shutdown() gave up on it."""
-        worker = threading.Thread(
-            target=self._check_worker,
-            name=f"bridge-txn-check-worker-{self.group}-{next(self._worker_names)}",
-            daemon=True,
-        )
-        try:
-            worker.start()
-        except BaseException:
-            with self._checks_lock:
-                self._workers_alive -= 1
-            raise
-
-    def _watch_checks(self) -> None:
-        """Give each check call running longer than ``check_timeout_ms`` a thread in its
-        place, and its place in the check hold back, so the checks queued behind it go on
-        (RocketMQ's hold counts the requests waiting for a thread): at most one thread per
-        call, and never more than ``check_request_hold_max`` such threads in all. Run by the
-        check loop (every 0.2 s at least); the call itself goes on, and its answer is sent if
-        it returns."""
-        now = time.monotonic()
-        limit_s = self._check_timeout_ms / 1000
-        hung: list[tuple[_RunningCheck, bool]] = []
-        with self._checks_lock:
-            if self._answers_closed:
-                return
-            for run in self._running.values():
-                if run.replaced or now - run.started_s < limit_s:
-                    continue
-                extra = self._workers_alive - self._check_pool_size
-                if extra >= self._check_hold_max:
-                    # Looked at again on every pass: once extra threads end, it is replaced.
-                    if not run.refused:  # logged once
-                        run.refused = True
-                        hung.append((run, False))
-                    continue
-                run.replaced = True
-                self._check_hold.release()
-                self._replaced_running += 1
-                self._workers_alive += 1  # started below
-                hung.append((run, True))
-            if not hung:
-                return
-        for run, replace in hung:
-            ran_ms = (now - run.started_s) * 1000
-            if not replace:
-                logger.error(
-                    "transaction producer %s: transaction %s: check %d has run %d ms, past "
-                    "check_timeout_ms (%d); no thread started in its place, %d already are "
-                    "(check_request_hold_max)",
-                    self.group,
-                    run.transaction_id,
-                    run.check_times,
-                    ran_ms,
-                    self._check_timeout_ms,
-                    self._check_hold_max,
-                )
-                continue
-            logger.error(
-                "transaction producer %s: transaction %s: check %d has run %d ms, past "
-                "check_timeout_ms (%d); another check thread is started in its place, its "
-                "answer is still sent if it returns",
-                self.group,
-                run.transaction_id,
-                run.check_times,
-                ran_ms,
-                self._check_timeout_ms,
-            )
-            try:
-                self._start_worker()
-            except RuntimeError:
-                logger.exception("transaction producer %s: no check thread started", self.group)
-
-    def _check_worker(self) -> None:
-        while True:
-            with self._checks_lock:
-                # A thread started in place of a hung call stops once that call returned:
-                # whichever thread finds the pool above its size (the one back from the
-                # call, as a rule).
-                if (
-                    not self._answers_closed
-                    and self._workers_alive > self._check_pool_size + self._replaced_running
-                ):
-                    self._workers_alive -= 1
-                    return
-            item = self._check_queue.get()
-            if item is None:
-                with self._checks_lock:
-                    self._workers_alive -= 1
-                return
-            _, work = item
-            try:
-                work()
-            except BaseException:
-                # Never lose the worker, to a check's SystemExit either (RocketMQ's check
-                # thread catches Throwable); the check is asked again.
-                logger.exception("transaction producer %s: answering a check failed", self.group)

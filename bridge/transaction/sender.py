@@ -45,9 +45,9 @@ class HalfSender:
         self._stop = threading.Event()
         self._reports: threading.Thread | None = None
 
-    @property
-    def kafka(self) -> Any:
-        """The confluent-kafka producer (None before :meth:`start`), for metadata."""
+    def metadata(self) -> Any:
+        """The confluent-kafka producer, whose metadata gives partition counts (None before
+        :meth:`start`)."""
         return self._kafka
 
     def start(self) -> None:

@@ -12,7 +12,8 @@ import pytest
 from confluent_kafka import Consumer as RawConsumer
 from confluent_kafka import Producer as RawProducer
 
-from bridge import ClientConfig, MessageConst, Producer
+from bridge import ClientConfig, MessageConst
+from bridge.client.sender import RecordSender
 from bridge.codec import message_from_record
 from bridge.consumer.model import retry_route
 from bridge.consumer.send_back import ReplayTarget, replay_record, send_back_record
@@ -103,8 +104,8 @@ def test_a_retry_copy_keeps_binary_headers_through_schedule_and_the_coordinator(
     record = send_back_record(
         msg, GROUP, retry_route(0, 16, 1), 16, config=delay_config, born_host=b"10.0.0.9"
     )
-    with Producer("pg", config=delay_config) as producer:
-        producer.send_record_sync(record)
+    with RecordSender(delay_config, "pg") as sender:
+        sender.send_record_sync(record)
     (retried,) = raw_records(delay_config, delay_config.catalog().retry_topic(GROUP), 1)
     assert_foreign_headers_kept(retried)
     assert retried.value() == b"foreign body"
@@ -124,13 +125,13 @@ def test_a_dead_letter_and_its_replays_keep_binary_headers(
     letter = send_back_record(
         msg, GROUP, retry_route(16, 16), 16, config=delay_config, born_host=b"10.0.0.9"
     )
-    with Producer("pg", config=delay_config) as producer:
-        producer.send_record_sync(letter)
+    with RecordSender(delay_config, "pg") as sender:
+        sender.send_record_sync(letter)
         (dead,) = raw_records(delay_config, catalog.dlq_topic(GROUP), 1)
         assert_foreign_headers_kept(dead)
         dead_msg = message_from_record(dead, catalog)
         for target in ReplayTarget:
-            producer.send_record_sync(
+            sender.send_record_sync(
                 replay_record(dead_msg, GROUP, target, namespace=delay_config.namespace)
             )
     _, replayed = raw_records(delay_config, topic, 2)  # the original, then its replay

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Producer as RawProducer
 
 from bridge import read_messages
-from bridge.codec import plain_record
+from bridge.client.records import plain_record
 from bridge.config import ClientConfig
 from bridge.kafka.admin import TopicAdmin
 from bridge.message import Message, MessageConst

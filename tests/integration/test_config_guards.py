@@ -57,7 +57,7 @@ def _write_checks(config: ClientConfig, group: str, transaction_ids: list[str]) 
 def _hold_is_full(producer: TransactionMQProducer) -> bool:
     """Whether every place of the producer's check hold is taken: its check loop then leaves
     further requests in Kafka (its partitions paused) until a place is free."""
-    return producer._check_hold._value == 0
+    return producer._responder._check_hold._value == 0
 
 
 def test_shutdown_is_bounded_while_a_check_hangs_and_the_hold_is_full(
@@ -73,7 +73,7 @@ def test_shutdown_is_bounded_while_a_check_hangs_and_the_hold_is_full(
     try:
         _write_checks(client_config, group, ["tid-hung", "tid-waiting"])
         wait_until(lambda: listener.checking == ["tid-hung"], 60)
-        check_thread = producer._check_thread
+        check_thread = producer._responder._check_thread
         assert check_thread is not None
         # The hung check holds the only place: the check loop waits for room, its partitions
         # paused, the second request left in Kafka.

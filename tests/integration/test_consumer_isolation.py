@@ -26,7 +26,8 @@ from confluent_kafka import Consumer as RawConsumer
 from confluent_kafka import Producer as RawProducer
 
 from bridge import ClientConfig, Message, MessageConst, MessageExt, Producer, read_messages
-from bridge.client import producer as producer_module
+from bridge.client import resend as resend_module
+from bridge.client import sender as sender_module
 from bridge.consumer import (
     ConsumeConcurrentlyContext,
     ConsumeFromWhere,
@@ -383,18 +384,22 @@ def test_a_copy_that_cannot_be_built_is_quarantined_and_one_that_cannot_be_sent_
         return build(msg, *args, **kwargs)
 
     monkeypatch.setattr(retry_policy_module, "send_back_record", unbuildable)
-    send_record = producer_module.Producer.send_record_async
+    send_record = sender_module.RecordSender.send_record_async
     raised: list[str] = []
 
     def refuses_once(
-        self: Producer, record: Any, partition: int, callback: Any, **kwargs: Any
+        self: sender_module.RecordSender,
+        record: Any,
+        partition: int,
+        callback: Any,
+        **kwargs: Any,
     ) -> None:
         if record.msg_id == ids["unsendable"] and not raised:
             raised.append(record.msg_id)
             raise RuntimeError("the client broke while sending")
         send_record(self, record, partition, callback, **kwargs)
 
-    monkeypatch.setattr(producer_module.Producer, "send_record_async", refuses_once)
+    monkeypatch.setattr(sender_module.RecordSender, "send_record_async", refuses_once)
     listener = Listener(fail_first=frozenset({b"unbuildable", b"unsendable"}))
     consumer = start_consumer(consumers, config, group, topic, listener)
     wait_until(lambda: consumer.stats().quarantined == 1 and len(listener.of(b"unsendable")) == 2)
@@ -930,15 +935,14 @@ def test_an_orderly_dlq_copy_too_large_even_alone_is_sent_alone_once_per_attempt
         for body in (small, large):
             producer.send_async(Message(topic, body))
         assert producer.flush() == 0
-    send_records = producer_module.Producer.send_records_sync
+    send_alone = resend_module.AloneResender.send_all_sync
     alone_sends: list[int] = []
 
-    def counted(self: Producer, records: list[Any], **options: Any) -> Any:
-        if self.config.kafka.get("batch.num.messages") == "1":
-            alone_sends.extend(1 for r in records if len(r.value or b"") >= len(large))
-        return send_records(self, records, **options)
+    def counted(self: resend_module.AloneResender, refused: list[Any], started: float) -> Any:
+        alone_sends.extend(1 for r, _ in refused if len(r.value or b"") >= len(large))
+        return send_alone(self, refused, started)
 
-    monkeypatch.setattr(producer_module.Producer, "send_records_sync", counted)
+    monkeypatch.setattr(resend_module.AloneResender, "send_all_sync", counted)
     listener = OrderlyFailsAny(frozenset({small, large}))
     consumer = start_consumer(
         consumers, config, group, topic, listener, max_reconsume_times=0,

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Producer as RawProducer
 
 from bridge import read_messages
-from bridge.codec import plain_record
+from bridge.client.records import plain_record
 from bridge.config import ClientConfig
 from bridge.consumer import admin
 from bridge.consumer.admin import DeadLetterReplayError, read_dead_letters, replay_dead_letters

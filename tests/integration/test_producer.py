@@ -13,7 +13,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from bridge import ClientConfig, Message, Producer, SendResult, SendStatus, read_messages
-from bridge.codec import plain_record
+from bridge.client.records import plain_record
+from bridge.client.sender import RecordSender
 from bridge.errors import (
     IllegalStateError,
     InvalidMessageError,
@@ -225,14 +226,14 @@ def test_send_record_async_raises_only_for_a_record_it_did_not_take(
             raise RuntimeError("a callback that fails")
 
     sent = 0
-    with Producer("send_record_raising_cb", config=client_config) as producer:
+    with RecordSender(client_config, "send_record_raising_cb") as sender:
         deadline = time.monotonic() + 30
         while not reports and time.monotonic() < deadline:
             record = plain_record(Message(topic, b"x"), topic, f"id-{sent}", 0, b"h")
-            producer.send_record_async(record, -1, raising)
+            sender.send_record_async(record, -1, raising)
             sent += 1
         assert reports, "no report served on the sending thread"
-        producer.flush(10_000)
+        sender.flush(10_000)
     assert len(reports) == sent
     assert all(err is None for err in reports)
 

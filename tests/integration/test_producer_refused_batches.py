@@ -104,7 +104,8 @@ def _send_batch(producer: Producer, msgs: list[Message]) -> list[Any]:
 def _send_records_sync(producer: Producer, msgs: list[Message]) -> list[Any]:
     records = producer.prepare_batch(msgs)
     outcomes: list[Any] = []
-    for msg, record, result in zip(msgs, records, producer.send_records_sync(records), strict=True):
+    results = producer._sender.send_records_sync(records)
+    for msg, record, result in zip(msgs, records, results, strict=True):
         if isinstance(result, KafkaClientError):
             outcomes.append(result)
         else:
@@ -188,7 +189,7 @@ def test_send_record_async_resending_alone_reports_only_a_records_own_refusal(
     with Producer("pg", config=client_config) as producer:
         records = producer.prepare_batch(msgs)
         for index, record in enumerate(records):
-            producer.send_record_async(
+            producer._sender.send_record_async(
                 record, record.partition, partial(reported, index), resend_alone=True
             )
         assert producer.flush() == 0

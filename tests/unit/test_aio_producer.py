@@ -29,15 +29,15 @@ def full_queue_producer(send_msg_timeout_ms: int, max_queued_sends: int = 10_000
 
 
 class HandOverLog:
-    """Wraps the threaded producer's ``send_record_async``: which record values reached
+    """Wraps the producer's record sender's ``send_record_async``: which record values reached
     librdkafka after their caller already had an outcome."""
 
     def __init__(self, producer: Producer) -> None:
         self.given_up: set[bytes] = set()
         self.handed: list[bytes] = []
         self.handed_after_outcome: list[bytes] = []
-        threaded = producer.threaded
-        original = threaded.send_record_async
+        sender = producer._record_sender
+        original = sender.send_record_async
 
         def spy(
             record: PreparedRecord, partition: int, callback: Any, *, resend_alone: bool = False
@@ -48,7 +48,7 @@ class HandOverLog:
                 self.handed_after_outcome.append(value)
             original(record, partition, callback, resend_alone=resend_alone)
 
-        threaded.send_record_async = spy  # type: ignore[method-assign]
+        sender.send_record_async = spy  # type: ignore[method-assign]
 
 
 async def wait_for(condition: Any, timeout_s: float) -> None:

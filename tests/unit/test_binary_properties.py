@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import pytest
 
 from bridge import ClientConfig, Message, MessageConst, MessageExt, codec
+from bridge.client.records import plain_record
 from bridge.consumer.model import retry_route
 from bridge.consumer.send_back import ReplayTarget, replay_record, send_back_record
 from bridge.delay.model import InvalidDelayError
@@ -141,7 +142,7 @@ def test_a_user_may_put_bytes_and_they_travel_as_they_are() -> None:
     msg = Message("orders", b"x", properties={"schema-id": b"\x00\x00\x00\x00\x2a"})
     msg.put_user_property("trace-bin", bytearray(b"\xff\xfe"))
     assert msg.get_property("trace-bin") == b"\xff\xfe"
-    record = codec.plain_record(msg, "orders", "ID", 1, b"h")
+    record = plain_record(msg, "orders", "ID", 1, b"h")
     written = _bytes_of(record.headers)
     assert written["schema-id"] == b"\x00\x00\x00\x00\x2a"
     assert written["trace-bin"] == b"\xff\xfe"

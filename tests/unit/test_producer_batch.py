@@ -40,7 +40,7 @@ def nowhere(send_msg_timeout_ms: int = 3000, **kafka: str) -> ClientConfig:
 def started() -> Iterator[Producer]:
     with Producer("pg", config=nowhere(send_msg_timeout_ms=1000)) as producer:
         yield producer
-        producer._kafka.purge()  # nothing is delivered: drop what is queued
+        producer._sender.pump.kafka.purge()  # nothing is delivered: drop what is queued
 
 
 def comparable(record: PreparedRecord) -> tuple[Any, ...]:
@@ -205,8 +205,8 @@ class ProduceLog:
 
 
 def test_a_bad_message_anywhere_in_a_batch_sends_none_of_it(started: Producer) -> None:
-    log = ProduceLog(started._kafka)
-    started._kafka = log
+    log = ProduceLog(started._sender.pump.kafka)
+    started._sender.pump.kafka = log
     batch = [Message("orders", b"a"), Message("orders", b"b"), _with(tags=b"bytes")]
     with pytest.raises(InvalidMessageError, match="tags must be a string, got bytes"):
         started.send_batch(batch)
@@ -252,7 +252,7 @@ def test_a_local_queue_full_for_the_send_timeout_fails_the_rest_unsent() -> None
     # One record fits and no broker takes it: the second waits the whole timeout for room,
     # then it and the third fail without being sent.
     with Producer("pg", config=nowhere(send_msg_timeout_ms=1000)) as producer:
-        producer._kafka = log = QueueFullAfter(producer._kafka, room=1)
+        producer._sender.pump.kafka = log = QueueFullAfter(producer._sender.pump.kafka, room=1)
         started = time.monotonic()
         results = producer.send_batch([Message("orders", f"m{i}".encode()) for i in range(3)])
         elapsed = time.monotonic() - started
@@ -269,7 +269,7 @@ class OtherSendsWhileFull(ProduceLog):
     take ``taken`` message ids of the same producer; then there is room again."""
 
     def __init__(self, producer: Producer, taken: int) -> None:
-        super().__init__(producer._kafka)
+        super().__init__(producer._sender.pump.kafka)
         self.producer = producer
         self.taken = taken
         self.stalled = False
@@ -278,7 +278,7 @@ class OtherSendsWhileFull(ProduceLog):
         if len(self.values) == 1 and not self.stalled:
             self.stalled = True
             for _ in range(self.taken):
-                self.producer._ids.next_id()
+                self.producer._builder._ids.next_id()
             raise BufferError("Local: Queue full")
         super().produce(topic, value, *args, **kwargs)
 
@@ -287,9 +287,9 @@ def test_ids_stay_unique_when_a_hand_over_waits_while_other_sends_take_ids() -> 
     # The 16-bit counter goes round once while the second message waits for room: a record
     # built after the wait with the batch's old millisecond would repeat the first one's id.
     with Producer("pg", config=nowhere(send_msg_timeout_ms=1000)) as producer:
-        producer._kafka = log = OtherSendsWhileFull(producer, taken=65_534)
+        producer._sender.pump.kafka = log = OtherSendsWhileFull(producer, taken=65_534)
         results = producer.send_batch([Message("orders", f"m{i}".encode()) for i in range(3)])
-        producer._kafka.purge()
+        producer._sender.pump.kafka.purge()
     assert log.stalled
     ids = [str(r).split("send of ")[1].split()[0] for r in results]
     assert len(set(ids)) == 3, ids

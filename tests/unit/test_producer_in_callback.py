@@ -40,7 +40,7 @@ def test_a_send_in_a_callback_finding_the_queue_full_fails_at_once() -> None:
 
         producer.send_async(Message("t", b"first"), on_exception=on_exception)
         assert done.wait(20)
-        producer._kafka.purge()
+        producer._sender.pump.kafka.purge()
     (full, full_s), (sync, _) = outcomes
     assert full is SendTimeoutError and full_s < 0.5
     assert sync is IllegalStateError

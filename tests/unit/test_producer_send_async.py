@@ -1,7 +1,6 @@
-"""``Producer.send_async`` without a broker (an address nobody listens on): the record it
-hands to librdkafka is the one ``prepare`` builds, and it refuses what ``prepare`` refuses
-with the same typed error, before anything reaches librdkafka, whether the topic was sent
-to before or not."""
+"""``Producer.send_async`` without a broker (an address nobody listens on): the ids of the
+records it hands to librdkafka, and the trace context it writes into a message (the records
+themselves are the record builder's: ``test_record_builder.py``)."""
 
 from __future__ import annotations
 
@@ -9,15 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
 
 from bridge import ClientConfig, Message, Producer
-from bridge.errors import BridgeError
 from bridge.message import MessageConst
 
 NOWHERE = "127.0.0.1:1"
-any_text = st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from("\ud800\udfff"))
 
 
 class HandedOver:
@@ -41,94 +36,17 @@ def producer() -> Iterator[Producer]:
         bootstrap_servers=NOWHERE, namespace="ns", max_message_bytes=1000, send_msg_timeout_ms=1000
     )
     with Producer("pg", config=config) as started:
-        kafka = started._kafka
-        started._kafka = HandedOver(kafka)
+        kafka = started._sender.pump.kafka
+        started._sender.pump.kafka = HandedOver(kafka)
         yield started
-        started._kafka = kafka
+        started._sender.pump.kafka = kafka
         kafka.purge()
 
 
 def handed_over(producer: Producer) -> list[dict[str, Any]]:
-    log = producer._kafka
+    log = producer._sender.pump.kafka
     assert isinstance(log, HandedOver)
     return log.records
-
-
-def comparable(record: dict[str, Any]) -> tuple[Any, ...]:
-    """What ``produce`` was given, without the id (the only part two builds differ in)."""
-    headers = [
-        (n, v) for n, v in record["headers"] if n != MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
-    ]
-    return record["topic"], record["key"], record["value"], headers, record["partition"]
-
-
-def _with(topic: object, tags: object, body: object) -> Message:
-    msg = Message("orders", b"x")
-    msg.topic = topic  # type: ignore[assignment]  # what an untyped caller can do
-    msg.tags = tags  # type: ignore[assignment]
-    msg._body = body  # type: ignore[assignment]
-    return msg
-
-
-@settings(
-    max_examples=300,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(
-    topic=st.one_of(
-        st.sampled_from(["orders", "__consumer_offsets", "SCHEDULE_TOPIC_XXXX", "bad topic!"]),
-        any_text,
-        st.integers(),
-        st.none(),
-    ),
-    tags=st.one_of(st.none(), any_text, st.integers(), st.binary(max_size=3), st.just("T" * 9000)),
-    body=st.one_of(st.binary(max_size=3), st.just(b"x" * 2000), st.text(max_size=2)),
-)
-@example(topic="orders", tags="T", body=b"x")
-@example(topic="orders", tags=None, body=b"xy")
-@example(topic="orders", tags="", body="text")
-@example(topic="orders", tags="T\udc00", body=b"x")
-@example(topic="orders", tags="TagA", body=b"")
-@example(topic="orders", tags=b"TagA", body=b"x")
-@example(topic="orders", tags="\u6807\u7b7e", body=b"x")
-def test_send_async_hands_over_what_prepare_builds_and_refuses_what_it_refuses(
-    producer: Producer, topic: object, tags: object, body: object
-) -> None:
-    msg = _with(topic, tags, body)
-    try:
-        expected = producer.prepare(msg)
-    except BridgeError as exc:
-        refused: BridgeError | None = exc
-    else:
-        refused = None
-    # Twice: the first send maps the topic, the second finds it mapped already.
-    for _ in range(2):
-        before = len(handed_over(producer))
-        if refused is not None:
-            with pytest.raises(type(refused)) as raised:
-                producer.send_async(msg)
-            assert str(raised.value) == str(refused)
-            assert len(handed_over(producer)) == before  # nothing reached librdkafka
-            continue
-        msg_id = producer.send_async(msg)
-        record = handed_over(producer)[-1]
-        assert len(handed_over(producer)) == before + 1
-        assert (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id.encode()) in record["headers"]
-        assert record["timestamp"] > 0
-        assert comparable(record) == (
-            expected.kafka_topic,
-            expected.key,
-            expected.value,
-            [
-                (n, v)
-                for n, v in expected.headers
-                if n != MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
-            ],
-            expected.partition,
-        )
 
 
 def test_send_async_ids_are_unique_and_name_the_record(producer: Producer) -> None:

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from bridge import ClientConfig, Message, MessageConst, MessageExt, Producer
+from bridge.client.records import plain_record
 from bridge.codec import (
     BORN_TIMESTAMP_HEADER,
     copied_born_timestamp,
@@ -31,7 +32,6 @@ from bridge.codec import (
     header_bytes,
     header_value,
     message_from_record,
-    plain_record,
     stamped_copy,
     undecoded_message,
 )

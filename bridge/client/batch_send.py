@@ -1,0 +1,182 @@
+"""RocketMQ's batch send over librdkafka: :class:`BatchSender` hands the records of a checked
+batch to librdkafka, each with one small report handler, and waits once for every report
+(see :meth:`bridge.Producer.send_batch` for the rules)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Final
+
+from confluent_kafka import KafkaError
+
+from bridge.client.delivery import REPORT_GRACE_S, SYNC_FLUSH_SLICE_S, DeliveryPump
+from bridge.client.resend import AloneResender
+from bridge.client.send_results import (
+    BatchReports,
+    SendResult,
+    SendStatus,
+    record_send_failure,
+)
+from bridge.codec import PreparedRecord, new_tuple
+from bridge.errors import KafkaClientError, SendTimeoutError
+from bridge.kafka.clients import translate_error
+from bridge.message import Message
+from bridge.observability.metrics import active_metrics
+
+_BATCH_REPORTS_KEPT: Final = 4
+"""Report stores of finished batches kept for the next batches (one per thread sending
+batches at once), at most."""
+
+
+class BatchSender:
+    """Sends checked batches through ``pump``; ``build(msg, partition)`` builds the record of
+    a plain message the check left to build (``RecordBuilder.checked_record``), and
+    ``resender`` (None: records are sent alone already) sends again the records refused with
+    their request batch as too large."""
+
+    def __init__(
+        self,
+        pump: DeliveryPump,
+        resender: AloneResender | None,
+        build: Callable[[Message, int], PreparedRecord],
+        timeout_ms: int,
+    ) -> None:
+        self._pump = pump
+        self._resender = resender
+        self._build = build
+        self._timeout_ms = timeout_ms
+        self._idle_reports: list[BatchReports] = []
+        """Report stores (with their handlers) of finished batches, for the next ones."""
+
+    def send(
+        self, batch: list[Message], prepared: list[PreparedRecord | None], partition: int
+    ) -> list[SendResult | KafkaClientError]:
+        """Hand the records of ``batch`` (checked: ``prepared``, per message its record or
+        None for one to build) to librdkafka and wait for their reports."""
+        if not batch:
+            return []
+        self._pump.ensure_system_topics_for(prepared)
+        try:
+            reports = self._idle_reports.pop()
+        except IndexError:
+            reports = BatchReports()
+        reports.begin(batch, time.monotonic() if active_metrics() is not None else None)
+        with self._pump.batch_waiting():
+            complete = self._hand_over_and_wait(batch, prepared, partition, reports)
+        if reports.too_large:
+            if self._resender is not None:
+                self._send_alone(prepared, reports)
+            elif reports.started is not None:  # their reports were not recorded
+                for index in reports.too_large:
+                    record_send_failure(reports.started, reports.kafka_topics[index])
+        results = reports.results(self._timeout_ms)
+        # Every message has its outcome: no report of this batch can come any more, so its
+        # handlers serve the next batch. (Reports that did not come may still come: those
+        # handlers stay with this batch.)
+        if complete and len(self._idle_reports) < _BATCH_REPORTS_KEPT:
+            reports.begin((), None)
+            self._idle_reports.append(reports)
+        return results
+
+    def _hand_over_and_wait(
+        self,
+        batch: list[Message],
+        prepared: list[PreparedRecord | None],
+        partition: int,
+        reports: BatchReports,
+    ) -> bool:
+        """Hand each record of a batch to librdkafka, then serve reports until every one
+        came or ``send_msg_timeout_ms`` (plus the grace) passed since the last hand-over;
+        True if every message has its outcome."""
+        timeout_ms = self._timeout_ms
+        outcomes, handlers = reports.outcomes, reports.handlers
+        kept = len(handlers)
+        msg_ids, kafka_topics = reports.msg_ids, reports.kafka_topics
+        pump = self._pump
+        produce = pump.kafka.produce
+        build = self._build
+        stalled: SendTimeoutError | None = None
+        for index, msg in enumerate(batch):
+            # Each plain message's record built now, the clock read per record: a hand-over
+            # that waited for room dates the next one afterwards.
+            record = prepared[index]
+            if record is None:
+                prepared[index] = record = build(msg, partition)
+            kafka_topic, key, value, headers, msg_id, born_ms, record_partition = record
+            msg_ids[index] = msg_id
+            kafka_topics[index] = kafka_topic
+            if stalled is not None:
+                outcomes[index] = SendTimeoutError(
+                    f"send of {msg_id} to {kafka_topic}: not handed to Kafka, never sent (the "
+                    f"local queue stayed full for {timeout_ms} ms)"
+                )
+                continue
+            callback = handlers[index] if index < kept else reports.handler(index)
+            try:
+                produce(
+                    kafka_topic,
+                    value,
+                    key,
+                    partition=record_partition,
+                    on_delivery=callback,
+                    timestamp=born_ms,
+                    headers=headers,
+                )
+            except BufferError:  # the local queue is full: wait for room, as a single send
+                try:
+                    pump.produce(record, record_partition, callback)
+                except SendTimeoutError as exc:
+                    outcomes[index] = stalled = exc
+                except KafkaClientError as exc:
+                    outcomes[index] = exc
+            except Exception as exc:  # KafkaException: unknown partition, ...
+                outcomes[index] = translate_error(exc, f"send of {msg_id} to {kafka_topic}")
+        # flush() sends at once instead of waiting linger.ms, and serves delivery reports on
+        # this thread (the delivery thread serves some too).
+        flush = pump.flush
+        deadline = time.monotonic() + timeout_ms / 1000 + REPORT_GRACE_S
+        count = len(batch)
+        done = 0
+        while True:
+            done = reports.reported(done)
+            if done == count:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            flush(min(remaining, SYNC_FLUSH_SLICE_S))
+
+    def _send_alone(self, records: list[PreparedRecord | None], reports: BatchReports) -> None:
+        """Send the records of a batch (``records``, as handed over) refused with their
+        request batches as too large (``reports.too_large``) again each in a batch of its
+        own, in the batch's order, and wait: their outcomes replace the refusals."""
+        assert self._resender is not None
+        refused: list[tuple[int, PreparedRecord, KafkaError]] = []
+        for index in sorted(reports.too_large):
+            error = reports.outcomes[index]
+            record = records[index]
+            if isinstance(error, KafkaError) and record is not None:
+                refused.append((index, record, error))
+        if not refused:
+            return
+        again = self._resender.send_all_sync(
+            [(record, error) for _, record, error in refused],
+            time.monotonic() if reports.started is None else reports.started,
+        )
+        outcomes, msgs = reports.outcomes, reports.msgs
+        for (index, record, _), result in zip(refused, again, strict=True):
+            if isinstance(result, KafkaClientError):
+                outcomes[index] = result
+            else:
+                stored_partition, offset = result
+                outcomes[index] = new_tuple(
+                    SendResult,
+                    (
+                        SendStatus.SEND_OK,
+                        record.msg_id,
+                        offset,
+                        msgs[index].topic,
+                        stored_partition,
+                    ),
+                )
