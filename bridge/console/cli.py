@@ -1,0 +1,101 @@
+"""``bridge console``: serve the operator console for one namespace until Ctrl-C."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import threading
+from typing import Final
+
+import click
+
+from bridge.cli_common import bootstrap_option, client_config, console, stop_on_signals
+from bridge.cli_output import require_broker
+from bridge.console import require_flask
+from bridge.console.security import AUDIT_LOGGER, MIN_TOKEN_LENGTH, TOKEN_ENV, new_token
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT: Final = 8089
+"""The console's port unless ``--port`` says otherwise."""
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command("console")
+@bootstrap_option("Kafka to inspect (and, with --write, to write to).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on; anything but loopback is reachable from other machines.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(min=0, max=65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="Port to listen on (0: any free one; the address is printed).",
+)
+@click.option(
+    "--write",
+    "allow_writes",
+    is_flag=True,
+    help="Allow replays and drops (each needs the operator token); read-only without it.",
+)
+@click.pass_context
+def console_command(
+    ctx: click.Context, bootstrap_servers: str | None, host: str, port: int, allow_writes: bool
+) -> None:
+    """Serve the operator console: transactions, dead letters, delays and timers, quarantine
+    and health of one namespace (--namespace), in the browser. Read-only unless --write;
+    every write needs the operator token, from BRIDGE_CONSOLE_TOKEN (at least 16 characters)
+    or generated and printed once at start. Needs the 'console' extra."""
+    require_flask()
+    from werkzeug.serving import make_server  # noqa: PLC0415 - the optional extra
+
+    from bridge.console.app import ConsoleSettings, create_app  # noqa: PLC0415
+    from bridge.coordinator.coordinator import CoordinatorConfig  # noqa: PLC0415
+
+    # The audit trail (every write, done or refused) is logged whatever -v says.
+    logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
+    config = client_config(ctx, bootstrap_servers)
+    require_broker(config)
+    token = os.environ.get(TOKEN_ENV) or ""
+    generated = not token
+    if generated:
+        token = new_token()
+    elif len(token) < MIN_TOKEN_LENGTH:
+        raise click.UsageError(f"{TOKEN_ENV} must have at least {MIN_TOKEN_LENGTH} characters")
+    settings = ConsoleSettings(
+        client=config,
+        token=token,
+        allow_writes=allow_writes,
+        coordinator=CoordinatorConfig.from_env().with_client(config),
+    )
+    server = make_server(host, port, create_app(settings), threaded=True)
+    if not _loopback(host):
+        logger.warning("the console listens on %s: reachable from other machines", host)
+    shown_host = f"[{host}]" if ":" in host else host
+    mode = "writes allowed with the operator token" if allow_writes else "read-only"
+    console.print(
+        f"console on http://{shown_host}:{server.server_port}/ "
+        f"(namespace {config.namespace}, {mode}); Ctrl-C stops"
+    )
+    if generated and allow_writes:
+        console.print(f"operator token (shown once): {token}")
+    with stop_on_signals() as stop:
+        thread = threading.Thread(target=server.serve_forever, name="console", daemon=True)
+        thread.start()
+        stop.wait()
+        server.shutdown()
+        thread.join()
+    console.print("stopped")
