@@ -207,8 +207,8 @@ class GroupLag:
 
 
 def consumer_lag(config: ClientConfig, max_groups: int = 100) -> list[GroupLag]:
-    """Lag of the consumer groups of the cluster (the first ``max_groups`` by name): each
-    committed offset against its partition's end. Raises :class:`KafkaClientError` (e.g.
+    """Lag of the consumer groups of the cluster that committed offsets (of the first
+    ``max_groups`` by name): each committed offset against its partition's end. Raises :class:`KafkaClientError` (e.g.
     unreachable) when Kafka does not answer within ``request_timeout_ms``."""
     from confluent_kafka import ConsumerGroupTopicPartitions  # noqa: PLC0415
 
@@ -238,6 +238,8 @@ def consumer_lag(config: ClientConfig, max_groups: int = 100) -> list[GroupLag]:
                     TopicPartition(tp.topic, tp.partition), timeout=timeout_s
                 )
                 rows.append((tp.topic, tp.partition, tp.offset, max(high - tp.offset, 0)))
+            if not rows:
+                continue  # nothing committed (a reader's throw-away group): no lag to show
             state = getattr(g.state, "name", str(g.state))
             rows.sort()
             out.append(GroupLag(g.group_id, state, sum(r[3] for r in rows), rows))
