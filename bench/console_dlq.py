@@ -128,14 +128,18 @@ def run(bootstrap: str) -> None:
         first_peak = _peak_kib(proc.pid)
         pages, letters, page_started = 1, first.count('name="ref"'), time.monotonic()
         text = first
+        peaks = [f"1: {first_peak / 1024:.0f}"]
         while (link := re.search(r'href="([^"]+)" id="next-page"', text)) is not None:
             text = get(html.unescape(link.group(1)))
             pages += 1
             letters += text.count('name="ref"')
+            if pages % 25 == 0:
+                peaks.append(f"{pages}: {_peak_kib(proc.pid) / 1024:.0f}")
         paging_s = time.monotonic() - page_started
         assert letters == LETTERS, f"paged through {letters} of {LETTERS} letters"
         paged_peak = _peak_kib(proc.pid)
         print(f"paged {letters:,} letters in {pages} pages of {PAGE} in {paging_s:.1f} s")
+        print(f"console peak RSS (MiB) after page N: {', '.join(peaks)}")
 
         csrf = re.search(r'name="csrf_token" value="([^"]+)"', first)
         assert csrf is not None

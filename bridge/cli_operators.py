@@ -46,6 +46,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_producer, new_reader, read_record_at
 from bridge.kafka.quarantine import (
     QUARANTINE_SOURCE_TOPIC,
+    ReplayedMessage,
     read_headers,
     read_quarantine,
     replay_quarantined,
@@ -619,6 +620,23 @@ def _real_target(record: Any, namespace: str) -> tuple[str, int] | None:
         return None
 
 
+def replay_quarantined_at(config: ClientConfig, offset: int) -> ReplayedMessage:
+    """Deliver the delayed message quarantined at ``offset`` to its real topic, once:
+    :class:`NotFoundError` when no quarantined record is there, :class:`ReplayTargetError`
+    naming a real topic that cannot take it before anything is written (``quarantine
+    replay`` and the console's Quarantine page)."""
+    record = _quarantined_record(config, offset)
+    target = _real_target(record, config.namespace)
+    if target is not None:
+        problem = _target_problem(config, *target)
+        if problem is not None:
+            raise ReplayTargetError(
+                f"replaying QUARANTINE offset {offset}: {problem}; replay refuses it, "
+                "it stays quarantined"
+            )
+    return replay_quarantined(config, offset)
+
+
 @quarantine_list.command("replay")
 @bootstrap_option("Kafka to write to.")
 @click.argument("offset", type=click.IntRange(min=0))
@@ -630,17 +648,7 @@ def quarantine_replay(ctx: click.Context, bootstrap_servers: str | None, offset:
     cannot take it (a Kafka internal topic, a partition it does not have) is named before
     anything is written (ReplayTargetError), and the record stays quarantined."""
     given = bootstrap_servers or (ctx.obj or {}).get("quarantine_bootstrap")
-    config = _read_config(ctx, given)
-    record = _quarantined_record(config, offset)
-    target = _real_target(record, config.namespace)
-    if target is not None:
-        problem = _target_problem(config, *target)
-        if problem is not None:
-            raise ReplayTargetError(
-                f"replaying QUARANTINE offset {offset}: {problem}; replay refuses it, "
-                "it stays quarantined"
-            )
-    done = replay_quarantined(config, offset)
+    done = replay_quarantined_at(_read_config(ctx, given), offset)
     console.print(
         f"replayed {shown(done.msg_id)} from quarantine offset {offset} to "
         f"{done.topic}[{done.partition}]@{done.offset}",

@@ -14,15 +14,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import click
 from flask import Flask, Response, abort, g, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
 from bridge.cli_operators import (
     _failure,
-    _quarantined_record,
-    _real_target,
     _require_replay_targets,
-    _target_problem,
+    replay_quarantined_at,
 )
 from bridge.cli_output import message_json
 from bridge.config import ClientConfig, is_secret_property
@@ -58,7 +57,7 @@ from bridge.coordinator.coordinator import CoordinatorConfig
 from bridge.coordinator.health import coordinator_health
 from bridge.delay.admin import delay_status
 from bridge.errors import BridgeError
-from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine, replay_quarantined
+from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine
 from bridge.message import MessageConst, MessageExt
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import OpAction
@@ -305,7 +304,7 @@ def create_app(settings: ConsoleSettings) -> Flask:
             audit.info("%s: %s parked message %s", _who(), verb, msg_id)
             try:
                 resolve_parked(config, msg_id, action)
-                results.append((msg_id, True, f"{verb}ed" if verb == "drop" else "replayed"))
+                results.append((msg_id, True, "replayed" if verb == "replay" else "dropped"))
             except BridgeError as exc:
                 audit.warning("%s: %s parked message %s failed: %s", _who(), verb, msg_id, exc)
                 results.append((msg_id, False, f"{type(exc).__name__}: {exc}"))
@@ -429,7 +428,10 @@ def create_app(settings: ConsoleSettings) -> Flask:
     def dlq_replay(group: str) -> str:
         _require_group(group)
         dry_run = request.form.get("mode") != "write"
-        target = ReplayTarget(request.form.get("target", ReplayTarget.ORIGIN.value))
+        try:
+            target = ReplayTarget(request.form.get("target", ReplayTarget.ORIGIN.value))
+        except ValueError:
+            abort(400, "target is origin or retry")
         scope = request.form.get("scope", "selected")
         letter_filter = _filter()
         refs = parse_refs(request.form.getlist("ref"))
@@ -530,12 +532,7 @@ def create_app(settings: ConsoleSettings) -> Flask:
             offset = int(value)
             audit.info("%s: replay quarantined record at offset %d", _who(), offset)
             try:
-                record = _quarantined_record(config, offset)
-                target = _real_target(record, config.namespace)
-                problem = None if target is None else _target_problem(config, *target)
-                if problem is not None:
-                    raise BridgeError(f"{problem}; it stays quarantined")
-                done = replay_quarantined(config, offset)
+                done = replay_quarantined_at(config, offset)
                 results.append(
                     (
                         value,
@@ -543,7 +540,7 @@ def create_app(settings: ConsoleSettings) -> Flask:
                         f"replayed {done.msg_id} to {done.topic}[{done.partition}]@{done.offset}",
                     )
                 )
-            except (BridgeError, Exception) as exc:
+            except (BridgeError, click.ClickException) as exc:  # NotFoundError is a click one
                 audit.warning("%s: replay of quarantined offset %d failed: %s", _who(), offset, exc)
                 results.append((value, False, f"{type(exc).__name__}: {exc}"))
         return render_template(

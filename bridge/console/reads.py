@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, TopicPartition
 
 from bridge.codec import message_from_record
 from bridge.config import ClientConfig
@@ -208,9 +208,9 @@ class GroupLag:
 
 def consumer_lag(config: ClientConfig, max_groups: int = 100) -> list[GroupLag]:
     """Lag of the consumer groups of the cluster that committed offsets (of the first
-    ``max_groups`` by name): each committed offset against its partition's end. Raises :class:`KafkaClientError` (e.g.
-    unreachable) when Kafka does not answer within ``request_timeout_ms``."""
-    from confluent_kafka import ConsumerGroupTopicPartitions  # noqa: PLC0415
+    ``max_groups`` by name): each committed offset against its partition's end. Raises
+    :class:`KafkaClientError` (e.g. unreachable) when Kafka does not answer within
+    ``request_timeout_ms``."""
 
     timeout_s = config.request_timeout_ms / 1000
     admin = new_admin(config, "bridge-console")

@@ -8,6 +8,7 @@ keep a screenshot of each page (docs/_static/console/ holds the documentation's)
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -30,9 +31,7 @@ from bridge import (
     Message,
     MessageExt,
     Producer,
-    TransactionListener,
     TransactionMQProducer,
-    TransactionStatus,
     read_messages,
 )
 from bridge.codec import plain_record
@@ -49,6 +48,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.message import MessageConst
 from bridge.transaction.admin import read_parked
 from tests.conftest import REPO_ROOT, wait_until
+from tests.integration.test_cli_json import Unknown
 from topics.catalog import TopicSpec
 from topics.naming import dlq_topic
 
@@ -235,6 +235,11 @@ def test_a_failed_message_shows_with_its_reason_and_is_replayed_from_the_page_on
         _shot(page, "dlq-letter")
         page.go_back()
 
+        exported = page.request.get(console_url + (page.get_attribute("#export", "href") or ""))
+        (line,) = [json.loads(x) for x in exported.text().splitlines()]
+        assert line["msg_id"] == sent.msg_id and line["message"]["body"] == "order 42"
+        assert line["failure"]["CONSUME_EXCEPTION_CLASS"] == "ValueError"
+
         _enter_token(page)
         row.locator("input[name=ref]").check()
         page.click("#replay-selected")
@@ -254,20 +259,12 @@ def test_a_failed_message_shows_with_its_reason_and_is_replayed_from_the_page_on
         consumer.shutdown()
 
 
-class NeverDecides(TransactionListener):
-    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
-        return TransactionStatus.UNKNOWN
-
-    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
-        return TransactionStatus.UNKNOWN
-
-
 def test_a_parked_transaction_is_replayed_from_the_page(
     config: ClientConfig, console_url: str, page: Any
 ) -> None:
     topic = _name("payments")
     TopicAdmin(config).ensure_topics([TopicSpec(topic, 1)])
-    with TransactionMQProducer("console-tx", NeverDecides(), config=config) as producer:
+    with TransactionMQProducer("console-tx", Unknown(), config=config) as producer:
         sent = producer.send_message_in_transaction(Message(topic, b"pay 7", keys="pay-7"))
 
         def parked() -> bool:
