@@ -297,8 +297,11 @@ def create_app(settings: ConsoleSettings) -> Flask:
 
     @app.post("/transactions/resolve")
     def transactions_resolve() -> str:
-        action = OpAction.COMMIT if request.form.get("action") == "replay" else OpAction.ROLLBACK
-        verb = "replay" if action is OpAction.COMMIT else "drop"
+        verb = request.form.get("action", "")
+        actions = {"replay": OpAction.COMMIT, "drop": OpAction.ROLLBACK}
+        if verb not in actions:
+            abort(400, "action is replay or drop")
+        action = actions[verb]
         results = []
         for msg_id in dict.fromkeys(request.form.getlist("msg_id")):
             audit.info("%s: %s parked message %s", _who(), verb, msg_id)

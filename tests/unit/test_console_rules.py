@@ -253,3 +253,25 @@ def test_bridge_imports_without_the_console_extra() -> None:
         "assert 'jinja2' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_write_that_passes_every_check_reaches_its_view() -> None:
+    """The token, the session's CSRF token and the console's own origin let a write through
+    (here to a view that refuses an unknown action before any Kafka call)."""
+    secret = b"k" * 32
+    app = create_app(
+        ConsoleSettings(UNREACHABLE, "the-operator-token-xyz", True, csrf_secret=secret)
+    )
+    client = app.test_client()
+    session = client.get("/").headers["Set-Cookie"].split(";")[0].split("=", 1)[1]
+    form = {"token": "the-operator-token-xyz", "csrf_token": CsrfSigner(secret).token(session)}
+    passed = client.post(
+        "/transactions/resolve",
+        data={**form, "action": "commit-everything"},
+        headers={"Origin": "http://localhost"},
+    )
+    assert passed.status_code == 400 and "action is replay or drop" in passed.get_data(True)
+    cross = client.post(
+        "/transactions/resolve", data=form, headers={"Origin": "http://localhost:1"}
+    )
+    assert cross.status_code == 403
