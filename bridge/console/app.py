@@ -42,6 +42,7 @@ from bridge.console.security import (
     CsrfSigner,
     WriteRefused,
     check_write,
+    host_allowed,
     new_session_id,
 )
 from bridge.consumer.admin import (
@@ -83,6 +84,8 @@ class ConsoleSettings:
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     """The transaction check settings the next-check estimate is made with."""
     csrf_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    allowed_hosts: frozenset[str] = frozenset()
+    """Host names besides loopback's that requests may be sent to (the ``Host`` header)."""
 
 
 def _who() -> str:
@@ -194,6 +197,8 @@ def create_app(settings: ConsoleSettings) -> Flask:
 
     @app.before_request
     def session() -> None:
+        if not host_allowed(request.host, settings.allowed_hosts):
+            abort(400, "unknown host: start the console with --allowed-host for this name")
         sid = request.cookies.get(SESSION_COOKIE)
         # Only a page starts a session: the stylesheet, the script and a favicon's 404 load
         # beside the first page, and a cookie of theirs would replace the page's.

@@ -72,14 +72,26 @@ def _loopback(host: str) -> bool:
     help="Port to listen on (0: any free one; the address is printed).",
 )
 @click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="A host name (or address) browsers may reach the console by, besides loopback's and "
+    "--host (repeatable); requests naming another host are refused.",
+)
+@click.option(
     "--write",
     "allow_writes",
     is_flag=True,
     help="Allow replays and drops (each needs the operator token); read-only without it.",
 )
 @click.pass_context
-def console_command(
-    ctx: click.Context, bootstrap_servers: str | None, host: str, port: int, allow_writes: bool
+def console_command(  # noqa: PLR0917 - click passes every option as a parameter
+    ctx: click.Context,
+    bootstrap_servers: str | None,
+    host: str,
+    port: int,
+    allowed_hosts: tuple[str, ...],
+    allow_writes: bool,
 ) -> None:
     """Serve the operator console: transactions, dead letters, delays and timers, quarantine
     and health of one namespace (--namespace), in the browser. Read-only unless --write;
@@ -109,6 +121,7 @@ def console_command(
         token=token,
         allow_writes=allow_writes,
         coordinator=CoordinatorConfig.from_env().with_client(config),
+        allowed_hosts=frozenset({*allowed_hosts, host.strip("[]")}),
     )
     server = make_server(host, port, create_app(settings), threaded=True)
     if not _loopback(host):

@@ -94,6 +94,19 @@ def same_origin(host_url: str, origin: str | None, referer: str | None) -> bool:
     return _origin(claimed) == own
 
 
+LOOPBACK_NAMES: Final = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def host_allowed(host_header: str | None, allowed: frozenset[str]) -> bool:
+    """True when the ``Host`` a request was sent to names the console: a loopback name or one
+    of ``allowed`` (the port is not judged). A page of another site whose name was made to
+    resolve to this machine (DNS rebinding) sends its own name, and is refused."""
+    if not host_header:
+        return False
+    name = urlsplit(f"//{host_header}").hostname
+    return name is not None and (name in LOOPBACK_NAMES or name in allowed)
+
+
 def check_write(
     *,
     allow_writes: bool,

@@ -31,6 +31,7 @@ from bridge.console.security import (
     CsrfSigner,
     WriteRefused,
     check_write,
+    host_allowed,
     same_origin,
     token_matches,
 )
@@ -275,3 +276,13 @@ def test_a_write_that_passes_every_check_reaches_its_view() -> None:
         "/transactions/resolve", data=form, headers={"Origin": "http://localhost:1"}
     )
     assert cross.status_code == 403
+
+
+def test_only_requests_sent_to_the_console_s_own_names_are_served() -> None:
+    assert host_allowed("127.0.0.1:8089", frozenset())
+    assert host_allowed("localhost", frozenset()) and host_allowed("[::1]:80", frozenset())
+    assert host_allowed("console.internal:8089", frozenset({"console.internal"}))
+    assert not host_allowed("evil.example:8089", frozenset({"console.internal"}))
+    assert not host_allowed(None, frozenset()) and not host_allowed("", frozenset())
+    rebound = _client().get("/", headers={"Host": "evil.example:8089"})  # type: ignore[attr-defined]
+    assert rebound.status_code == 400
