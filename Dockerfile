@@ -11,9 +11,9 @@ COPY topics ./topics
 COPY spark_jobs ./spark_jobs
 RUN useradd --system --uid 10001 --create-home bridge
 
-# The coordinator and the command line.
+# The coordinator and the command line, with the operator console.
 FROM base AS coordinator
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[console]"
 USER bridge
 ENTRYPOINT ["bridge", "-v"]
 CMD ["coordinator"]

@@ -1,6 +1,8 @@
 """Run the benchmarks: ``python -m bench [producer] [transactions] [delays] [consumer] [simple]
 [fifo] [aio] [db] [spark]`` (all by default; uses KAFKA_BOOTSTRAP_SERVERS or a local broker);
 ``python -m bench storm`` measures a storm of checks (a few minutes: only when asked);
+``python -m bench console`` pages a DLQ of 100,000 letters in the operator console and
+replays 1,000 of them (only when asked);
 ``python -m bench rocketmq`` runs the same benchmarks against Apache RocketMQ and the bridge
 side by side."""
 
@@ -12,6 +14,7 @@ import sys
 from bench import (
     aio,
     check_storm,
+    console_dlq,
     consumer,
     db,
     delays,
@@ -52,6 +55,8 @@ def main() -> None:
             spark_ingest.run(bootstrap)
         if "storm" in only:  # only when asked: 20,000 transactions checked at once
             check_storm.run(bootstrap)
+        if "console" in only:  # only when asked: 100,000 dead letters, paged in the console
+            console_dlq.run(bootstrap)
         if "rocketmq" in only:  # only when asked: it starts Apache RocketMQ beside Kafka
             rocketmq.run(bootstrap)
 

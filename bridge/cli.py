@@ -4,7 +4,7 @@ This module holds the root group and the commands ``up`` and ``fetch``; ``bridge
 has ``broker``, ``bridge.cli_coordinator`` ``coordinator`` and ``health``,
 ``bridge.cli_topics`` ``topics``, ``send`` and ``consume``, ``bridge.cli_operators`` the
 operators' views (``transactions``, ``delays``, ``dlq``, ``quarantine``), and
-``bridge.cli_common`` what they share.
+``bridge.cli_common`` what they share; ``bridge.console.cli`` has ``console``.
 
 Every option that has an environment variable says so in ``--help``; they are the same names
 ``ClientConfig.from_env`` and ``CoordinatorConfig.from_env`` read.
@@ -34,6 +34,7 @@ from bridge.cli_topics import consume, send, topics
 from bridge.client.producer import Producer
 from bridge.client.reader import read_message_at
 from bridge.config import ClientConfig
+from bridge.console.cli import console_command
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import BridgeError, BrokerUnreachableError, KafkaClientError
 from bridge.kafka.admin import TopicAdmin
@@ -221,6 +222,7 @@ for _group in (
     quarantine_list,
     acls,
     db,
+    console_command,
 ):
     cli.add_command(_group)
 

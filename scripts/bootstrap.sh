@@ -15,7 +15,7 @@ import sys
 sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PY
 
-EXTRAS="${BRIDGE_EXTRAS:-test,dev,spark,db,docs}"
+EXTRAS="${BRIDGE_EXTRAS:-test,dev,spark,db,docs,console}"
 stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${EXTRAS//,/-}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv

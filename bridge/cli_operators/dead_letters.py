@@ -64,7 +64,7 @@ def _require_dlq(config: ClientConfig, group: str) -> None:
         raise NotFoundError(f"consumer group {group!r} has no dead-letter queue")
 
 
-def _failure(msg: MessageExt) -> dict[str, str | None]:
+def failure_fields(msg: MessageExt) -> dict[str, str | None]:
     """The dead-letter metadata of ``msg`` (``docs/tracing.md``), as text."""
     out: dict[str, str | None] = {}
     for name in (
@@ -97,7 +97,7 @@ def dlq_list(ctx: click.Context, bootstrap_servers: str | None, group: str, as_j
     _require_dlq(config, group)
     letters = read_dead_letters(config, group)
     for m in letters:
-        failure = _failure(m)
+        failure = failure_fields(m)
         if as_json:
             emit_json(
                 {
@@ -141,7 +141,7 @@ def _ids(letters: list[MessageExt]) -> set[str]:
     return out
 
 
-def _require_replay_targets(
+def require_replay_targets(
     config: ClientConfig, group: str, letters: list[MessageExt], target: ReplayTarget
 ) -> None:
     """:class:`ReplayTargetError` naming each topic that cannot take the letters bound for it
@@ -221,7 +221,7 @@ def dlq_replay(  # noqa: PLR0917 - click passes every option as a parameter
     if dry_run:
         failed = prepare_replay(letters, group, chosen, namespace=config.namespace)[1]
     elif letters:
-        _require_replay_targets(config, group, letters, chosen)
+        require_replay_targets(config, group, letters, chosen)
         with progress(f"replaying {len(letters)} dead letters", len(letters)) as bar:
             try:
                 write_back(config, group, letters, chosen, on_progress=bar.advance)

@@ -16,7 +16,12 @@ from bridge.codec import PreparedRecord
 from bridge.config import ClientConfig
 from bridge.errors import ReplayTargetError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.quarantine import read_quarantine, read_quarantined, replay_quarantined
+from bridge.kafka.quarantine import (
+    ReplayedMessage,
+    read_quarantine,
+    read_quarantined,
+    replay_quarantined,
+)
 from topics.catalog import SystemTopic, TopicCatalog
 
 
@@ -85,6 +90,24 @@ def _quarantined_record(config: ClientConfig, offset: int) -> Any:
     return record
 
 
+def replay_quarantined_at(config: ClientConfig, offset: int) -> ReplayedMessage:
+    """Deliver the delayed message quarantined at ``offset`` to its real topic, once (``bridge
+    quarantine replay`` and the console's Quarantine page): :class:`NotFoundError` when no
+    quarantined record is there, :class:`ReplayTargetError` naming a real topic that cannot
+    take it before anything is written (the record stays quarantined)."""
+    record = _quarantined_record(config, offset)
+
+    def refuse_target(real: PreparedRecord) -> None:
+        problem = target_problem(config, real.kafka_topic, real.partition)
+        if problem is not None:
+            raise ReplayTargetError(
+                f"replaying QUARANTINE offset {offset}: {problem}; replay refuses it, "
+                "it stays quarantined"
+            )
+
+    return replay_quarantined(config, offset, record=record, check=refuse_target)
+
+
 @quarantine_list.command("replay")
 @bootstrap_option("Kafka to write to.")
 @click.argument("offset", type=click.IntRange(min=0))
@@ -96,18 +119,7 @@ def quarantine_replay(ctx: click.Context, bootstrap_servers: str | None, offset:
     cannot take it (a Kafka internal topic, a partition it does not have) is named before
     anything is written (ReplayTargetError), and the record stays quarantined."""
     given = bootstrap_servers or (ctx.obj or {}).get("quarantine_bootstrap")
-    config = read_config(ctx, given)
-    record = _quarantined_record(config, offset)
-
-    def refuse_target(real: PreparedRecord) -> None:
-        problem = target_problem(config, real.kafka_topic, real.partition)
-        if problem is not None:
-            raise ReplayTargetError(
-                f"replaying QUARANTINE offset {offset}: {problem}; replay refuses it, "
-                "it stays quarantined"
-            )
-
-    done = replay_quarantined(config, offset, record=record, check=refuse_target)
+    done = replay_quarantined_at(read_config(ctx, given), offset)
     console.print(
         f"replayed {shown(done.msg_id)} from quarantine offset {offset} to "
         f"{done.topic}[{done.partition}]@{done.offset}",

@@ -187,3 +187,12 @@ def test_grafana_has_no_anonymous_access_and_provisions_the_dashboard() -> None:
     assert (dashboards / "bridge-dashboard.json").is_file()
     home = env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home == "/var/lib/grafana/dashboards/bridge-dashboard.json"
+
+
+def test_the_console_is_read_only_and_runs_from_the_coordinator_image() -> None:
+    services = compose()["services"]
+    console = services["console"]
+    assert console["image"] == services["coordinator"]["image"]
+    assert console["command"][0] == "console" and "--write" not in console["command"]
+    assert console["depends_on"]["coordinator"]["condition"] == "service_healthy"
+    assert '".[console]"' in (REPO_ROOT / "Dockerfile").read_text()

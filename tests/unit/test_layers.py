@@ -79,6 +79,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.cli_topics",
             "bridge.cli_operators",
             "bridge.cli_db",
+            "bridge.console",
             "bridge",
         ),
     ),

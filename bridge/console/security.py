@@ -1,0 +1,131 @@
+"""The console's rules for writes, apart from any web framework: the operator token, the
+per-session CSRF token and the same-origin check. Every write needs all three to pass; reads
+need none (the console binds loopback by default and renders no secret)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import urlsplit
+
+TOKEN_ENV: Final = "BRIDGE_CONSOLE_TOKEN"
+"""The environment variable holding the operator token (else one is generated and printed once
+at start)."""
+
+TOKEN_HEADER: Final = "X-Console-Token"
+"""The request header that may carry the operator token (else the ``token`` form field)."""
+
+CSRF_FIELD: Final = "csrf_token"
+"""The form field (or ``X-CSRF-Token`` header) carrying the session's CSRF token."""
+
+AUDIT_LOGGER: Final = "bridge.console.audit"
+"""The logger of every write, done or refused: who (the token holder, from which address) and
+what; logged at INFO whatever ``-v`` says."""
+
+MIN_TOKEN_LENGTH: Final = 16
+"""The shortest operator token accepted from the environment, characters."""
+
+
+class WriteRefused(Exception):  # noqa: N818 - a refusal, answered with 403, not a failure
+    """A write the console refuses; ``reason`` says which check failed (never a secret)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def new_token() -> str:
+    """A fresh random operator token (32 bytes, URL-safe base64)."""
+    return secrets.token_urlsafe(32)
+
+
+def new_session_id() -> str:
+    """A fresh random session id, for the session cookie."""
+    return secrets.token_urlsafe(24)
+
+
+def token_matches(expected: str, given: str | None) -> bool:
+    """True when ``given`` is the operator token (a comparison in constant time)."""
+    if not given:
+        return False
+    return hmac.compare_digest(expected.encode(), given.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class CsrfSigner:
+    """Derives a session's CSRF token from a server secret: HMAC-SHA256 of the session id, so
+    the server keeps no per-session state and a token is worth nothing in another session."""
+
+    secret: bytes
+
+    def token(self, session_id: str) -> str:
+        """The CSRF token of ``session_id``."""
+        return hmac.new(self.secret, session_id.encode(), hashlib.sha256).hexdigest()
+
+    def valid(self, session_id: str | None, given: str | None) -> bool:
+        """True when ``given`` is the CSRF token of ``session_id`` (both present)."""
+        if not session_id or not given:
+            return False
+        return hmac.compare_digest(self.token(session_id), given)
+
+
+def _origin(url: str) -> tuple[str, str] | None:
+    """(scheme, host[:port]) of ``url``, lower case; None when it has neither."""
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return None
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
+def same_origin(host_url: str, origin: str | None, referer: str | None) -> bool:
+    """True when the request came from a page of this console: its ``Origin`` header, or
+    without one its ``Referer``, names the same scheme, host and port as ``host_url`` (the URL
+    the request was sent to). A request with neither is refused: browsers send ``Origin`` with
+    every form POST, so only something else omits both."""
+    own = _origin(host_url)
+    if own is None:
+        return False
+    claimed = origin if origin and origin != "null" else referer
+    if not claimed:
+        return False
+    return _origin(claimed) == own
+
+
+LOOPBACK_NAMES: Final = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def host_allowed(host_header: str | None, allowed: frozenset[str]) -> bool:
+    """True when the ``Host`` a request was sent to names the console: a loopback name or one
+    of ``allowed`` (the port is not judged). A page of another site whose name was made to
+    resolve to this machine (DNS rebinding) sends its own name, and is refused."""
+    if not host_header:
+        return False
+    name = urlsplit(f"//{host_header}").hostname
+    return name is not None and (name in LOOPBACK_NAMES or name in allowed)
+
+
+def check_write(
+    *,
+    allow_writes: bool,
+    token: str,
+    given_token: str | None,
+    signer: CsrfSigner,
+    session_id: str | None,
+    given_csrf: str | None,
+    host_url: str,
+    origin: str | None,
+    referer: str | None,
+) -> None:
+    """Raise :class:`WriteRefused` unless the console takes writes, the request carries the
+    operator token, the session's CSRF token, and comes from the console's own origin."""
+    if not allow_writes:
+        raise WriteRefused("the console is read-only (start it with --write)")
+    if not token_matches(token, given_token):
+        raise WriteRefused("missing or wrong operator token")
+    if not signer.valid(session_id, given_csrf):
+        raise WriteRefused("missing or wrong CSRF token")
+    if not same_origin(host_url, origin, referer):
+        raise WriteRefused("cross-origin request")

@@ -1,0 +1,288 @@
+"""The console's pure rules: cursors and page sizes, letter references and filters, body
+views, the operator token, CSRF tokens and the same-origin check, and how the app applies
+them to a write before any Kafka call (its refusals need no broker)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bridge.cli import cli
+from bridge.config import ClientConfig
+from bridge.console import ConsoleUnavailableError, require_flask
+from bridge.console.app import ConsoleSettings, create_app
+from bridge.console.paging import (
+    DEFAULT_PAGE_SIZE,
+    HEX_PREVIEW_BYTES,
+    MAX_PAGE_SIZE,
+    Cursor,
+    CursorError,
+    LetterFilter,
+    body_text,
+    hex_dump,
+    page_size,
+    parse_refs,
+)
+from bridge.console.security import (
+    CsrfSigner,
+    WriteRefused,
+    check_write,
+    host_allowed,
+    same_origin,
+    token_matches,
+)
+from bridge.message import MessageConst, MessageExt
+
+positions = st.dictionaries(st.integers(0, 10_000), st.integers(0, 2**62), max_size=20)
+
+
+@given(positions)
+def test_a_cursor_survives_its_url(given_positions: dict[int, int]) -> None:
+    cursor = Cursor(given_positions)
+    assert Cursor.decode(cursor.encode()).positions == given_positions
+
+
+@given(st.text(max_size=40))
+def test_a_cursor_from_any_text_is_one_it_could_have_written_or_refused(text: str) -> None:
+    try:
+        cursor = Cursor.decode(text)
+    except CursorError:
+        return
+    assert all(p >= 0 and o >= 0 for p, o in cursor.positions.items())
+    assert Cursor.decode(cursor.encode()) == cursor
+
+
+@pytest.mark.parametrize("text", ["0:1,0:2", "-1:3", "0:-3", "a:b", "1", "0:1,", "٣:1"])
+def test_cursors_that_are_refused(text: str) -> None:
+    with pytest.raises(CursorError):
+        Cursor.decode(text)
+
+
+@given(positions, st.integers(0, 10_000), st.integers(0, 2**62))
+def test_a_cursor_never_starts_below_the_retained_range(
+    given_positions: dict[int, int], partition: int, low: int
+) -> None:
+    start = Cursor(given_positions).start(partition, low)
+    assert start >= low
+    assert start == max(given_positions.get(partition, low), low)
+
+
+@given(st.one_of(st.none(), st.text(max_size=12), st.integers().map(str)))
+def test_a_page_size_is_always_within_bounds(text: str | None) -> None:
+    assert 1 <= page_size(text) <= MAX_PAGE_SIZE
+
+
+def test_page_sizes() -> None:
+    assert page_size(None) == page_size("x") == DEFAULT_PAGE_SIZE
+    assert page_size("0") == 1 and page_size("7") == 7 and page_size("100000") == MAX_PAGE_SIZE
+
+
+def test_letter_references() -> None:
+    assert parse_refs(["0@5", "2@7", "0@5"]) == [(0, 5), (2, 7)]
+    for bad in ("5", "a@1", "1@-2", "1@²"):
+        with pytest.raises(CursorError):
+            parse_refs([bad])
+
+
+def _letter(msg_id: str, keys: str, tags: str | None, origin_id: str | None = None) -> MessageExt:
+    msg = MessageExt(topic="t", body=b"x", keys=keys, tags=tags, msg_id=msg_id)
+    if origin_id:
+        msg.put_system_property(MessageConst.ORIGIN_MESSAGE_ID, origin_id)
+    return msg
+
+
+def test_a_filter_chooses_as_dlq_replay_does() -> None:
+    f = LetterFilter.parse("k1, k2", "TagA", "")
+    assert f.keys == ("k1", "k2") and f.tags == ("TagA",) and f.msg_ids == ()
+    assert f.matches(_letter("A", "k2 other", "TagA"))
+    assert not f.matches(_letter("A", "k3", "TagA"))
+    assert not f.matches(_letter("A", "k1", "TagB"))
+    by_id = LetterFilter.parse(None, None, "ORIGIN-1")
+    assert by_id.matches(_letter("RETRY-COPY", "", None, origin_id="ORIGIN-1"))
+    assert LetterFilter().empty and LetterFilter().matches(_letter("A", "", None))
+    assert f.query() == {"keys": "k1 k2", "tags": "TagA"}
+
+
+@given(st.binary(max_size=300))
+def test_a_hex_view_shows_every_byte_in_order(body: bytes) -> None:
+    dump = hex_dump(body)
+    hexes = "".join(line[10:57].replace(" ", "") for line in dump.splitlines())
+    assert bytes.fromhex(hexes) == body
+
+
+def test_a_hex_view_of_a_large_body_is_cut() -> None:
+    dump = hex_dump(bytes(HEX_PREVIEW_BYTES + 5))
+    assert dump.endswith("... 5 more bytes")
+
+
+def test_body_text_says_when_a_body_is_not_utf8() -> None:
+    assert body_text("héllo".encode()) == ("héllo", True)
+    assert body_text(b"\xff\xfeok") == ("\ufffd\ufffdok", False)
+
+
+@given(st.text(min_size=1, max_size=40), st.text(max_size=40))
+def test_only_the_token_itself_matches(token: str, other: str) -> None:
+    assert token_matches(token, token)
+    assert token_matches(token, other) is (other == token)
+    assert not token_matches(token, None) and not token_matches(token, "")
+
+
+@given(st.binary(min_size=16, max_size=32), st.text(min_size=1), st.text(min_size=1))
+def test_a_csrf_token_is_worth_nothing_in_another_session(
+    secret: bytes, session: str, other: str
+) -> None:
+    signer = CsrfSigner(secret)
+    token = signer.token(session)
+    assert signer.valid(session, token)
+    assert signer.valid(other, token) is (other == session)
+    assert not CsrfSigner(secret + b"x").valid(session, token)
+    assert not signer.valid(None, token) and not signer.valid(session, None)
+
+
+hosts = st.sampled_from(["127.0.0.1", "localhost", "[::1]", "console.example"])
+ports = st.integers(1, 65535)
+
+
+@given(hosts, ports, ports, st.sampled_from(["http", "https"]))
+def test_same_origin_means_scheme_host_and_port(
+    host: str, port: int, other: int, scheme: str
+) -> None:
+    own = f"{scheme}://{host}:{port}/"
+    assert same_origin(own, f"{scheme}://{host}:{port}", None)
+    assert same_origin(own, None, f"{scheme}://{host}:{port}/dlq/g?x=1")
+    assert same_origin(own, f"{scheme}://{host}:{other}", None) is (other == port)
+    assert not same_origin(own, f"{scheme}://evil.example:{port}", None)
+    assert not same_origin(own, None, None)
+    # A page of another origin that sends no Origin header is judged by its Referer.
+    assert not same_origin(own, "null", "http://evil.example/")
+    # The Origin header wins over a Referer that would pass.
+    assert not same_origin(own, "http://evil.example", own)
+
+
+def _check(**changes: object) -> None:
+    signer = CsrfSigner(b"s" * 32)
+    args: dict[str, object] = {
+        "allow_writes": True,
+        "token": "the-operator-token",
+        "given_token": "the-operator-token",
+        "signer": signer,
+        "session_id": "session-1",
+        "given_csrf": signer.token("session-1"),
+        "host_url": "http://127.0.0.1:8089/",
+        "origin": "http://127.0.0.1:8089",
+        "referer": None,
+    }
+    args.update(changes)
+    check_write(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"allow_writes": False}, "read-only"),
+        ({"given_token": None}, "operator token"),
+        ({"given_token": "the-operator-token!"}, "operator token"),
+        ({"given_csrf": None}, "CSRF"),
+        ({"session_id": "session-2"}, "CSRF"),
+        ({"session_id": None}, "CSRF"),
+        ({"origin": "http://127.0.0.1:8090"}, "cross-origin"),
+        ({"origin": None, "referer": None}, "cross-origin"),
+    ],
+)
+def test_a_write_needs_every_check(changes: dict[str, object], reason: str) -> None:
+    _check()
+    with pytest.raises(WriteRefused, match=reason):
+        _check(**changes)
+
+
+UNREACHABLE = ClientConfig(bootstrap_servers="127.0.0.1:1", namespace="unit")
+
+
+def _client(allow_writes: bool = True) -> object:
+    app = create_app(ConsoleSettings(UNREACHABLE, "the-operator-token-xyz", allow_writes))
+    return app.test_client()
+
+
+def test_the_app_refuses_writes_before_anything_reaches_kafka() -> None:
+    client = _client()
+    page = client.get("/static/console.css")  # type: ignore[attr-defined]
+    assert page.status_code == 200
+    assert "bridge_console_session" not in page.headers.get("Set-Cookie", "")
+    for headers, form, reason in [
+        ({}, {}, "missing or wrong operator token"),
+        ({"X-Console-Token": "the-operator-token-xyz"}, {}, "missing or wrong CSRF token"),
+        ({}, {"token": "wrong"}, "missing or wrong operator token"),
+    ]:
+        refused = client.post("/transactions/resolve", headers=headers, data=form)  # type: ignore[attr-defined]
+        assert refused.status_code == 403, refused.data
+        assert reason in refused.get_data(as_text=True)
+    read_only = _client(allow_writes=False)
+    refused = read_only.post(  # type: ignore[attr-defined]
+        "/transactions/resolve", headers={"X-Console-Token": "the-operator-token-xyz"}
+    )
+    assert refused.status_code == 403 and "read-only" in refused.get_data(as_text=True)
+
+
+def test_console_pages_set_a_strict_http_only_session_cookie_and_a_strict_policy() -> None:
+    response = _client().get("/")  # type: ignore[attr-defined]
+    cookie = response.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
+
+
+def test_without_the_extra_the_command_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "flask", None)
+    with pytest.raises(ConsoleUnavailableError, match="'console' extra"):
+        require_flask()
+    result = CliRunner().invoke(cli, ["console", "-b", "127.0.0.1:1"])
+    assert result.exit_code == 1
+    assert "Error: ConsoleUnavailableError: bridge console needs the 'console' extra" in (
+        result.output
+    )
+
+
+def test_bridge_imports_without_the_console_extra() -> None:
+    import subprocess
+
+    code = (
+        "import sys; sys.modules['flask'] = None; sys.modules['werkzeug'] = None\n"
+        "import bridge, bridge.cli, bridge.console\n"
+        "assert 'jinja2' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_write_that_passes_every_check_reaches_its_view() -> None:
+    """The token, the session's CSRF token and the console's own origin let a write through
+    (here to a view that refuses an unknown action before any Kafka call)."""
+    secret = b"k" * 32
+    app = create_app(
+        ConsoleSettings(UNREACHABLE, "the-operator-token-xyz", True, csrf_secret=secret)
+    )
+    client = app.test_client()
+    session = client.get("/").headers["Set-Cookie"].split(";")[0].split("=", 1)[1]
+    form = {"token": "the-operator-token-xyz", "csrf_token": CsrfSigner(secret).token(session)}
+    passed = client.post(
+        "/transactions/resolve",
+        data={**form, "action": "commit-everything"},
+        headers={"Origin": "http://localhost"},
+    )
+    assert passed.status_code == 400 and "action is replay or drop" in passed.get_data(True)
+    cross = client.post(
+        "/transactions/resolve", data=form, headers={"Origin": "http://localhost:1"}
+    )
+    assert cross.status_code == 403
+
+
+def test_only_requests_sent_to_the_console_s_own_names_are_served() -> None:
+    assert host_allowed("127.0.0.1:8089", frozenset())
+    assert host_allowed("localhost", frozenset()) and host_allowed("[::1]:80", frozenset())
+    assert host_allowed("console.internal:8089", frozenset({"console.internal"}))
+    assert not host_allowed("evil.example:8089", frozenset({"console.internal"}))
+    assert not host_allowed(None, frozenset()) and not host_allowed("", frozenset())
+    rebound = _client().get("/", headers={"Host": "evil.example:8089"})  # type: ignore[attr-defined]
+    assert rebound.status_code == 400
