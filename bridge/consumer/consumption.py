@@ -255,6 +255,11 @@ class Strategy(abc.ABC):
         """The metadata to commit with ``offset`` for ``pq``'s partition; "" by default."""
         return ""
 
+    def commit_wanted(self) -> bool:
+        """True to have the poll thread commit at its next poll, before the commit interval
+        is up (called there; it clears the wish). False by default."""
+        return False
+
 
 class Consumption(Strategy, Generic[ContextT]):
     """A consumption strategy: takes a partition's newly held messages (:meth:`submit`) and

@@ -81,14 +81,6 @@ class Fetcher:
         self._revoke_wait_s = 0.0
         """How long a revoke waits for running listeners, seconds (CLUSTERING)."""
         self._last_commit = 0.0
-        self._commit_lock = threading.RLock()
-        self._commits_served = threading.Condition()
-        self._issued: dict[Key, int] = {}
-        """Asynchronous commits made, per partition."""
-        self._served: dict[Key, int] = {}
-        """Asynchronous commits whose result came back, per partition (in the order made)."""
-        self._failed: dict[Key, int] = {}
-        """Of those, failed ones not yet reported by :meth:`commit_now`."""
         self._last_refresh = 0.0
         self._last_gauges = 0.0
         self._gauged_topics: set[str] = set()
@@ -217,7 +209,7 @@ class Fetcher:
         records = self._kafka.consume(num_messages=limit, timeout=timeout)
         if records:
             self._receive(records)
-        if time.monotonic() - self._last_commit >= (
+        if self._consumption.commit_wanted() or time.monotonic() - self._last_commit >= (
             settings.persist_consumer_offset_interval_ms / 1000
         ):
             self._commit(list(self.queues), asynchronous=True)
@@ -416,90 +408,57 @@ class Fetcher:
             self._kafka.incremental_assign(self._take(new))
 
     # --- offsets -------------------------------------------------------------------------
-    def commit_now(self, queues: Iterable[ProcessQueue], timeout_s: float) -> bool:
-        """Commit ``queues``' partitions (those still held) with the strategy's metadata, and
-        wait up to ``timeout_s`` seconds until Kafka stored it (and every commit of them made
-        before). True once stored; False if a commit failed or the time ran out (logged).
-
-        From the poll thread a synchronous commit. From another thread an asynchronous one,
-        whose result the poll thread serves (:meth:`_on_commit`): a synchronous commit from a
-        thread other than the one that polls can hang in librdkafka (confluent-kafka-python
-        #1801), and here it did, while a rebalance ran."""
-        keys = [(pq.topic, pq.partition) for pq in queues]
-        if threading.current_thread() is self._thread:
-            return self._commit(keys, asynchronous=False)
-        with self._commit_lock:
-            if not self._commit(keys, asynchronous=True):
-                return False
-            targets = {key: self._issued.get(key, 0) for key in keys}
-        deadline = time.monotonic() + timeout_s
-        with self._commits_served:
-            while True:
-                if any(self._failed.get(key, 0) > 0 for key in targets):
-                    for key in targets:
-                        self._failed.pop(key, None)
-                    return False
-                if all(self._served.get(key, 0) >= n for key, n in targets.items()):
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._commits_served.wait(left)
+    def commit_now(self, queues: Iterable[ProcessQueue]) -> bool:
+        """Commit ``queues``' partitions (those still held) with the strategy's metadata now,
+        synchronously; on the poll thread only (a commit from another thread waits for the
+        poll thread's ``consume`` calls, and a synchronous one hung there during a rebalance).
+        False if the commit failed (logged)."""
+        return self._commit([(pq.topic, pq.partition) for pq in queues], asynchronous=False)
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """The result of an asynchronous commit (on the poll thread): count it served for its
-        partitions, and have a failed one's offsets committed again."""
-        with self._commits_served:
-            for tp in partitions:
-                key = (tp.topic, tp.partition)
-                self._served[key] = self._served.get(key, 0) + 1
-                if error is not None or tp.error is not None:
-                    self._failed[key] = self._failed.get(key, 0) + 1
-                    pq = self.queues.get(key)
-                    if pq is not None:
-                        pq.last_committed = -1
-            self._commits_served.notify_all()
-        if error is not None:
-            logger.warning("push consumer %s: offset commit failed: %s", self._context.group, error)
+        """The result of an asynchronous commit (on the poll thread): a failed one's offsets
+        and metadata are committed again at the next commit."""
+        failed = [tp for tp in partitions if error is not None or tp.error is not None]
+        for tp in failed:
+            pq = self.queues.get((tp.topic, tp.partition))
+            if pq is not None:
+                pq.last_committed = -1
+        if failed:
+            logger.warning(
+                "push consumer %s: offset commit failed: %s",
+                self._context.group,
+                error or failed[0].error,
+            )
 
     def _commit(self, keys: Iterable[Key], *, asynchronous: bool) -> bool:
-        # One commit at a time, each sent with the state it read: a commit built before a
-        # lease opened must not reach Kafka after one built after it (its metadata would
-        # drop the lease). librdkafka sends a client's commits in the order they were made.
-        with self._commit_lock:
-            self._last_commit = time.monotonic()
-            offsets = []
-            for key in keys:
-                pq = self.queues.get(key)
-                if pq is None:
-                    continue
-                offset = pq.commit_offset()
-                if offset is None:
-                    continue
-                metadata = self._consumption.commit_metadata(pq, offset)
-                if offset != pq.last_committed or metadata != pq.last_metadata:
-                    offsets.append(
-                        TopicPartition(key[0], key[1], offset, metadata=metadata)
-                        if metadata
-                        else TopicPartition(key[0], key[1], offset)
-                    )
-                    pq.last_committed, pq.last_metadata = offset, metadata
-            if not offsets:
-                return True
-            try:
-                self._kafka.commit(offsets=offsets, asynchronous=asynchronous)
-                if asynchronous:
-                    with self._commits_served:
-                        for tp in offsets:
-                            key = (tp.topic, tp.partition)
-                            self._issued[key] = self._issued.get(key, 0) + 1
-            except Exception as exc:
-                logger.warning(
-                    "push consumer %s: offset commit failed: %s", self._context.group, exc
+        # On the poll thread only: commits leave in the order they are made, each with the
+        # metadata read when it was made.
+        self._last_commit = time.monotonic()
+        offsets = []
+        for key in keys:
+            pq = self.queues.get(key)
+            if pq is None:
+                continue
+            offset = pq.commit_offset()
+            if offset is None:
+                continue
+            metadata = self._consumption.commit_metadata(pq, offset)
+            if offset != pq.last_committed or metadata != pq.last_metadata:
+                offsets.append(
+                    TopicPartition(key[0], key[1], offset, metadata=metadata)
+                    if metadata
+                    else TopicPartition(key[0], key[1], offset)
                 )
-                for tp in offsets:
-                    pq = self.queues.get((tp.topic, tp.partition))
-                    if pq is not None:
-                        pq.last_committed = -1
-                return False
+                pq.last_committed, pq.last_metadata = offset, metadata
+        if not offsets:
             return True
+        try:
+            self._kafka.commit(offsets=offsets, asynchronous=asynchronous)
+        except Exception as exc:
+            logger.warning("push consumer %s: offset commit failed: %s", self._context.group, exc)
+            for tp in offsets:
+                pq = self.queues.get((tp.topic, tp.partition))
+                if pq is not None:
+                    pq.last_committed = -1
+            return False
+        return True

@@ -39,10 +39,6 @@ from bridge.message import MessageConst, MessageExt, PropertyValue
 
 logger = logging.getLogger(__name__)
 
-_RECORD_WAIT_S: Final = 5.0
-"""How long ``receive`` waits for Kafka to store the deliveries of what it returns, seconds
-(a commit and its answer: milliseconds, unless the consumer's poll thread is held up in a
-rebalance); then it returns the messages all the same."""
 _ROOM_POLL_S: Final = 0.05
 """A ``receive`` waiting for room (every lease taken) looks again this often, seconds."""
 
@@ -194,14 +190,12 @@ class SimpleConsumption(Strategy):
         went out (counted by earlier owners too): what :meth:`commit_metadata` commits. A
         partition's entry goes with its queue."""
         self._out_lock = threading.Lock()
-        self._persist: Callable[[Iterable[ProcessQueue], float], bool] | None = None
-        self._unpersisted_warned = False
+        self._persist: Callable[[Iterable[ProcessQueue]], bool] | None = None
+        self._commit_wanted = threading.Event()
 
-    def persist_with(self, commit: Callable[[Iterable[ProcessQueue], float], bool]) -> None:
-        """``commit``: commits the given partitions' offsets and metadata and waits up to the
-        seconds given for Kafka to store them (the fetcher's
-        :meth:`~bridge.consumer.fetcher.Fetcher.commit_now`); ``receive`` calls it before it
-        returns messages, so that a crash after it still counts their delivery."""
+    def persist_with(self, commit: Callable[[Iterable[ProcessQueue]], bool]) -> None:
+        """``commit``: commits the given partitions' offsets and metadata now, on the poll
+        thread (the fetcher's :meth:`~bridge.consumer.fetcher.Fetcher.commit_now`)."""
         self._persist = commit
 
     # --- deliveries a partition's next owner counts ---------------------------------------
@@ -280,7 +274,7 @@ class SimpleConsumption(Strategy):
             context = self._context
             context.flush_copies(context.bounded_ms(context.config.send_msg_timeout_ms))
             if self._persist is not None:
-                self._persist([pq], _RECORD_WAIT_S)
+                self._persist([pq])
         with self._ready_changed:
             self._ready.extend((pq, msg) for msg in msgs)
             self._ready_changed.notify_all()
@@ -352,20 +346,19 @@ class SimpleConsumption(Strategy):
         return views
 
     def _record_out(self, views: list[MessageView]) -> None:
-        """Commit the deliveries of ``views`` before they are returned (see
-        :mod:`~bridge.consumer.delivery_counts`). A failed commit is logged and the messages
-        go out all the same: only a crash before the next commit would not count them."""
-        if self._persist is None:
-            return
-        queues = {id(v._lease.item[0]): v._lease.item[0] for v in views if v._lease is not None}
-        if self._persist(queues.values(), _RECORD_WAIT_S) or self._unpersisted_warned:
-            return
-        self._unpersisted_warned = True
-        logger.warning(
-            "simple consumer %s: the deliveries of received messages could not be committed; "
-            "a crash before the next commit would not count them",
-            self._context.group,
-        )
+        """Have the poll thread commit the deliveries of ``views`` at its next poll (see
+        :mod:`~bridge.consumer.delivery_counts`), within ``_POLL_TIMEOUT_S`` of the fetcher
+        (0.1 s) rather than the commit interval: a crash after that counts them. Not from
+        this thread: a commit made beside the poll thread's ``consume`` calls waits for them
+        (about a second a ``receive``, measured)."""
+        if views:
+            self._commit_wanted.set()
+
+    def commit_wanted(self) -> bool:
+        if not self._commit_wanted.is_set():
+            return False
+        self._commit_wanted.clear()
+        return True
 
     def ack(self, view: object) -> None:
         """End ``view``'s lease and mark its message done; see :meth:`_lease_of` for what
