@@ -46,7 +46,8 @@
         +-- MissingToolError                     java or mvn is not installed
         +-- ArtifactFetchError                   Maven could not fetch the jars
         +-- BrokerStartError                     the local broker did not come up
-            +-- ClusterUnhealthyError            the local cluster did not become healthy
+        |   +-- ClusterUnhealthyError            the local cluster did not become healthy
+        +-- ConsoleUnavailableError              the console extra is not installed
 
 Every error has a bool :attr:`~BridgeError.retriable`: whether the same call, made again
 unchanged, may succeed. ``[r]`` marks the classes where it is True. ``[k]``: an error of that
@@ -91,6 +92,7 @@ __all__ = [
     "BrokerUnreachableError",
     "ClientPropertyError",
     "ClusterUnhealthyError",
+    "ConsoleUnavailableError",
     "DeserializationError",
     "DuplicateCoordinatorError",
     "EventLoopClosedError",
@@ -450,6 +452,11 @@ class ArtifactFetchError(RuntimeSetupError):
 
 class BrokerStartError(RuntimeSetupError):
     """The local Kafka broker did not become ready; the message carries its log's tail."""
+
+
+class ConsoleUnavailableError(RuntimeSetupError):
+    """``bridge console``'s web framework is not installed: ``pip install
+    'rocketmq-kafka-bridge[console]'``."""
 
 
 class ClusterUnhealthyError(BrokerStartError):

@@ -8,12 +8,9 @@ naming the extra when it is missing."""
 
 from __future__ import annotations
 
-from bridge.errors import RuntimeSetupError
+from bridge.errors import ConsoleUnavailableError
 
-
-class ConsoleUnavailableError(RuntimeSetupError):
-    """The console's web framework is not installed: ``pip install
-    'rocketmq-kafka-bridge[console]'``. Not worth retrying."""
+__all__ = ["ConsoleUnavailableError", "require_flask"]
 
 
 def require_flask() -> None:

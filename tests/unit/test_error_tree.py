@@ -32,6 +32,8 @@ OUTSIDE_THE_TREE = {
     "bridge.cli_output.NotFoundError": "a click exception: the command line's exit status 4",
     "bridge.cli_output.UnreachableError": "a click exception: the command line's exit status 3",
     "bridge.consumer.sql92.values.EvaluationError": "internal: an SQL92 value is unknown",
+    "bridge.console.paging.CursorError": "internal: a page's cursor that does not parse (400)",
+    "bridge.console.security.WriteRefused": "internal: a console write refused (403)",
 }
 DEFINED_ELSEWHERE = {"bridge.consumer.admin.DeadLetterReplayError"}
 """Named in the tree, defined beside what it reports on (its attributes hold its messages)."""
