@@ -195,17 +195,27 @@ class TransactionalService(ServiceThread):
             failures=failures,
         )
         if committed:
-            entry = self._on_commit.pop(id(batch), None)
-            if entry is not None and entry[0] is batch:
-                for action in entry[1]:
-                    try:
-                        action()
-                    except Exception:  # bookkeeping never fails a committed batch
-                        logger.exception("%s: an action after a commit raised", self.name)
+            self._run_on_commit(batch)
             metrics = active_metrics()
             if metrics is not None:
                 metrics.kafka_transactions.labels(self.client.namespace, self.kind).inc()
         return committed
+
+    def nothing_to_write(self, batch: TransactionBatch) -> None:
+        """``batch`` needs no Kafka transaction (nothing in it to write, its offsets those
+        committed last): run its :meth:`on_commit` actions now, as its commit would have. A
+        decision set aside to be committed on its own leaves such a batch, and its count
+        must not be lost with it."""
+        self._run_on_commit(batch)
+
+    def _run_on_commit(self, batch: TransactionBatch) -> None:
+        entry = self._on_commit.pop(id(batch), None)
+        if entry is not None and entry[0] is batch:
+            for action in entry[1]:
+                try:
+                    action()
+                except Exception:  # bookkeeping never fails a committed batch
+                    logger.exception("%s: an action after a commit raised", self.name)
 
     def count(self, batch: TransactionBatch, record: Callable[[BridgeMetrics], object]) -> None:
         """While metrics are on, call ``record(metrics)`` once ``batch`` commits (see

@@ -224,10 +224,14 @@ class TransactionService(TransactionalService):
         read, nothing decided: the oldest undecided one holds each checkpoint where it was)
         writes nothing: such a Kafka transaction would commit the same offsets again, and
         while it runs a decision read after it waits."""
-        if not batch.dirty or self._consumer is None:
+        if self._consumer is None:
+            return True
+        if not batch.dirty:
+            self.nothing_to_write(batch)
             return True
         if not batch.records and self._unmoved():
             self._partitions.offsets_written()
+            self.nothing_to_write(batch)
             return True
         self._partitions.offsets_written()
         producer = self._producer

@@ -357,6 +357,36 @@ class Commits(TransactionListener):
         return TransactionStatus.COMMIT
 
 
+def test_a_commit_set_aside_for_its_topic_is_counted_once(
+    metrics: BridgeMetrics, config: ClientConfig, unique: Any
+) -> None:
+    """A commit whose real topic does not exist is set aside, to be committed on its own, in a
+    pass that then has nothing to write; its count went with that pass's batch, and
+    ``rocketmq_commit_messages`` never counted it (a loaded broker, slow to create a topic on
+    first write, showed it in the workload test above)."""
+    client = config.replace(kafka={**config.kafka, "allow.auto.create.topics": "false"})
+    missing = unique("missing")
+    coordinator = Coordinator(coordinator_config(client))
+    endpoint = serve_coordinator_metrics(coordinator, 0)
+    try:
+        coordinator.start()
+        with TransactionMQProducer(
+            unique("txg").replace("-", "_"), Commits(), config=client
+        ) as producer:
+            producer.send_message_in_transaction(Message(missing, "set aside"), None)
+            # Tried alone three times a second or more apart, then parked.
+            s = scrape_until(
+                endpoint.url,
+                lambda x: total(x, "bridge_transactions_parked_total", reason="undeliverable") == 1,
+                timeout_s=60,
+            )
+        assert total(s, "rocketmq_commit_messages_total", topic=missing) == 1
+        assert total(s, "rocketmq_finish_message_latency_count", namespace=client.namespace) == 1
+    finally:
+        coordinator.stop()
+        endpoint.stop()
+
+
 def test_a_half_writer_cannot_make_series_of_its_own_names(
     metrics: BridgeMetrics, config: ClientConfig, unique: Any
 ) -> None:

@@ -214,9 +214,11 @@ def test_a_coordinator_taking_over_half_messages_recovers_without_waiting_on_its
     assert set(took) == {0, 1, 2, 3}
     # About 1 s each before; 0.02-0.08 s now. The first partition recovered also pays for the
     # new reader's connection and first metadata (0.5-1 s on a busy machine), so the bound is
-    # on the three after it: each would wait behind a fetch again if lookups did.
-    after_first = list(took.values())[1:]
-    assert max(after_first) < 0.5 and sum(after_first) < 1.0, took
+    # on the three after it: each would wait behind a fetch again if lookups did. One of them
+    # may still be slowed by the machine (0.51 s once, in a full parallel run): the middle one
+    # and the sum are bounded, which waiting behind fetches (3 s in all) would break.
+    after_first = sorted(list(took.values())[1:])
+    assert after_first[1] < 0.5 and sum(after_first) < 1.5, took
 
 
 @pytest.mark.check("G3")
