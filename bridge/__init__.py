@@ -14,42 +14,108 @@ Public API (RocketMQ's names)::
         ...
 """
 
-from importlib import metadata as _metadata
+from __future__ import annotations
 
-from bridge.client import Producer, SendResult, SendStatus, read_messages
-from bridge.config import ClientConfig
-from bridge.consumer import (
-    ConsumeConcurrentlyContext,
-    ConsumeFromWhere,
-    ConsumeOrderlyContext,
-    ConsumeOrderlyStatus,
-    ConsumeStatus,
-    FilterExpression,
-    FilterExpressionType,
-    MessageListenerConcurrently,
-    MessageListenerOrderly,
-    MessageModel,
-    MessageSelector,
-    MessageView,
-    PushConsumer,
-    PushConsumerConfig,
-    SimpleConsumer,
-    SimpleConsumerConfig,
-)
-from bridge.errors import (
-    BridgeError,
-    FilterExpressionError,
-    InvalidDelayError,
-    InvalidReceiptHandleError,
-)
-from bridge.message import Message, MessageConst, MessageExt
-from bridge.transaction import (
-    HalfMessage,
-    TransactionListener,
-    TransactionMQProducer,
-    TransactionSendResult,
-    TransactionStatus,
-)
+import importlib
+from importlib import metadata as _metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bridge.client import (
+        Producer,
+        SendResult,
+        SendStatus,
+        read_messages,
+    )
+    from bridge.config import ClientConfig
+    from bridge.consumer import (
+        ConsumeConcurrentlyContext,
+        ConsumeFromWhere,
+        ConsumeOrderlyContext,
+        ConsumeOrderlyStatus,
+        ConsumeStatus,
+        FilterExpression,
+        FilterExpressionType,
+        MessageListenerConcurrently,
+        MessageListenerOrderly,
+        MessageModel,
+        MessageSelector,
+        MessageView,
+        PushConsumer,
+        PushConsumerConfig,
+        SimpleConsumer,
+        SimpleConsumerConfig,
+    )
+    from bridge.errors import (
+        BridgeError,
+        FilterExpressionError,
+        InvalidDelayError,
+        InvalidReceiptHandleError,
+    )
+    from bridge.message import (
+        Message,
+        MessageConst,
+        MessageExt,
+    )
+    from bridge.transaction import (
+        HalfMessage,
+        TransactionListener,
+        TransactionMQProducer,
+        TransactionSendResult,
+        TransactionStatus,
+    )
+
+_EXPORTS: dict[str, str] = {
+    "Producer": "bridge.client",
+    "SendResult": "bridge.client",
+    "SendStatus": "bridge.client",
+    "read_messages": "bridge.client",
+    "ClientConfig": "bridge.config",
+    "ConsumeConcurrentlyContext": "bridge.consumer",
+    "ConsumeFromWhere": "bridge.consumer",
+    "ConsumeOrderlyContext": "bridge.consumer",
+    "ConsumeOrderlyStatus": "bridge.consumer",
+    "ConsumeStatus": "bridge.consumer",
+    "FilterExpression": "bridge.consumer",
+    "FilterExpressionType": "bridge.consumer",
+    "MessageListenerConcurrently": "bridge.consumer",
+    "MessageListenerOrderly": "bridge.consumer",
+    "MessageModel": "bridge.consumer",
+    "MessageSelector": "bridge.consumer",
+    "MessageView": "bridge.consumer",
+    "PushConsumer": "bridge.consumer",
+    "PushConsumerConfig": "bridge.consumer",
+    "SimpleConsumer": "bridge.consumer",
+    "SimpleConsumerConfig": "bridge.consumer",
+    "BridgeError": "bridge.errors",
+    "FilterExpressionError": "bridge.errors",
+    "InvalidDelayError": "bridge.errors",
+    "InvalidReceiptHandleError": "bridge.errors",
+    "Message": "bridge.message",
+    "MessageConst": "bridge.message",
+    "MessageExt": "bridge.message",
+    "HalfMessage": "bridge.transaction",
+    "TransactionListener": "bridge.transaction",
+    "TransactionMQProducer": "bridge.transaction",
+    "TransactionSendResult": "bridge.transaction",
+    "TransactionStatus": "bridge.transaction",
+}
+"""Where each public name lives. Imported when first asked for (PEP 562): ``import bridge.cli``
+or ``bridge.errors`` does not load the clients, which take most of a command's start-up."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bridge' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # asked once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 try:  # one source for the version: the installed package's metadata (pyproject.toml)
     __version__ = _metadata.version("rocketmq-kafka-bridge")

@@ -12,42 +12,57 @@ Every option that has an environment variable says so in ``--help``; they are th
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from confluent_kafka import KafkaException
 
 from bridge import __version__
-from bridge.cli_broker import DEFAULT_LOCAL_PORT, broker, local_broker
-from bridge.cli_common import bootstrap_option, client_config, console, stop_on_signals
-from bridge.cli_coordinator import coordinator, health
-from bridge.cli_db import db
-from bridge.cli_operators import delays, dlq, quarantine_list, transactions
+from bridge.cli_common import (
+    DEFAULT_LOCAL_PORT,
+    bootstrap_option,
+    client_config,
+    console,
+    stop_on_signals,
+)
 from bridge.cli_output import LOG_FORMATS, UnreachableError, configure_logging, progress
-from bridge.cli_security import acls
-from bridge.cli_topics import consume, send, topics
-from bridge.client.producer import Producer
-from bridge.client.reader import read_message_at
 from bridge.config import ClientConfig
-from bridge.console.cli import console_command
-from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import BridgeError, BrokerUnreachableError, KafkaClientError
-from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import translate_error
-from bridge.message import Message
 from bridge.runtime.jars import ARTIFACT_SETS, ensure_jars
-from bridge.runtime.local_kafka import LocalKafka
-from topics.catalog import TopicSpec
-from topics.naming import to_kafka_topic
+
+if TYPE_CHECKING:
+    from bridge.coordinator import Coordinator
+    from bridge.runtime.local_kafka import LocalKafka
 
 logger = logging.getLogger("bridge.cli")
 
 SELF_CHECK_TOPIC = "bridge-self-check"
+
+_COMMANDS: dict[str, str] = {
+    "acls": "bridge.cli_security:acls",
+    "broker": "bridge.cli_broker:broker",
+    "console": "bridge.console.cli:console_command",
+    "consume": "bridge.cli_topics:consume",
+    "coordinator": "bridge.cli_coordinator:coordinator",
+    "db": "bridge.cli_db:db",
+    "delays": "bridge.cli_operators.delays:delays",
+    "dlq": "bridge.cli_operators.dead_letters:dlq",
+    "health": "bridge.cli_coordinator:health",
+    "quarantine": "bridge.cli_operators.quarantine:quarantine_list",
+    "send": "bridge.cli_topics:send",
+    "topics": "bridge.cli_topics:topics",
+    "transactions": "bridge.cli_operators.transactions:transactions",
+}
+"""The commands defined outside this module, as ``module:attribute``: each is imported when
+it runs (or when help lists it), so a command's start-up loads its own code and not every
+other command's (the clients, the coordinator, the local broker's runtime)."""
 
 
 class _BridgeGroup(click.Group):
@@ -55,7 +70,21 @@ class _BridgeGroup(click.Group):
     non-zero exit status (the type is the documented error class, e.g.
     ``BrokerUnreachableError``): :data:`~bridge.cli_output.EXIT_UNREACHABLE` when Kafka could
     not be reached, :data:`~bridge.cli_output.EXIT_ERROR` for the others. A Kafka client error
-    that escaped untyped gets its type here."""
+    that escaped untyped gets its type here. The commands of :data:`_COMMANDS` are imported
+    when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(_COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _COMMANDS.get(cmd_name)
+        if target is not None and cmd_name not in self.commands:
+            module, _, attribute = target.partition(":")
+            command = getattr(importlib.import_module(module), attribute)
+            if not isinstance(command, click.Command):
+                raise TypeError(f"{target} is not a click command")
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -111,6 +140,14 @@ on a broker that has just started, which takes more than the 3 s default on a bu
 
 def _self_check(config: ClientConfig) -> None:
     """Send one message and read it back, printing both."""
+    # Imported here: only ``up`` needs the clients (see _COMMANDS).
+    from bridge.client.producer import Producer  # noqa: PLC0415
+    from bridge.client.reader import read_message_at  # noqa: PLC0415
+    from bridge.kafka.admin import TopicAdmin  # noqa: PLC0415
+    from bridge.message import Message  # noqa: PLC0415
+    from topics.catalog import TopicSpec  # noqa: PLC0415
+    from topics.naming import to_kafka_topic  # noqa: PLC0415
+
     started = time.monotonic()
     TopicAdmin(config).ensure_topics(
         [TopicSpec(to_kafka_topic(SELF_CHECK_TOPIC, config.namespace), 1)], strict=False
@@ -161,6 +198,10 @@ def up(
     """Start the stack in the foreground: the local Kafka broker (unless -b or
     KAFKA_BOOTSTRAP_SERVERS names a Kafka) and the coordinator; with the local broker, send
     one message and read it back; then run until Ctrl-C, which stops both cleanly."""
+    # Imported here: only ``up`` starts a broker and a coordinator (see _COMMANDS).
+    from bridge.cli_broker import local_broker  # noqa: PLC0415
+    from bridge.coordinator import Coordinator, CoordinatorConfig  # noqa: PLC0415
+
     broker: LocalKafka | None = None
     coordinator: Coordinator | None = None
     with stop_on_signals() as stop:
@@ -207,24 +248,6 @@ def fetch(sets: tuple[str, ...]) -> None:
             libs = ensure_jars(name)
             bar.advance()
             console.print(f"{name}: {len(list(libs.glob('*.jar')))} jars in {libs}")
-
-
-for _group in (
-    broker,
-    coordinator,
-    health,
-    topics,
-    send,
-    consume,
-    transactions,
-    delays,
-    dlq,
-    quarantine_list,
-    acls,
-    db,
-    console_command,
-):
-    cli.add_command(_group)
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from bridge.cli_common import console, stop_on_signals
+from bridge.cli_common import DEFAULT_LOCAL_PORT, console, stop_on_signals
 from bridge.errors import InvalidArgumentError
 from bridge.runtime.certs import TlsFiles
 from bridge.runtime.cluster import LocalClusterConfig, LocalKafkaCluster
@@ -29,7 +29,6 @@ from topics.client_security import (
     parse_properties,
 )
 
-DEFAULT_LOCAL_PORT = 9092
 ENV_SCRAM_USERS = "BRIDGE_SCRAM_USERS"
 """SCRAM users of ``bridge broker --secured``: ``name=password[,name=password...]``."""
 

@@ -27,6 +27,9 @@ console = Console(highlight=False, soft_wrap=True, markup=False)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+DEFAULT_LOCAL_PORT = 9092
+"""The local broker's port for ``bridge up`` and ``bridge broker``."""
+
 COMMAND_CONFIG_KEY = "command_config"
 """Where ``--command-config`` keeps its file in ``ctx.obj``."""
 

@@ -209,7 +209,11 @@ def _click_envvars(command: click.Command, path: str) -> Iterator[tuple[str, str
                 what = f"``{path} {(param.name or '').upper()}``"
                 yield var, what, f"The {(param.name or '').upper()} argument of ``{path}``."
     if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            if sub is None:
+                continue
             yield from _click_envvars(sub, f"{path} {name}")
 
 

@@ -47,7 +47,10 @@ def test_every_other_environment_variable_has_a_docstring(entry: str) -> None:
 def _options_with_envvar(command: click.Command) -> list[click.Option]:
     found = [p for p in command.params if isinstance(p, click.Option) and p.envvar]
     if isinstance(command, click.Group):
-        for sub in command.commands.values():
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            assert sub is not None, name
             found += _options_with_envvar(sub)
     return found
 
