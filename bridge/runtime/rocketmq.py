@@ -8,8 +8,12 @@ Central through :mod:`bridge.runtime.jars` (set ``rocketmq``), like the local Ka
 Everything the two processes write lives in one data directory: ``namesrv.properties``,
 ``broker.conf``, ``rocketmq.json`` (ports, pids), ``store/`` (commit log, consume queues, timer
 log and wheel, checkpoints) and ``logs/`` (their stdout, and RocketMQ's own log files under
-``logs/rocketmqlogs``). No proxy runs: the remoting protocol of the 4.x-style client talks to
-the name server and broker directly.
+``logs/rocketmqlogs``). The remoting protocol of the 4.x-style client talks to the name server
+and broker directly. With ``proxy=True`` the broker runs inside RocketMQ 5's gRPC proxy in *local
+mode* (``ProxyStartup -pm local -bc broker.conf``, jars of the set ``rocketmq-proxy``): one JVM
+serves both the broker's remoting port, as before, and the proxy's gRPC port
+(:attr:`LocalRocketMQ.proxy_addr`), the endpoint of RocketMQ 5's clients (``SimpleConsumer``,
+FIFO consumer groups). Its ``rmq-proxy.json`` is in the data directory too.
 
 The broker runs with the timer wheel on (``timerWheelEnable``) and transactional messages
 (always on in RocketMQ); the settings both sides must share to be compared are fields of
@@ -44,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 NAMESRV_MAIN = "org.apache.rocketmq.namesrv.NamesrvStartup"
 BROKER_MAIN = "org.apache.rocketmq.broker.BrokerStartup"
+PROXY_MAIN = "org.apache.rocketmq.proxy.ProxyStartup"
+_PROXY_READY = b"rocketmq-proxy startup successfully"
 _NAMESRV_READY = b"The Name Server boot success"
 _BROKER_READY = b"boot success"
 BROKER_NAME = "broker-a"
@@ -93,13 +99,24 @@ class LocalRocketMQConfig:
     """How long a clean stop may take before a process is killed, ms."""
     broker_properties: Mapping[str, str] = field(default_factory=dict)
     """Extra ``broker.conf`` entries (they win over the ones derived above)."""
+    proxy: bool = False
+    """Run the broker inside RocketMQ 5's gRPC proxy in local mode (one JVM; the broker's
+    remoting port stays), for RocketMQ 5's gRPC clients."""
+    grpc_port: int = 0
+    """The proxy's gRPC port (0: a free one); with ``proxy`` only."""
+    proxy_properties: Mapping[str, str | int | bool] = field(default_factory=dict)
+    """Extra ``rmq-proxy.json`` entries under the proxy's own names (``ProxyConfig``), e.g.
+    ``minInvisibleTimeMillsForRecv``; they win over the ones derived here."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         object.__setattr__(
             self, "broker_properties", MappingProxyType(dict(self.broker_properties))
         )
-        for name in ("namesrv_port", "broker_port"):
+        object.__setattr__(self, "proxy_properties", MappingProxyType(dict(self.proxy_properties)))
+        if (self.grpc_port or self.proxy_properties) and not self.proxy:
+            raise InvalidArgumentError("grpc_port and proxy_properties need proxy=True")
+        for name in ("namesrv_port", "broker_port", "grpc_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise InvalidArgumentError(f"{name} must be 0..65535, got {value}")
@@ -167,8 +184,9 @@ class LocalRocketMQ(Startable):
 
     @property
     def libs(self) -> Path:
-        """The jar directory (fetched on first use)."""
-        return ensure_jars("rocketmq")
+        """The jar directory (fetched on first use): the proxy's set (which holds the broker
+        and name server) with ``proxy``, else the broker's."""
+        return ensure_jars("rocketmq-proxy" if self.config.proxy else "rocketmq")
 
     @property
     def _state_file(self) -> Path:
@@ -183,6 +201,14 @@ class LocalRocketMQ(Startable):
     def broker_addr(self) -> str:
         """``127.0.0.1:<port>`` of the broker."""
         return f"127.0.0.1:{self._load_state()['broker_port']}"
+
+    @property
+    def proxy_addr(self) -> str:
+        """``127.0.0.1:<port>`` of the gRPC proxy (RocketMQ 5 clients' endpoint); only with
+        ``proxy``."""
+        if not self.config.proxy:
+            raise InvalidArgumentError("this RocketMQ runs without a proxy (proxy=False)")
+        return f"127.0.0.1:{self._load_state()['grpc_port']}"
 
     @property
     def pids(self) -> list[int]:
@@ -213,7 +239,12 @@ class LocalRocketMQ(Startable):
                 }
                 self.data_dir.mkdir(parents=True, exist_ok=True)
                 self._save_state()
-            for name in ("namesrv_port", "broker_port"):
+            if self.config.proxy and "grpc_port" not in self._state:
+                # The proxy's remoting server listens too (its default port is 8080).
+                self._state["grpc_port"] = self.config.grpc_port or free_port()
+                self._state["proxy_remoting_port"] = free_port()
+                self._save_state()
+            for name in ("namesrv_port", "broker_port", "grpc_port"):
                 if getattr(self.config, name):
                     self._state[name] = getattr(self.config, name)
         return self._state
@@ -254,6 +285,23 @@ class LocalRocketMQ(Startable):
             "timerMaxDelaySec": str(self.config.timer_max_delay_sec),
         }
         conf.update(self.config.broker_properties)
+        return conf
+
+    def proxy_conf(self) -> dict[str, str | int | bool]:
+        """The ``rmq-proxy.json`` entries this configuration gives (with ``proxy``)."""
+        state = self._load_state()
+        conf: dict[str, str | int | bool] = {
+            "rocketMQClusterName": CLUSTER_NAME,
+            "proxyMode": "local",
+            "namesrvAddr": self.namesrv_addr,
+            "grpcServerPort": int(state["grpc_port"]),
+            "remotingListenPort": int(state["proxy_remoting_port"]),
+            # Small thread pools: the defaults size for a server (16 + 2 per core, and more).
+            "grpcThreadPoolNums": 8,
+            "grpcWorkerLoopNum": 2,
+            "enablePrintJstack": False,
+        }
+        conf.update(self.config.proxy_properties)
         return conf
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -333,7 +381,10 @@ class LocalRocketMQ(Startable):
         self.libs  # noqa: B018 - fetch before timing the start
         state = self._load_state()
         self._stop_stale()
-        for name in ("namesrv_port", "broker_port"):
+        ports = ["namesrv_port", "broker_port"]
+        if self.config.proxy:
+            ports += ["grpc_port", "proxy_remoting_port"]
+        for name in ports:
             if port_in_use(int(state[name])):
                 raise BrokerStartError(
                     f"cannot start RocketMQ: 127.0.0.1:{state[name]} ({name}) is in use"
@@ -359,14 +410,20 @@ class LocalRocketMQ(Startable):
             self._wait_for("namesrv", self._namesrv, _NAMESRV_READY, mark)
             mark = self._out_size("broker")
             direct = f"-XX:MaxDirectMemorySize={self.config.broker_direct_memory_mb}m"
+            if self.config.proxy:
+                proxy_json = self.data_dir / "rmq-proxy.json"
+                proxy_json.write_text(json.dumps(self.proxy_conf(), indent=2) + "\n")
+                main = [PROXY_MAIN, "-pm", "local", "-bc", str(broker_conf),
+                        "-pc", str(proxy_json), "-n", self.namesrv_addr]  # fmt: skip
+                ready = _PROXY_READY
+            else:
+                main, ready = [BROKER_MAIN, "-c", str(broker_conf)], _BROKER_READY
             self._broker = self._launch(
-                "broker",
-                [*self._java(java, self.config.broker_heap_mb, direct), BROKER_MAIN,
-                 "-c", str(broker_conf)],
-            )  # fmt: skip
+                "broker", [*self._java(java, self.config.broker_heap_mb, direct), *main]
+            )
             state["broker_pid"] = self._broker.pid
             self._save_state()
-            self._wait_for("broker", self._broker, _BROKER_READY, mark)
+            self._wait_for("broker", self._broker, ready, mark)
         except BaseException:
             self.kill()
             raise
@@ -384,9 +441,9 @@ class LocalRocketMQ(Startable):
     def log_tail(self, name: str = "broker", lines: int = 30) -> str:
         """The last lines of the ``namesrv`` or ``broker`` stdout and RocketMQ's own log."""
         out: list[str] = []
-        own = "namesrv.log" if name == "namesrv" else "broker.log"
+        own = ["namesrv.log"] if name == "namesrv" else ["broker.log", "proxy.log"]
         for path in (
-            self.data_dir / "home" / "logs" / "rocketmqlogs" / own,
+            *(self.data_dir / "home" / "logs" / "rocketmqlogs" / log for log in own),
             self.data_dir / "logs" / f"{name}.out",
         ):
             if path.is_file():
