@@ -50,6 +50,7 @@ NAMESRV_MAIN = "org.apache.rocketmq.namesrv.NamesrvStartup"
 BROKER_MAIN = "org.apache.rocketmq.broker.BrokerStartup"
 PROXY_MAIN = "org.apache.rocketmq.proxy.ProxyStartup"
 _PROXY_READY = b"rocketmq-proxy startup successfully"
+_START_TRIES = 3
 _NAMESRV_READY = b"The Name Server boot success"
 _BROKER_READY = b"boot success"
 BROKER_NAME = "broker-a"
@@ -172,6 +173,8 @@ class LocalRocketMQ(Startable):
         self._namesrv: subprocess.Popen[bytes] | None = None
         self._broker: subprocess.Popen[bytes] | None = None
         self._state: dict[str, Any] = {}
+        self._marks: dict[str, int] = {}
+        """Sizes of ``<name>.out`` when the last start began (what it wrote comes after)."""
         self.start_seconds: float | None = None
         """Wall time of the last :meth:`start`, from launching the name server until the
         broker said it booted, s."""
@@ -374,11 +377,52 @@ class LocalRocketMQ(Startable):
 
     def start(self) -> None:
         """Fetch the jars if needed, start the name server, then the broker, and wait until
-        both say they booted. Raises :class:`BrokerStartError` with the log's tail on failure."""
+        both say they booted. Raises :class:`BrokerStartError` with the log's tail on failure.
+
+        The broker also binds ports it was not given a check for until it starts (its HA port,
+        ``broker_port + 1``): on a busy machine another process's outgoing connection can take
+        one between the pick and the bind. A start that fails on a port in use is tried again
+        on newly picked ports (unless the configuration fixed them), up to three times."""
         if self.is_running:
             return
         java = require_tool("java", JAVA_HINT)
         self.libs  # noqa: B018 - fetch before timing the start
+        for attempt in range(1, _START_TRIES + 1):
+            try:
+                self._start_once(java)
+                return
+            except BrokerStartError:
+                if attempt == _START_TRIES or not self._lost_a_port() or not self._repick_ports():
+                    raise
+                logger.warning("RocketMQ lost a port race while starting; trying new ports")
+
+    def _lost_a_port(self) -> bool:
+        """Whether the last start failed because a port was in use."""
+        for name, mark in self._marks.items():
+            out = self.data_dir / "logs" / f"{name}.out"
+            if out.is_file():
+                with out.open("rb") as f:
+                    f.seek(mark)
+                    if b"Address already in use" in f.read():
+                        return True
+        return False
+
+    def _repick_ports(self) -> bool:
+        """Pick new free ports for those the configuration left to us; False if none."""
+        state = self._load_state()
+        picked = False
+        if not self.config.namesrv_port:
+            state["namesrv_port"], picked = free_port(), True
+        if not self.config.broker_port:
+            state["broker_port"], picked = _broker_ports(), True
+        if self.config.proxy:
+            state["proxy_remoting_port"], picked = free_port(), True
+            if not self.config.grpc_port:
+                state["grpc_port"] = free_port()
+        self._save_state()
+        return picked
+
+    def _start_once(self, java: str) -> None:
         state = self._load_state()
         self._stop_stale()
         ports = ["namesrv_port", "broker_port"]
@@ -398,6 +442,7 @@ class LocalRocketMQ(Startable):
         broker_conf = self.data_dir / "broker.conf"
         broker_conf.write_text("".join(f"{k}={v}\n" for k, v in self.broker_conf().items()))
         started = time.monotonic()
+        self._marks = {name: self._out_size(name) for name in ("namesrv", "broker")}
         try:
             mark = self._out_size("namesrv")
             self._namesrv = self._launch(
