@@ -263,7 +263,9 @@ public final class RocketMQV5Driver {
      * FIFO message groups: groups (comma-separated) of per_group messages each ("g1-0",
      * "g1-1", ...), sent round robin, with message_group set, to a topic of one queue; a FIFO
      * consumer group's PushConsumer consumes them, each taking work_ms. "g1-1" always fails,
-     * "g2-1" fails once. Each consume records the groups running at that moment.
+     * "g2-1" fails once. Each consume records the groups running at that moment. With
+     * preload=true every message is sent before the consumer starts, so that its first receive
+     * takes them all in one batch.
      */
     static void fifo(String endpoint) throws Exception {
         String topic = arg("topic");
@@ -271,57 +273,68 @@ public final class RocketMQV5Driver {
         int perGroup = intArg("per_group");
         int workMs = intArg("work_ms");
         long deadline = intArg("deadline_ms");
+        boolean preload = Boolean.parseBoolean(arg("preload"));
         Map<String, AtomicInteger> running = new ConcurrentHashMap<>();
         Set<String> consumed = ConcurrentHashMap.newKeySet();
         AtomicInteger failedAttempts = new AtomicInteger();
         int maxAttempts = intArg("max_attempts");
-        try (Producer producer = producer(endpoint, topic);
-             PushConsumer consumer = PROVIDER.newPushConsumerBuilder()
-                 .setClientConfiguration(configuration(endpoint))
-                 .setConsumerGroup(arg("consumer_group"))
-                 .setSubscriptionExpressions(all(topic))
-                 .setConsumptionThreadCount(intArg("threads"))
-                 .setEnableFifoConsumeAccelerator(Boolean.parseBoolean(arg("accelerator")))
-                 .setMessageListener(m -> {
-                     String key = keyOf(m);
-                     if ("warmup".equals(key)) {
+        try (Producer producer = producer(endpoint, topic)) {
+            send(producer, message(topic, "warmup", "warmup"), "warmup");
+            if (preload) {
+                sendAll(producer, topic, groups, perGroup);
+            }
+            try (PushConsumer consumer = PROVIDER.newPushConsumerBuilder()
+                     .setClientConfiguration(configuration(endpoint))
+                     .setConsumerGroup(arg("consumer_group"))
+                     .setSubscriptionExpressions(all(topic))
+                     .setConsumptionThreadCount(intArg("threads"))
+                     .setEnableFifoConsumeAccelerator(Boolean.parseBoolean(arg("accelerator")))
+                     .setMessageListener(m -> {
+                         String key = keyOf(m);
+                         if ("warmup".equals(key)) {
+                             consumed.add(key);
+                             return ConsumeResult.SUCCESS;
+                         }
+                         String group = m.getMessageGroup().orElse("");
+                         int inGroup = running.computeIfAbsent(group, g -> new AtomicInteger()).incrementAndGet();
+                         boolean fail = "g1-1".equals(key) || "g2-1".equals(key) && m.getDeliveryAttempt() == 1;
+                         emitView("consume", m, "fail", fail, "in_group", inGroup);
+                         try {
+                             Thread.sleep(workMs);
+                         } catch (InterruptedException e) {
+                             Thread.currentThread().interrupt();
+                         }
+                         running.get(group).decrementAndGet();
+                         if (fail) {
+                             if ("g1-1".equals(key)) {
+                                 failedAttempts.set(m.getDeliveryAttempt());
+                             }
+                             return ConsumeResult.FAILURE;
+                         }
                          consumed.add(key);
                          return ConsumeResult.SUCCESS;
-                     }
-                     String group = m.getMessageGroup().orElse("");
-                     int inGroup = running.computeIfAbsent(group, g -> new AtomicInteger()).incrementAndGet();
-                     boolean fail = "g1-1".equals(key) || "g2-1".equals(key) && m.getDeliveryAttempt() == 1;
-                     emitView("consume", m, "fail", fail, "in_group", inGroup);
-                     try {
-                         Thread.sleep(workMs);
-                     } catch (InterruptedException e) {
-                         Thread.currentThread().interrupt();
-                     }
-                     running.get(group).decrementAndGet();
-                     if (fail) {
-                         if ("g1-1".equals(key)) {
-                             failedAttempts.set(m.getDeliveryAttempt());
-                         }
-                         return ConsumeResult.FAILURE;
-                     }
-                     consumed.add(key);
-                     return ConsumeResult.SUCCESS;
-                 })
-                 .build()) {
-            send(producer, message(topic, "warmup", "warmup"), "warmup");
-            if (!await(() -> consumed.contains("warmup"), deadline)) {
-                throw new IllegalStateException("the warm-up message never came");
-            }
-            emit("ready", "t", now());
-            for (int i = 0; i < perGroup; i++) {
-                for (String g : groups) {
-                    String name = g + "-" + i;
-                    send(producer, message(topic, name, g), name);
+                     })
+                     .build()) {
+                if (!await(() -> consumed.contains("warmup"), deadline)) {
+                    throw new IllegalStateException("the warm-up message never came");
                 }
+                emit("ready", "t", now());
+                if (!preload) {
+                    sendAll(producer, topic, groups, perGroup);
+                }
+                int expected = groups.length * perGroup;  // all but g1-1, plus the warm-up
+                await(() -> consumed.size() >= expected && failedAttempts.get() >= maxAttempts, deadline);
+                Thread.sleep(intArg("quiet_ms"));
             }
-            int expected = groups.length * perGroup;  // all but g1-1, plus the warm-up
-            await(() -> consumed.size() >= expected && failedAttempts.get() >= maxAttempts, deadline);
-            Thread.sleep(intArg("quiet_ms"));
+        }
+    }
+
+    static void sendAll(Producer producer, String topic, String[] groups, int perGroup) throws Exception {
+        for (int i = 0; i < perGroup; i++) {
+            for (String g : groups) {
+                String name = g + "-" + i;
+                send(producer, message(topic, name, g), name);
+            }
         }
     }
 

@@ -176,5 +176,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     ):
         for side, value in (MEASURED.get(name) or {}).items():
             terminalreporter.write_line(f"{label}, {side}: {value}")
+    for workload, seconds in (MEASURED.get("row_s") or {}).items():
+        terminalreporter.write_line(f"{workload}: both sides ran in {seconds:.0f} s")
     for workload, figure, rocketmq, bridge in MEASURED.get("rows", []):
         terminalreporter.write_line(f"{workload}: {figure}: RocketMQ {rocketmq}, bridge {bridge}")
