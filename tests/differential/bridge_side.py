@@ -2,6 +2,11 @@
 bridge's public API (``Producer``, ``TransactionMQProducer``, ``PushConsumer``, ``read_messages``,
 and the operator view of parked transactions), producing the same events.
 
+The rows of RocketMQ 5's client model run ``RocketMQV5Driver.java``'s workloads through the
+bridge's ``SimpleConsumer`` and FIFO ``PushConsumer`` (``simple``, ``fifo``); their messages are
+recorded as RocketMQ 5's ``MessageView`` shows them (``group``, ``attempt``: the delivery
+attempt), with ``receive``, ``ack`` and ``changed`` events for the simple consumer.
+
 Events are dicts with ``ev`` (``sent``, ``ready``, ``execute``, ``check``, ``consume``,
 ``parked``, ``dlq``, ``selected``, ``invalid``, ``done``) and, for a message: ``key``,
 ``body``, ``topic``, ``tags``, ``reconsume``, ``msg_id``, ``props``, ``t`` (ms since the
