@@ -38,6 +38,11 @@ ROCKETMQ_VERSION = "5.3.3"
 """The Apache RocketMQ release the side-by-side runs compare against (name server, broker and
 the remoting client the differential driver is compiled with): the newest 5.3 release whose
 jars all resolve from the package registry this project uses (5.3.4 lacks some)."""
+ROCKETMQ_CLIENT_V5_VERSION = "5.2.0"
+"""RocketMQ 5's Java gRPC client (apache/rocketmq-clients), the newest release on Maven Central:
+the differential suite's SimpleConsumer and FIFO message group workloads go through it and the
+proxy (set ``rocketmq-proxy``). It ships shaded (gRPC, protobuf and Netty inside), so it is a set
+of its own, never on one class path with the broker's jars."""
 
 _MAVEN_TIMEOUT_S = 900
 JAVA_HINT = "a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)"
@@ -85,6 +90,21 @@ ARTIFACT_SETS: Mapping[str, ArtifactSet] = MappingProxyType(
                 f"org.apache.rocketmq:rocketmq-broker:{ROCKETMQ_VERSION}",
                 f"org.apache.rocketmq:rocketmq-client:{ROCKETMQ_VERSION}",
             ),
+        ),
+        # The gRPC proxy of RocketMQ 5 (it brings the broker with it): run in local mode, the
+        # proxy and the broker share one JVM (``bridge.runtime.rocketmq``, ``proxy=True``).
+        "rocketmq-proxy": ArtifactSet(
+            "rocketmq-proxy",
+            ROCKETMQ_VERSION,
+            (
+                f"org.apache.rocketmq:rocketmq-proxy:{ROCKETMQ_VERSION}",
+                f"org.apache.rocketmq:rocketmq-namesrv:{ROCKETMQ_VERSION}",
+            ),
+        ),
+        "rocketmq-client-v5": ArtifactSet(
+            "rocketmq-client-v5",
+            ROCKETMQ_CLIENT_V5_VERSION,
+            (f"org.apache.rocketmq:rocketmq-client-java:{ROCKETMQ_CLIENT_V5_VERSION}",),
         ),
     }
 )
@@ -163,7 +183,7 @@ def jar_dir(name: str) -> Path:
 
 
 def ensure_jars(name: str) -> Path:
-    """Fetch the artifact set ``name`` (``kafka``, ``spark``, ``delta`` or ``rocketmq``) unless
+    """Fetch the artifact set ``name`` (a key of :data:`ARTIFACT_SETS`) unless
     cached; return its ``libs`` directory. Raises :class:`MissingToolError` without Maven or
     Java and :class:`ArtifactFetchError` when Maven fails (its output's tail is in the
     message)."""

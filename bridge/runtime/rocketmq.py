@@ -8,8 +8,12 @@ Central through :mod:`bridge.runtime.jars` (set ``rocketmq``), like the local Ka
 Everything the two processes write lives in one data directory: ``namesrv.properties``,
 ``broker.conf``, ``rocketmq.json`` (ports, pids), ``store/`` (commit log, consume queues, timer
 log and wheel, checkpoints) and ``logs/`` (their stdout, and RocketMQ's own log files under
-``logs/rocketmqlogs``). No proxy runs: the remoting protocol of the 4.x-style client talks to
-the name server and broker directly.
+``logs/rocketmqlogs``). The remoting protocol of the 4.x-style client talks to the name server
+and broker directly. With ``proxy=True`` the broker runs inside RocketMQ 5's gRPC proxy in *local
+mode* (``ProxyStartup -pm local -bc broker.conf``, jars of the set ``rocketmq-proxy``): one JVM
+serves both the broker's remoting port, as before, and the proxy's gRPC port
+(:attr:`LocalRocketMQ.proxy_addr`), the endpoint of RocketMQ 5's clients (``SimpleConsumer``,
+FIFO consumer groups). Its ``rmq-proxy.json`` is in the data directory too.
 
 The broker runs with the timer wheel on (``timerWheelEnable``) and transactional messages
 (always on in RocketMQ); the settings both sides must share to be compared are fields of
@@ -44,6 +48,9 @@ logger = logging.getLogger(__name__)
 
 NAMESRV_MAIN = "org.apache.rocketmq.namesrv.NamesrvStartup"
 BROKER_MAIN = "org.apache.rocketmq.broker.BrokerStartup"
+PROXY_MAIN = "org.apache.rocketmq.proxy.ProxyStartup"
+_PROXY_READY = b"rocketmq-proxy startup successfully"
+_START_TRIES = 3
 _NAMESRV_READY = b"The Name Server boot success"
 _BROKER_READY = b"boot success"
 BROKER_NAME = "broker-a"
@@ -93,13 +100,24 @@ class LocalRocketMQConfig:
     """How long a clean stop may take before a process is killed, ms."""
     broker_properties: Mapping[str, str] = field(default_factory=dict)
     """Extra ``broker.conf`` entries (they win over the ones derived above)."""
+    proxy: bool = False
+    """Run the broker inside RocketMQ 5's gRPC proxy in local mode (one JVM; the broker's
+    remoting port stays), for RocketMQ 5's gRPC clients."""
+    grpc_port: int = 0
+    """The proxy's gRPC port (0: a free one); with ``proxy`` only."""
+    proxy_properties: Mapping[str, str | int | bool] = field(default_factory=dict)
+    """Extra ``rmq-proxy.json`` entries under the proxy's own names (``ProxyConfig``), e.g.
+    ``minInvisibleTimeMillsForRecv``; they win over the ones derived here."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         object.__setattr__(
             self, "broker_properties", MappingProxyType(dict(self.broker_properties))
         )
-        for name in ("namesrv_port", "broker_port"):
+        object.__setattr__(self, "proxy_properties", MappingProxyType(dict(self.proxy_properties)))
+        if (self.grpc_port or self.proxy_properties) and not self.proxy:
+            raise InvalidArgumentError("grpc_port and proxy_properties need proxy=True")
+        for name in ("namesrv_port", "broker_port", "grpc_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise InvalidArgumentError(f"{name} must be 0..65535, got {value}")
@@ -155,6 +173,8 @@ class LocalRocketMQ(Startable):
         self._namesrv: subprocess.Popen[bytes] | None = None
         self._broker: subprocess.Popen[bytes] | None = None
         self._state: dict[str, Any] = {}
+        self._marks: dict[str, int] = {}
+        """Sizes of ``<name>.out`` when the last start began (what it wrote comes after)."""
         self.start_seconds: float | None = None
         """Wall time of the last :meth:`start`, from launching the name server until the
         broker said it booted, s."""
@@ -167,8 +187,9 @@ class LocalRocketMQ(Startable):
 
     @property
     def libs(self) -> Path:
-        """The jar directory (fetched on first use)."""
-        return ensure_jars("rocketmq")
+        """The jar directory (fetched on first use): the proxy's set (which holds the broker
+        and name server) with ``proxy``, else the broker's."""
+        return ensure_jars("rocketmq-proxy" if self.config.proxy else "rocketmq")
 
     @property
     def _state_file(self) -> Path:
@@ -183,6 +204,14 @@ class LocalRocketMQ(Startable):
     def broker_addr(self) -> str:
         """``127.0.0.1:<port>`` of the broker."""
         return f"127.0.0.1:{self._load_state()['broker_port']}"
+
+    @property
+    def proxy_addr(self) -> str:
+        """``127.0.0.1:<port>`` of the gRPC proxy (RocketMQ 5 clients' endpoint); only with
+        ``proxy``."""
+        if not self.config.proxy:
+            raise InvalidArgumentError("this RocketMQ runs without a proxy (proxy=False)")
+        return f"127.0.0.1:{self._load_state()['grpc_port']}"
 
     @property
     def pids(self) -> list[int]:
@@ -213,7 +242,12 @@ class LocalRocketMQ(Startable):
                 }
                 self.data_dir.mkdir(parents=True, exist_ok=True)
                 self._save_state()
-            for name in ("namesrv_port", "broker_port"):
+            if self.config.proxy and "grpc_port" not in self._state:
+                # The proxy's remoting server listens too (its default port is 8080).
+                self._state["grpc_port"] = self.config.grpc_port or free_port()
+                self._state["proxy_remoting_port"] = free_port()
+                self._save_state()
+            for name in ("namesrv_port", "broker_port", "grpc_port"):
                 if getattr(self.config, name):
                     self._state[name] = getattr(self.config, name)
         return self._state
@@ -254,6 +288,23 @@ class LocalRocketMQ(Startable):
             "timerMaxDelaySec": str(self.config.timer_max_delay_sec),
         }
         conf.update(self.config.broker_properties)
+        return conf
+
+    def proxy_conf(self) -> dict[str, str | int | bool]:
+        """The ``rmq-proxy.json`` entries this configuration gives (with ``proxy``)."""
+        state = self._load_state()
+        conf: dict[str, str | int | bool] = {
+            "rocketMQClusterName": CLUSTER_NAME,
+            "proxyMode": "local",
+            "namesrvAddr": self.namesrv_addr,
+            "grpcServerPort": int(state["grpc_port"]),
+            "remotingListenPort": int(state["proxy_remoting_port"]),
+            # Small thread pools: the defaults size for a server (16 + 2 per core, and more).
+            "grpcThreadPoolNums": 8,
+            "grpcWorkerLoopNum": 2,
+            "enablePrintJstack": False,
+        }
+        conf.update(self.config.proxy_properties)
         return conf
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -326,14 +377,58 @@ class LocalRocketMQ(Startable):
 
     def start(self) -> None:
         """Fetch the jars if needed, start the name server, then the broker, and wait until
-        both say they booted. Raises :class:`BrokerStartError` with the log's tail on failure."""
+        both say they booted. Raises :class:`BrokerStartError` with the log's tail on failure.
+
+        The broker also binds ports it was not given a check for until it starts (its HA port,
+        ``broker_port + 1``): on a busy machine another process's outgoing connection can take
+        one between the pick and the bind. A start that fails on a port in use is tried again
+        on newly picked ports (unless the configuration fixed them), up to three times."""
         if self.is_running:
             return
         java = require_tool("java", JAVA_HINT)
         self.libs  # noqa: B018 - fetch before timing the start
+        for attempt in range(1, _START_TRIES + 1):
+            try:
+                self._start_once(java)
+                return
+            except BrokerStartError:
+                if attempt == _START_TRIES or not self._lost_a_port() or not self._repick_ports():
+                    raise
+                logger.warning("RocketMQ lost a port race while starting; trying new ports")
+
+    def _lost_a_port(self) -> bool:
+        """Whether the last start failed because a port was in use."""
+        for name, mark in self._marks.items():
+            out = self.data_dir / "logs" / f"{name}.out"
+            if out.is_file():
+                with out.open("rb") as f:
+                    f.seek(mark)
+                    if b"Address already in use" in f.read():
+                        return True
+        return False
+
+    def _repick_ports(self) -> bool:
+        """Pick new free ports for those the configuration left to us; False if none."""
+        state = self._load_state()
+        picked = False
+        if not self.config.namesrv_port:
+            state["namesrv_port"], picked = free_port(), True
+        if not self.config.broker_port:
+            state["broker_port"], picked = _broker_ports(), True
+        if self.config.proxy:
+            state["proxy_remoting_port"], picked = free_port(), True
+            if not self.config.grpc_port:
+                state["grpc_port"] = free_port()
+        self._save_state()
+        return picked
+
+    def _start_once(self, java: str) -> None:
         state = self._load_state()
         self._stop_stale()
-        for name in ("namesrv_port", "broker_port"):
+        ports = ["namesrv_port", "broker_port"]
+        if self.config.proxy:
+            ports += ["grpc_port", "proxy_remoting_port"]
+        for name in ports:
             if port_in_use(int(state[name])):
                 raise BrokerStartError(
                     f"cannot start RocketMQ: 127.0.0.1:{state[name]} ({name}) is in use"
@@ -347,6 +442,7 @@ class LocalRocketMQ(Startable):
         broker_conf = self.data_dir / "broker.conf"
         broker_conf.write_text("".join(f"{k}={v}\n" for k, v in self.broker_conf().items()))
         started = time.monotonic()
+        self._marks = {name: self._out_size(name) for name in ("namesrv", "broker")}
         try:
             mark = self._out_size("namesrv")
             self._namesrv = self._launch(
@@ -359,14 +455,20 @@ class LocalRocketMQ(Startable):
             self._wait_for("namesrv", self._namesrv, _NAMESRV_READY, mark)
             mark = self._out_size("broker")
             direct = f"-XX:MaxDirectMemorySize={self.config.broker_direct_memory_mb}m"
+            if self.config.proxy:
+                proxy_json = self.data_dir / "rmq-proxy.json"
+                proxy_json.write_text(json.dumps(self.proxy_conf(), indent=2) + "\n")
+                main = [PROXY_MAIN, "-pm", "local", "-bc", str(broker_conf),
+                        "-pc", str(proxy_json), "-n", self.namesrv_addr]  # fmt: skip
+                ready = _PROXY_READY
+            else:
+                main, ready = [BROKER_MAIN, "-c", str(broker_conf)], _BROKER_READY
             self._broker = self._launch(
-                "broker",
-                [*self._java(java, self.config.broker_heap_mb, direct), BROKER_MAIN,
-                 "-c", str(broker_conf)],
-            )  # fmt: skip
+                "broker", [*self._java(java, self.config.broker_heap_mb, direct), *main]
+            )
             state["broker_pid"] = self._broker.pid
             self._save_state()
-            self._wait_for("broker", self._broker, _BROKER_READY, mark)
+            self._wait_for("broker", self._broker, ready, mark)
         except BaseException:
             self.kill()
             raise
@@ -384,9 +486,9 @@ class LocalRocketMQ(Startable):
     def log_tail(self, name: str = "broker", lines: int = 30) -> str:
         """The last lines of the ``namesrv`` or ``broker`` stdout and RocketMQ's own log."""
         out: list[str] = []
-        own = "namesrv.log" if name == "namesrv" else "broker.log"
+        own = ["namesrv.log"] if name == "namesrv" else ["broker.log", "proxy.log"]
         for path in (
-            self.data_dir / "home" / "logs" / "rocketmqlogs" / own,
+            *(self.data_dir / "home" / "logs" / "rocketmqlogs" / log for log in own),
             self.data_dir / "logs" / f"{name}.out",
         ):
             if path.is_file():

@@ -997,6 +997,67 @@ public final class RocketMQDriver {
         emit("broker_config", "settings", settings, "t", now());
     }
 
+    /**
+     * What RocketMQ 5's gRPC clients cannot do for themselves (RocketMQV5Driver): with
+     * action=setup, create the topic (queues, message_type NORMAL or FIFO, as the proxy checks
+     * a message's type against its topic's) and the consumer group (retry_max_times, fifo:
+     * consumeMessageOrderly, and an exponential retry policy of backoff_ms, fixed); with
+     * action=dlq, read %DLQ%consumer_group ("dlq" events).
+     */
+    static void v5admin(String namesrv) throws Exception {
+        String group = arg("consumer_group");
+        if ("dlq".equals(arg("action"))) {
+            DefaultMQPullConsumer puller = puller(namesrv);
+            try {
+                for (MessageExt m : readAll(puller, "%DLQ%" + group)) {
+                    emitMessage("dlq", m, new HashMap<>(), "dlq_topic", "%DLQ%" + group);
+                }
+            } finally {
+                puller.shutdown();
+            }
+            return;
+        }
+        DefaultMQAdminExt admin = new DefaultMQAdminExt();
+        admin.setNamesrvAddr(namesrv);
+        admin.setInstanceName("admin-" + ProcessHandle.current().pid());
+        admin.start();
+        try {
+            int queues = intArg("queues");
+            org.apache.rocketmq.common.TopicConfig topic =
+                new org.apache.rocketmq.common.TopicConfig(arg("topic"), queues, queues, 6);
+            // "+" adds an attribute, as mqadmin updateTopic -a +message.type=FIFO does.
+            topic.setAttributes(Map.of("+message.type", arg("message_type")));
+            admin.createAndUpdateTopicConfig(arg("broker_addr"), topic);
+            org.apache.rocketmq.remoting.protocol.subscription.SubscriptionGroupConfig sub =
+                new org.apache.rocketmq.remoting.protocol.subscription.SubscriptionGroupConfig();
+            sub.setGroupName(group);
+            sub.setRetryMaxTimes(intArg("retry_max_times"));
+            sub.setConsumeMessageOrderly(Boolean.parseBoolean(arg("fifo")));
+            org.apache.rocketmq.remoting.protocol.subscription.GroupRetryPolicy policy =
+                new org.apache.rocketmq.remoting.protocol.subscription.GroupRetryPolicy();
+            policy.setType(org.apache.rocketmq.remoting.protocol.subscription.GroupRetryPolicyType.EXPONENTIAL);
+            long backoff = intArg("backoff_ms");
+            policy.setExponentialRetryPolicy(
+                new org.apache.rocketmq.remoting.protocol.subscription.ExponentialRetryPolicy(backoff, backoff, 1));
+            sub.setGroupRetryPolicy(policy);
+            admin.createAndUpdateSubscriptionGroupConfig(arg("broker_addr"), sub);
+            // The proxy finds the topic through the name server: wait for its route.
+            boolean routed = await(() -> {
+                try {
+                    return !admin.examineTopicRouteInfo(arg("topic")).getQueueDatas().isEmpty();
+                } catch (Exception e) {
+                    return false;
+                }
+            }, now() + 60_000);
+            if (!routed) {
+                throw new IllegalStateException("no route for " + arg("topic") + " after 60 s");
+            }
+        } finally {
+            admin.shutdown();
+        }
+        emit("created", "topic", arg("topic"), "group", group, "t", now());
+    }
+
     public static void main(String[] argv) throws Exception {
         if (argv.length < 2) {
             System.err.println("usage: RocketMQDriver WORKLOAD NAMESRV key=value...");
@@ -1028,6 +1089,7 @@ public final class RocketMQDriver {
             case "orderly": orderly(namesrv); break;
             case "broadcasting": broadcasting(namesrv); break;
             case "sql": sql(namesrv); break;
+            case "v5admin": v5admin(namesrv); break;
             case "bench-burst": benchBurst(namesrv); break;
             case "bench-steady": benchSteady(namesrv); break;
             case "bench-levels": benchLevels(namesrv); break;

@@ -2,6 +2,11 @@
 bridge's public API (``Producer``, ``TransactionMQProducer``, ``PushConsumer``, ``read_messages``,
 and the operator view of parked transactions), producing the same events.
 
+The rows of RocketMQ 5's client model run ``RocketMQV5Driver.java``'s workloads through the
+bridge's ``SimpleConsumer`` and FIFO ``PushConsumer`` (``simple``, ``fifo``); their messages are
+recorded as RocketMQ 5's ``MessageView`` shows them (``group``, ``attempt``: the delivery
+attempt), with ``receive``, ``ack`` and ``changed`` events for the simple consumer.
+
 Events are dicts with ``ev`` (``sent``, ``ready``, ``execute``, ``check``, ``consume``,
 ``parked``, ``dlq``, ``selected``, ``invalid``, ``done``) and, for a message: ``key``,
 ``body``, ``topic``, ``tags``, ``reconsume``, ``msg_id``, ``props``, ``t`` (ms since the
@@ -35,8 +40,10 @@ from bridge import (
     MessageListenerOrderly,
     MessageModel,
     MessageSelector,
+    MessageView,
     Producer,
     PushConsumer,
+    SimpleConsumer,
     TransactionListener,
     TransactionMQProducer,
     TransactionStatus,
@@ -45,6 +52,8 @@ from bridge import (
 from bridge.transaction.admin import read_parked
 
 Event = dict[str, Any]
+V5_KEYS = ("ack", "late", "extend", "never")
+"""The simple consumer workload's messages (see ``RocketMQV5Driver.simple``)."""
 TAGS = ("TagA", "TagB", "TagC", "TagD", "TagE")
 
 
@@ -546,3 +555,180 @@ def parse_qs(text: str) -> dict[str, str]:
     return dict(
         (unquote(k), unquote(v)) for k, _, v in (p.partition("=") for p in text.split("&") if p)
     )
+
+
+# --- RocketMQ 5's client model (RocketMQV5Driver.java) --------------------------------------
+
+
+def _view(rec: Recorder, ev: str, view: MessageView, **extra: Any) -> None:
+    """Record a message as RocketMQ 5's ``MessageView`` shows it."""
+    t = rec.now()
+    key = view.keys[0] if view.keys else None
+    sent = rec.sent_at.get(key) if key is not None else None
+    rec.emit(
+        ev,
+        key=key,
+        body=view.body.decode(errors="replace"),
+        topic=view.topic,
+        tags=view.tag,
+        group=view.message_group,
+        attempt=view.delivery_attempt,
+        msg_id=view.message_id,
+        props={k: _text(v) for k, v in view.properties.items()},
+        t=t,
+        since_sent=None if sent is None else t - sent,
+        **extra,
+    )
+
+
+def simple(
+    env: BridgeEnv,
+    *,
+    topic: str,
+    producer_group: str,
+    consumer_group: str,
+    invisible_ms: int,
+    extend_ms: int,
+    max_attempts: int,
+    await_ms: int,
+    deadline_ms: int,
+    quiet_ms: int,
+) -> list[Event]:
+    """The simple consumer workload (see ``RocketMQV5Driver.simple``), through the bridge's
+    ``SimpleConsumer``."""
+    rec = Recorder("simple")
+    env.create_topic(topic)
+    invisible, extend = invisible_ms / 1000, extend_ms / 1000
+    deadline = rec.started + deadline_ms / 1000
+    consumer = SimpleConsumer(
+        env.client,
+        consumer_group,
+        {topic: "*"},
+        await_ms / 1000,
+        max_delivery_attempts=max_attempts,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+    )
+    with Producer(producer_group, config=env.client) as producer, consumer:
+        rec.sending("warmup")
+        producer.send_sync(env.message(topic, "warmup"))
+        warm = False
+        while not warm and time.monotonic() < deadline:
+            for view in consumer.receive(16, invisible):
+                warm |= view.keys == ["warmup"]
+                consumer.ack(view)
+        if not warm:
+            raise RuntimeError("the warm-up message never came")
+        rec.emit("ready", t=rec.now())
+        for name in V5_KEYS:
+            rec.sending(name)
+            result = producer.send_sync(env.message(topic, name))
+            rec.sent(name, msg_id=result.msg_id)
+        acked: set[str] = set()
+        never_seen = 0
+        done_at: float | None = None
+        while time.monotonic() < deadline and (
+            done_at is None or time.monotonic() < done_at + quiet_ms / 1000
+        ):
+            for view in consumer.receive(16, invisible):
+                key = view.keys[0]
+                _view(rec, "receive", view)
+                if key == "ack" or (key in ("late", "extend") and view.delivery_attempt > 1):
+                    consumer.ack(view)
+                    acked.add(key)
+                    rec.emit("ack", key=key, t=rec.now())
+                elif key == "extend":
+                    consumer.change_invisible_duration(view, extend)
+                    rec.emit("changed", key=key, t=rec.now(), ms=extend_ms)
+                elif key == "never":
+                    never_seen = view.delivery_attempt
+            if done_at is None and len(acked) == 3 and never_seen >= max_attempts:
+                done_at = time.monotonic()
+    for msg in _read_dlq(env, consumer_group):
+        rec.message("dlq", msg, dlq_topic=f"%DLQ%{consumer_group}")
+    rec.emit("done", t=rec.now())
+    return rec.events
+
+
+def fifo(
+    env: BridgeEnv,
+    *,
+    topic: str,
+    producer_group: str,
+    consumer_group: str,
+    groups: str,
+    per_group: int,
+    work_ms: int,
+    threads: int,
+    max_attempts: int,
+    backoff_ms: int,
+    deadline_ms: int,
+    quiet_ms: int,
+) -> list[Event]:
+    """FIFO message groups (see ``RocketMQV5Driver.fifo``), through the bridge's FIFO
+    ``PushConsumer`` on a topic of one partition."""
+    rec = Recorder("fifo")
+    env.create_topic(topic, partitions=1)
+    names = groups.split(",")
+    running: dict[str, int] = {}
+    consumed: set[str] = set()
+    failed_attempts = [0]
+    lock = threading.Lock()
+
+    def listener(msg: MessageExt) -> ConsumeStatus:
+        key = msg.keys[0]
+        if key == "warmup":
+            consumed.add(key)
+            return ConsumeStatus.CONSUME_SUCCESS
+        group = msg.message_group or ""
+        attempt = msg.reconsume_times + 1
+        with lock:
+            running[group] = in_group = running.get(group, 0) + 1
+        fail = key == "g1-1" or (key == "g2-1" and attempt == 1)
+        t = rec.now()
+        rec.emit(
+            "consume", key=key, group=group, attempt=attempt, t=t, fail=fail, in_group=in_group,
+            since_sent=t - rec.sent_at[key], props={k: _text(v) for k, v in msg.properties.items()},
+        )  # fmt: skip
+        time.sleep(work_ms / 1000)
+        with lock:
+            running[group] -= 1
+        if fail:
+            if key == "g1-1":
+                failed_attempts[0] = attempt
+            return ConsumeStatus.RECONSUME_LATER
+        consumed.add(key)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = env.push_consumer(
+        consumer_group,
+        fifo=True,
+        max_reconsume_times=max_attempts - 1,
+        suspend_current_queue_time_millis=backoff_ms,
+        consume_thread_count=threads,
+    )
+    consumer.subscribe(topic, listener)
+    with Producer(producer_group, config=env.client) as producer, consumer:
+        rec.sending("warmup")
+        producer.send_sync(Message(topic, "warmup", keys="warmup", message_group="warmup"))
+        if not await_(lambda: "warmup" in consumed, rec.started + deadline_ms / 1000):
+            raise RuntimeError("the warm-up message never came")
+        rec.emit("ready", t=rec.now())
+        for i in range(per_group):
+            for group in names:
+                name = f"{group}-{i}"
+                msg = Message(
+                    topic, name, keys=name, tags="T", properties={"p": name}, message_group=group
+                )
+                rec.sending(name)
+                result = producer.send_sync(msg)
+                rec.sent(name, msg_id=result.msg_id)
+        expected = len(names) * per_group  # all but g1-1, plus the warm-up
+        await_(
+            lambda: len(consumed) >= expected and failed_attempts[0] >= max_attempts,
+            rec.started + deadline_ms / 1000,
+        )
+        time.sleep(quiet_ms / 1000)
+    for msg in _read_dlq(env, consumer_group):
+        rec.message("dlq", msg, dlq_topic=f"%DLQ%{consumer_group}")
+    rec.emit("done", t=rec.now())
+    return rec.events

@@ -1,6 +1,7 @@
-"""Fixtures of the differential suite: a local Apache RocketMQ (name server + broker from Maven
-jars) and the bridge on the session's Kafka broker with a coordinator, both with the scaled
-settings of :mod:`tests.differential.settings`.
+"""Fixtures of the differential suite: a local Apache RocketMQ (name server + broker, the broker
+inside RocketMQ 5's gRPC proxy in local mode, from Maven jars) and the bridge on the session's
+Kafka broker with a coordinator, both with the scaled settings of
+:mod:`tests.differential.settings`.
 
 RocketMQ starts in the background as soon as the session does, while Kafka starts, since each
 takes 10-30 s on two cores. Its start time and memory are printed in the session summary.
@@ -51,6 +52,10 @@ class _Starting:
                 timer_precision_ms=settings.TIMER_PRECISION_MS,
                 # SQL92 property filters (off by default in RocketMQ's broker).
                 broker_properties={"enablePropertyFilter": "true"},
+                # RocketMQ 5's gRPC proxy, in local mode in the broker's JVM, for the rows of
+                # RocketMQ 5's client model (SimpleConsumer, FIFO message groups).
+                proxy=True,
+                proxy_properties=settings.PROXY_PROPERTIES,
             )
         )
         self.error: BaseException | None = None
@@ -60,6 +65,7 @@ class _Starting:
     def _start(self) -> None:
         try:
             compile_driver()
+            compile_driver(v5=True)
             self.rmq.start()
         except BaseException as exc:  # reported by ready()
             self.error = exc
@@ -170,5 +176,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     ):
         for side, value in (MEASURED.get(name) or {}).items():
             terminalreporter.write_line(f"{label}, {side}: {value}")
+    for workload, seconds in (MEASURED.get("row_s") or {}).items():
+        terminalreporter.write_line(f"{workload}: both sides ran in {seconds:.0f} s")
     for workload, figure, rocketmq, bridge in MEASURED.get("rows", []):
         terminalreporter.write_line(f"{workload}: {figure}: RocketMQ {rocketmq}, bridge {bridge}")

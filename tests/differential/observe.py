@@ -11,7 +11,7 @@ from typing import Any
 from bridge.runtime.rocketmq import LocalRocketMQ
 from tests.differential import bridge_side
 from tests.differential.bridge_side import BridgeEnv, Event
-from tests.differential.rocketmq_side import DriverRun
+from tests.differential.rocketmq_side import DriverRun, V5DriverRun
 
 # Properties only RocketMQ shows, whatever the message (see docs/compatibility.md).
 ROCKETMQ_BROKER = frozenset({"CLUSTER", "MSG_REGION", "TRACE_ON", "WAIT"})
@@ -108,3 +108,84 @@ def same_values(rocketmq: Event, bridge: Event, *names: str) -> dict[str, tuple[
         for n in names
         if rocketmq["props"].get(n) != bridge["props"].get(n)
     }
+
+
+def v5_names(workload: str) -> dict[str, str]:
+    """A run's topic and group names (new ones each run)."""
+    suffix = uuid.uuid4().hex[:6]
+    return {
+        "topic": f"diff-{workload}-{suffix}",
+        "producer_group": f"diff_{workload}_p_{suffix}",
+        "consumer_group": f"diff_{workload}_c_{suffix}",
+    }
+
+
+class RocketMQV5Run:
+    """One of ``RocketMQV5Driver``'s workloads through RocketMQ 5's gRPC client and the proxy:
+    ``RocketMQDriver``'s ``v5admin`` creates the topic and group with ``setup`` first, the
+    workload runs in the background, and :meth:`events` waits for it and appends the messages
+    of its group's DLQ, read afterwards (``dlq``)."""
+
+    def __init__(
+        self,
+        workload: str,
+        rocketmq: LocalRocketMQ,
+        driver_home: Path,
+        names: dict[str, str],
+        setup: dict[str, Any],
+        timeout_s: float = 240,
+        **args: Any,
+    ) -> None:
+        self.rocketmq = rocketmq
+        self.driver_home = driver_home
+        self.admin = {
+            "consumer_group": names["consumer_group"],
+            "broker_addr": rocketmq.broker_addr,
+        }
+        DriverRun(
+            "v5admin", rocketmq.namesrv_addr, driver_home, 120,
+            action="setup", topic=names["topic"], **self.admin, **setup,
+        ).events()  # fmt: skip
+        self.run = V5DriverRun(
+            workload, rocketmq.proxy_addr, driver_home, timeout_s, **names, **args
+        )
+
+    def kill(self) -> None:
+        """Stop the workload if it is still going."""
+        self.run.kill()
+
+    def events(self) -> list[Event]:
+        """The workload's events, then its DLQ's."""
+        try:
+            events = self.run.events()
+        finally:
+            self.run.kill()
+        dlq = DriverRun(
+            "v5admin", self.rocketmq.namesrv_addr, self.driver_home, 120, action="dlq", **self.admin
+        )
+        return events + of(dlq.events(), "dlq")
+
+
+def run_both_v5(
+    workload: str,
+    rocketmq: LocalRocketMQ,
+    bridge_env: BridgeEnv,
+    driver_home: Path,
+    setup: dict[str, Any],
+    timeout_s: float = 240,
+    rocketmq_only: dict[str, Any] | None = None,
+    **args: Any,
+) -> tuple[list[Event], list[Event]]:
+    """Run one of ``RocketMQV5Driver``'s workloads against RocketMQ (:class:`RocketMQV5Run`)
+    and the bridge at the same time; return (RocketMQ's events, the bridge's)."""
+    names = v5_names(workload)
+    run = RocketMQV5Run(
+        workload, rocketmq, driver_home, names, setup, timeout_s,
+        **args, **(rocketmq_only or {}),
+    )  # fmt: skip
+    try:
+        bridge_events = getattr(bridge_side, workload)(bridge_env, **names, **args)
+    except BaseException:
+        run.kill()
+        raise
+    return run.events(), bridge_events

@@ -8,7 +8,15 @@ the bridge exposes it: delay levels set on the message, ``DefaultMQPushConsumer`
 and ``TransactionMQProducer`` with a check-back listener (seed 003 is written against it). The
 v5 client has no push consumer with orderly or broadcasting modes and no delay levels.
 
-The driver is compiled with ``javac`` against the cached RocketMQ jars into the cache (once per
+RocketMQ 5's own client model (``SimpleConsumer``, FIFO consumer groups) has no remoting-client
+equivalent, so those rows go through ``RocketMQV5Driver.java`` instead: RocketMQ 5's Java gRPC
+client (``rocketmq-client-java``) against the proxy, which runs in local mode in the broker's
+JVM (``LocalRocketMQ`` with ``proxy=True``). That client bundles its own copy of the gRPC
+protocol classes, so it is compiled and run on a class path of its own (set
+``rocketmq-client-v5``); the topics and groups it needs are created by ``RocketMQDriver``'s
+``v5admin`` workload, which also reads the dead-letter queue afterwards.
+
+Each driver is compiled with ``javac`` against its cached jars into the cache (once per
 source version) and prints one JSON object per line; lines that are not such objects (a
 library writing to stdout) are ignored.
 """
@@ -22,23 +30,28 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from bridge.runtime.jars import cache_dir, ensure_jars
 from tests.differential import settings
 
 SOURCE = Path(__file__).with_name("RocketMQDriver.java")
 MAIN_CLASS = "RocketMQDriver"
+V5_SOURCE = Path(__file__).with_name("RocketMQV5Driver.java")
+V5_MAIN_CLASS = "RocketMQV5Driver"
+V5_JARS = "rocketmq-client-v5"
 
 Event = dict[str, Any]
 
 
-def compile_driver() -> Path:
-    """Compile the driver (if its source changed) and return the classes directory."""
-    libs = ensure_jars("rocketmq")
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    out = cache_dir() / "differential" / f"driver-{digest}"
-    if (out / f"{MAIN_CLASS}.class").is_file():
+def compile_driver(v5: bool = False) -> Path:
+    """Compile the driver (the v5 one with ``v5``) if its source changed and return the
+    classes directory."""
+    source, main = (V5_SOURCE, V5_MAIN_CLASS) if v5 else (SOURCE, MAIN_CLASS)
+    libs = ensure_jars(V5_JARS if v5 else "rocketmq")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    out = cache_dir() / "differential" / f"{'v5-' if v5 else ''}driver-{digest}"
+    if (out / f"{main}.class").is_file():
         return out
     javac = shutil.which("javac")
     if javac is None:
@@ -47,7 +60,7 @@ def compile_driver() -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     proc = subprocess.run(
-        [javac, "-Xlint:-deprecation", "-nowarn", "-cp", f"{libs}/*", "-d", str(tmp), str(SOURCE)],
+        [javac, "-Xlint:-deprecation", "-nowarn", "-cp", f"{libs}/*", "-d", str(tmp), str(source)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     if proc.returncode != 0:
@@ -60,11 +73,15 @@ def compile_driver() -> Path:
 class DriverRun:
     """One workload running in its own JVM; :meth:`events` waits for it and parses its output."""
 
+    v5: ClassVar[bool] = False
+    """Whether this runs ``RocketMQV5Driver`` (:class:`V5DriverRun`)."""
+
     def __init__(
         self, workload: str, namesrv: str, home: Path, timeout_s: float, **args: object
     ) -> None:
-        classes = compile_driver()
-        libs = ensure_jars("rocketmq")
+        v5 = self.v5
+        classes = compile_driver(v5)
+        libs = ensure_jars(V5_JARS if v5 else "rocketmq")
         home.mkdir(parents=True, exist_ok=True)
         java = shutil.which("java") or "java"
         cmd = [
@@ -82,7 +99,7 @@ class DriverRun:
             f"-Duser.home={home}",
             "-cp",
             f"{classes}{os.pathsep}{libs}/*",
-            MAIN_CLASS,
+            V5_MAIN_CLASS if v5 else MAIN_CLASS,
             workload,
             namesrv,
             *(f"{k}={v}" for k, v in args.items()),
@@ -138,3 +155,9 @@ class DriverRun:
         if not self._stderr.is_file():
             return ""
         return "\n".join(self._stderr.read_text(errors="replace").splitlines()[-lines:])
+
+
+class V5DriverRun(DriverRun):
+    """A workload of ``RocketMQV5Driver``: ``namesrv`` is the proxy's gRPC endpoint."""
+
+    v5 = True

@@ -30,3 +30,24 @@ CLIENT_REBALANCE_INTERVAL_MS: Final = 1000
 driver's JVM (see ``rocketmq_side``)."""
 TRANSACTIONS: Final = 30
 """Seed 003's flow, with 30 messages: 10 each of unknown, commit and rollback on check."""
+
+# RocketMQ 5's client model (SimpleConsumer, FIFO message groups), through the proxy.
+INVISIBLE_MS: Final = 3000
+"""The simple consumer's invisible duration (RocketMQ's proxy refuses less than 10 s for a
+receive by default, ``minInvisibleTimeMillsForRecv``, set to 1 s on the suite's proxy)."""
+EXTEND_MS: Final = 6000
+"""What ``change_invisible_duration`` sets at a message's first receive."""
+MAX_DELIVERY_ATTEMPTS: Final = 3
+"""The groups' max delivery attempts: RocketMQ's ``retryMaxTimes`` 2, plus one."""
+AWAIT_MS: Final = 2000
+"""The simple consumer's await duration (long polling of a receive)."""
+FIFO_BACKOFF_MS: Final = 1000
+"""A FIFO group's in-place retry back-off: RocketMQ's group retry policy (exponential, initial
+= max = this) and the bridge's ``suspend_current_queue_time_millis``."""
+FIFO_WORK_MS: Final = 200
+"""How long the FIFO listener works on each message."""
+PROXY_PROPERTIES: Final = {
+    "minInvisibleTimeMillsForRecv": 1000,
+    "grpcClientConsumerMinLongPollingTimeoutMillis": 1000,
+}
+"""``rmq-proxy.json`` entries the suite's proxy runs with."""

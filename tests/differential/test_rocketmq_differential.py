@@ -10,6 +10,8 @@ session summary.
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from tests.differential.observe import (
     ROCKETMQ_BROKER,
     ROCKETMQ_PULLED,
     ROCKETMQ_PUSHED,
+    RocketMQV5Run,
     attempts,
     consumed_counts,
     gaps,
@@ -34,7 +37,9 @@ from tests.differential.observe import (
     one,
     prop_diff,
     run_both,
+    run_both_v5,
     same_values,
+    v5_names,
 )
 
 pytestmark = pytest.mark.broker
@@ -548,3 +553,246 @@ def test_sql92_anchor_rows_select_what_rocketmqs_rules_say(
 ) -> None:
     for expression, expected in SQL_ANCHORS.items():
         assert sql92[side][expression] == expected, expression
+
+
+# --- RocketMQ 5's client model: SimpleConsumer (gRPC client and proxy) -------------------
+
+REVIVE_WAIT_MS = 2000
+"""RocketMQ's broker brings back an unacked message only once its revive scan has passed the
+message's deadline by ``PopAckConstants.ackTimeInterval`` + 1 s (so that an ack sent just before
+the deadline is seen first; ``PopReviveService``)."""
+REVIVE_LATE_MS = REVIVE_WAIT_MS + s.TIMER_PRECISION_MS + 1000 + LATE_SLACK_MS
+"""The latest RocketMQ may bring one back: the wait, the timer wheel that delivers the broker's
+checkpoint records, its 1 s ``reviveInterval``, and the busy machine's slack."""
+
+
+@pytest.fixture(scope="module")
+def simple_v5(
+    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
+) -> dict[str, list[Event]]:
+    started = time.monotonic()
+    rmq, bridge = run_both_v5(
+        "simple", rocketmq, bridge_env, driver_home,
+        setup={"queues": 4, "message_type": "NORMAL", "fifo": "false",
+               "retry_max_times": s.MAX_DELIVERY_ATTEMPTS - 1, "backoff_ms": s.INVISIBLE_MS},
+        invisible_ms=s.INVISIBLE_MS, extend_ms=s.EXTEND_MS, max_attempts=s.MAX_DELIVERY_ATTEMPTS,
+        await_ms=s.AWAIT_MS, deadline_ms=90_000, quiet_ms=s.INVISIBLE_MS + REVIVE_LATE_MS,
+    )  # fmt: skip
+    MEASURED.setdefault("row_s", {})["simple consumer"] = time.monotonic() - started
+    return {"rocketmq": rmq, "bridge": bridge}
+
+
+def receives(events: list[Event]) -> dict[str, list[Event]]:
+    """A simple consumer's deliveries by key, in order."""
+    out: dict[str, list[Event]] = {}
+    for e in of(events, "receive"):
+        out.setdefault(e["key"], []).append(e)
+    return out
+
+
+def back_after(events: list[Event]) -> dict[str, list[int]]:
+    """How long after its invisible duration ended each redelivery came, by key (ms): from the
+    receive (or the ``change_invisible_duration``) before it, less that duration."""
+    got = receives(events)
+    (changed,) = of(events, "changed")
+    return {
+        "late": [got["late"][1]["t"] - got["late"][0]["t"] - s.INVISIBLE_MS],
+        "extend": [got["extend"][1]["t"] - changed["t"] - s.EXTEND_MS],
+        "never": [gap - s.INVISIBLE_MS for gap in gaps([e["t"] for e in got["never"]])],
+    }
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_v5_simple_consumer_redelivers_extends_and_dead_letters(
+    simple_v5: dict[str, list[Event]], side: str
+) -> None:
+    events = simple_v5[side]
+    got = receives(events)
+    assert {k: [e["attempt"] for e in v] for k, v in got.items()} == {
+        "ack": [1],
+        "late": [1, 2],
+        "extend": [1, 2],
+        "never": list(range(1, s.MAX_DELIVERY_ATTEMPTS + 1)),
+    }
+    assert sorted(e["key"] for e in of(events, "ack")) == ["ack", "extend", "late"]
+    topic = got["ack"][0]["topic"]
+    for key, views in got.items():
+        # Every delivery is the same message, from the topic it was sent to, as it was sent.
+        assert len({e["msg_id"] for e in views}) == 1, key
+        assert {e["topic"] for e in views} == {topic}, key
+        assert all(e["props"] == {"p": key} and e["body"] == key for e in views), key
+    # Never back before its invisible duration (as changed) ended.
+    for key, lateness in back_after(events).items():
+        assert min(lateness) >= -EARLY_MS, (key, lateness)
+    # After the group's max delivery attempts: %DLQ%<group>, the same message.
+    (dead,) = of(events, "dlq")
+    assert dead["key"] == "never"
+    assert dead["topic"] == dead["dlq_topic"]
+    assert dead["topic"].startswith("%DLQ%diff_simple_c_")
+    assert dead["msg_id"] == got["never"][0]["msg_id"]
+    assert (dead["body"], dead["props"]["p"], dead["tags"]) == ("never", "never", "T")
+
+
+def test_v5_simple_consumer_redelivery_lateness_differs_as_documented(
+    simple_v5: dict[str, list[Event]],
+) -> None:
+    rmq = [x for v in back_after(simple_v5["rocketmq"]).values() for x in v]
+    bridge = [x for v in back_after(simple_v5["bridge"]).values() for x in v]
+    # The bridge's consumer sends a message back when its deadline passes (checked every
+    # 100 ms) and reads it from the retry topic; RocketMQ's broker waits REVIVE_WAIT_MS more.
+    assert max(bridge) <= SLACK_MS, bridge
+    assert min(rmq) >= REVIVE_WAIT_MS - EARLY_MS, rmq
+    assert max(rmq) <= REVIVE_LATE_MS, rmq
+    note("simple consumer", "redeliveries after the invisible duration ends (ms)", rmq, bridge)
+
+
+def test_v5_simple_consumer_dead_letters_differ_only_as_documented(
+    simple_v5: dict[str, list[Event]],
+) -> None:
+    rmq, bridge = simple_v5["rocketmq"], simple_v5["bridge"]
+    r_dead, b_dead = one(rmq, "dlq", "never"), one(bridge, "dlq", "never")
+    # RocketMQ moves a spent message when a receive of the group meets it again after its last
+    # invisible duration (and its revive), counting that once more; the bridge moves it when
+    # the last invisible duration ends.
+    assert r_dead["reconsume"] == s.MAX_DELIVERY_ATTEMPTS + 1
+    assert b_dead["reconsume"] == s.MAX_DELIVERY_ATTEMPTS
+    r_last = receives(rmq)["never"][-1]["since_sent"]
+    b_last = receives(bridge)["never"][-1]["since_sent"]
+    assert r_dead["store_minus_born"] >= r_last + s.INVISIBLE_MS + REVIVE_WAIT_MS - EARLY_MS
+    assert b_dead["store_minus_born"] <= b_last + s.INVISIBLE_MS + SLACK_MS
+    note(
+        "simple consumer", "DLQ copy stored after the last delivery (ms)",
+        r_dead["store_minus_born"] - r_last, b_dead["store_minus_born"] - b_last,
+    )  # fmt: skip
+    only_rmq, only_bridge = prop_diff(r_dead, b_dead)
+    assert only_rmq == ROCKETMQ_BROKER | ROCKETMQ_PULLED | {
+        "1ST_POP_TIME", "BORN_TIMESTAMP", "DELAY", "PGROUP", "__BORNHOST",
+    }  # fmt: skip
+    assert only_bridge == BRIDGE_ONLY | FAILURE_METADATA | {"MAX_RECONSUME_TIMES"}
+    # RocketMQ's revived copies come from the group's POP retry topic, which it records.
+    topic = receives(rmq)["never"][0]["topic"]
+    group = r_dead["topic"].removeprefix("%DLQ%")
+    assert r_dead["props"]["RETRY_TOPIC"] == f"%RETRY%{group}_{topic}"
+    assert b_dead["props"]["RETRY_TOPIC"] == receives(bridge)["never"][0]["topic"]
+
+
+# --- RocketMQ 5's client model: FIFO message groups ---------------------------------------
+
+FIFO_GROUPS = ("g1", "g2", "g3")
+FIFO_PER_GROUP = 3
+FIFO_SENT = [f"{g}-{i}" for i in range(FIFO_PER_GROUP) for g in FIFO_GROUPS]
+"""Send order: round robin over the groups. g1-1 always fails, g2-1 fails once."""
+
+
+@pytest.fixture(scope="module")
+def fifo_v5(
+    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
+) -> dict[str, list[Event]]:
+    """The FIFO workload on a topic of one queue on both sides; RocketMQ's consumer as
+    configured by default, and (``rocketmq_accelerated``) with the v5 client's FIFO consume
+    accelerator, which runs the groups of one received batch in parallel: there every message
+    is sent before the consumer starts, so that one batch holds them all (messages received
+    in a later batch wait until the earlier batch is done, whatever their groups)."""
+    args: dict[str, Any] = {
+        "groups": ",".join(FIFO_GROUPS), "per_group": FIFO_PER_GROUP, "work_ms": s.FIFO_WORK_MS,
+        "threads": 4, "max_attempts": s.MAX_DELIVERY_ATTEMPTS, "backoff_ms": s.FIFO_BACKOFF_MS,
+        "deadline_ms": 90_000, "quiet_ms": 2000,
+    }  # fmt: skip
+    setup = {
+        "queues": 1, "message_type": "FIFO", "fifo": "true",
+        "retry_max_times": s.MAX_DELIVERY_ATTEMPTS - 1, "backoff_ms": s.FIFO_BACKOFF_MS,
+    }  # fmt: skip
+    started = time.monotonic()
+    # The accelerated run goes on in the background, beside the other two.
+    accelerated = RocketMQV5Run(
+        "fifo", rocketmq, driver_home, v5_names("fifo"), setup,
+        accelerator="true", preload="true", **args,
+    )  # fmt: skip
+    try:
+        rmq, bridge = run_both_v5(
+            "fifo", rocketmq, bridge_env, driver_home, setup=setup,
+            rocketmq_only={"accelerator": "false", "preload": "false"}, **args,
+        )  # fmt: skip
+    except BaseException:
+        accelerated.kill()
+        raise
+    events = {"rocketmq": rmq, "bridge": bridge, "rocketmq_accelerated": accelerated.events()}
+    MEASURED.setdefault("row_s", {})["fifo"] = time.monotonic() - started
+    return events
+
+
+FIFO_SIDES = ("rocketmq", "rocketmq_accelerated", "bridge")
+
+
+@pytest.mark.parametrize("side", FIFO_SIDES)
+def test_v5_fifo_groups_are_consumed_in_order_one_at_a_time(
+    fifo_v5: dict[str, list[Event]], side: str
+) -> None:
+    events = fifo_v5[side]
+    consumes = of(events, "consume")
+    tries = attempts(events)
+    assert {k: [e["attempt"] for e in v] for k, v in tries.items()} == {
+        key: list(range(1, s.MAX_DELIVERY_ATTEMPTS + 1)) if key == "g1-1"
+        else [1, 2] if key == "g2-1" else [1]
+        for key in FIFO_SENT
+    }  # fmt: skip
+    for group in FIFO_GROUPS:
+        mine = [e for e in consumes if e["group"] == group]
+        # In send order, each message only after the one before it is done (its retries in
+        # place included), and never beside another message of its group.
+        assert [e["key"] for e in mine] == [
+            key for key in FIFO_SENT if key.startswith(f"{group}-") for _ in tries[key]
+        ], group
+        assert all(e["in_group"] == 1 for e in mine), group
+        for before, after in itertools.pairwise(mine):
+            assert after["t"] >= before["t"] + s.FIFO_WORK_MS - EARLY_MS, (before, after)
+        assert all(e["props"]["__SHARDINGKEY"] == group for e in mine), group
+    # A failure is retried in place after the back-off, then dead-lettered.
+    for key in ("g1-1", "g2-1"):
+        for gap in gaps([e["t"] for e in tries[key]]):
+            due = s.FIFO_BACKOFF_MS + s.FIFO_WORK_MS
+            assert due - EARLY_MS <= gap <= due + SLACK_MS, (key, gap)
+    (dead,) = of(events, "dlq")
+    assert dead["key"] == "g1-1"
+    assert dead["topic"] == dead["dlq_topic"]
+    assert dead["topic"].startswith("%DLQ%diff_fifo_c_")
+    assert (dead["body"], dead["props"]["p"], dead["props"]["__SHARDINGKEY"]) == (
+        "g1-1", "g1-1", "g1",
+    )  # fmt: skip
+
+
+def test_v5_fifo_failing_group_blocks_others_as_documented(
+    fifo_v5: dict[str, list[Event]],
+) -> None:
+    """RocketMQ 5.3's FIFO consumer (by default) consumes a queue's messages one at a time in
+    queue order, whatever their groups: g1-1's retries in place hold up g2 and g3 in the same
+    queue. With the client's FIFO consume accelerator the other groups of one received batch
+    flow while g1-1 is retried; on the bridge every group of the partition does."""
+    first = {
+        side: {e["key"]: e["t"] for e in reversed(of(fifo_v5[side], "consume"))}
+        for side in FIFO_SIDES
+    }
+    last_g1_1 = {side: attempts(fifo_v5[side])["g1-1"][-1]["t"] for side in FIFO_SIDES}
+    rmq = of(fifo_v5["rocketmq"], "consume")
+    assert list(dict.fromkeys(e["key"] for e in rmq)) == FIFO_SENT
+    assert all(e["t"] > last_g1_1["rocketmq"] for e in rmq if e["key"] in ("g2-1", "g3-1"))
+    for side in ("rocketmq_accelerated", "bridge"):
+        # g3's messages after g1-1 are done before g1-1's second attempt.
+        assert first[side]["g3-2"] < attempts(fifo_v5[side])["g1-1"][1]["t"], side
+        assert first[side]["g2-2"] < last_g1_1[side], side
+    note(
+        "fifo", "g3-2 consumed, ms after g1-1's last attempt (default; accelerated)",
+        f"{first['rocketmq']['g3-2'] - last_g1_1['rocketmq']}; "
+        f"{first['rocketmq_accelerated']['g3-2'] - last_g1_1['rocketmq_accelerated']}",
+        first["bridge"]["g3-2"] - last_g1_1["bridge"],
+    )  # fmt: skip
+
+
+def test_v5_fifo_dead_letter_counts_differ_as_documented(
+    fifo_v5: dict[str, list[Event]],
+) -> None:
+    # RocketMQ retries in place in the client: its broker delivered the message once, and the
+    # client's forward to the DLQ counts that one. The bridge's copy counts the retries.
+    for side in ("rocketmq", "rocketmq_accelerated"):
+        assert one(fifo_v5[side], "dlq", "g1-1")["reconsume"] == 1, side
+    assert one(fifo_v5["bridge"], "dlq", "g1-1")["reconsume"] == s.MAX_DELIVERY_ATTEMPTS
