@@ -35,12 +35,16 @@ from bridge.console.reads import DlqPager, Letter, consumer_lag
 from bridge.console.security import (
     AUDIT_LOGGER,
     CSRF_FIELD,
+    DRY_RUN_FIELD,
     TOKEN_HEADER,
     CsrfSigner,
+    DryRunRefused,
+    DryRunSigner,
     WriteRefused,
     check_write,
     host_allowed,
     new_session_id,
+    replay_selection,
 )
 from bridge.consumer.admin import (
     REPLAY_CHUNK,
@@ -190,6 +194,7 @@ def create_app(settings: ConsoleSettings) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = 1 << 20
     signer = CsrfSigner(settings.csrf_secret)
+    dry_runs = DryRunSigner(settings.csrf_secret)
     config = settings.client
 
     @app.before_request
@@ -430,14 +435,13 @@ def create_app(settings: ConsoleSettings) -> Flask:
         )
 
     @app.post("/dlq/<group>/replay")
-    def dlq_replay(group: str) -> str:
-        _require_group(group)
+    def dlq_replay(group: str) -> BaseResponse | str:
         dry_run = request.form.get("mode") != "write"
         try:
             target = ReplayTarget(request.form.get("target", ReplayTarget.ORIGIN.value))
         except ValueError:
             abort(400, "target is origin or retry")
-        scope = request.form.get("scope", "selected")
+        scope = "selected" if request.form.get("scope", "selected") == "selected" else "filtered"
         letter_filter = _filter()
         refs = parse_refs(request.form.getlist("ref"))
         what = (
@@ -449,9 +453,39 @@ def create_app(settings: ConsoleSettings) -> Flask:
                 else f"filter {letter_filter.query() or 'none (all)'}"
             )
         )
+        # A replay writes only what a dry run of the same letters showed, in this session,
+        # minutes ago: checked before any Kafka call. A filtered replay reads the queue up to
+        # where its dry run read it (the ends it signed), never letters that came later.
+        pinned = Cursor.decode(request.form.get("ends")).positions
+        if not dry_run:
+            try:
+                dry_runs.check(
+                    g.session_id,
+                    _selection(
+                        group,
+                        target,
+                        scope=scope,
+                        refs=refs,
+                        letter_filter=letter_filter,
+                        ends=dict(pinned),
+                    ),
+                    request.form.get(DRY_RUN_FIELD),
+                    time.time_ns() // 1_000_000,
+                )
+            except DryRunRefused as exc:
+                audit.warning("%s: refused %s: %s", _who(), what, exc.reason)
+                return Response(render_template("refused.html", reason=exc.reason), status=409)
+        _require_group(group)
         audit.info("%s: %s", _who(), what)
         report = ReplayReport()
+        ends: dict[int, int] = {}
         with DlqPager(config, group) as pager:
+            if scope == "filtered":
+                ends = (
+                    {p: high for p, (_, high) in pager.ranges.items()}
+                    if dry_run
+                    else {p: pinned.get(p, low) for p, (low, _) in pager.ranges.items()}
+                )
             try:
                 if scope == "selected":
                     letters = pager.letters_at(refs)
@@ -460,7 +494,6 @@ def create_app(settings: ConsoleSettings) -> Flask:
                         config, group, [x.message for x in letters], target, report, dry_run=dry_run
                     )
                 else:
-                    ends = {p: high for p, (_, high) in pager.ranges.items()}
                     chosen = None if letter_filter.empty else letter_filter
                     for chunk in pager.scan(chosen, REPLAY_CHUNK, ends):
                         room = 50 - len(report.sample)
@@ -485,14 +518,26 @@ def create_app(settings: ConsoleSettings) -> Flask:
             report.failed,
             f" ({report.error})" if report.error else "",
         )
+        dry_run_token = None
+        if dry_run and report.replayed and report.error is None:
+            dry_run_token = dry_runs.token(
+                g.session_id,
+                _selection(
+                    group, target, scope=scope, refs=refs, letter_filter=letter_filter, ends=ends
+                ),
+                time.time_ns() // 1_000_000,
+            )
         return render_template(
             "replay.html",
             group=group,
             report=report,
             dry_run=dry_run,
+            dry_run_token=dry_run_token,
+            ttl_minutes=dry_runs.ttl_ms // 60_000,
             target=target.value,
             scope=scope,
             refs=[f"{p}@{o}" for p, o in refs],
+            ends=Cursor(ends).encode(),
             filter=letter_filter,
         )
 
@@ -571,6 +616,28 @@ def create_app(settings: ConsoleSettings) -> Flask:
 def _from(offset: int) -> dict[str, Any]:
     """The quarantine page's ``from`` query field (a Python keyword)."""
     return {"from": offset}
+
+
+def _selection(
+    group: str,
+    target: ReplayTarget,
+    *,
+    scope: str,
+    refs: list[tuple[int, int]],
+    letter_filter: LetterFilter,
+    ends: dict[int, int],
+) -> str:
+    """What a replay of these form fields writes, as its dry-run token signs it."""
+    return replay_selection(
+        group=group,
+        target=target.value,
+        scope=scope,
+        refs=refs,
+        keys=letter_filter.keys,
+        tags=letter_filter.tags,
+        msg_ids=letter_filter.msg_ids,
+        ends=ends,
+    )
 
 
 def _next_check_s(age_ms: int, checks: int, timeout_ms: int, interval_ms: int) -> float:

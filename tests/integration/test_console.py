@@ -340,10 +340,11 @@ def test_writes_without_the_token_or_the_csrf_token_are_refused(
     assert list(read_messages(config, [origin], timeout_ms=1500)) == []
     assert len(read_dead_letters(config, group)) == 1
 
-    # With both, the same request is taken.
+    # With both and the token of its dry run, the same request is taken.
+    dry_run_token = _dry_run(page, f"{console_url}/dlq/{group}/replay", form, csrf, same)
     done = page.request.post(
         f"{console_url}/dlq/{group}/replay",
-        form={**form, "token": TOKEN, "csrf_token": csrf},
+        form={**form, "token": TOKEN, "csrf_token": csrf, "dry_run_token": dry_run_token},
         headers=same,
     )
     assert done.status == 200 and "1 replayed" in done.text()
@@ -359,6 +360,59 @@ def test_writes_without_the_token_or_the_csrf_token_are_refused(
     assert f"refused POST /dlq/{group}/replay from 127.0.0.1: cross-origin" in audit
     assert f"token holder at 127.0.0.1: replay of dead letters of {group}" in audit
     assert TOKEN not in audit
+
+
+def _dry_run(
+    page: Any, url: str, form: dict[str, str], csrf: str | None, headers: dict[str, str]
+) -> str:
+    """POST the dry run of ``form``'s replay; the dry-run token its confirmation carries."""
+    dry = page.request.post(
+        url, form={**form, "mode": "dry-run", "token": TOKEN, "csrf_token": csrf}, headers=headers
+    )
+    assert dry.status == 200, dry.text()
+    found = re.search(r'name="dry_run_token" value="([^"]+)"', dry.text())
+    assert found is not None, dry.text()
+    return found.group(1)
+
+
+def test_a_replay_without_its_dry_run_is_refused_and_changes_nothing(
+    config: ClientConfig, console: Console, page: Any
+) -> None:
+    """Every other check passes (operator token, CSRF token, origin): a write-replay posted
+    straight, or with the token of a dry run of other letters, is refused with 409 and
+    audited; the letter stays and its origin topic gets nothing."""
+    console_url = console.url
+    group, origin = _letter(config)
+    url = f"{console_url}/dlq/{group}/replay"
+    page.goto(f"{console_url}/dlq/{group}")
+    csrf = page.get_attribute("input[name=csrf_token]", "value")
+    same = {"Origin": console_url}
+    write = {"ref": "0@0", "mode": "write", "scope": "selected", "target": "origin"}
+    straight = page.request.post(
+        url, form={**write, "token": TOKEN, "csrf_token": csrf}, headers=same
+    )
+    assert straight.status == 409, straight.text()
+    assert "no dry run" in straight.text()
+    # A dry run of the whole queue to the retry topic does not let the origin replay through.
+    other = _dry_run(page, url, {**write, "scope": "filtered", "target": "retry"}, csrf, same)
+    foreign = page.request.post(
+        url,
+        form={**write, "token": TOKEN, "csrf_token": csrf, "dry_run_token": other},
+        headers=same,
+    )
+    assert foreign.status == 409 and "other letters" in foreign.text()
+    assert list(read_messages(config, [origin], timeout_ms=1500)) == []
+    assert len(read_dead_letters(config, group)) == 1
+    wait_until(lambda: f"refused replay of dead letters of {group}" in "".join(console.log))
+    assert f"{group} to origin: letters 0@0: no dry run" in "".join(console.log)
+
+    # The page's own flow: the dry run, then its confirmation, replays the letter once.
+    _enter_token(page)
+    page.locator("#letters input[name=ref]").first.check()
+    page.click("#replay-selected")
+    page.click("#confirm-replay")
+    assert "1 replayed to origin" in page.inner_text("#summary")
+    assert len(list(read_messages(config, [origin], timeout_ms=3000))) == 1
 
 
 def _submit(page: Any, button: str) -> str:
