@@ -22,6 +22,7 @@ from bridge.cli_operators.dead_letters import failure_fields, require_replay_tar
 from bridge.cli_operators.quarantine import replay_quarantined_at
 from bridge.cli_output import message_json
 from bridge.config import ClientConfig, is_secret_property
+from bridge.console.histogram import DueHistogram
 from bridge.console.paging import (
     Cursor,
     CursorError,
@@ -55,9 +56,9 @@ from bridge.consumer.admin import (
     write_back,
 )
 from bridge.consumer.send_back import ReplayTarget
-from bridge.coordinator.coordinator import CoordinatorConfig
+from bridge.coordinator.coordinator import CoordinatorConfig, check_policy
 from bridge.coordinator.health import coordinator_health
-from bridge.delay.admin import delay_status
+from bridge.delay.admin import delay_status, scan_due_times
 from bridge.errors import BridgeError
 from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine
 from bridge.message import MessageConst, MessageExt
@@ -71,6 +72,10 @@ SESSION_COOKIE: Final = "bridge_console_session"
 MAX_REPORTED_FAILURES: Final = 100
 """Letters a replay's report names with their reason; the rest are counted."""
 
+HISTOGRAM_MAX_RECORDS: Final = 200_000
+"""Waiting records the delays page's histogram counts at most (each page view reads them
+again; a larger backlog is counted in part, and the page says how much)."""
+
 QUARANTINE_READ_MS: Final = 2000
 """How long a quarantine page waits for another record once the topic went quiet, ms."""
 
@@ -83,7 +88,8 @@ class ConsoleSettings:
     token: str
     allow_writes: bool = False
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
-    """The transaction check settings the next-check estimate is made with."""
+    """The coordinators' settings: the check policy the transactions page works out each
+    next check with (as the checker does)."""
     csrf_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     allowed_hosts: frozenset[str] = frozenset()
     """Host names besides loopback's that requests may be sent to (the ``Host`` header)."""
@@ -269,16 +275,15 @@ def create_app(settings: ConsoleSettings) -> Flask:
     # Transactions
     @app.get("/transactions")
     def transactions() -> str:
-        undecided = list_undecided(config)
+        policy = check_policy(settings.coordinator)
+        undecided = list_undecided(config, policy=policy)
         by_group: dict[str, int] = Counter(t.producer_group for t in undecided)
-        policy = settings.coordinator
         now = time.time_ns() // 1_000_000
         rows = [
             {
                 "t": t,
-                "next_check_s": _next_check_s(
-                    t.age_ms, t.check_times, policy.transaction_timeout_ms, policy.check_interval_ms
-                ),
+                "next_check_s": _seconds_from(now, t.next_check_ms),
+                "asked_s": _seconds_from(now, t.last_check_request_ms),
             }
             for t in undecided
         ]
@@ -300,6 +305,7 @@ def create_app(settings: ConsoleSettings) -> Flask:
             by_group=sorted(by_group.items()),
             parked=parked,
             check_max=policy.transaction_check_max,
+            interval_s=policy.check_interval_ms / 1000,
         )
 
     @app.post("/transactions/resolve")
@@ -333,8 +339,17 @@ def create_app(settings: ConsoleSettings) -> Flask:
         widest = max((q.pending for q in queues), default=0) or 1
         overdue = [q for q in queues if q.pending and q.next_due_ms and q.next_due_ms < now]
         oldest = min(overdue, key=lambda q: q.next_due_ms or 0, default=None)
+        histogram = DueHistogram(now)
+        counted, waiting_by_offsets = scan_due_times(
+            config, histogram.add, max_records=HISTOGRAM_MAX_RECORDS
+        )
         return render_template(
             "delays.html",
+            histogram=histogram.rows(),
+            counted=counted,
+            waiting_by_offsets=waiting_by_offsets,
+            bucket_minutes=histogram.bucket_ms // 60_000,
+            hours=histogram.bucket_ms * histogram.buckets // 3_600_000,
             queues=[
                 {
                     "q": q,
@@ -640,11 +655,9 @@ def _selection(
     )
 
 
-def _next_check_s(age_ms: int, checks: int, timeout_ms: int, interval_ms: int) -> float:
-    """Seconds until a half message's next check, estimated from the check settings: the first
-    ``timeout_ms`` after its birth, then one every ``interval_ms`` (negative: due now)."""
-    due_ms = timeout_ms + checks * interval_ms
-    return (due_ms - age_ms) / 1000
+def _seconds_from(now_ms: int, when_ms: int | None) -> float | None:
+    """Seconds from ``now_ms`` to ``when_ms`` (negative: past; None when unknown)."""
+    return None if when_ms is None else (when_ms - now_ms) / 1000
 
 
 def _parked_reason(msg: MessageExt) -> str:

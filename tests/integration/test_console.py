@@ -285,6 +285,26 @@ def test_a_parked_transaction_is_replayed_from_the_page(
     assert sent.msg_id not in [m.msg_id for m in read_parked(config)]
 
 
+def test_the_next_check_is_the_checker_s_own_schedule(
+    config: ClientConfig, console_url: str, page: Any
+) -> None:
+    """A half message immune from checks for an hour (its own CHECK_IMMUNITY_TIME_IN_SECONDS)
+    shows its first check an hour after its birth, as the checker schedules it, though the
+    coordinator's timeout and interval are a second (and it puts the message back each one)."""
+    topic = _name("immune")
+    TopicAdmin(config).ensure_topics([TopicSpec(topic, 1)])
+    message = Message(topic, b"wait an hour", keys="immune-1")
+    message.put_user_property(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS, "3600")
+    with TransactionMQProducer("console-immune", Unknown(), config=config) as producer:
+        sent = producer.send_message_in_transaction(message)
+        tid = sent.transaction_id or sent.msg_id
+        page.goto(f"{console_url}/transactions")
+        cell = page.locator(f"#undecided tr[data-transaction-id='{tid}'] td.next-check")
+        found = re.fullmatch(r"in (\d+\.\d) s", cell.inner_text().strip())
+        assert found is not None, cell.inner_text()
+        assert 3500 < float(found.group(1)) <= 3600
+
+
 def _letter(config: ClientConfig) -> tuple[str, str]:
     """A group with one dead letter from ``origin`` (written as the consumer writes it); the
     group and the origin topic."""
@@ -429,10 +449,20 @@ def test_the_read_pages_show_delays_quarantine_and_health(
 ) -> None:
     later = _name("later")
     TopicAdmin(config).ensure_topics([TopicSpec(later, 1)])
+    timer = Message(later, b"in 25 minutes")
+    timer.set_delay_time_ms(25 * 60_000)
     with Producer("console-delays", config=config) as producer:
         producer.send_sync(Message(later, b"in two hours", delay_time_level=18))
+        producer.send_sync(timer)
     page.goto(f"{console_url}/delays")
-    assert "1 waiting" in page.inner_text("#waiting")
+    assert "2 waiting" in page.inner_text("#waiting")
+    # The histogram of due times: the timer due in 25 minutes, the level-18 one in 2 hours.
+    counts = {
+        row.get_attribute("data-bucket"): int(row.locator("td.count").inner_text())
+        for row in page.locator("#histogram tr[data-bucket]").all()
+    }
+    assert counts.pop("+0:20-0:30") == 1 and counts.pop("+1:50-2:00") == 1
+    assert set(counts.values()) == {0}, counts
     _shot(page, "delays")
     page.goto(f"{console_url}/quarantine")
     assert page.locator("#reasons").is_visible()

@@ -16,6 +16,7 @@ from bridge.cli import cli
 from bridge.config import ClientConfig
 from bridge.console import ConsoleUnavailableError, require_flask
 from bridge.console.app import ConsoleSettings, create_app
+from bridge.console.histogram import DueHistogram
 from bridge.console.paging import (
     DEFAULT_PAGE_SIZE,
     HEX_PREVIEW_BYTES,
@@ -395,3 +396,35 @@ def test_a_write_replay_without_its_dry_run_is_refused_before_kafka() -> None:
         "/dlq/billing/replay", data={**form, "dry_run_token": other}, headers=origin
     )
     assert foreign.status_code == 409 and "other letters" in foreign.get_data(True)
+
+
+@given(st.integers(0, 2**40), st.lists(st.integers(-(2**40), 2**41), max_size=200))
+def test_a_due_histogram_counts_each_record_once_in_its_bucket(now: int, dues: list[int]) -> None:
+    histogram = DueHistogram(now, bucket_ms=600_000, buckets=36)
+    for due in dues:
+        histogram.add(due)
+    assert histogram.total == len(dues)
+    assert histogram.overdue == sum(d < now for d in dues)
+    assert histogram.later == sum(d >= now + 36 * 600_000 for d in dues)
+    for i, n in enumerate(histogram.counts):
+        assert n == sum(now + i * 600_000 <= d < now + (i + 1) * 600_000 for d in dues)
+    rows = histogram.rows()
+    assert len(rows) == 38 and [n for _, n, _ in rows] == [
+        histogram.overdue,
+        *histogram.counts,
+        histogram.later,
+    ]
+    assert all(0 <= width <= 100 for _, _, width in rows)
+
+
+def test_due_histogram_labels() -> None:
+    histogram = DueHistogram(0)
+    histogram.add(25 * 60_000)
+    histogram.add(7 * 3_600_000)
+    labels = [label for label, _, _ in histogram.rows()]
+    assert labels[:3] == ["overdue", "+0:00-0:10", "+0:10-0:20"]
+    assert labels[-1] == "later than +6:00"
+    assert dict((label, n) for label, n, _ in histogram.rows())["+0:20-0:30"] == 1
+    assert histogram.later == 1
+    with pytest.raises(ValueError, match="positive width"):
+        DueHistogram(0, bucket_ms=0)
