@@ -22,6 +22,7 @@ from bridge.cli_operators.dead_letters import failure_fields, require_replay_tar
 from bridge.cli_operators.quarantine import replay_quarantined_at
 from bridge.cli_output import message_json
 from bridge.config import ClientConfig, is_secret_property
+from bridge.console.decoding import BodyDecodeError, BodyDeserializer
 from bridge.console.histogram import DueHistogram
 from bridge.console.paging import (
     Cursor,
@@ -62,6 +63,7 @@ from bridge.delay.admin import delay_status, scan_due_times
 from bridge.errors import BridgeError
 from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine
 from bridge.message import MessageConst, MessageExt
+from bridge.serialization import properties_as_headers
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import OpAction
 
@@ -93,6 +95,8 @@ class ConsoleSettings:
     csrf_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     allowed_hosts: frozenset[str] = frozenset()
     """Host names besides loopback's that requests may be sent to (the ``Host`` header)."""
+    deserializer: BodyDeserializer | None = None
+    """What a dead letter's page reads its body with besides text and hex (None: nothing)."""
 
 
 def _who() -> str:
@@ -417,6 +421,17 @@ def create_app(settings: ConsoleSettings) -> Flask:
         letter = found[0]
         view = "hex" if request.args.get("view") == "hex" else "text"
         text, utf8 = body_text(letter.message.body)
+        decoded = decode_error = None
+        if settings.deserializer is not None:
+            m = letter.message
+            try:
+                decoded = settings.deserializer.decode(
+                    m.body,
+                    str(m.get_property(MessageConst.RETRY_TOPIC) or m.topic),
+                    list(properties_as_headers(m.properties)),
+                )
+            except BodyDecodeError as exc:
+                decode_error = str(exc)
         return render_template(
             "letter.html",
             group=group,
@@ -429,6 +444,9 @@ def create_app(settings: ConsoleSettings) -> Flask:
             view=view,
             body=hex_dump(letter.message.body) if view == "hex" else text,
             utf8=utf8,
+            deserializer=None if settings.deserializer is None else settings.deserializer.name,
+            decoded=decoded,
+            decode_error=decode_error,
         )
 
     @app.get("/dlq/<group>/export.jsonl")

@@ -118,7 +118,7 @@ def console(config: ClientConfig, coordinator: Coordinator) -> Iterator[Console]
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "bridge", "--namespace", config.namespace, "console",
-         "-b", config.bootstrap_servers, "--port", "0", "--write"],
+         "-b", config.bootstrap_servers, "--port", "0", "--write", "--deserializer", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stderr is not None
@@ -232,6 +232,8 @@ def test_a_failed_message_shows_with_its_reason_and_is_replayed_from_the_page_on
         _shot(page, "dlq")
         page.click(f"#letters tr[data-msg-id='{sent.msg_id}'] a")
         assert page.inner_text("#body") == "order 42"
+        # Beside the text, the body through the console's deserializer (JSON): not JSON.
+        assert "json cannot read this body: JSONDecodeError" in page.inner_text("#decode-error")
         _shot(page, "dlq-letter")
         page.go_back()
 
@@ -305,19 +307,42 @@ def test_the_next_check_is_the_checker_s_own_schedule(
         assert 3500 < float(found.group(1)) <= 3600
 
 
-def _letter(config: ClientConfig) -> tuple[str, str]:
-    """A group with one dead letter from ``origin`` (written as the consumer writes it); the
-    group and the origin topic."""
+def _letter(config: ClientConfig, *bodies: bytes) -> tuple[str, str]:
+    """A group with one dead letter from ``origin`` (written as the consumer writes it) for
+    each of ``bodies`` (one, ``refused body``, when none are given), at offsets 0, 1, ...;
+    the group and the origin topic."""
     group, origin = _name("g"), _name("t")
     dlq = dlq_topic(group, config.namespace)
     TopicAdmin(config).ensure_topics([TopicSpec(dlq, 1), TopicSpec(origin, 1)])
-    letter = Message(f"%DLQ%{group}", b"refused body", keys="k-1")
-    letter.put_system_property(MessageConst.RETRY_TOPIC, origin)
-    record = plain_record(letter, dlq, "ID-REFUSED", 1, b"h")
     raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
-    raw.produce(dlq, record.value, record.key, headers=list(record.headers))
+    for i, body in enumerate(bodies or (b"refused body",)):
+        letter = Message(f"%DLQ%{group}", body, keys=f"k-{i + 1}")
+        letter.put_system_property(MessageConst.RETRY_TOPIC, origin)
+        record = plain_record(letter, dlq, f"ID-REFUSED-{i}", 1, b"h")
+        raw.produce(dlq, record.value, record.key, headers=list(record.headers))
     assert raw.flush(10) == 0
     return group, origin
+
+
+def test_a_body_is_shown_through_the_console_s_deserializer_or_why_it_cannot_be(
+    config: ClientConfig, console_url: str, page: Any
+) -> None:
+    """``--deserializer json``: a JSON body shows decoded beside its text; bytes that are not
+    UTF-8 show the reason, in a page that answers 200 (not a server error)."""
+    group, _ = _letter(config, b'{"order": 42, "items": ["tea"]}', b"\xff\xfe order")
+    response = page.goto(f"{console_url}/dlq/{group}/letter/0/0")
+    assert response is not None and response.status == 200
+    assert page.inner_text("#decoded-heading").startswith("Body through json")
+    assert json.loads(page.inner_text("#decoded")) == {"order": 42, "items": ["tea"]}
+    _shot(page, "dlq-letter-decoded")
+    response = page.goto(f"{console_url}/dlq/{group}/letter/0/1")
+    assert response is not None and response.status == 200
+    assert "json cannot read this body: not UTF-8 (byte 0xff at offset 0)" in page.inner_text(
+        "#decode-error"
+    )
+    assert page.locator("#decoded").count() == 0
+    page.click("a[href='?view=hex']")
+    assert page.inner_text("#body").startswith("00000000  ff fe 20 6f")
 
 
 def test_writes_without_the_token_or_the_csrf_token_are_refused(
