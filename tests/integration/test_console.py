@@ -506,3 +506,39 @@ def _healthy(page: Any, url: str) -> Callable[[], bool]:
         return "all running" in page.inner_text("#overall")
 
     return check
+
+
+def test_the_coordinator_serves_the_console_read_only_on_its_metrics_port(
+    config: ClientConfig, page: Any
+) -> None:
+    """``bridge coordinator --metrics-port 0 --console`` (a namespace of its own): the pages
+    beside /metrics, read-only; a write with the operator token is refused there."""
+    namespace = f"ns{uuid.uuid4().hex[:10]}"
+    env = {**os.environ, "BRIDGE_CONSOLE_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bridge", "--namespace", namespace, "coordinator",
+         "-b", config.bootstrap_servers, "--metrics-port", "0", "--console"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        found = re.search(r"console on (http://127\.0\.0\.1:\d+)/ \(read-only\)", "".join(lines))
+        assert found is not None, lines
+        url = found.group(1)
+        page.goto(f"{url}/transactions")
+        assert page.inner_text("header .mode") == "read-only"
+        assert namespace in page.inner_text("header .ns")
+        assert page.locator("#operator-token").count() == 0
+        _shot(page, "coordinator-console")
+        metrics = page.request.get(f"{url}/metrics")
+        assert metrics.status == 200 and "bridge_" in metrics.text()
+        refused = page.request.post(
+            f"{url}/transactions/resolve",
+            form={"action": "replay", "msg_id": "x", "token": TOKEN},
+            headers={"Origin": url},
+        )
+        assert refused.status == 403 and "the console is read-only" in refused.text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
