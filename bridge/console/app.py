@@ -42,6 +42,7 @@ from bridge.console.security import (
     CsrfSigner,
     DryRunRefused,
     DryRunSigner,
+    SpentDryRuns,
     WriteRefused,
     check_write,
     host_allowed,
@@ -205,6 +206,7 @@ def create_app(settings: ConsoleSettings) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = 1 << 20
     signer = CsrfSigner(settings.csrf_secret)
     dry_runs = DryRunSigner(settings.csrf_secret)
+    spent = SpentDryRuns()
     config = settings.client
 
     @app.before_request
@@ -492,6 +494,8 @@ def create_app(settings: ConsoleSettings) -> Flask:
         pinned = Cursor.decode(request.form.get("ends")).positions
         if not dry_run:
             try:
+                now = time.time_ns() // 1_000_000
+                given_dry_run = request.form.get(DRY_RUN_FIELD)
                 dry_runs.check(
                     g.session_id,
                     _selection(
@@ -502,9 +506,10 @@ def create_app(settings: ConsoleSettings) -> Flask:
                         letter_filter=letter_filter,
                         ends=dict(pinned),
                     ),
-                    request.form.get(DRY_RUN_FIELD),
-                    time.time_ns() // 1_000_000,
+                    given_dry_run,
+                    now,
                 )
+                spent.spend(given_dry_run or "", now)
             except DryRunRefused as exc:
                 audit.warning("%s: refused %s: %s", _who(), what, exc.reason)
                 return Response(render_template("refused.html", reason=exc.reason), status=409)

@@ -8,7 +8,8 @@ import hashlib
 import hmac
 import json
 import secrets
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -211,3 +212,31 @@ class DryRunSigner:
             raise DryRunRefused(
                 f"the dry run is older than {self.ttl_ms // 60_000} minutes: run it again"
             )
+
+
+@dataclass(slots=True)
+class SpentDryRuns:
+    """The dry-run tokens whose replay was written, kept while they could still be taken
+    (:data:`DRY_RUN_TTL_MS`): each dry run lets its replay be written once, so a confirmation
+    sent twice (a double click, a browser's resend) replays nothing the second time. At most
+    the replays of the last ``ttl_ms`` are kept."""
+
+    ttl_ms: int = DRY_RUN_TTL_MS
+    _spent: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def spend(self, token: str, now_ms: int) -> None:
+        """Mark ``token`` (a valid one, issued ``<= ttl_ms`` ago) spent; raise
+        :class:`DryRunRefused` if it was spent already."""
+        with self._lock:
+            # Forget what expired: an expired token is refused before it gets here.
+            for old in [
+                t for t, spent_ms in self._spent.items() if now_ms - spent_ms > self.ttl_ms
+            ]:
+                del self._spent[old]
+            if token in self._spent:
+                raise DryRunRefused(
+                    "this dry run's replay was written already: run the dry run again to "
+                    "replay these letters once more"
+                )
+            self._spent[token] = now_ms

@@ -395,7 +395,14 @@ def test_writes_without_the_token_or_the_csrf_token_are_refused(
         headers=same,
     )
     assert done.status == 200 and "1 replayed" in done.text()
-    assert len(list(read_messages(config, [origin], max_messages=1))) == 1
+    # The same confirmation again (a double click, a resend): its dry run was spent.
+    again = page.request.post(
+        f"{console_url}/dlq/{group}/replay",
+        form={**form, "token": TOKEN, "csrf_token": csrf, "dry_run_token": dry_run_token},
+        headers=same,
+    )
+    assert again.status == 409 and "written already" in again.text()
+    assert len(list(read_messages(config, [origin], timeout_ms=1500))) == 1
 
     # Each write, refused or done, is in the console's log with who and what, never the token.
     def logged() -> str:

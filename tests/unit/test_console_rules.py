@@ -34,6 +34,7 @@ from bridge.console.security import (
     CsrfSigner,
     DryRunRefused,
     DryRunSigner,
+    SpentDryRuns,
     WriteRefused,
     check_write,
     host_allowed,
@@ -428,3 +429,14 @@ def test_due_histogram_labels() -> None:
     assert histogram.later == 1
     with pytest.raises(ValueError, match="positive width"):
         DueHistogram(0, bucket_ms=0)
+
+
+def test_a_dry_run_s_replay_is_written_once() -> None:
+    spent = SpentDryRuns(ttl_ms=1000)
+    spent.spend("a", 0)
+    spent.spend("b", 10)
+    with pytest.raises(DryRunRefused, match="written already"):
+        spent.spend("a", 500)
+    # Past the time a token could be taken at all, it is forgotten (the signer refuses it).
+    spent.spend("c", 1_005)
+    assert set(spent._spent) == {"b", "c"}  # what it keeps is the point
