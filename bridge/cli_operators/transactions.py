@@ -70,17 +70,20 @@ def _next_check(next_check_ms: int | None, now_ms: int) -> str:
 def transactions_show(
     ctx: click.Context, bootstrap_servers: str | None, transaction_id: str, as_json: bool
 ) -> None:
-    """One transaction: undecided (with its checks) or parked; exit status 4 when it is
-    neither (decided, or never seen). --json: one object with ``state``."""
+    """One transaction: undecided (with its checks and next check, as in list) or parked;
+    exit status 4 when it is neither (decided, or never seen). --json: one object with
+    ``state``."""
     config = read_config(ctx, bootstrap_servers)
-    for t in list_undecided(config):
+    policy = check_policy(CoordinatorConfig.from_env())
+    for t in list_undecided(config, policy=policy):
         if t.transaction_id == transaction_id:
             if as_json:
                 emit_json({"state": "undecided", **dataclasses.asdict(t)})
                 return
             console.print(
                 f"undecided: group={shown(t.producer_group)} topic={shown(t.real_topic)} "
-                f"age={t.age_ms / 1000:.1f}s checks={t.check_times}"
+                f"age={t.age_ms / 1000:.1f}s checks={t.check_times} "
+                f"next_check={_next_check(t.next_check_ms, time.time_ns() // 1_000_000)}"
             )
             return
     for msg in read_parked(config, include_resolved=True):
