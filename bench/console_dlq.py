@@ -73,6 +73,12 @@ def _fill(config: ClientConfig, group: str, origin: str) -> None:
     assert raw.flush(60) == 0
 
 
+def _hidden(page: str, name: str) -> str | None:
+    """The value of the hidden form field ``name`` of ``page`` (None when it has none)."""
+    found = re.search(rf'name="{name}" value="([^"]*)"', page)
+    return None if found is None else html.unescape(found.group(1))
+
+
 def _peak_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -158,7 +164,13 @@ def run(bootstrap: str) -> None:
         dry = post({**form, "mode": "dry-run"})
         assert f"{CHOSEN} would be replayed" in dry, dry[-2000:]
         replay_started = time.monotonic()
-        done = post({**form, "mode": "write"})
+        # The replay carries what its dry run issued: the token, and where it read up to.
+        confirm = {
+            name: value
+            for name in ("dry_run_token", "ends")
+            if (value := _hidden(dry, name)) is not None
+        }
+        done = post({**form, **confirm, "mode": "write"})
         replay_s = time.monotonic() - replay_started
         assert f"{CHOSEN} replayed to origin" in done, done[-2000:]
         replay_peak = _peak_kib(proc.pid)

@@ -4,8 +4,10 @@ command, see :mod:`bridge.coordinator.processes`), ask whether it runs."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import asdict
+from typing import Final
 
 import click
 
@@ -17,6 +19,8 @@ from bridge.cli_common import (
     stop_on_signals,
 )
 from bridge.cli_output import emit_json, json_option
+from bridge.console import require_flask
+from bridge.console.security import AUDIT_LOGGER, MIN_TOKEN_LENGTH, TOKEN_ENV, new_token
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.coordinator.health import (
     CoordinatorEndpoint,
@@ -33,8 +37,15 @@ from bridge.coordinator.processes import (
 )
 from bridge.kafka.admin import TopicAdmin
 from bridge.observability import DEFAULT_METRICS_HOST, ENV_METRICS_HOST, ENV_METRICS_PORT
-from bridge.observability.server import parse_port
+from bridge.observability.server import WsgiApp, parse_port
 from topics.client_security import ENV_COMMAND_CONFIG
+
+ENV_CONSOLE: Final = "BRIDGE_COORDINATOR_CONSOLE"
+"""``1``: ``bridge coordinator --console``."""
+ENV_CONSOLE_WRITE: Final = "BRIDGE_COORDINATOR_CONSOLE_WRITE"
+"""``1``: ``bridge coordinator --console-write``."""
+ENV_CONSOLE_ALLOWED_HOSTS: Final = "BRIDGE_COORDINATOR_CONSOLE_ALLOWED_HOSTS"
+"""``bridge coordinator --console-allowed-host``, names separated by spaces."""
 
 
 def _port(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -51,8 +62,45 @@ def _processes(ctx: click.Context, param: click.Parameter, value: str | None) ->
         raise click.BadParameter(str(exc)) from exc
 
 
+def _console_app(
+    config: CoordinatorConfig,
+    metrics_port: int | None,
+    host: str,
+    allowed_hosts: tuple[str, ...],
+    *,
+    allow_writes: bool,
+) -> WsgiApp:
+    """The operator console for ``--console``: read-only unless ``allow_writes``, whose
+    operator token must come from the environment (several processes, one token)."""
+    if metrics_port is None:
+        raise click.UsageError("--console is served on --metrics-port: give one")
+    require_flask()
+    from bridge.console.app import ConsoleSettings, create_app  # noqa: PLC0415 - the extra
+
+    token = os.environ.get(TOKEN_ENV) or ""
+    if allow_writes and len(token) < MIN_TOKEN_LENGTH:
+        raise click.UsageError(
+            f"--console-write needs the operator token in {TOKEN_ENV} "
+            f"(at least {MIN_TOKEN_LENGTH} characters)"
+        )
+    # The audit trail (every write, done or refused) is logged whatever -v says.
+    logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
+    settings = ConsoleSettings(
+        client=config.client,
+        token=token or new_token(),  # read-only: a token nobody knows; writes are refused
+        allow_writes=allow_writes,
+        coordinator=config,
+        allowed_hosts=frozenset({*allowed_hosts, host.strip("[]")}),
+    )
+    return create_app(settings)
+
+
 def _run_processes(
-    ctx: click.Context, config: CoordinatorConfig, count: int, metrics_port: int | None
+    ctx: click.Context,
+    config: CoordinatorConfig,
+    count: int,
+    metrics_port: int | None,
+    console_env: dict[str, str],
 ) -> None:
     """Run ``count`` coordinator processes until SIGINT/SIGTERM or until one ends by itself
     (then raise why). Their settings are this command's: the environment, plus what the
@@ -65,6 +113,7 @@ def _run_processes(
         "BRIDGE_NAMESPACE": config.client.namespace,
         "BRIDGE_LOG_FORMAT": str(root.params.get("log_format") or "text"),
     }
+    overrides.update(console_env)
     command_config = obj.get(COMMAND_CONFIG_KEY)
     if command_config:
         overrides[ENV_COMMAND_CONFIG] = os.path.abspath(command_config)
@@ -118,24 +167,65 @@ def _run_processes(
     "on Ctrl-C or SIGTERM, and one that ends by itself stops the others (exit 1). With "
     "--metrics-port P, process i serves on P+i-1.",
 )
+@click.option(
+    "--console",
+    "with_console",
+    is_flag=True,
+    envvar=ENV_CONSOLE,
+    help=f"Also serve the operator console (as bridge console) on --metrics-port's other paths, "
+    f"read-only (env {ENV_CONSOLE}=1). Needs the 'console' extra.",
+)
+@click.option(
+    "--console-write",
+    is_flag=True,
+    envvar=ENV_CONSOLE_WRITE,
+    help=f"Let that console replay and drop, each with the operator token from {TOKEN_ENV} "
+    f"(env {ENV_CONSOLE_WRITE}=1).",
+)
+@click.option(
+    "--console-allowed-host",
+    "console_hosts",
+    multiple=True,
+    envvar=ENV_CONSOLE_ALLOWED_HOSTS,
+    help="A host name browsers may reach that console by besides loopback's and the metrics "
+    f"address (repeatable; env {ENV_CONSOLE_ALLOWED_HOSTS}, separated by spaces).",
+)
 @click.pass_context
-def coordinator(
-    ctx: click.Context, bootstrap_servers: str | None, metrics_port: int | None, processes: int
+def coordinator(  # noqa: PLR0917 - click passes every option as a parameter
+    ctx: click.Context,
+    bootstrap_servers: str | None,
+    metrics_port: int | None,
+    processes: int,
+    with_console: bool,
+    console_write: bool,
+    console_hosts: tuple[str, ...],
 ) -> None:
     """Run only the coordinator (against configured Kafka) in the foreground, until Ctrl-C
     or SIGTERM. With --processes N, a process that ends by itself is named on stderr, the
     others are stopped and the exit status is 1."""
     config = CoordinatorConfig.from_env().with_client(client_config(ctx, bootstrap_servers))
+    host = os.environ.get(ENV_METRICS_HOST) or DEFAULT_METRICS_HOST
+    app = None
+    if with_console or console_write:
+        app = _console_app(config, metrics_port, host, console_hosts, allow_writes=console_write)
     if processes > 1:
-        _run_processes(ctx, config, processes, metrics_port)
+        # Each process serves its own console: they learn it from the environment.
+        console_env = {
+            ENV_CONSOLE: "1" if app is not None else "0",
+            ENV_CONSOLE_WRITE: "1" if console_write else "0",
+            ENV_CONSOLE_ALLOWED_HOSTS: " ".join(console_hosts),
+        }
+        _run_processes(ctx, config, processes, metrics_port, console_env)
         return
     running = Coordinator(config)
     endpoint: CoordinatorEndpoint | None = None
     if metrics_port is not None:
         # Before start: the services' Kafka clients report their statistics from the outset.
-        host = os.environ.get(ENV_METRICS_HOST) or DEFAULT_METRICS_HOST
-        endpoint = serve_coordinator_metrics(running, metrics_port, host=host)
+        endpoint = serve_coordinator_metrics(running, metrics_port, host=host, app=app)
         console.print(f"metrics and health on {endpoint.url}/metrics, /healthz, /readyz")
+        if app is not None:
+            mode = "writes allowed with the operator token" if console_write else "read-only"
+            console.print(f"console on {endpoint.url}/ ({mode})")
     try:
         with stop_on_signals() as stop, running:
             console.print(f"coordinator {running.config.coordinator_id} running; Ctrl-C stops")

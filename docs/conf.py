@@ -47,7 +47,7 @@ nitpick_ignore_regex = [
     # aliases, private constants) or from a third-party library.
     (
         "py:.*",
-        r"(PropertyValue|(De)?[Ss]erializer|HealthCheck|(Async)?Handler|(Async)?Engine|MessageKey|CollectorRegistry|"
+        r"(PropertyValue|(De)?[Ss]erializer|HealthCheck|WsgiApp|(Async)?Handler|(Async)?Engine|MessageKey|CollectorRegistry|"
         r"KafkaError|ServiceThread|registry|parse_count|SYSTEM_PROPERTIES|RENEWALS?_\w+|"
         r"MIN_TRANSACTION_RETENTION_MS|MAX_PROPERTIES_BYTES|Leases?|Leased|Held)",
     ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import click
@@ -11,6 +12,7 @@ from bridge.cli_common import bootstrap_option, console
 from bridge.cli_operators.common import read_config
 from bridge.cli_output import NotFoundError, emit_json, json_option, message_json, shown
 from bridge.config import ClientConfig
+from bridge.coordinator.coordinator import CoordinatorConfig, check_policy
 from bridge.message import MessageConst, MessageExt
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import OpAction
@@ -26,9 +28,16 @@ def transactions() -> None:
 @json_option
 @click.pass_context
 def transactions_list(ctx: click.Context, bootstrap_servers: str | None, as_json: bool) -> None:
-    """Undecided transactions, oldest first: age, check count, group, real topic."""
+    """Undecided transactions, oldest first: age, check count, next check, group, real topic.
+
+    The next check is the checker's own schedule, worked out from the half message's copies
+    and the last check request in its group's check topic with the coordinators' check
+    settings (BRIDGE_TRANSACTION_TIMEOUT_MS, BRIDGE_CHECK_INTERVAL_MS, as the coordinator
+    reads them); "due" when it is past."""
     config = read_config(ctx, bootstrap_servers)
-    undecided = list_undecided(config)
+    policy = check_policy(CoordinatorConfig.from_env())
+    undecided = list_undecided(config, policy=policy)
+    now = time.time_ns() // 1_000_000
     for t in undecided:
         if as_json:
             emit_json(t)
@@ -37,10 +46,20 @@ def transactions_list(ctx: click.Context, bootstrap_servers: str | None, as_json
             f"{shown(t.transaction_id)} group={shown(t.producer_group)} "
             f"topic={shown(t.real_topic)} "
             f"age={t.age_ms / 1000:.1f}s checks={t.check_times} "
+            f"next_check={_next_check(t.next_check_ms, now)} "
             f"half={t.half_partition}@{t.half_offset}"
         )
     if not as_json:
         console.print(f"{len(undecided)} undecided")
+
+
+def _next_check(next_check_ms: int | None, now_ms: int) -> str:
+    """``in 12.3s``, ``due`` when past, ``?`` when unknown."""
+    if next_check_ms is None:
+        return "?"
+    if next_check_ms <= now_ms:
+        return "due"
+    return f"in {(next_check_ms - now_ms) / 1000:.1f}s"
 
 
 @transactions.command("show")
@@ -51,17 +70,20 @@ def transactions_list(ctx: click.Context, bootstrap_servers: str | None, as_json
 def transactions_show(
     ctx: click.Context, bootstrap_servers: str | None, transaction_id: str, as_json: bool
 ) -> None:
-    """One transaction: undecided (with its checks) or parked; exit status 4 when it is
-    neither (decided, or never seen). --json: one object with ``state``."""
+    """One transaction: undecided (with its checks and next check, as in list) or parked;
+    exit status 4 when it is neither (decided, or never seen). --json: one object with
+    ``state``."""
     config = read_config(ctx, bootstrap_servers)
-    for t in list_undecided(config):
+    policy = check_policy(CoordinatorConfig.from_env())
+    for t in list_undecided(config, policy=policy):
         if t.transaction_id == transaction_id:
             if as_json:
                 emit_json({"state": "undecided", **dataclasses.asdict(t)})
                 return
             console.print(
                 f"undecided: group={shown(t.producer_group)} topic={shown(t.real_topic)} "
-                f"age={t.age_ms / 1000:.1f}s checks={t.check_times}"
+                f"age={t.age_ms / 1000:.1f}s checks={t.check_times} "
+                f"next_check={_next_check(t.next_check_ms, time.time_ns() // 1_000_000)}"
             )
             return
     for msg in read_parked(config, include_resolved=True):

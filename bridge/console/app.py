@@ -22,6 +22,8 @@ from bridge.cli_operators.dead_letters import failure_fields, require_replay_tar
 from bridge.cli_operators.quarantine import replay_quarantined_at
 from bridge.cli_output import message_json
 from bridge.config import ClientConfig, is_secret_property
+from bridge.console.decoding import BodyDecodeError, BodyDeserializer
+from bridge.console.histogram import DueHistogram
 from bridge.console.paging import (
     Cursor,
     CursorError,
@@ -35,12 +37,17 @@ from bridge.console.reads import DlqPager, Letter, consumer_lag
 from bridge.console.security import (
     AUDIT_LOGGER,
     CSRF_FIELD,
+    DRY_RUN_FIELD,
     TOKEN_HEADER,
     CsrfSigner,
+    DryRunRefused,
+    DryRunSigner,
+    SpentDryRuns,
     WriteRefused,
     check_write,
     host_allowed,
     new_session_id,
+    replay_selection,
 )
 from bridge.consumer.admin import (
     REPLAY_CHUNK,
@@ -51,12 +58,13 @@ from bridge.consumer.admin import (
     write_back,
 )
 from bridge.consumer.send_back import ReplayTarget
-from bridge.coordinator.coordinator import CoordinatorConfig
+from bridge.coordinator.coordinator import CoordinatorConfig, check_policy
 from bridge.coordinator.health import coordinator_health
-from bridge.delay.admin import delay_status
+from bridge.delay.admin import delay_status, scan_due_times
 from bridge.errors import BridgeError
 from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine
 from bridge.message import MessageConst, MessageExt
+from bridge.serialization import properties_as_headers
 from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import OpAction
 
@@ -66,6 +74,10 @@ SESSION_COOKIE: Final = "bridge_console_session"
 
 MAX_REPORTED_FAILURES: Final = 100
 """Letters a replay's report names with their reason; the rest are counted."""
+
+HISTOGRAM_MAX_RECORDS: Final = 200_000
+"""Waiting records the delays page's histogram counts at most (each page view reads them
+again; a larger backlog is counted in part, and the page says how much)."""
 
 QUARANTINE_READ_MS: Final = 2000
 """How long a quarantine page waits for another record once the topic went quiet, ms."""
@@ -79,10 +91,13 @@ class ConsoleSettings:
     token: str
     allow_writes: bool = False
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
-    """The transaction check settings the next-check estimate is made with."""
+    """The coordinators' settings: the check policy the transactions page works out each
+    next check with (as the checker does)."""
     csrf_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     allowed_hosts: frozenset[str] = frozenset()
     """Host names besides loopback's that requests may be sent to (the ``Host`` header)."""
+    deserializer: BodyDeserializer | None = None
+    """What a dead letter's page reads its body with besides text and hex (None: nothing)."""
 
 
 def _who() -> str:
@@ -190,6 +205,8 @@ def create_app(settings: ConsoleSettings) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = 1 << 20
     signer = CsrfSigner(settings.csrf_secret)
+    dry_runs = DryRunSigner(settings.csrf_secret)
+    spent = SpentDryRuns()
     config = settings.client
 
     @app.before_request
@@ -264,16 +281,15 @@ def create_app(settings: ConsoleSettings) -> Flask:
     # Transactions
     @app.get("/transactions")
     def transactions() -> str:
-        undecided = list_undecided(config)
+        policy = check_policy(settings.coordinator)
+        undecided = list_undecided(config, policy=policy)
         by_group: dict[str, int] = Counter(t.producer_group for t in undecided)
-        policy = settings.coordinator
         now = time.time_ns() // 1_000_000
         rows = [
             {
                 "t": t,
-                "next_check_s": _next_check_s(
-                    t.age_ms, t.check_times, policy.transaction_timeout_ms, policy.check_interval_ms
-                ),
+                "next_check_s": _seconds_from(now, t.next_check_ms),
+                "asked_s": _seconds_from(now, t.last_check_request_ms),
             }
             for t in undecided
         ]
@@ -295,6 +311,7 @@ def create_app(settings: ConsoleSettings) -> Flask:
             by_group=sorted(by_group.items()),
             parked=parked,
             check_max=policy.transaction_check_max,
+            interval_s=policy.check_interval_ms / 1000,
         )
 
     @app.post("/transactions/resolve")
@@ -328,8 +345,17 @@ def create_app(settings: ConsoleSettings) -> Flask:
         widest = max((q.pending for q in queues), default=0) or 1
         overdue = [q for q in queues if q.pending and q.next_due_ms and q.next_due_ms < now]
         oldest = min(overdue, key=lambda q: q.next_due_ms or 0, default=None)
+        histogram = DueHistogram(now)
+        counted, waiting_by_offsets = scan_due_times(
+            config, histogram.add, max_records=HISTOGRAM_MAX_RECORDS
+        )
         return render_template(
             "delays.html",
+            histogram=histogram.rows(),
+            counted=counted,
+            waiting_by_offsets=waiting_by_offsets,
+            bucket_minutes=histogram.bucket_ms // 60_000,
+            hours=histogram.bucket_ms * histogram.buckets // 3_600_000,
             queues=[
                 {
                     "q": q,
@@ -397,6 +423,17 @@ def create_app(settings: ConsoleSettings) -> Flask:
         letter = found[0]
         view = "hex" if request.args.get("view") == "hex" else "text"
         text, utf8 = body_text(letter.message.body)
+        decoded = decode_error = None
+        if settings.deserializer is not None:
+            m = letter.message
+            try:
+                decoded = settings.deserializer.decode(
+                    m.body,
+                    str(m.get_property(MessageConst.RETRY_TOPIC) or m.topic),
+                    list(properties_as_headers(m.properties)),
+                )
+            except BodyDecodeError as exc:
+                decode_error = str(exc)
         return render_template(
             "letter.html",
             group=group,
@@ -409,6 +446,9 @@ def create_app(settings: ConsoleSettings) -> Flask:
             view=view,
             body=hex_dump(letter.message.body) if view == "hex" else text,
             utf8=utf8,
+            deserializer=None if settings.deserializer is None else settings.deserializer.name,
+            decoded=decoded,
+            decode_error=decode_error,
         )
 
     @app.get("/dlq/<group>/export.jsonl")
@@ -430,14 +470,13 @@ def create_app(settings: ConsoleSettings) -> Flask:
         )
 
     @app.post("/dlq/<group>/replay")
-    def dlq_replay(group: str) -> str:
-        _require_group(group)
+    def dlq_replay(group: str) -> BaseResponse | str:
         dry_run = request.form.get("mode") != "write"
         try:
             target = ReplayTarget(request.form.get("target", ReplayTarget.ORIGIN.value))
         except ValueError:
             abort(400, "target is origin or retry")
-        scope = request.form.get("scope", "selected")
+        scope = "selected" if request.form.get("scope", "selected") == "selected" else "filtered"
         letter_filter = _filter()
         refs = parse_refs(request.form.getlist("ref"))
         what = (
@@ -449,9 +488,42 @@ def create_app(settings: ConsoleSettings) -> Flask:
                 else f"filter {letter_filter.query() or 'none (all)'}"
             )
         )
+        # A replay writes only what a dry run of the same letters showed, in this session,
+        # minutes ago: checked before any Kafka call. A filtered replay reads the queue up to
+        # where its dry run read it (the ends it signed), never letters that came later.
+        pinned = Cursor.decode(request.form.get("ends")).positions
+        if not dry_run:
+            try:
+                now = time.time_ns() // 1_000_000
+                given_dry_run = request.form.get(DRY_RUN_FIELD)
+                dry_runs.check(
+                    g.session_id,
+                    _selection(
+                        group,
+                        target,
+                        scope=scope,
+                        refs=refs,
+                        letter_filter=letter_filter,
+                        ends=dict(pinned),
+                    ),
+                    given_dry_run,
+                    now,
+                )
+                spent.spend(given_dry_run or "", now)
+            except DryRunRefused as exc:
+                audit.warning("%s: refused %s: %s", _who(), what, exc.reason)
+                return Response(render_template("refused.html", reason=exc.reason), status=409)
+        _require_group(group)
         audit.info("%s: %s", _who(), what)
         report = ReplayReport()
+        ends: dict[int, int] = {}
         with DlqPager(config, group) as pager:
+            if scope == "filtered":
+                ends = (
+                    {p: high for p, (_, high) in pager.ranges.items()}
+                    if dry_run
+                    else {p: pinned.get(p, low) for p, (low, _) in pager.ranges.items()}
+                )
             try:
                 if scope == "selected":
                     letters = pager.letters_at(refs)
@@ -460,7 +532,6 @@ def create_app(settings: ConsoleSettings) -> Flask:
                         config, group, [x.message for x in letters], target, report, dry_run=dry_run
                     )
                 else:
-                    ends = {p: high for p, (_, high) in pager.ranges.items()}
                     chosen = None if letter_filter.empty else letter_filter
                     for chunk in pager.scan(chosen, REPLAY_CHUNK, ends):
                         room = 50 - len(report.sample)
@@ -485,14 +556,26 @@ def create_app(settings: ConsoleSettings) -> Flask:
             report.failed,
             f" ({report.error})" if report.error else "",
         )
+        dry_run_token = None
+        if dry_run and report.replayed and report.error is None:
+            dry_run_token = dry_runs.token(
+                g.session_id,
+                _selection(
+                    group, target, scope=scope, refs=refs, letter_filter=letter_filter, ends=ends
+                ),
+                time.time_ns() // 1_000_000,
+            )
         return render_template(
             "replay.html",
             group=group,
             report=report,
             dry_run=dry_run,
+            dry_run_token=dry_run_token,
+            ttl_minutes=dry_runs.ttl_ms // 60_000,
             target=target.value,
             scope=scope,
             refs=[f"{p}@{o}" for p, o in refs],
+            ends=Cursor(ends).encode(),
             filter=letter_filter,
         )
 
@@ -573,11 +656,31 @@ def _from(offset: int) -> dict[str, Any]:
     return {"from": offset}
 
 
-def _next_check_s(age_ms: int, checks: int, timeout_ms: int, interval_ms: int) -> float:
-    """Seconds until a half message's next check, estimated from the check settings: the first
-    ``timeout_ms`` after its birth, then one every ``interval_ms`` (negative: due now)."""
-    due_ms = timeout_ms + checks * interval_ms
-    return (due_ms - age_ms) / 1000
+def _selection(
+    group: str,
+    target: ReplayTarget,
+    *,
+    scope: str,
+    refs: list[tuple[int, int]],
+    letter_filter: LetterFilter,
+    ends: dict[int, int],
+) -> str:
+    """What a replay of these form fields writes, as its dry-run token signs it."""
+    return replay_selection(
+        group=group,
+        target=target.value,
+        scope=scope,
+        refs=refs,
+        keys=letter_filter.keys,
+        tags=letter_filter.tags,
+        msg_ids=letter_filter.msg_ids,
+        ends=ends,
+    )
+
+
+def _seconds_from(now_ms: int, when_ms: int | None) -> float | None:
+    """Seconds from ``now_ms`` to ``when_ms`` (negative: past; None when unknown)."""
+    return None if when_ms is None else (when_ms - now_ms) / 1000
 
 
 def _parked_reason(msg: MessageExt) -> str:

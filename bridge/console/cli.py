@@ -79,6 +79,14 @@ def _loopback(host: str) -> bool:
     "--host (repeatable); requests naming another host are refused.",
 )
 @click.option(
+    "--deserializer",
+    "deserializer_spec",
+    metavar="SPEC",
+    help="Also show dead-letter bodies read by this deserializer: json, avro:<schema.avsc> "
+    "(Avro binary of that writer schema) or <module>:<name> (a confluent-kafka Deserializer, "
+    "as consumers take value_deserializer=); a body it cannot read shows why.",
+)
+@click.option(
     "--write",
     "allow_writes",
     is_flag=True,
@@ -91,6 +99,7 @@ def console_command(  # noqa: PLR0917 - click passes every option as a parameter
     host: str,
     port: int,
     allowed_hosts: tuple[str, ...],
+    deserializer_spec: str | None,
     allow_writes: bool,
 ) -> None:
     """Serve the operator console: transactions, dead letters, delays and timers, quarantine
@@ -98,6 +107,12 @@ def console_command(  # noqa: PLR0917 - click passes every option as a parameter
     every write needs the operator token, from BRIDGE_CONSOLE_TOKEN (at least 16 characters)
     or generated and printed once at start. Needs the 'console' extra."""
     require_flask()
+    from bridge.console.decoding import DeserializerSpecError, parse_deserializer  # noqa: PLC0415
+
+    try:
+        deserializer = None if deserializer_spec is None else parse_deserializer(deserializer_spec)
+    except DeserializerSpecError as exc:
+        raise click.BadParameter(str(exc), param_hint="--deserializer") from exc
     # Before any thread starts (the broker check's Kafka client has threads of its own): glibc
     # fixes its limit on arenas once a thread first needs one.
     _share_malloc_arenas()
@@ -122,6 +137,7 @@ def console_command(  # noqa: PLR0917 - click passes every option as a parameter
         allow_writes=allow_writes,
         coordinator=CoordinatorConfig.from_env().with_client(config),
         allowed_hosts=frozenset({*allowed_hosts, host.strip("[]")}),
+        deserializer=deserializer,
     )
     server = make_server(host, port, create_app(settings), threaded=True)
     if not _loopback(host):

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
-from dataclasses import dataclass
-from typing import Final
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 TOKEN_ENV: Final = "BRIDGE_CONSOLE_TOKEN"
@@ -129,3 +131,112 @@ def check_write(
         raise WriteRefused("missing or wrong CSRF token")
     if not same_origin(host_url, origin, referer):
         raise WriteRefused("cross-origin request")
+
+
+DRY_RUN_FIELD: Final = "dry_run_token"
+"""The form field carrying the token a dry run issued, which its replay must present."""
+
+DRY_RUN_TTL_MS: Final = 10 * 60_000
+"""How long a dry run's token lets its replay be written, ms: an operator reads the dry run
+and confirms within minutes; later, the queue may have changed, so the dry run is run again."""
+
+DRY_RUN_CLOCK_SKEW_MS: Final = 5_000
+"""How far in the future a dry run's time may lie and still be taken, ms (never more than the
+console's own clock moving back)."""
+
+
+class DryRunRefused(WriteRefused):
+    """A replay without a valid token of a dry run of the same letters: answered with 409."""
+
+
+def replay_selection(
+    *,
+    group: str,
+    target: str,
+    scope: str,
+    refs: list[tuple[int, int]],
+    keys: tuple[str, ...],
+    tags: tuple[str, ...],
+    msg_ids: tuple[str, ...],
+    ends: dict[int, int],
+) -> str:
+    """One text naming what a dead-letter replay writes, so that a dry run and its replay can
+    be compared: the group, the target, and either the selected letters (``partition@offset``,
+    in any order) or the filter and the offset each partition is read up to (the queue as the
+    dry run saw it). Filter terms are a set: their order does not matter."""
+    if scope == "selected":
+        chosen: list[Any] = sorted(set(refs))
+    else:
+        chosen = [sorted(set(keys)), sorted(set(tags)), sorted(set(msg_ids)), sorted(ends.items())]
+    return json.dumps([group, target, scope, chosen], separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class DryRunSigner:
+    """Issues and checks the token a dry run gives its replay: ``<issued ms>.<HMAC-SHA256 of
+    the session id, that time and the selection>`` under the server's secret. The server keeps
+    no state; the token is worth nothing for other letters, in another session, after
+    :attr:`ttl_ms` or after a restart (a new secret)."""
+
+    secret: bytes
+    ttl_ms: int = DRY_RUN_TTL_MS
+
+    def _mac(self, session_id: str, issued_ms: int, selection: str) -> str:
+        # "dry-run" and NUL separators: no CSRF token (an HMAC of a bare session id) and no
+        # other session's, time's or selection's input is ever the same bytes.
+        message = f"dry-run\0{session_id}\0{issued_ms}\0{selection}".encode()
+        return hmac.new(self.secret, message, hashlib.sha256).hexdigest()
+
+    def token(self, session_id: str, selection: str, issued_ms: int) -> str:
+        """The token of a dry run of ``selection`` in ``session_id`` made at ``issued_ms``
+        (ms since the epoch)."""
+        return f"{issued_ms}.{self._mac(session_id, issued_ms, selection)}"
+
+    def check(self, session_id: str | None, selection: str, given: str | None, now_ms: int) -> None:
+        """Raise :class:`DryRunRefused` unless ``given`` is the token of a dry run of
+        ``selection`` in ``session_id`` made no longer than :attr:`ttl_ms` before ``now_ms``."""
+        if not given:
+            raise DryRunRefused("no dry run: a replay needs the token of a dry run of its letters")
+        issued, sep, mac = given.partition(".")
+        if not sep or not issued.isascii() or not issued.isdigit() or not session_id:
+            raise DryRunRefused("malformed dry-run token")
+        issued_ms = int(issued)
+        if not hmac.compare_digest(self._mac(session_id, issued_ms, selection), mac):
+            raise DryRunRefused(
+                "the dry-run token is of other letters, another filter or target, or another "
+                "session: run the dry run of this replay"
+            )
+        if issued_ms > now_ms + DRY_RUN_CLOCK_SKEW_MS:
+            raise DryRunRefused("the dry-run token is from the future")
+        if now_ms - issued_ms > self.ttl_ms:
+            raise DryRunRefused(
+                f"the dry run is older than {self.ttl_ms // 60_000} minutes: run it again"
+            )
+
+
+@dataclass(slots=True)
+class SpentDryRuns:
+    """The dry-run tokens whose replay was written, kept while they could still be taken
+    (:data:`DRY_RUN_TTL_MS`): each dry run lets its replay be written once, so a confirmation
+    sent twice (a double click, a browser's resend) replays nothing the second time. At most
+    the replays of the last ``ttl_ms`` are kept."""
+
+    ttl_ms: int = DRY_RUN_TTL_MS
+    _spent: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def spend(self, token: str, now_ms: int) -> None:
+        """Mark ``token`` (a valid one, issued ``<= ttl_ms`` ago) spent; raise
+        :class:`DryRunRefused` if it was spent already."""
+        with self._lock:
+            # Forget what expired: an expired token is refused before it gets here.
+            for old in [
+                t for t, spent_ms in self._spent.items() if now_ms - spent_ms > self.ttl_ms
+            ]:
+                del self._spent[old]
+            if token in self._spent:
+                raise DryRunRefused(
+                    "this dry run's replay was written already: run the dry run again to "
+                    "replay these letters once more"
+                )
+            self._spent[token] = now_ms

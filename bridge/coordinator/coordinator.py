@@ -137,6 +137,17 @@ class CoordinatorConfig:
         return cls(client=ClientConfig.from_env(env), **values)  # type: ignore[arg-type]
 
 
+def check_policy(config: CoordinatorConfig) -> CheckPolicy:
+    """The transaction check-back rules ``config`` gives: the checker's, and the operator
+    views' that work out its next checks (``bridge transactions list``, the console)."""
+    return CheckPolicy(
+        transaction_timeout_ms=config.transaction_timeout_ms,
+        check_interval_ms=config.check_interval_ms,
+        transaction_check_max=config.transaction_check_max,
+        file_reserved_time_ms=config.file_reserved_time_ms,
+    )
+
+
 def default_services(config: CoordinatorConfig) -> list[ServiceThread]:
     """The services a coordinator runs: end-transaction handling and check-back, delay levels
     and timers."""
@@ -149,12 +160,7 @@ def default_services(config: CoordinatorConfig) -> list[ServiceThread]:
         delivery_attempts=config.delivery_attempts,
         delivery_backoff_ms=config.delivery_backoff_ms,
     )
-    policy = CheckPolicy(
-        transaction_timeout_ms=config.transaction_timeout_ms,
-        check_interval_ms=config.check_interval_ms,
-        transaction_check_max=config.transaction_check_max,
-        file_reserved_time_ms=config.file_reserved_time_ms,
-    )
+    policy = check_policy(config)
     limits = config.trust_limits
     return [
         TransactionService(shared, policy, limits=limits),

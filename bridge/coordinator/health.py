@@ -29,6 +29,7 @@ from bridge.observability import (
     MetricsServer,
     enable_metrics,
 )
+from bridge.observability.server import WsgiApp
 from bridge.transaction.service import TransactionService
 from topics.catalog import SystemTopic
 from topics.naming import COORDINATOR_SERVICE_KINDS, coordinator_group
@@ -256,11 +257,13 @@ def serve_coordinator_metrics(
     *,
     host: str = DEFAULT_METRICS_HOST,
     delay_refresh_s: float = DELAY_REFRESH_S,
+    app: WsgiApp | None = None,
 ) -> CoordinatorEndpoint:
     """Turn metrics on in this process (:func:`~bridge.observability.enable_metrics`) and serve
-    them with the coordinator's health on ``host:port`` (0: a free port). Start it before or
-    after the coordinator: ``/readyz`` answers 503 until every service has joined its group.
-    Raises :class:`~bridge.errors.InvalidArgumentError` if the port cannot be bound."""
+    them with the coordinator's health on ``host:port`` (0: a free port), and ``app`` (the
+    operator console, ``bridge coordinator --console``) on every other path. Start it before
+    or after the coordinator: ``/readyz`` answers 503 until every service has joined its
+    group. Raises :class:`~bridge.errors.InvalidArgumentError` if the port cannot be bound."""
     metrics = enable_metrics(namespace=coordinator.config.client.namespace)
     gauges = CoordinatorGauges(coordinator, metrics, delay_refresh_s)
     server = MetricsServer(
@@ -269,6 +272,7 @@ def serve_coordinator_metrics(
         host=host,
         health=lambda: coordinator_report(coordinator),
         before_scrape=gauges.refresh,
+        app=app,
     )
     server.start()
     return CoordinatorEndpoint(server, gauges)

@@ -3,16 +3,22 @@ the next one is due."""
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from bridge.config import ClientConfig
+from bridge.delay import records
 from bridge.delay.fetch import Held
+from bridge.delay.held import RECORD_ERRORS
 from bridge.delay.service import timer_exit_ms
+from bridge.errors import KafkaClientError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_consumer, new_reader, read_record_at
+from bridge.kafka.clients import new_consumer, new_reader, read_record_at, translate_error
 from bridge.kafka.quarantine import read_headers
 from topics.catalog import SystemTopic, TopicCatalog
 from topics.naming import coordinator_group
@@ -43,25 +49,34 @@ def _delay_ms(config: ClientConfig, kind: str, partition: int) -> int:
     return policy.tier_delay_ms(partition)
 
 
-def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueStatus]:
-    """The state of every delay level and timer tier of ``config.namespace``; a level or tier
-    whose topic does not exist yet (nothing was delayed that way) has none waiting."""
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """The records of one level or tier partition its coordinator has not taken yet."""
+
+    kind: str
+    partition: int
+    topic: str
+    start: int
+    """Its coordinator group's committed offset (the first retained one when none)."""
+    high: int
+    delay_ms: int
+
+
+def _waiting(config: ClientConfig, timeout_ms: int) -> Iterator[tuple[_Waiting, Any]]:
+    """Each level and tier partition with what waits in it, and a reader to read it with (a
+    partition of a topic that does not exist yet, as nothing was delayed that way, has none
+    waiting); what ``bridge delays status`` and the due-time histogram read."""
     catalog = TopicCatalog(namespace=config.namespace)
     policy = config.delay_policy
     existing = TopicAdmin(config).list_topics(include_internal=True)
-    out: list[QueueStatus] = []
     for kind, system, count in (
         ("level", SystemTopic.SCHEDULE, policy.level_count),
         ("tier", SystemTopic.TIMER, policy.tier_count),
     ):
         topic = catalog.topic(system)
         if topic not in existing:
-            out.extend(
-                QueueStatus(
-                    kind, i + 1 if kind == "level" else i, _delay_ms(config, kind, i), 0, None
-                )
-                for i in range(count)
-            )
+            for i in range(count):
+                yield _Waiting(kind, i, topic, 0, 0, _delay_ms(config, kind, i)), None
             continue
         service = "schedule" if system is SystemTopic.SCHEDULE else "timer"
         consumer = new_consumer(
@@ -69,7 +84,7 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
             coordinator_group(config.namespace, service),
             f"bridge-admin-{uuid.uuid4().hex[:6]}",
         )
-        head_reader = new_reader(config, f"bridge-admin-{uuid.uuid4().hex}", "bridge-admin")
+        reader = new_reader(config, f"bridge-admin-{uuid.uuid4().hex}", "bridge-admin")
         try:
             tps = [TopicPartition(topic, p) for p in range(count)]
             committed = consumer.committed(tps, timeout_ms / 1000)
@@ -77,30 +92,107 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
                 low, high = consumer.get_watermark_offsets(tp, timeout=timeout_ms / 1000)
                 start = tp.offset if tp.offset >= 0 else low
                 delay = _delay_ms(config, kind, tp.partition)
-                next_due = None
-                pending = max(high - start, 0)
-                if start < high:
-                    head = read_record_at(
-                        head_reader, TopicPartition(topic, tp.partition, start), 5.0
-                    )
-                    if head is None:
-                        pending = 0  # only transaction markers are left
-                    elif kind == "tier":
-                        headers, header_error = read_headers(head)
-                        held = Held(head, tp.partition, head.offset(), headers, header_error)
-                        next_due = timer_exit_ms(policy, held)
-                    else:
-                        next_due = head.timestamp()[1] + delay
-                out.append(
-                    QueueStatus(
-                        kind,
-                        tp.partition + 1 if kind == "level" else tp.partition,
-                        delay,
-                        pending,
-                        next_due,
-                    )
-                )
+                yield _Waiting(kind, tp.partition, topic, start, high, delay), reader
         finally:
             consumer.close()
-            head_reader.close()
+            reader.close()
+
+
+def _due_ms(config: ClientConfig, waiting: _Waiting, record: Any) -> int:
+    """When a waiting record is due, epoch ms: a level's after its delay; a timer's at its
+    delivery time (at the end of its tier's wait when that cannot be read: it is quarantined
+    then)."""
+    if waiting.kind == "level":
+        return int(record.timestamp()[1]) + waiting.delay_ms
+    headers, header_error = read_headers(record)
+    held = Held(record, waiting.partition, record.offset(), headers, header_error)
+    try:
+        return records.timer_deliver_ms(held)
+    except RECORD_ERRORS:
+        return timer_exit_ms(config.delay_policy, held)
+
+
+def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueStatus]:
+    """The state of every delay level and timer tier of ``config.namespace``; a level or tier
+    whose topic does not exist yet (nothing was delayed that way) has none waiting."""
+    policy = config.delay_policy
+    out: list[QueueStatus] = []
+    for waiting, reader in _waiting(config, timeout_ms):
+        kind, start, high = waiting.kind, waiting.start, waiting.high
+        next_due = None
+        pending = max(high - start, 0)
+        if start < high:
+            head = read_record_at(
+                reader, TopicPartition(waiting.topic, waiting.partition, start), 5.0
+            )
+            if head is None:
+                pending = 0  # only transaction markers are left
+            elif kind == "tier":
+                headers, header_error = read_headers(head)
+                held = Held(head, waiting.partition, head.offset(), headers, header_error)
+                next_due = timer_exit_ms(policy, held)
+            else:
+                next_due = head.timestamp()[1] + waiting.delay_ms
+        out.append(
+            QueueStatus(
+                kind,
+                waiting.partition + 1 if kind == "level" else waiting.partition,
+                waiting.delay_ms,
+                pending,
+                next_due,
+            )
+        )
     return out
+
+
+def scan_due_times(
+    config: ClientConfig,
+    count: Callable[[int], None],
+    *,
+    max_records: int,
+    timeout_ms: int = 10_000,
+) -> tuple[int, int]:
+    """Read what waits in every delay level and timer tier (what ``bridge delays status``
+    counts) and call ``count`` with each record's due time (epoch ms; a timer's delivery
+    time), keeping none of them; stop after ``max_records``. Returns (records counted, records
+    waiting by offsets). Raises :class:`KafkaClientError` when a partition stops answering for
+    ``timeout_ms``."""
+    counted = waiting_total = 0
+    for waiting, reader in _waiting(config, timeout_ms):
+        if waiting.start >= waiting.high:
+            continue
+        waiting_total += waiting.high - waiting.start
+        if counted >= max_records:
+            continue
+        for record in _read_range(reader, waiting, timeout_ms):
+            count(_due_ms(config, waiting, record))
+            counted += 1
+            if counted >= max_records:
+                break
+    return counted, waiting_total
+
+
+def _read_range(reader: Any, waiting: _Waiting, timeout_ms: int) -> Iterator[Any]:
+    """The records of ``waiting`` from its start to its high watermark, one at a time."""
+    where = f"reading {waiting.topic}[{waiting.partition}]"
+    reader.assign([TopicPartition(waiting.topic, waiting.partition, waiting.start)])
+    deadline = time.monotonic() + timeout_ms / 1000
+    try:
+        while time.monotonic() < deadline:
+            record = reader.poll(0.2)
+            if record is None:
+                continue
+            error = record.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    return
+                raise translate_error(error, where, default=KafkaClientError)
+            if record.offset() >= waiting.high:
+                return
+            deadline = time.monotonic() + timeout_ms / 1000
+            yield record
+            if record.offset() + 1 >= waiting.high:
+                return
+        raise KafkaClientError(f"{where}@{waiting.start}: nothing within {timeout_ms} ms")
+    finally:
+        reader.unassign()

@@ -1,16 +1,20 @@
 """The HTTP endpoint of a process's metrics and health: ``/metrics`` (Prometheus text format),
 ``/healthz`` (alive: 200 unless a :class:`HealthCheck` says failed) and ``/readyz`` (200 once
-ready). Served by :mod:`http.server` on a daemon thread, so it never keeps a process alive."""
+ready), and optionally a WSGI application on every other path (the coordinator's operator
+console). Served by :mod:`http.server` on a daemon thread, so it never keeps a process alive."""
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Final
+from typing import IO, Any, Final, cast
+from urllib.parse import unquote
+from wsgiref.handlers import SimpleHandler
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -51,6 +55,12 @@ def always_ready() -> HealthReport:
     return HealthReport(alive=True, ready=True)
 
 
+WsgiApp = Callable[..., Iterable[bytes]]
+"""A WSGI application: called with the environ and ``start_response``, returns the body."""
+
+_OWN_PATHS: Final = frozenset({"/metrics", "/healthz", "/readyz"})
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
@@ -74,8 +84,47 @@ class _Handler(BaseHTTPRequestHandler):
             payload = {"alive": report.alive, "ready": report.ready, **report.details}
             body = json.dumps(payload, default=str).encode()
             self._answer(200 if ok else 503, body, "application/json")
+        elif self.server.app is not None:
+            self._wsgi(self.server.app)
         else:
             self._answer(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
+
+    def do_POST(self) -> None:
+        if self.server.app is not None and self.path.split("?", 1)[0] not in _OWN_PATHS:
+            self._wsgi(self.server.app)
+        else:
+            self._answer(405, b"method not allowed\n", "text/plain")
+
+    def _wsgi(self, app: WsgiApp) -> None:
+        """Answer this request with ``app`` (the rest of the request is read by it)."""
+        path, _, query = self.path.partition("?")
+        environ: dict[str, str] = {
+            "REQUEST_METHOD": self.command,
+            "SCRIPT_NAME": "",
+            "PATH_INFO": unquote(path, "latin-1"),
+            "QUERY_STRING": query,
+            "SERVER_NAME": str(self.server.server_address[0]),
+            "SERVER_PORT": str(self.server.server_address[1]),
+            "SERVER_PROTOCOL": self.request_version,
+            "REMOTE_ADDR": self.client_address[0],
+            "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+            "CONTENT_LENGTH": self.headers.get("Content-Length", ""),
+        }
+        for name, value in self.headers.items():
+            key = "HTTP_" + name.upper().replace("-", "_")
+            if key not in ("HTTP_CONTENT_TYPE", "HTTP_CONTENT_LENGTH"):
+                environ[key] = f"{environ[key]},{value}" if key in environ else value
+        handler = SimpleHandler(
+            self.rfile,
+            cast("IO[bytes]", self.wfile),
+            sys.stderr,
+            environ,
+            multithread=True,
+            multiprocess=False,
+        )
+        handler.server_software = self.version_string()
+        handler.run(app)
+        self.close_connection = True  # no keep-alive: the handler wrote an HTTP/1.0 answer
 
     def _answer(self, status: int, body: bytes, content_type: str) -> None:
         self.send_response(status)
@@ -97,10 +146,12 @@ class _Server(ThreadingHTTPServer):
         registry: CollectorRegistry,
         health: HealthCheck,
         before_scrape: Callable[[], None] | None,
+        app: WsgiApp | None = None,
     ) -> None:
         self.registry = registry
         self.health = health
         self.before_scrape = before_scrape
+        self.app = app
         super().__init__(address, _Handler)
 
 
@@ -108,7 +159,9 @@ class MetricsServer:
     """Serves ``registry`` and ``health`` over HTTP on ``host:port`` (port 0 picks a free one:
     read :attr:`port`). :meth:`start` binds and starts the daemon thread; :meth:`stop` closes.
     ``with MetricsServer(...) as server:`` does both. ``before_scrape`` is called before each
-    ``/metrics`` answer (to set gauges read from elsewhere; an exception is logged)."""
+    ``/metrics`` answer (to set gauges read from elsewhere; an exception is logged). ``app``,
+    when given, answers every other path (GET and POST): a WSGI application such as the
+    operator console, which judges its own requests."""
 
     def __init__(
         self,
@@ -118,6 +171,7 @@ class MetricsServer:
         host: str = DEFAULT_METRICS_HOST,
         health: HealthCheck = always_ready,
         before_scrape: Callable[[], None] | None = None,
+        app: WsgiApp | None = None,
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise InvalidArgumentError(f"metrics port must be an integer 0-65535, got {port!r}")
@@ -125,6 +179,7 @@ class MetricsServer:
         self._address = (host, port)
         self._health = health
         self._before_scrape = before_scrape
+        self._app = app
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -143,7 +198,9 @@ class MetricsServer:
         """Bind and serve on a daemon thread. Raises :class:`InvalidArgumentError` when the
         address cannot be bound (the port in use, say)."""
         try:
-            self._server = _Server(self._address, self._registry, self._health, self._before_scrape)
+            self._server = _Server(
+                self._address, self._registry, self._health, self._before_scrape, self._app
+            )
         except OSError as exc:
             raise InvalidArgumentError(
                 f"cannot serve metrics on {self._address[0]}:{self._address[1]}: {exc}"

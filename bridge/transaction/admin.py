@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -16,13 +17,15 @@ from bridge.errors import InvalidArgumentError, ParkedReplayError, WireFormatErr
 from bridge.kafka.batch_writer import TransactionBatch, abort_quietly, kafka_error, write_batch
 from bridge.kafka.clients import new_producer
 from bridge.kafka.transactional import transactional_producer
-from bridge.message import MessageConst, MessageExt, parse_count
+from bridge.message import MessageConst, MessageExt
 from bridge.transaction.model import (
     END_TRANSACTION_SCHEMA,
+    CheckRequest,
     OpAction,
     OpEntry,
     committed_record,
 )
+from bridge.transaction.pending import CheckPolicy, check_count, copy_due_ms, next_check_ms
 from bridge.transaction.targets import (
     auto_create_allowed,
     delivery_problem,
@@ -107,13 +110,26 @@ class UndecidedTransaction:
     half_offset: int
     check_times: int
     age_ms: int
+    next_check_ms: int | None = None
+    """When its next check is due (ms since the epoch), as its checker schedules it from the
+    records it writes (:func:`~bridge.transaction.pending.next_check_ms`); None when no
+    :class:`CheckPolicy` was given. In the past: due, waiting for the checker's next round or
+    for room in its group's window of unanswered checks."""
+    last_check_request_ms: int | None = None
+    """When the last request of its next check was written to its group's check topic (ms
+    since the epoch; None: none, or not read)."""
 
 
-def list_undecided(config: ClientConfig, timeout_ms: int = 30_000) -> list[UndecidedTransaction]:
+def list_undecided(
+    config: ClientConfig, timeout_ms: int = 30_000, policy: CheckPolicy | None = None
+) -> list[UndecidedTransaction]:
     """Transactions whose half message has neither an OP record nor a decision yet.
 
     Reads HALF and OP from the beginning of their retention: an operator's view, not a
-    hot path.
+    hot path. With ``policy`` (the coordinators' check settings) each one's next check is
+    worked out as the checker works it out: from its copies in HALF (:func:`copy_due_ms`) and
+    the last request of its next check in its group's check topic (:func:`next_check_ms`),
+    which is read too. Keeps a few numbers per undecided transaction, never a record.
     """
     catalog = TopicCatalog(namespace=config.namespace)
     decided: set[str] = set()
@@ -123,6 +139,7 @@ def list_undecided(config: ClientConfig, timeout_ms: int = 30_000) -> list[Undec
         except WireFormatError:
             continue
     latest: dict[str, UndecidedTransaction] = {}
+    copies_due: dict[str, int] = {}
     now = time.time_ns() // 1_000_000
     for record in read_to_end(config, catalog.topic(SystemTopic.HALF), timeout_ms):
         try:
@@ -137,17 +154,59 @@ def list_undecided(config: ClientConfig, timeout_ms: int = 30_000) -> list[Undec
         tid = msg.transaction_id or msg.msg_id
         if tid in decided:
             continue
+        # Not plain ASCII digits (e.g. "²", which isdigit() accepts): none.
+        check_times = check_count(msg)
+        current = latest.get(tid)
+        if current is not None and check_times < current.check_times:
+            continue  # a send stored twice, read after a check copy: the checker drops it too
+        if policy is not None:
+            append_ms = record.timestamp()[1]
+            # The checker reads a record as it is appended: its reading time is about then.
+            due = copy_due_ms(policy, msg, append_ms, append_ms)
+            copies_due[tid] = max(due, copies_due.get(tid, due))
         latest[tid] = UndecidedTransaction(
             transaction_id=tid,
             producer_group=msg.get_property(MessageConst.PRODUCER_GROUP) or "",
             real_topic=msg.get_property(MessageConst.REAL_TOPIC) or "",
             half_partition=record.partition(),
             half_offset=record.offset(),
-            # Not plain ASCII digits (e.g. "²", which isdigit() accepts): none.
-            check_times=parse_count(msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)) or 0,
+            check_times=check_times,
             age_ms=now - msg.born_timestamp_ms,
         )
+    if policy is not None and latest:
+        asked = _last_check_requests(config, catalog, latest, timeout_ms)
+        latest = {
+            tid: dataclasses.replace(
+                t,
+                next_check_ms=next_check_ms(policy, copies_due[tid], asked.get(tid)),
+                last_check_request_ms=asked.get(tid),
+            )
+            for tid, t in latest.items()
+        }
     return sorted(latest.values(), key=lambda t: -t.age_ms)
+
+
+def _last_check_requests(
+    config: ClientConfig,
+    catalog: TopicCatalog,
+    undecided: dict[str, UndecidedTransaction],
+    timeout_ms: int,
+) -> dict[str, int]:
+    """Transaction id -> when the last request of its next check (numbered its check count +
+    1) was written, ms, from the check topics of the groups of ``undecided``."""
+    out: dict[str, int] = {}
+    for group in sorted({t.producer_group for t in undecided.values() if t.producer_group}):
+        for record in read_to_end(config, catalog.check_topic(group), timeout_ms):
+            try:
+                request = CheckRequest.decode(record.value())
+            except WireFormatError:
+                continue
+            pending = undecided.get(request.transaction_id)
+            if pending is None or request.check_times != pending.check_times + 1:
+                continue  # decided, or a check counted already
+            asked_ms = record.timestamp()[1]
+            out[request.transaction_id] = max(asked_ms, out.get(request.transaction_id, asked_ms))
+    return out
 
 
 def resolve_parked(config: ClientConfig, msg_id: str, action: OpAction) -> MessageExt:

@@ -97,6 +97,48 @@ class CheckPolicy:
         return CheckAction.CHECK
 
 
+BORN_AHEAD_TOLERANCE_MS = 1000
+"""How far a half message's birth may lie after the time it is read before a clock is taken to
+be off (and it is checked at once, as RocketMQ does), ms."""
+
+
+def copy_due_ms(policy: CheckPolicy, msg: MessageExt, append_ms: int, now_ms: int) -> int:
+    """When a copy of a half message read from HALF is next due for a check, ms since the
+    epoch: one never checked (``TRANSACTION_CHECK_TIMES`` 0) once its immunity after its birth
+    has passed (:meth:`CheckPolicy.immunity_ms`; at ``now_ms``, its reading time, when it was
+    born more than :data:`BORN_AHEAD_TOLERANCE_MS` ahead of it); a copy written at a check a
+    check interval after ``append_ms``, its timestamp in HALF. The checker's rule for each copy
+    it reads (:meth:`~bridge.transaction.state.HalfPartition.on_half`, which keeps the later of
+    this and what it had), and the operator views'."""
+    born_ms = msg.born_timestamp_ms
+    if check_count(msg) == 0:
+        if born_ms > now_ms + BORN_AHEAD_TOLERANCE_MS:
+            return now_ms
+        return born_ms + policy.immunity_ms(msg)
+    return append_ms + policy.check_interval_ms
+
+
+def asked_due_ms(policy: CheckPolicy, asked_ms: int) -> int:
+    """When a transaction whose check request was written at ``asked_ms`` is due again if that
+    check goes unanswered, ms since the epoch: a check interval on (its answer, when it comes,
+    writes a copy whose :func:`copy_due_ms` is the same interval after the answer)."""
+    return asked_ms + policy.check_interval_ms
+
+
+def next_check_ms(policy: CheckPolicy, copies_due_ms: int, last_asked_ms: int | None) -> int:
+    """The next check of an undecided transaction as the checker that owns it schedules it,
+    from the records it writes: ``copies_due_ms``, the latest :func:`copy_due_ms` of the copies
+    of its half message read in order (each no earlier than the one before), and
+    ``last_asked_ms``, when the last request of its next check (numbered its count + 1) was
+    written to its group's check topic (None: none). A check is asked only once due, so the
+    request's time decides when there is one (:func:`asked_due_ms`). Exact while the
+    coordinator that asked runs; one that takes the partition over after a restart knows only
+    the copies, and may check sooner."""
+    if last_asked_ms is None:
+        return copies_due_ms
+    return max(copies_due_ms, asked_due_ms(policy, last_asked_ms))
+
+
 @dataclass(slots=True)
 class PendingHalf:
     """An undecided transaction: its newest half message copy and its check schedule."""

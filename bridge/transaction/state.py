@@ -42,14 +42,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bridge.message import MessageConst, MessageExt, parse_count
+from bridge.message import MessageExt
 from bridge.transaction.pending import (
     COPY_CHANGES,
     CheckAction,
     CheckPolicy,
     HalfArrival,
     PendingHalf,
+    asked_due_ms,
     check_count,
+    copy_due_ms,
     end_refusal,
     same_message,
 )
@@ -141,7 +143,7 @@ class HalfPartition:
             current.latest_offset = max(current.latest_offset, offset)
             return HalfArrival.COPY
         # Anything but plain ASCII digits (e.g. "²", which isdigit() accepts) counts as none.
-        check_times = parse_count(msg.get_property(MessageConst.TRANSACTION_CHECK_TIMES)) or 0
+        check_times = check_count(msg)
         if current is not None and check_times < check_count(current.message):
             # The message again, counting fewer checks than the copy it is read from: a send
             # stored twice (or written again) after a check copy. Read from there, a restart
@@ -149,13 +151,9 @@ class HalfPartition:
             current.latest_offset = max(current.latest_offset, offset)
             return HalfArrival.DUPLICATE
         born_ms = msg.born_timestamp_ms
-        if check_times == 0:
-            due = born_ms + self.policy.immunity_ms(msg)
-            if born_ms > now_ms + 1000:
-                due = now_ms  # born in the future: a clock is off, check now (as RocketMQ)
-        else:
-            # A copy is written when its message is checked: the next check is an interval on.
-            due = append_ms + self.policy.check_interval_ms
+        # Its immunity after birth (now, when born in the future: a clock is off), or, for a
+        # copy written at a check, an interval on.
+        due = copy_due_ms(self.policy, msg, append_ms, now_ms)
         latest, held = offset, False
         if current is not None:
             check_times = max(check_times, current.check_times)
@@ -312,7 +310,7 @@ class HalfPartition:
     def asked(self, pending: PendingHalf, now_ms: int) -> None:
         """A check of ``pending`` was sent, not counted yet (it counts once answered:
         :meth:`checked`): unanswered, it is due again a check interval later."""
-        self.postpone(pending, now_ms)
+        self.postpone(pending, now_ms, asked_due_ms(self.policy, now_ms) - now_ms)
 
     def check_failed(self, pending: PendingHalf, now_ms: int, reason: str) -> None:
         """A check of ``pending`` could not be made, for ``reason``: it counts as a check (so

@@ -111,8 +111,11 @@ def test_every_read_command_prints_json_lines(
 
     rows = json_lines(*ns, "transactions", "list", *b)
     assert [r["transaction_id"] for r in rows] == [undecided.transaction_id]
+    # Its next check as the checker schedules it (no coordinator runs here: never asked).
+    assert rows[0]["next_check_ms"] > 0 and rows[0]["last_check_request_ms"] is None
     [shown] = json_lines(*ns, "transactions", "show", *b, undecided.transaction_id)
     assert shown["state"] == "undecided" and shown["real_topic"] == topic
+    assert shown["next_check_ms"] == rows[0]["next_check_ms"]
     assert json_lines(*ns, "transactions", "parked", *b) == []
 
     levels = json_lines(*ns, "delays", "status", *b)

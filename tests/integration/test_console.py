@@ -112,13 +112,14 @@ def console(config: ClientConfig, coordinator: Coordinator) -> Iterator[Console]
         **os.environ,
         "BRIDGE_CONSOLE_TOKEN": TOKEN,
         "PYTHONUNBUFFERED": "1",
-        # The transactions page estimates the next check from the coordinator's settings.
+        # The transactions page works the next check out with the coordinator's settings.
         "BRIDGE_TRANSACTION_TIMEOUT_MS": "1000",
         "BRIDGE_CHECK_INTERVAL_MS": "1000",
+        "BRIDGE_TRANSACTION_CHECK_MAX": "1",
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "bridge", "--namespace", config.namespace, "console",
-         "-b", config.bootstrap_servers, "--port", "0", "--write"],
+         "-b", config.bootstrap_servers, "--port", "0", "--write", "--deserializer", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stderr is not None
@@ -232,6 +233,8 @@ def test_a_failed_message_shows_with_its_reason_and_is_replayed_from_the_page_on
         _shot(page, "dlq")
         page.click(f"#letters tr[data-msg-id='{sent.msg_id}'] a")
         assert page.inner_text("#body") == "order 42"
+        # Beside the text, the body through the console's deserializer (JSON): not JSON.
+        assert "json cannot read this body: JSONDecodeError" in page.inner_text("#decode-error")
         _shot(page, "dlq-letter")
         page.go_back()
 
@@ -257,6 +260,27 @@ def test_a_failed_message_shows_with_its_reason_and_is_replayed_from_the_page_on
         assert len(listener.deliveries) == 2
     finally:
         consumer.shutdown()
+
+
+def test_the_next_check_is_the_checker_s_own_schedule(
+    config: ClientConfig, console_url: str, page: Any
+) -> None:
+    """A half message immune from checks for an hour (its own CHECK_IMMUNITY_TIME_IN_SECONDS)
+    shows its first check an hour after its birth, as the checker schedules it, though the
+    coordinator's timeout and interval are a second (and it puts the message back each one).
+    It stays undecided for the module's later tests (the Transactions screenshot shows it)."""
+    topic = _name("immune")
+    TopicAdmin(config).ensure_topics([TopicSpec(topic, 1)])
+    message = Message(topic, b"wait an hour", keys="immune-1")
+    message.put_user_property(MessageConst.CHECK_IMMUNITY_TIME_IN_SECONDS, "3600")
+    with TransactionMQProducer("console-immune", Unknown(), config=config) as producer:
+        sent = producer.send_message_in_transaction(message)
+        tid = sent.transaction_id or sent.msg_id
+        page.goto(f"{console_url}/transactions")
+        cell = page.locator(f"#undecided tr[data-transaction-id='{tid}'] td.next-check")
+        found = re.fullmatch(r"in (\d+\.\d) s", cell.inner_text().strip())
+        assert found is not None, cell.inner_text()
+        assert 3500 < float(found.group(1)) <= 3600
 
 
 def test_a_parked_transaction_is_replayed_from_the_page(
@@ -285,19 +309,42 @@ def test_a_parked_transaction_is_replayed_from_the_page(
     assert sent.msg_id not in [m.msg_id for m in read_parked(config)]
 
 
-def _letter(config: ClientConfig) -> tuple[str, str]:
-    """A group with one dead letter from ``origin`` (written as the consumer writes it); the
-    group and the origin topic."""
+def _letter(config: ClientConfig, *bodies: bytes) -> tuple[str, str]:
+    """A group with one dead letter from ``origin`` (written as the consumer writes it) for
+    each of ``bodies`` (one, ``refused body``, when none are given), at offsets 0, 1, ...;
+    the group and the origin topic."""
     group, origin = _name("g"), _name("t")
     dlq = dlq_topic(group, config.namespace)
     TopicAdmin(config).ensure_topics([TopicSpec(dlq, 1), TopicSpec(origin, 1)])
-    letter = Message(f"%DLQ%{group}", b"refused body", keys="k-1")
-    letter.put_system_property(MessageConst.RETRY_TOPIC, origin)
-    record = plain_record(letter, dlq, "ID-REFUSED", 1, b"h")
     raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
-    raw.produce(dlq, record.value, record.key, headers=list(record.headers))
+    for i, body in enumerate(bodies or (b"refused body",)):
+        letter = Message(f"%DLQ%{group}", body, keys=f"k-{i + 1}")
+        letter.put_system_property(MessageConst.RETRY_TOPIC, origin)
+        record = plain_record(letter, dlq, f"ID-REFUSED-{i}", 1, b"h")
+        raw.produce(dlq, record.value, record.key, headers=list(record.headers))
     assert raw.flush(10) == 0
     return group, origin
+
+
+def test_a_body_is_shown_through_the_console_s_deserializer_or_why_it_cannot_be(
+    config: ClientConfig, console_url: str, page: Any
+) -> None:
+    """``--deserializer json``: a JSON body shows decoded beside its text; bytes that are not
+    UTF-8 show the reason, in a page that answers 200 (not a server error)."""
+    group, _ = _letter(config, b'{"order": 42, "items": ["tea"]}', b"\xff\xfe order")
+    response = page.goto(f"{console_url}/dlq/{group}/letter/0/0")
+    assert response is not None and response.status == 200
+    assert page.inner_text("#decoded-heading").startswith("Body through json")
+    assert json.loads(page.inner_text("#decoded")) == {"order": 42, "items": ["tea"]}
+    _shot(page, "dlq-letter-decoded")
+    response = page.goto(f"{console_url}/dlq/{group}/letter/0/1")
+    assert response is not None and response.status == 200
+    assert "json cannot read this body: not UTF-8 (byte 0xff at offset 0)" in page.inner_text(
+        "#decode-error"
+    )
+    assert page.locator("#decoded").count() == 0
+    page.click("a[href='?view=hex']")
+    assert page.inner_text("#body").startswith("00000000  ff fe 20 6f")
 
 
 def test_writes_without_the_token_or_the_csrf_token_are_refused(
@@ -340,14 +387,22 @@ def test_writes_without_the_token_or_the_csrf_token_are_refused(
     assert list(read_messages(config, [origin], timeout_ms=1500)) == []
     assert len(read_dead_letters(config, group)) == 1
 
-    # With both, the same request is taken.
+    # With both and the token of its dry run, the same request is taken.
+    dry_run_token = _dry_run(page, f"{console_url}/dlq/{group}/replay", form, csrf, same)
     done = page.request.post(
         f"{console_url}/dlq/{group}/replay",
-        form={**form, "token": TOKEN, "csrf_token": csrf},
+        form={**form, "token": TOKEN, "csrf_token": csrf, "dry_run_token": dry_run_token},
         headers=same,
     )
     assert done.status == 200 and "1 replayed" in done.text()
-    assert len(list(read_messages(config, [origin], max_messages=1))) == 1
+    # The same confirmation again (a double click, a resend): its dry run was spent.
+    again = page.request.post(
+        f"{console_url}/dlq/{group}/replay",
+        form={**form, "token": TOKEN, "csrf_token": csrf, "dry_run_token": dry_run_token},
+        headers=same,
+    )
+    assert again.status == 409 and "written already" in again.text()
+    assert len(list(read_messages(config, [origin], timeout_ms=1500))) == 1
 
     # Each write, refused or done, is in the console's log with who and what, never the token.
     def logged() -> str:
@@ -359,6 +414,59 @@ def test_writes_without_the_token_or_the_csrf_token_are_refused(
     assert f"refused POST /dlq/{group}/replay from 127.0.0.1: cross-origin" in audit
     assert f"token holder at 127.0.0.1: replay of dead letters of {group}" in audit
     assert TOKEN not in audit
+
+
+def _dry_run(
+    page: Any, url: str, form: dict[str, str], csrf: str | None, headers: dict[str, str]
+) -> str:
+    """POST the dry run of ``form``'s replay; the dry-run token its confirmation carries."""
+    dry = page.request.post(
+        url, form={**form, "mode": "dry-run", "token": TOKEN, "csrf_token": csrf}, headers=headers
+    )
+    assert dry.status == 200, dry.text()
+    found = re.search(r'name="dry_run_token" value="([^"]+)"', dry.text())
+    assert found is not None, dry.text()
+    return found.group(1)
+
+
+def test_a_replay_without_its_dry_run_is_refused_and_changes_nothing(
+    config: ClientConfig, console: Console, page: Any
+) -> None:
+    """Every other check passes (operator token, CSRF token, origin): a write-replay posted
+    straight, or with the token of a dry run of other letters, is refused with 409 and
+    audited; the letter stays and its origin topic gets nothing."""
+    console_url = console.url
+    group, origin = _letter(config)
+    url = f"{console_url}/dlq/{group}/replay"
+    page.goto(f"{console_url}/dlq/{group}")
+    csrf = page.get_attribute("input[name=csrf_token]", "value")
+    same = {"Origin": console_url}
+    write = {"ref": "0@0", "mode": "write", "scope": "selected", "target": "origin"}
+    straight = page.request.post(
+        url, form={**write, "token": TOKEN, "csrf_token": csrf}, headers=same
+    )
+    assert straight.status == 409, straight.text()
+    assert "no dry run" in straight.text()
+    # A dry run of the whole queue to the retry topic does not let the origin replay through.
+    other = _dry_run(page, url, {**write, "scope": "filtered", "target": "retry"}, csrf, same)
+    foreign = page.request.post(
+        url,
+        form={**write, "token": TOKEN, "csrf_token": csrf, "dry_run_token": other},
+        headers=same,
+    )
+    assert foreign.status == 409 and "other letters" in foreign.text()
+    assert list(read_messages(config, [origin], timeout_ms=1500)) == []
+    assert len(read_dead_letters(config, group)) == 1
+    wait_until(lambda: f"refused replay of dead letters of {group}" in "".join(console.log))
+    assert f"{group} to origin: letters 0@0: no dry run" in "".join(console.log)
+
+    # The page's own flow: the dry run, then its confirmation, replays the letter once.
+    _enter_token(page)
+    page.locator("#letters input[name=ref]").first.check()
+    page.click("#replay-selected")
+    page.click("#confirm-replay")
+    assert "1 replayed to origin" in page.inner_text("#summary")
+    assert len(list(read_messages(config, [origin], timeout_ms=3000))) == 1
 
 
 def _submit(page: Any, button: str) -> str:
@@ -375,10 +483,20 @@ def test_the_read_pages_show_delays_quarantine_and_health(
 ) -> None:
     later = _name("later")
     TopicAdmin(config).ensure_topics([TopicSpec(later, 1)])
+    timer = Message(later, b"in 25 minutes")
+    timer.set_delay_time_ms(25 * 60_000)
     with Producer("console-delays", config=config) as producer:
         producer.send_sync(Message(later, b"in two hours", delay_time_level=18))
+        producer.send_sync(timer)
     page.goto(f"{console_url}/delays")
-    assert "1 waiting" in page.inner_text("#waiting")
+    assert "2 waiting" in page.inner_text("#waiting")
+    # The histogram of due times: the timer due in 25 minutes, the level-18 one in 2 hours.
+    counts = {
+        row.get_attribute("data-bucket"): int(row.locator("td.count").inner_text())
+        for row in page.locator("#histogram tr[data-bucket]").all()
+    }
+    assert counts.pop("+0:20-0:30") == 1 and counts.pop("+1:50-2:00") == 1
+    assert set(counts.values()) == {0}, counts
     _shot(page, "delays")
     page.goto(f"{console_url}/quarantine")
     assert page.locator("#reasons").is_visible()
@@ -395,3 +513,39 @@ def _healthy(page: Any, url: str) -> Callable[[], bool]:
         return "all running" in page.inner_text("#overall")
 
     return check
+
+
+def test_the_coordinator_serves_the_console_read_only_on_its_metrics_port(
+    config: ClientConfig, page: Any
+) -> None:
+    """``bridge coordinator --metrics-port 0 --console`` (a namespace of its own): the pages
+    beside /metrics, read-only; a write with the operator token is refused there."""
+    namespace = f"ns{uuid.uuid4().hex[:10]}"
+    env = {**os.environ, "BRIDGE_CONSOLE_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bridge", "--namespace", namespace, "coordinator",
+         "-b", config.bootstrap_servers, "--metrics-port", "0", "--console"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        found = re.search(r"console on (http://127\.0\.0\.1:\d+)/ \(read-only\)", "".join(lines))
+        assert found is not None, lines
+        url = found.group(1)
+        page.goto(f"{url}/transactions")
+        assert page.inner_text("header .mode") == "read-only"
+        assert namespace in page.inner_text("header .ns")
+        assert page.locator("#operator-token").count() == 0
+        _shot(page, "coordinator-console")
+        metrics = page.request.get(f"{url}/metrics")
+        assert metrics.status == 200 and "bridge_" in metrics.text()
+        refused = page.request.post(
+            f"{url}/transactions/resolve",
+            form={"action": "replay", "msg_id": "x", "token": TOKEN},
+            headers={"Origin": url},
+        )
+        assert refused.status == 403 and "the console is read-only" in refused.text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

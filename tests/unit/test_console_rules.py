@@ -5,6 +5,7 @@ them to a write before any Kafka call (its refusals need no broker)."""
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -15,6 +16,7 @@ from bridge.cli import cli
 from bridge.config import ClientConfig
 from bridge.console import ConsoleUnavailableError, require_flask
 from bridge.console.app import ConsoleSettings, create_app
+from bridge.console.histogram import DueHistogram
 from bridge.console.paging import (
     DEFAULT_PAGE_SIZE,
     HEX_PREVIEW_BYTES,
@@ -28,10 +30,15 @@ from bridge.console.paging import (
     parse_refs,
 )
 from bridge.console.security import (
+    DRY_RUN_TTL_MS,
     CsrfSigner,
+    DryRunRefused,
+    DryRunSigner,
+    SpentDryRuns,
     WriteRefused,
     check_write,
     host_allowed,
+    replay_selection,
     same_origin,
     token_matches,
 )
@@ -286,3 +293,150 @@ def test_only_requests_sent_to_the_console_s_own_names_are_served() -> None:
     assert not host_allowed(None, frozenset()) and not host_allowed("", frozenset())
     rebound = _client().get("/", headers={"Host": "evil.example:8089"})  # type: ignore[attr-defined]
     assert rebound.status_code == 400
+
+
+def _selection(**changes: object) -> str:
+    fields: dict[str, object] = {
+        "group": "billing",
+        "target": "origin",
+        "scope": "filtered",
+        "refs": [],
+        "keys": ("k1", "k2"),
+        "tags": (),
+        "msg_ids": (),
+        "ends": {0: 10, 1: 7},
+    }
+    fields.update(changes)
+    return replay_selection(**fields)  # type: ignore[arg-type]
+
+
+def test_a_replay_selection_names_what_is_written_and_nothing_else() -> None:
+    assert _selection(keys=("k2", "k1", "k1")) == _selection()  # terms are a set
+    assert _selection(ends={1: 7, 0: 10}) == _selection()
+    changes: list[dict[str, object]] = [
+        {"group": "other"},
+        {"target": "retry"},
+        {"keys": ("k1",)},
+        {"tags": ("k1", "k2")},  # the same terms in another field
+        {"ends": {0: 11, 1: 7}},  # letters that arrived after the dry run
+        {"scope": "selected"},
+    ]
+    for change in changes:
+        assert _selection(**change) != _selection(), change
+    selected: dict[str, object] = {"scope": "selected", "ends": {}}
+    assert _selection(**selected, refs=[(1, 2), (0, 5)]) == _selection(
+        **selected, refs=[(0, 5), (1, 2), (0, 5)]
+    )
+    assert _selection(**selected, refs=[(0, 5)]) != _selection(**selected, refs=[(0, 6)])
+
+
+@given(st.text(min_size=1, max_size=30), st.text(min_size=1, max_size=30), st.text(max_size=60))
+def test_a_dry_run_token_is_worth_nothing_for_other_letters_or_sessions(
+    session: str, other: str, selection: str
+) -> None:
+    signer = DryRunSigner(b"s" * 32)
+    token = signer.token(session, selection, 1_000_000)
+    signer.check(session, selection, token, 1_000_000 + DRY_RUN_TTL_MS)
+    if other != session:
+        with pytest.raises(DryRunRefused, match="another session"):
+            signer.check(other, selection, token, 1_000_000)
+    with pytest.raises(DryRunRefused, match="other letters"):
+        signer.check(session, selection + "x", token, 1_000_000)
+    with pytest.raises(DryRunRefused):
+        DryRunSigner(b"t" * 32).check(session, selection, token, 1_000_000)  # a restart
+
+
+def test_a_dry_run_token_expires_and_needs_its_own_time() -> None:
+    signer = DryRunSigner(b"s" * 32)
+    token = signer.token("sid", "sel", 5_000_000)
+    with pytest.raises(DryRunRefused, match="older than 10 minutes"):
+        signer.check("sid", "sel", token, 5_000_001 + DRY_RUN_TTL_MS)
+    with pytest.raises(DryRunRefused, match="future"):
+        signer.check("sid", "sel", token, 5_000_000 - 60_000)
+    # Another time with the same MAC: the time is signed too.
+    mac = token.split(".", 1)[1]
+    with pytest.raises(DryRunRefused, match="other letters"):
+        signer.check("sid", "sel", f"5000001.{mac}", 5_000_001)
+    for bad in [None, "", "abc", "12", ".abc", "x1.abc", "١٢.abc"]:
+        with pytest.raises(DryRunRefused):
+            signer.check("sid", "sel", bad, 5_000_000)
+    # Not a CSRF token either (an HMAC of the bare session id under the same secret).
+    with pytest.raises(DryRunRefused):
+        signer.check("sid", "sel", f"5000000.{CsrfSigner(b's' * 32).token('sid')}", 5_000_000)
+
+
+def test_a_write_replay_without_its_dry_run_is_refused_before_kafka() -> None:
+    """The operator token, CSRF and origin all pass; the missing (or foreign) dry-run token
+    alone refuses the replay with 409, before any Kafka call (the broker is unreachable)."""
+    secret = b"k" * 32
+    app = create_app(
+        ConsoleSettings(UNREACHABLE, "the-operator-token-xyz", True, csrf_secret=secret)
+    )
+    client = app.test_client()
+    session = client.get("/").headers["Set-Cookie"].split(";")[0].split("=", 1)[1]
+    form = {
+        "token": "the-operator-token-xyz",
+        "csrf_token": CsrfSigner(secret).token(session),
+        "mode": "write",
+        "scope": "selected",
+        "ref": "0@0",
+        "target": "origin",
+    }
+    origin = {"Origin": "http://localhost"}
+    refused = client.post("/dlq/billing/replay", data=form, headers=origin)
+    assert refused.status_code == 409 and "no dry run" in refused.get_data(True)
+    other = DryRunSigner(secret).token(
+        session,
+        replay_selection(
+            group="billing", target="origin", scope="selected", refs=[(0, 1)],
+            keys=(), tags=(), msg_ids=(), ends={},
+        ),
+        time.time_ns() // 1_000_000,
+    )  # fmt: skip
+    foreign = client.post(
+        "/dlq/billing/replay", data={**form, "dry_run_token": other}, headers=origin
+    )
+    assert foreign.status_code == 409 and "other letters" in foreign.get_data(True)
+
+
+@given(st.integers(0, 2**40), st.lists(st.integers(-(2**40), 2**41), max_size=200))
+def test_a_due_histogram_counts_each_record_once_in_its_bucket(now: int, dues: list[int]) -> None:
+    histogram = DueHistogram(now, bucket_ms=600_000, buckets=36)
+    for due in dues:
+        histogram.add(due)
+    assert histogram.total == len(dues)
+    assert histogram.overdue == sum(d < now for d in dues)
+    assert histogram.later == sum(d >= now + 36 * 600_000 for d in dues)
+    for i, n in enumerate(histogram.counts):
+        assert n == sum(now + i * 600_000 <= d < now + (i + 1) * 600_000 for d in dues)
+    rows = histogram.rows()
+    assert len(rows) == 38 and [n for _, n, _ in rows] == [
+        histogram.overdue,
+        *histogram.counts,
+        histogram.later,
+    ]
+    assert all(0 <= width <= 100 for _, _, width in rows)
+
+
+def test_due_histogram_labels() -> None:
+    histogram = DueHistogram(0)
+    histogram.add(25 * 60_000)
+    histogram.add(7 * 3_600_000)
+    labels = [label for label, _, _ in histogram.rows()]
+    assert labels[:3] == ["overdue", "+0:00-0:10", "+0:10-0:20"]
+    assert labels[-1] == "later than +6:00"
+    assert dict((label, n) for label, n, _ in histogram.rows())["+0:20-0:30"] == 1
+    assert histogram.later == 1
+    with pytest.raises(ValueError, match="positive width"):
+        DueHistogram(0, bucket_ms=0)
+
+
+def test_a_dry_run_s_replay_is_written_once() -> None:
+    spent = SpentDryRuns(ttl_ms=1000)
+    spent.spend("a", 0)
+    spent.spend("b", 10)
+    with pytest.raises(DryRunRefused, match="written already"):
+        spent.spend("a", 500)
+    # Past the time a token could be taken at all, it is forgotten (the signer refuses it).
+    spent.spend("c", 1_005)
+    assert set(spent._spent) == {"b", "c"}  # what it keeps is the point

@@ -34,6 +34,9 @@ OUTSIDE_THE_TREE = {
     "bridge.consumer.sql92.values.EvaluationError": "internal: an SQL92 value is unknown",
     "bridge.console.paging.CursorError": "internal: a page's cursor that does not parse (400)",
     "bridge.console.security.WriteRefused": "internal: a console write refused (403)",
+    "bridge.console.security.DryRunRefused": "internal: a replay without its dry run (409)",
+    "bridge.console.decoding.BodyDecodeError": "internal: a body shown undecoded, with why",
+    "bridge.console.decoding.DeserializerSpecError": "internal: --deserializer's usage error",
 }
 DEFINED_ELSEWHERE = {"bridge.consumer.admin.DeadLetterReplayError"}
 """Named in the tree, defined beside what it reports on (its attributes hold its messages)."""
