@@ -27,18 +27,15 @@ from bridge.consumer.consumption import (
     Failure,
     leading_successes,
     record_failure,
-    restore,
-    status_failure,
 )
 from bridge.consumer.context import ConsumerContext, MessageCallback
 from bridge.consumer.counters import Count
 from bridge.consumer.model import (
     ConsumeConcurrentlyContext,
-    ConsumeOrderlyStatus,
-    ConsumeStatus,
     MessageListenerConcurrently,
     MessageQueue,
 )
+from bridge.consumer.one_by_one import OneByOne
 from bridge.consumer.overdue import send_back_overdue
 from bridge.consumer.process_queue import Call, ProcessQueue, Run
 from bridge.consumer.quarantine import Quarantine
@@ -59,9 +56,6 @@ _DURATION_WEIGHT: Final = 0.25
 """The weight of a chunk's measured listener durations in their moving average."""
 _EXPIRY_CHECK_S: Final = 1.0
 """How often, at most, messages in listeners are checked against ``consume_timeout``, s."""
-_SETTLE_S: Final = 0.01
-"""A task running messages one by one marks those consumed done at least this often, seconds
-(so the commit follows a slow listener)."""
 
 
 class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
@@ -84,6 +78,16 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         self._per_message_s = 0.0
         """How long a per-message listener call takes, a moving average (s; 0: not measured
         yet, or a batch listener): sizes the chunks (see :meth:`submit`)."""
+        self._one_by_one = OneByOne(
+            context, self.policy, consume_requests=self._consume_requests, measured=self._measured
+        )
+
+    def _measured(self, spent: float) -> None:
+        """Add ``spent``, a chunk's listener time per message (s), to the moving average."""
+        average = self._per_message_s
+        self._per_message_s = (
+            spent if average <= 0 else average + _DURATION_WEIGHT * (spent - average)
+        )
 
     def submit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         """Cut ``msgs`` into chunks small enough to keep every thread busy and large enough
@@ -186,10 +190,10 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
 
     def _consume_chunk(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         """Run a chunk of ``pq``'s messages: one by one through a per-message listener (one
-        message per request, no spans recorded: :meth:`_run_callables`), else as consume
-        requests (:meth:`_consume_requests`)."""
+        message per request, no spans recorded: :class:`~bridge.consumer.one_by_one.OneByOne`),
+        else as consume requests (:meth:`_consume_requests`)."""
         if self._context.settings.consume_message_batch_max_size == 1 and not tracing_active():
-            self._run_callables(pq, msgs)
+            self._one_by_one.run(pq, msgs)
             return
         size = self._context.settings.consume_message_batch_max_size
         requests: list[list[MessageExt]] = []
@@ -202,148 +206,6 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         if batch:
             requests.append(batch)
         self._consume_requests(pq, requests)
-
-    def _run_callables(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
-        """Run ``msgs`` one by one, each a request of its own, with the bookkeeping done per
-        chunk rather than per message (:class:`~bridge.consumer.process_queue.Run`): the queue
-        learns which message is in the listener by one assignment, and what was consumed is
-        marked done in one step before the next call once :data:`_SETTLE_S` passed (so the
-        commit follows a slow listener), and at the end. A message of a batch listener
-        (``MessageListenerConcurrently``) or of a topic no longer subscribed goes through
-        :meth:`_consume_requests` alone. Failures are sent back together at the end, as
-        :meth:`_consume_requests` does."""
-        if not pq.begin():
-            return  # revoked or stopping: the messages stay uncommitted for the next owner
-        run = pq.open_run()
-        # Shared with the consume timeout, which takes what is left to run it elsewhere.
-        run.messages = pending = iter(msgs)
-        consumed = run.consumed
-        failed: list[MessageExt] = []
-        run.failed = failed  # shared with the consume timeout (see Run)
-        index = 0
-        group = self._context.group
-        try:
-            subscriptions = self._context.subscriptions
-            monotonic = time.monotonic
-            topic: str | None = None
-            callback: MessageCallback | None = None
-            began = settled_at = monotonic()
-            for msg in pending:
-                if pq.dropped:
-                    break  # what is left stays held: redelivered to the next owner
-                if msg.topic != topic:
-                    topic = msg.topic
-                    sub = subscriptions.get(topic)
-                    callback = (
-                        None
-                        if sub is None or isinstance(sub.listener, MessageListenerConcurrently)
-                        else cast(MessageCallback, sub.listener)
-                    )
-                if callback is None:
-                    run.current = None  # the last callable's message is consumed, not in a call
-                    index += 1
-                    self._consume_requests(pq, [[msg]], begun=True, run=run)
-                    continue
-                now = monotonic()
-                if now - settled_at >= _SETTLE_S and len(consumed) > run.settled:
-                    settled_at = now
-                    self._count_done(pq, run)
-                run.current = (msg, now, len(consumed))
-                place = (topic, msg.kafka_topic, msg.queue_id, msg.queue_offset)
-                try:
-                    result = callback(msg)
-                except EventLoopClosedError:
-                    # Not run, not a failure: it and the rest stay held (uncommitted) for
-                    # the next owner; the asyncio client is shutting down.
-                    break
-                except Exception as exc:
-                    logger.warning("listener raised on %s: a failure", msg.msg_id, exc_info=True)
-                    record_failure([msg], Failure.EXCEPTION, exc)
-                    failed.append(msg)
-                else:
-                    # Either enum's success, as leading_successes takes them.
-                    if (
-                        result is ConsumeStatus.CONSUME_SUCCESS
-                        or result is ConsumeOrderlyStatus.SUCCESS
-                    ):
-                        consumed.append(msg)
-                    else:
-                        record_failure([msg], status_failure(result, msg.msg_id))
-                        failed.append(msg)
-                finally:
-                    if (msg.topic, msg.kafka_topic, msg.queue_id, msg.queue_offset) != place:
-                        restore([msg], [place], group)
-                index += 1
-            run.current = None
-            if index:
-                spent = (monotonic() - began) / index
-                average = self._per_message_s
-                self._per_message_s = (
-                    spent if average <= 0 else average + _DURATION_WEIGHT * (spent - average)
-                )
-            failed = self._count_done(pq, run, failed)
-            try:
-                self.policy.fail(pq, failed, [0] * len(failed))
-            except Exception:
-                logger.exception(
-                    "push consumer %s: handling %d failed messages; consuming them again later",
-                    group,
-                    len(failed),
-                )
-                self.policy.retry_locally(pq, [m for m in failed if pq.holds(m.queue_offset)])
-        except Exception:
-            # Whatever was not accounted for is consumed again later, never held for ever.
-            back = pq.withdraw_run(run, consumed[run.settled :] + failed + msgs[index:])
-            logger.exception(
-                "push consumer %s: handling the listener results of %d messages failed; "
-                "consuming %d of them again later",
-                group,
-                len(msgs),
-                len(back),
-            )
-            if back:
-                self.policy.retry_locally(pq, back)
-        except BaseException:
-            # Escaping the task (SystemExit, a cancellation): what was consumed is done, the
-            # message in the listener stays in a call (consume_timeout sends it back, as for a
-            # call that never returns), and the chunk's failed and unrun messages run again.
-            current = run.current
-            run.current = None
-            with contextlib.suppress(Exception):
-                self._count_done(pq, run)
-                if current is not None:
-                    pq.start(object(), [current[0]], current[1])
-                after = index + 1 if current is not None else index
-                back = pq.withdraw_run(run, failed + msgs[after:])
-                if back:
-                    self.policy.retry_locally(pq, back)
-            raise
-        finally:
-            run.current = None
-            pq.close_run(run)
-            pq.end()
-
-    def _count_done(
-        self, pq: ProcessQueue, run: Run, failed: list[MessageExt] | None = None
-    ) -> list[MessageExt]:
-        """Mark what ``run`` consumed done and count it (:meth:`ProcessQueue.finish`); return
-        those of ``failed`` whose results still count. Late results ignored (taken past
-        ``consume_timeout``, or the partition given up) are logged."""
-        ignored = run.ignored
-        kept = pq.finish(run, failed or [])
-        done = run.done
-        if done > run.counted:
-            self._context.counters.add(Count.CONSUMED, done - run.counted)
-            run.counted = done
-        if run.ignored > ignored:
-            logger.warning(
-                "push consumer %s: ignoring the late listener results for %d messages of %s[%d]",
-                self._context.group,
-                run.ignored - ignored,
-                pq.topic,
-                pq.partition,
-            )
-        return kept
 
     def _consume_requests(
         self,
@@ -387,7 +249,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         except Exception:
             logger.exception("push consumer %s: consume request failed", self._context.group)
         except BaseException:
-            # Escaping the task (as in _run_callables, which handles its own run): the
+            # Escaping the task (as in OneByOne.run, which handles its own run): the
             # messages of the call it escaped from stay in that call (consume_timeout sends
             # them back), the failed and unstarted messages run again.
             if owned:

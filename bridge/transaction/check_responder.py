@@ -8,7 +8,8 @@ Checks are answered on named threads (RocketMQ's defaults: 1 thread, 2000 reques
 Every wait is bounded: a ``check_local_transaction`` that runs longer than
 ``check_timeout_ms`` gets a thread started in its place, so the checks queued behind it go on;
 a hung one delays ``shutdown()`` by at most its timeout, and an unanswered check is simply
-asked again by the coordinator at its next check interval.
+asked again by the coordinator at its next check interval. Kafka's side (the check consumer,
+its flow control and commits) is :class:`~bridge.transaction.check_consumer.CheckConsumer`.
 """
 
 from __future__ import annotations
@@ -23,28 +24,20 @@ from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
-
 from bridge.codec import decode_envelope
 from bridge.config import ClientConfig
 from bridge.errors import IllegalStateError, WireFormatError
-from bridge.kafka.clients import new_consumer
 from bridge.message import MessageConst
+from bridge.transaction.check_consumer import HOLD_WAIT_S, CheckConsumer
 from bridge.transaction.model import CheckRequest, TransactionListener, TransactionStatus
-from topics.naming import transaction_check_group
 
 # A part of the transactional producer: its records go where the producer's go, so a level set
 # on "bridge.transaction.producer" covers them.
 logger = logging.getLogger("bridge.transaction.producer.checks")
 
-_HOLD_WAIT_S = 0.05
-"""How long the check loop waits for a request, or for room in the check hold, before it
-looks at the stop flag and the hung checks again, s."""
 _ANSWERS_KEPT = 20_000
 """Answers of the last this many checks are kept: a check asked again is answered the same
 way without a second call of ``check_local_transaction``."""
-_COMMIT_INTERVAL_S = 1.0
-"""The check consumer commits the offsets of the requests it took at most this often, s."""
 
 
 @dataclass(slots=True)
@@ -143,7 +136,17 @@ class CheckResponder:
         for _ in range(self._check_pool_size):
             self._start_worker()
         self._check_thread = threading.Thread(
-            target=self._check_loop, name=f"bridge-txn-check-{self.group}", daemon=True
+            target=CheckConsumer(
+                self._config,
+                self.group,
+                session_timeout_ms=self._session_timeout_ms,
+                hold=self._check_hold,
+                stop=self._stop,
+                take=self._answer,
+                watch=self._watch_checks,
+            ).run,
+            name=f"bridge-txn-check-{self.group}",
+            daemon=True,
         )
         self._check_thread.start()
 
@@ -155,7 +158,7 @@ class CheckResponder:
         check_thread = self._check_thread
         if check_thread is not None:
             # It sees the stop flag within one poll or hold wait, then leaves its group.
-            check_thread.join(max(deadline - time.monotonic(), 0) + 2 * _HOLD_WAIT_S)
+            check_thread.join(max(deadline - time.monotonic(), 0) + 2 * HOLD_WAIT_S)
             if check_thread.is_alive():
                 logger.warning(
                     "transaction producer %s: the check consumer did not stop within %d ms; "
@@ -181,106 +184,6 @@ class CheckResponder:
                 timeout,
                 ", ".join(f"{tid} {state}" for tid, state in abandoned),
             )
-
-    def _check_loop(self) -> None:
-        """Take check requests while the check hold has room, and keep the group membership
-        whatever the request rate: offsets are committed at most once per
-        :data:`_COMMIT_INTERVAL_S` (one commit per storm of requests, not one a request:
-        thousands of commits queued on the connection held back the heartbeats until the
-        session timed out), and while the hold is full the partitions are paused and polled
-        (a consumer that stops polling leaves its group)."""
-        topic = self._config.catalog().check_topic(self.group)
-        taken: dict[int, int] = {}
-        """Partition -> the offset after the last request taken, not committed yet."""
-        committed_at = time.monotonic()
-        paused: list[TopicPartition] = []
-        rewind: set[int] = set()
-        """Partitions sought back (while paused) to a request read but not taken."""
-
-        def commit(partitions: list[TopicPartition] | None = None) -> None:
-            # Synchronous when partitions are named (revoked, or closing): their next owner
-            # starts after what this member took.
-            nonlocal committed_at
-            committed_at = time.monotonic()
-            wanted = [p.partition for p in partitions] if partitions is not None else list(taken)
-            offsets = [TopicPartition(topic, p, taken.pop(p)) for p in wanted if p in taken]
-            if not offsets:
-                return
-            try:
-                if partitions is None:
-                    consumer.commit(offsets=offsets, asynchronous=True)
-                else:
-                    consumer.commit(offsets=offsets, asynchronous=False)
-            except KafkaException as exc:
-                # Not lost: a request taken again is answered again (answers are idempotent),
-                # and one never answered is asked again by the coordinator.
-                logger.info("check consumer: offsets not committed (%s)", exc)
-
-        def revoked(_: Any, partitions: list[TopicPartition]) -> None:
-            nonlocal paused
-            commit(partitions)
-            paused = []  # a new assignment starts unpaused
-            rewind.clear()
-
-        def flow_control(call: Callable[[Any], None], partitions: Any) -> bool:
-            # Pausing, seeking or resuming a partition revoked meanwhile raises: the loop goes
-            # on (a request not taken is read by the partition's next owner, or asked again).
-            try:
-                call(partitions)
-            except KafkaException as exc:
-                logger.info("check consumer: %s of %s failed (%s)", call.__name__, partitions, exc)
-                return False
-            return True
-
-        consumer = new_consumer(
-            self._config,
-            transaction_check_group(self._config.namespace, self.group),
-            client_id=f"{self.group}-check",
-            session_timeout_ms=self._session_timeout_ms,
-            heartbeat_interval_ms=max(self._session_timeout_ms // 6, 500),
-        )
-        consumer.subscribe([topic], on_revoke=revoked, on_lost=revoked)
-        try:
-            while not self._stop.is_set():
-                self._watch_checks()
-                if time.monotonic() - committed_at >= _COMMIT_INTERVAL_S:
-                    commit()
-                if not self._check_hold.acquire(blocking=False):
-                    # RocketMQ's checkRequestHoldMax: the hold is full (perhaps of checks
-                    # behind a hung one). Requests wait in Kafka, for this member or another.
-                    if not paused:
-                        paused = consumer.assignment()
-                        flow_control(consumer.pause, paused)
-                    record = consumer.poll(_HOLD_WAIT_S)
-                    partition = None if record is None else record.partition()
-                    if record is not None and partition is not None and partition not in rewind:
-                        # Read before the pause took effect: read again after it.
-                        rewind.add(partition)
-                        flow_control(
-                            consumer.seek, TopicPartition(topic, partition, record.offset() or 0)
-                        )
-                    continue
-                if paused:
-                    if not flow_control(consumer.resume, paused):
-                        # Whatever was not resumed, this member must not stay paused.
-                        flow_control(consumer.resume, consumer.assignment())
-                    paused, rewind = [], set()
-                record = consumer.poll(_HOLD_WAIT_S)
-                if record is None:
-                    self._check_hold.release()
-                    continue
-                error = record.error()
-                if error is not None:
-                    self._check_hold.release()
-                    if error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                        logger.warning("check consumer: %s", error.str())
-                    continue
-                if not self._answer(record):
-                    self._check_hold.release()
-                taken[record.partition() or 0] = (record.offset() or 0) + 1
-            commit(consumer.assignment())
-        finally:
-            consumer.close()
 
     def _answer(self, record: Any) -> bool:
         """Queue a check request for the check threads, in the place the caller took in the
