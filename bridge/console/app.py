@@ -1,11 +1,11 @@
 """The console's web app: Flask views over the operator code the ``bridge`` commands use
 (``bridge.transaction.admin``, ``bridge.delay.admin``, ``bridge.consumer.admin``,
 ``bridge.kafka.quarantine``, ``bridge.coordinator.health`` and the replay checks of
-``bridge.cli_operators``). Views render; the reads and writes are theirs."""
+``bridge.cli_operators``). Views render; the reads and writes are theirs, and the dead
+letters' rows, export lines and chunked replay are :mod:`bridge.console.letters`'."""
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import time
@@ -18,12 +18,12 @@ import click
 from flask import Flask, Response, abort, g, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
-from bridge.cli_operators.dead_letters import failure_fields, require_replay_targets
+from bridge.cli_operators.dead_letters import failure_fields
 from bridge.cli_operators.quarantine import replay_quarantined_at
-from bridge.cli_output import message_json
 from bridge.config import ClientConfig, is_secret_property
 from bridge.console.decoding import BodyDecodeError, BodyDeserializer
 from bridge.console.histogram import DueHistogram
+from bridge.console.letters import export_line, letter_row, replay_letters
 from bridge.console.paging import (
     Cursor,
     CursorError,
@@ -33,7 +33,7 @@ from bridge.console.paging import (
     page_size,
     parse_refs,
 )
-from bridge.console.reads import DlqPager, Letter, consumer_lag
+from bridge.console.reads import DlqPager, consumer_lag
 from bridge.console.security import (
     AUDIT_LOGGER,
     CSRF_FIELD,
@@ -50,12 +50,7 @@ from bridge.console.security import (
     replay_selection,
 )
 from bridge.consumer.admin import (
-    REPLAY_CHUNK,
-    DeadLetterReplayError,
-    ReplayFailure,
     dlq_groups,
-    prepare_replay,
-    write_back,
 )
 from bridge.consumer.send_back import ReplayTarget
 from bridge.coordinator.coordinator import CoordinatorConfig, check_policy
@@ -71,9 +66,6 @@ from bridge.transaction.model import OpAction
 audit = logging.getLogger(AUDIT_LOGGER)
 
 SESSION_COOKIE: Final = "bridge_console_session"
-
-MAX_REPORTED_FAILURES: Final = 100
-"""Letters a replay's report names with their reason; the rest are counted."""
 
 HISTOGRAM_MAX_RECORDS: Final = 200_000
 """Waiting records the delays page's histogram counts at most (each page view reads them
@@ -116,88 +108,6 @@ def _settings_rows(config: ClientConfig) -> list[tuple[str, str]]:
         for name, value in sorted(config.kafka.items())
     ]
     return rows
-
-
-def _letter_row(letter: Letter) -> dict[str, Any]:
-    m = letter.message
-    failure = failure_fields(m)
-    why = failure[MessageConst.CONSUME_FAILURE] or ""
-    cls = failure[MessageConst.CONSUME_EXCEPTION_CLASS]
-    return {
-        "ref": letter.ref,
-        "partition": letter.partition,
-        "offset": letter.offset,
-        "msg_id": m.msg_id,
-        "origin_id": m.get_property(MessageConst.ORIGIN_MESSAGE_ID) or "",
-        "origin_topic": m.get_property(MessageConst.RETRY_TOPIC) or "",
-        "keys_text": " ".join(m.keys),
-        "tags": m.tags or "",
-        "reconsume_times": m.reconsume_times,
-        "failure_class": cls or "",
-        "failure_message": failure[MessageConst.CONSUME_EXCEPTION_MESSAGE] or ("" if cls else why),
-        "body_bytes": len(m.body),
-        "born_ms": m.born_timestamp_ms,
-    }
-
-
-def _export_line(letter: Letter) -> str:
-    """One letter as ``bridge dlq list --json`` writes it, plus its place in the DLQ."""
-    m = letter.message
-    return json.dumps(
-        {
-            "msg_id": m.msg_id,
-            "origin_topic": m.get_property(MessageConst.RETRY_TOPIC),
-            "origin_message_id": m.get_property(MessageConst.ORIGIN_MESSAGE_ID),
-            "failures": m.reconsume_times,
-            "failure": failure_fields(m),
-            "message": message_json(m),
-            "dlq_partition": letter.partition,
-            "dlq_offset": letter.offset,
-        },
-        ensure_ascii=False,
-    )
-
-
-@dataclass(slots=True)
-class ReplayReport:
-    """What a replay of dead letters did (or, dry, would do)."""
-
-    chosen: int = 0
-    replayed: int = 0
-    failures: list[ReplayFailure] = field(default_factory=list)
-    failed: int = 0
-    sample: list[dict[str, Any]] = field(default_factory=list)
-    error: str | None = None
-
-    def add_failures(self, failed: list[ReplayFailure]) -> None:
-        self.failed += len(failed)
-        room = MAX_REPORTED_FAILURES - len(self.failures)
-        self.failures.extend(failed[: max(room, 0)])
-
-
-def _replay_chunk(
-    config: ClientConfig,
-    group: str,
-    letters: list[MessageExt],
-    target: ReplayTarget,
-    report: ReplayReport,
-    *,
-    dry_run: bool,
-) -> None:
-    """Replay (or try, dry) one chunk with the code of ``bridge dlq replay``: its target
-    check before anything is written, then :func:`write_back`."""
-    report.chosen += len(letters)
-    if dry_run:
-        built, failed = prepare_replay(letters, group, target, namespace=config.namespace)
-        report.replayed += len(built)
-        report.add_failures(failed)
-        return
-    require_replay_targets(config, group, letters, target)
-    try:
-        report.replayed += len(write_back(config, group, letters, target))
-    except DeadLetterReplayError as exc:
-        report.replayed += len(exc.replayed)
-        report.add_failures(exc.failed)
 
 
 def create_app(settings: ConsoleSettings) -> Flask:
@@ -394,7 +304,7 @@ def create_app(settings: ConsoleSettings) -> Flask:
         return render_template(
             "dlq.html",
             group=group,
-            letters=[_letter_row(letter) for letter in page.letters],
+            letters=[letter_row(letter) for letter in page.letters],
             page=page,
             size=size,
             cursor=cursor.encode(),
@@ -437,7 +347,7 @@ def create_app(settings: ConsoleSettings) -> Flask:
         return render_template(
             "letter.html",
             group=group,
-            row=_letter_row(letter),
+            row=letter_row(letter),
             failure=failure_fields(letter.message),
             properties=sorted(
                 (k, v if isinstance(v, str) else repr(v))
@@ -461,7 +371,7 @@ def create_app(settings: ConsoleSettings) -> Flask:
                 ends = {p: high for p, (_, high) in pager.ranges.items()}
                 for chunk in pager.scan(None if letter_filter.empty else letter_filter, 500, ends):
                     for letter in chunk:
-                        yield _export_line(letter) + "\n"
+                        yield export_line(letter) + "\n"
 
         return Response(
             lines(),
@@ -515,37 +425,15 @@ def create_app(settings: ConsoleSettings) -> Flask:
                 return Response(render_template("refused.html", reason=exc.reason), status=409)
         _require_group(group)
         audit.info("%s: %s", _who(), what)
-        report = ReplayReport()
-        ends: dict[int, int] = {}
-        with DlqPager(config, group) as pager:
-            if scope == "filtered":
-                ends = (
-                    {p: high for p, (_, high) in pager.ranges.items()}
-                    if dry_run
-                    else {p: pinned.get(p, low) for p, (low, _) in pager.ranges.items()}
-                )
-            try:
-                if scope == "selected":
-                    letters = pager.letters_at(refs)
-                    report.sample = [_letter_row(x) for x in letters]
-                    _replay_chunk(
-                        config, group, [x.message for x in letters], target, report, dry_run=dry_run
-                    )
-                else:
-                    chosen = None if letter_filter.empty else letter_filter
-                    for chunk in pager.scan(chosen, REPLAY_CHUNK, ends):
-                        room = 50 - len(report.sample)
-                        report.sample.extend(_letter_row(x) for x in chunk[: max(room, 0)])
-                        _replay_chunk(
-                            config,
-                            group,
-                            [x.message for x in chunk],
-                            target,
-                            report,
-                            dry_run=dry_run,
-                        )
-            except BridgeError as exc:
-                report.error = f"{type(exc).__name__}: {exc}"
+        report, ends = replay_letters(
+            config,
+            group,
+            refs if scope == "selected" else None,
+            letter_filter,
+            target,
+            dry_run=dry_run,
+            pinned=None if dry_run else dict(pinned),
+        )
         audit.info(
             "%s: %s done: %d chosen, %d %s, %d failed%s",
             _who(),

@@ -19,8 +19,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, Final
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
+from bridge.consumer.commits import OffsetCommits
 from bridge.consumer.consumption import Strategy
 from bridge.consumer.context import ConsumerContext
 from bridge.consumer.intake import Intake, Key
@@ -80,7 +81,7 @@ class Fetcher:
         self._stopping = threading.Event()
         self._revoke_wait_s = 0.0
         """How long a revoke waits for running listeners, seconds (CLUSTERING)."""
-        self._last_commit = 0.0
+        self._commits = OffsetCommits(context.group, self.queues, consumption)
         self._last_refresh = 0.0
         self._last_gauges = 0.0
         self._gauged_topics: set[str] = set()
@@ -117,11 +118,12 @@ class Fetcher:
                 group,
                 f"{group}-consumer",
                 statistics=True,
-                on_commit=self._on_commit,
+                on_commit=self._commits.on_commit,
                 auto_offset_reset=reset,
                 **fetch_tuning(config),
                 **tuning.options,
             )
+        self._commits.kafka = self._kafka
         self._intake = Intake(
             context, self.queues, self._kafka, self._topic_names, self._retry_kafka_topic
         )
@@ -209,10 +211,10 @@ class Fetcher:
         records = self._kafka.consume(num_messages=limit, timeout=timeout)
         if records:
             self._receive(records)
-        if self._consumption.commit_wanted() or time.monotonic() - self._last_commit >= (
+        if self._consumption.commit_wanted() or time.monotonic() - self._commits.last_commit >= (
             settings.persist_consumer_offset_interval_ms / 1000
         ):
-            self._commit(list(self.queues), asynchronous=True)
+            self._commits.commit(list(self.queues), asynchronous=True)
         if time.monotonic() - self._last_gauges >= _GAUGE_INTERVAL_S:
             self._update_gauges()
 
@@ -378,7 +380,7 @@ class Fetcher:
                 context.flush_copies(context.bounded_ms(context.config.send_msg_timeout_ms))
             except Exception as exc:  # the producer stopped (a shutdown that gave up waiting)
                 logger.warning("push consumer %s: copies not flushed: %s", context.group, exc)
-        self._commit(keys, asynchronous=False)
+        self._commits.commit(keys, asynchronous=False)
         for key in keys:
             self.queues.pop(key, None)
             self.paused.discard(key)
@@ -413,52 +415,4 @@ class Fetcher:
         synchronously; on the poll thread only (a commit from another thread waits for the
         poll thread's ``consume`` calls, and a synchronous one hung there during a rebalance).
         False if the commit failed (logged)."""
-        return self._commit([(pq.topic, pq.partition) for pq in queues], asynchronous=False)
-
-    def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """The result of an asynchronous commit (on the poll thread): a failed one's offsets
-        and metadata are committed again at the next commit."""
-        failed = [tp for tp in partitions if error is not None or tp.error is not None]
-        for tp in failed:
-            pq = self.queues.get((tp.topic, tp.partition))
-            if pq is not None:
-                pq.last_committed = -1
-        if failed:
-            logger.warning(
-                "push consumer %s: offset commit failed: %s",
-                self._context.group,
-                error or failed[0].error,
-            )
-
-    def _commit(self, keys: Iterable[Key], *, asynchronous: bool) -> bool:
-        # On the poll thread only: commits leave in the order they are made, each with the
-        # metadata read when it was made.
-        self._last_commit = time.monotonic()
-        offsets = []
-        for key in keys:
-            pq = self.queues.get(key)
-            if pq is None:
-                continue
-            offset = pq.commit_offset()
-            if offset is None:
-                continue
-            metadata = self._consumption.commit_metadata(pq, offset)
-            if offset != pq.last_committed or metadata != pq.last_metadata:
-                offsets.append(
-                    TopicPartition(key[0], key[1], offset, metadata=metadata)
-                    if metadata
-                    else TopicPartition(key[0], key[1], offset)
-                )
-                pq.last_committed, pq.last_metadata = offset, metadata
-        if not offsets:
-            return True
-        try:
-            self._kafka.commit(offsets=offsets, asynchronous=asynchronous)
-        except Exception as exc:
-            logger.warning("push consumer %s: offset commit failed: %s", self._context.group, exc)
-            for tp in offsets:
-                pq = self.queues.get((tp.topic, tp.partition))
-                if pq is not None:
-                    pq.last_committed = -1
-            return False
-        return True
+        return self._commits.commit([(pq.topic, pq.partition) for pq in queues], asynchronous=False)

@@ -342,17 +342,16 @@ class SimpleConsumption(Strategy):
                 if left <= 0:
                     return views
                 self._ready_changed.wait(left if room else min(left, _ROOM_POLL_S))
-        self._record_out(views)
+        self._record_out()
         return views
 
-    def _record_out(self, views: list[MessageView]) -> None:
-        """Have the poll thread commit the deliveries of ``views`` at its next poll (see
+    def _record_out(self) -> None:
+        """Have the poll thread commit the deliveries just taken at its next poll (see
         :mod:`~bridge.consumer.delivery_counts`), within ``_POLL_TIMEOUT_S`` of the fetcher
         (0.1 s) rather than the commit interval: a crash after that counts them. Not from
         this thread: a commit made beside the poll thread's ``consume`` calls waits for them
         (about a second a ``receive``, measured)."""
-        if views:
-            self._commit_wanted.set()
+        self._commit_wanted.set()
 
     def commit_wanted(self) -> bool:
         if not self._commit_wanted.is_set():
