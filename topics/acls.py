@@ -265,6 +265,7 @@ def _producer(g: _Grants, catalog: TopicCatalog, topics: Iterable[str]) -> None:
     g.topics(topics, (W,), "send to the real topics")
     for system in (SystemTopic.SCHEDULE, SystemTopic.TIMER):
         g.topic(t(system), (W, DC), "delayed and timer messages wait here (settings checked)")
+    g.topic(t(SystemTopic.RECALL), (W, DC), "recall markers of timer messages (recall_message)")
     for system in (SystemTopic.HALF, SystemTopic.OP):
         g.topic(t(system), (D, DC), _CHECKED_BEFORE_DELAYS)
 
