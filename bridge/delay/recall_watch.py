@@ -41,7 +41,7 @@ from bridge.config import ClientConfig
 from bridge.delay.held import Held
 from bridge.delay.recall import RECALL_MARGIN_MS, read_marker, recall_applies, tick_headers
 from bridge.delay_policy import DelayPolicy
-from bridge.kafka.clients import new_producer, new_reader
+from bridge.kafka.clients import READER_FETCH_WAIT_MS, new_consumer, new_producer
 from bridge.observability.metrics import active_metrics
 from topics.naming import reader_group
 
@@ -90,11 +90,12 @@ class RecallWatch:
         """Make the producer and the reader; nothing is read before the first
         :meth:`ensure`."""
         self._producer = new_producer(self._client, client_id=f"{self._name}-recall")
-        self._consumer = new_reader(
+        self._consumer = new_consumer(
             self._client,
             reader_group("recall", uuid.uuid4().hex),
             f"{self._name}-recall-reader",
-            enable_partition_eof=False,
+            # Fetches that do not wait at the broker: a tick is read as soon as it is there.
+            fetch_wait_max_ms=READER_FETCH_WAIT_MS,
         )
         self._consumer.assign([TopicPartition(self._topic, 0, OFFSET_BEGINNING)])
 

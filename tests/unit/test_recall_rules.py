@@ -26,7 +26,7 @@ from bridge.delay.routing import delayed_record
 from bridge.errors import InvalidArgumentError
 from bridge.message import Message
 
-names = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=200)
+names = st.text(alphabet=st.characters(exclude_categories=["Cs"]), min_size=1, max_size=200)
 handles = st.builds(
     RecallHandle,
     namespace=names,
