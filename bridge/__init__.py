@@ -41,6 +41,7 @@ from bridge.errors import (
     FilterExpressionError,
     InvalidDelayError,
     InvalidReceiptHandleError,
+    RecallTooLateError,
 )
 from bridge.message import Message, MessageConst, MessageExt
 from bridge.transaction import (
@@ -81,6 +82,7 @@ __all__ = [
     "Producer",
     "PushConsumer",
     "PushConsumerConfig",
+    "RecallTooLateError",
     "SendResult",
     "SendStatus",
     "SimpleConsumer",

@@ -59,7 +59,7 @@ class SystemTopic(Enum):
     RECALL = "rmq_sys_timer_recall"
     """Recall markers of timer messages (``recall_message``) and the coordinators' clock
     ticks, in one partition: a marker stamped by the broker early enough before its
-    message's time keeps it from being delivered (see :mod:`bridge.delay.recall`)."""
+    message's time keeps it from being delivered (see ``bridge.delay.recall``)."""
 
 
 RECORD_SCHEMAS: Mapping[SystemTopic, str | None] = MappingProxyType(

@@ -334,7 +334,7 @@ class Producer(Startable):
         any restart).
 
         Raises :class:`~bridge.errors.RecallTooLateError` when the broker stored the recall
-        less than :data:`~bridge.delay.recall.RECALL_MARGIN_MS` before the message's time:
+        less than ``RECALL_MARGIN_MS`` (1 s) before the message's time:
         the message is delivered exactly once, or was. Raises
         :class:`~bridge.errors.InvalidArgumentError` naming the problem for a handle that is
         malformed, of another namespace or of another topic; :class:`SendError` when the

@@ -315,7 +315,7 @@ class Producer(Startable):
 
     # --- recall --------------------------------------------------------------------------
     def recall_message(self, topic: str, recall_handle: str) -> RecallReceipt:
-        """Recall the timed message sent to ``topic`` whose :attr:`SendReceipt.recall_handle`
+        """Recall the timed message sent to ``topic`` whose ``SendReceipt.recall_handle``
         is ``recall_handle`` (RocketMQ 5.3): a :class:`RecallReceipt` once it is certain never
         to be delivered. Raises :class:`~bridge.errors.RecallTooLateError` when it came too
         late (the message is delivered exactly once, or was), and

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from bridge import ClientConfig, Message, Producer, read_messages
+from bridge import ClientConfig, Message, Producer, SendResult, read_messages
 from bridge.aio import Producer as AsyncProducer
 from bridge.client.recall import Recaller
 from bridge.coordinator import Coordinator
@@ -229,7 +229,7 @@ def test_a_recall_survives_a_coordinator_killed_between_the_recall_and_the_time(
 def test_the_v5_and_asyncio_producers_recall_too(
     recall_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:
-    due = now_ms() + 3000
+    due = now_ms() + 8000
     v5 = V5Producer(recall_config, (topic,))
     v5.startup()
     try:
@@ -255,6 +255,16 @@ def test_the_v5_and_asyncio_producers_recall_too(
 
     assert asyncio.run(aio())
     with Producer("pg", config=recall_config) as producer:
+        # The batch and async sends of the threaded producer carry a handle too.
+        (batch,) = producer.send_batch([_timer(topic, "batch", due)])
+        assert isinstance(batch, SendResult) and batch.recall_handle is not None
+        producer.recall_message(topic, batch.recall_handle)
+        sent: list[SendResult] = []
+        producer.send_async(_timer(topic, "async", due), on_success=sent.append)
+        assert producer.flush(10_000) == 0
+        (async_result,) = wait_until(lambda: sent)
+        assert async_result.recall_handle is not None
+        producer.recall_message(topic, async_result.recall_handle)
         producer.send_sync(_timer(topic, "kept", due + 1000))
         # A handle is refused by a producer of another namespace.
         own = decode_handle(receipt.recall_handle)
@@ -263,4 +273,4 @@ def test_the_v5_and_asyncio_producers_recall_too(
             producer.recall_message(topic, foreign)
     wait_until(lambda: _bodies(recall_config, topic)["kept"] == 1, timeout_s=30)
     assert _bodies(recall_config, topic) == Counter({"kept": 1})
-    assert _timer_service(coordinator).recalled == 3
+    assert _timer_service(coordinator).recalled == 5
