@@ -16,8 +16,9 @@ delivery reads the whole topic first (markers and ticks, a few bytes each, kept
 ``timer_max_delay_ms`` + 7 days).
 
 Memory: only markers that apply are kept, each until its message was skipped in a committed
-transaction or until :data:`RECALL_KEPT_MS` after its time (a marker of a message that no
-partition of this process holds, or that was never sent).
+transaction or until :data:`RECALL_KEPT_MS` after its time (a marker of a message that another
+coordinator process delivers, or that was never sent): so a coordinator holds the recalls of
+the messages not yet due, and those of other processes' messages of the last week.
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ __all__ = ["RECALL_KEPT_MS", "RecallWatch", "TimerRecalls"]
 
 logger = logging.getLogger(__name__)
 
-RECALL_KEPT_MS: Final = 3_600_000
+RECALL_KEPT_MS: Final = 7 * 86_400_000
 """An applying marker whose message was not skipped here is forgotten this long after the
-message's time, ms: its message is another process's, or was never sent. A restarted
-coordinator reads it again."""
+message's time, ms (7 days: the week the timer topic keeps a record past the longest timer, so
+a message that still comes after that is one whose record Kafka may have deleted). Shorter,
+and a coordinator far behind its timers (down for hours, then working through the backlog)
+would deliver recalled messages whose markers it had forgotten."""
 _NOTHING: Final = -(1 << 62)
 _POLL_S: Final = 0.05
 _BROKER_CLOCK_WAIT_S: Final = 0.05

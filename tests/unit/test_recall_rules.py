@@ -5,8 +5,10 @@ handle the producer builds."""
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,6 +24,7 @@ from bridge.delay.recall import (
     recall_applies,
     tick_headers,
 )
+from bridge.delay.recall_watch import RECALL_KEPT_MS, RecallWatch
 from bridge.delay.routing import delayed_record
 from bridge.errors import InvalidArgumentError
 from bridge.message import Message
@@ -135,3 +138,53 @@ def test_delay_levels_and_other_namespaces_have_no_handle() -> None:
     timer = delayed_record(msg, "ID", 1_999_999_000_000, "h", partition=-1, config=config)
     assert timer is not None
     assert recall_handle(timer, "orders", "ns2") is None
+
+
+class _Record:
+    """A record of the recall topic as confluent-kafka hands it over."""
+
+    def __init__(self, offset: int, stamped_ms: int, key: bytes | None, headers: list[Any]) -> None:
+        self._offset, self._stamped, self._key, self._headers = offset, stamped_ms, key, headers
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (TIMESTAMP_LOG_APPEND_TIME, self._stamped)
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def headers(self) -> list[Any]:
+        return self._headers
+
+
+def _marker(offset: int, stamped_ms: int, message_id: str, due_ms: int) -> _Record:
+    handle = RecallHandle("ns", "t", message_id, due_ms)
+    return _Record(offset, stamped_ms, message_id.encode(), marker_headers(handle))
+
+
+def test_the_watch_keeps_the_markers_that_apply_and_moves_its_horizon_with_every_record() -> None:
+    watch = RecallWatch(ClientConfig(namespace="ns"), "ns.rmq_sys_timer_recall", "test")
+    due = 10_000_000
+    watch._take(_marker(0, due - RECALL_MARGIN_MS - 1, "early", due))
+    watch._take(_marker(1, due - RECALL_MARGIN_MS, "edge", due))
+    watch._take(_marker(2, due + 5, "after", due))
+    watch._take(_Record(3, due + 7, None, tick_headers()))
+    assert watch.applies("early", due)
+    assert not watch.applies("early", due + 1)  # another time: a back-off copy, or forged
+    assert not watch.applies("edge", due)
+    assert not watch.applies("after", due)
+    assert watch.horizon_ms == due + 7
+    watch.forget("early", due)
+    assert not watch.applies("early", due)
+
+
+def test_the_watch_forgets_a_marker_a_week_after_its_time_not_before() -> None:
+    watch = RecallWatch(ClientConfig(namespace="ns"), "ns.rmq_sys_timer_recall", "test")
+    due = 10_000_000
+    watch._take(_marker(0, due - 60_000, "m", due))
+    watch.expire(due + RECALL_KEPT_MS)
+    assert watch.applies("m", due)  # hours behind its timers, a coordinator still knows it
+    watch.expire(due + RECALL_KEPT_MS + 1)
+    assert not watch.applies("m", due)
