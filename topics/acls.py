@@ -46,6 +46,9 @@ READER_GROUP_PREFIX = "bridge-"
 ``bridge-admin-<token>``, ...): they commit nothing."""
 RECOVERY_GROUP_PREFIX = "bridge-recovery-"
 """The coordinator's transaction recovery readers."""
+RECALL_GROUP_PREFIX = "bridge-recall-"
+"""The timer services' readers of the recall topic (they commit nothing; librdkafka still
+looks up their group's coordinator)."""
 SPARK_GROUP_PREFIX = "bridge-spark"
 """Spark's Kafka source groups (``groupIdPrefix`` of :mod:`spark_jobs.common`)."""
 
@@ -292,6 +295,7 @@ def _coordinator(g: _Grants, catalog: TopicCatalog, topics: Iterable[str]) -> No
     for kind in ("transaction", "schedule", "timer"):
         g.group(coordinator_group(ns, kind), R, f"the {kind} service's group")
     g.group(RECOVERY_GROUP_PREFIX, R, "transaction recovery readers", prefixed=True)
+    g.group(RECALL_GROUP_PREFIX, R, "the timer services' recall readers", prefixed=True)
     g.group(
         f"{ns}.transaction-check.",
         D,
