@@ -96,6 +96,8 @@ def test_a_message_recalled_before_its_time_is_never_delivered(
         assert plain.recall_handle is None  # only timers have one
         assert decode_handle(recalled.recall_handle).due_ms == due
         assert producer.recall_message(topic, recalled.recall_handle) == recalled.msg_id
+        # Again while the time is far: the same answer (a second marker, which applies too).
+        assert producer.recall_message(topic, recalled.recall_handle) == recalled.msg_id
         # The handle of another topic, and what is no handle, are refused naming why.
         with pytest.raises(InvalidArgumentError, match="of topic"):
             producer.recall_message(f"{topic}-other", kept.recall_handle)
