@@ -28,7 +28,7 @@ from bridge.client_configuration import ClientConfiguration, Credentials
 from bridge.consumer.model import FilterExpression, FilterExpressionType
 from bridge.consumer.simple import MessageView
 from bridge.consumer.simple_consumer import SimpleConsumer
-from bridge.v5.message import Message, RecallReceipt, SendReceipt
+from bridge.v5.message import Message, SendReceipt
 from bridge.v5.producer import Producer
 from bridge.v5.push_consumer import ConsumeResult, MessageListener, PushConsumer
 from bridge.v5.transaction import Transaction, TransactionChecker, TransactionResolution
@@ -49,7 +49,6 @@ __all__ = [
     "MessageView",
     "Producer",
     "PushConsumer",
-    "RecallReceipt",
     "SendReceipt",
     "SimpleConsumer",
     "Transaction",

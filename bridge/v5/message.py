@@ -223,11 +223,3 @@ class SendReceipt:
     offset: int
     transaction_id: str | None = None
     recall_handle: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RecallReceipt:
-    """What a recall returns (RocketMQ 5.3's ``RecallReceipt``): the id of the message that
-    is certain never to be delivered."""
-
-    message_id: str

@@ -34,7 +34,7 @@ from bridge.errors import (
 )
 from bridge.lifecycle import Lifecycle, ServiceState, Startable
 from bridge.transaction import TransactionListener, TransactionMQProducer, TransactionStatus
-from bridge.v5.message import Message, RecallReceipt, SendReceipt, as_message
+from bridge.v5.message import Message, SendReceipt, as_message
 from bridge.v5.transaction import (
     CHECK_TIMEOUT_MS,
     Transaction,
@@ -314,21 +314,22 @@ class Producer(Startable):
         return future
 
     # --- recall --------------------------------------------------------------------------
-    def recall_message(self, topic: str, recall_handle: str) -> RecallReceipt:
+    def recall_message(self, topic: str, recall_handle: str) -> str:
         """Recall the timed message sent to ``topic`` whose ``SendReceipt.recall_handle``
-        is ``recall_handle`` (RocketMQ 5.3): a :class:`RecallReceipt` once it is certain never
-        to be delivered. Raises :class:`~bridge.errors.RecallTooLateError` when it came too
-        late (the message is delivered exactly once, or was), and
+        is ``recall_handle`` (RocketMQ 5.3): its message id once it is certain never to be
+        delivered (RocketMQ 5's Python client returns the id too). Raises
+        :class:`~bridge.errors.RecallTooLateError` when it came too late (the message is
+        delivered exactly once, or was), and
         :class:`~bridge.errors.InvalidArgumentError` naming the problem for a malformed
         handle or one of another topic; see :meth:`bridge.Producer.recall_message`."""
         self._require_running()
-        return RecallReceipt(self._producer.recall_message(topic, recall_handle))
+        return self._producer.recall_message(topic, recall_handle)
 
-    def recall_message_async(self, topic: str, recall_handle: str) -> Future[RecallReceipt]:
+    def recall_message_async(self, topic: str, recall_handle: str) -> Future[str]:
         """:meth:`recall_message` without waiting: a :class:`concurrent.futures.Future` of
-        its :class:`RecallReceipt` or error (run on a thread of its own)."""
+        the message id or of the error (run on a thread of its own)."""
         self._require_running()
-        future: Future[RecallReceipt] = Future()
+        future: Future[str] = Future()
         future.set_running_or_notify_cancel()
 
         def run() -> None:

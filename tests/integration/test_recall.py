@@ -26,7 +26,6 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.message import now_ms
 from bridge.v5 import Message as V5Message
 from bridge.v5 import Producer as V5Producer
-from bridge.v5 import RecallReceipt
 from tests.conftest import wait_until
 from tests.integration.test_delays import coordinator_config, coordinator_process, stamped_topic
 
@@ -239,13 +238,13 @@ def test_the_v5_and_asyncio_producers_recall_too(
         msg.topic, msg.body, msg.delivery_timestamp = topic, b"v5", due / 1000
         receipt = v5.send(msg)
         assert receipt.recall_handle is not None
-        assert v5.recall_message(topic, receipt.recall_handle) == RecallReceipt(receipt.message_id)
+        assert v5.recall_message(topic, receipt.recall_handle) == receipt.message_id
         msg2 = V5Message()
         msg2.topic, msg2.body, msg2.delivery_timestamp = topic, b"v5-async", due / 1000
         receipt2 = v5.send_async(msg2).result(30)
         assert receipt2.recall_handle is not None
         future = v5.recall_message_async(topic, receipt2.recall_handle)
-        assert future.result(30) == RecallReceipt(receipt2.message_id)
+        assert future.result(30) == receipt2.message_id
     finally:
         v5.shutdown()
 
