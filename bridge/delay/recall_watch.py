@@ -60,6 +60,12 @@ _NOTHING: Final = -(1 << 62)
 _POLL_S: Final = 0.05
 _BROKER_CLOCK_WAIT_S: Final = 0.05
 """Between ticks while the broker's clock is behind what a delivery needs, s."""
+AHEAD_MS: Final = 200
+"""A timer in the final window this close to its time gets its tick ahead of it, ms, if the
+horizon does not cover it yet: the tick's round trip is then spent before the time rather
+than added to the delivery (``python -m bench delays``, 200 idle timers at 100 ms precision
+on a shared 2-core machine: p99 lateness 66-79 ms without it, 55 ms with it, 48-61 ms in
+runs of the release before recall)."""
 
 
 class RecallWatch:
@@ -135,6 +141,14 @@ class RecallWatch:
                     )
                 )
             time.sleep(_BROKER_CLOCK_WAIT_S)
+
+    def advance(self) -> None:
+        """Write one tick and read up to it (a horizon for the deliveries about to come),
+        within ``request_timeout_ms``; raises :class:`KafkaException` if it cannot."""
+        deadline = time.monotonic() + self._timeout_s
+        offset, stamped = self._tick(deadline)
+        self._read_through(offset, deadline)
+        self._horizon = max(self._horizon, stamped)
 
     def applies(self, message_id: str, due_ms: int) -> bool:
         """Whether a marker read recalls the message ``message_id`` due at ``due_ms``."""
@@ -263,6 +277,23 @@ class TimerRecalls:
         if latest is not None:
             self.watch.expire(now)
             self.watch.ensure(latest - RECALL_MARGIN_MS)
+
+    def ahead(self, next_exact_ms: int | None, now: int) -> None:
+        """Before the final delivery due at ``next_exact_ms`` (the earliest of the final
+        window; None: none), at ``now`` (epoch ms): once it is :data:`AHEAD_MS` away and the
+        horizon does not cover it, tick now so that :meth:`prepare` finds it covered. A
+        failure is only logged: :meth:`prepare` tries again, and stops the delivery if it
+        fails too."""
+        if (
+            next_exact_ms is None
+            or next_exact_ms - now > AHEAD_MS
+            or self.watch.horizon_ms >= next_exact_ms - RECALL_MARGIN_MS
+        ):
+            return
+        try:
+            self.watch.advance()
+        except KafkaException as exc:
+            logger.info("recall tick ahead of a delivery failed: %s", exc)
 
     def recalled(self, held: Held, now: int) -> bool:
         """Whether taking ``held`` at ``now`` is its final delivery and a recall applies to

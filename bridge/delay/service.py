@@ -236,6 +236,9 @@ class FifoDelayService(TransactionalService):
             return
         self.fetcher.reposition(consumer)
         now = now_ms()
+        if self.recalls is not None:
+            self.recalls.ahead(self.fetcher.window_due(), now)
+            now = now_ms()
         next_due = self.fetcher.next_due()
         wait_ms = _MAX_POLL_WAIT_MS if next_due is None else min(_MAX_POLL_WAIT_MS, next_due - now)
         fetched: list[Any] = []
