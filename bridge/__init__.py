@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         FilterExpressionError,
         InvalidDelayError,
         InvalidReceiptHandleError,
+        RecallTooLateError,
     )
     from bridge.message import (
         Message,
@@ -91,6 +92,7 @@ _EXPORTS: dict[str, str] = {
     "FilterExpressionError": "bridge.errors",
     "InvalidDelayError": "bridge.errors",
     "InvalidReceiptHandleError": "bridge.errors",
+    "RecallTooLateError": "bridge.errors",
     "Message": "bridge.message",
     "MessageConst": "bridge.message",
     "MessageExt": "bridge.message",
@@ -147,6 +149,7 @@ __all__ = [
     "Producer",
     "PushConsumer",
     "PushConsumerConfig",
+    "RecallTooLateError",
     "SendResult",
     "SendStatus",
     "SimpleConsumer",

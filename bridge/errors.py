@@ -19,6 +19,8 @@
     |   +-- UnknownSchemaError                   written with a schema not known here
     |   +-- MalformedRecordError                 bytes not in the expected encoding
     +-- DeserializationError [r]                 a key or value deserializer failed
+    +-- RecallTooLateError                       a timer message is delivered or being
+    |                                                delivered: recall_message came too late
     +-- IllegalStateError                        illegal lifecycle or state transition
     |   +-- EventLoopClosedError                 an asyncio client's event loop has ended
     +-- KafkaClientError [k]                     the Kafka client or broker failed a call
@@ -115,6 +117,7 @@ __all__ = [
     "ParkedReplayError",
     "QuarantineReplayError",
     "QuarantineReplayKafkaError",
+    "RecallTooLateError",
     "ReplayConflictError",
     "ReplayTargetError",
     "RuntimeSetupError",
@@ -226,6 +229,19 @@ class InvalidReceiptHandleError(InvalidArgumentError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class RecallTooLateError(BridgeError):
+    """``recall_message`` came too late: the broker stored the recall at ``append_ms`` (epoch
+    ms), less than the recall margin before the message's time ``due_ms``, so the coordinator
+    delivers the message (exactly once) or has delivered it. Not worth retrying: a later
+    recall is later still."""
+
+    def __init__(self, message: str, *, message_id: str, due_ms: int, append_ms: int) -> None:
+        super().__init__(message)
+        self.message_id = message_id
+        self.due_ms = due_ms
+        self.append_ms = append_ms
 
 
 class IllegalStateError(BridgeError):

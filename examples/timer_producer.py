@@ -2,7 +2,8 @@
 
 Sends a message due in 2 seconds, one due 3 seconds from now by absolute time, and one whose
 time has passed (delivered at once); a timer beyond ``timer_max_delay_ms`` is refused at send
-time. Needs a running coordinator (``make up``)::
+time, and one due in 2.5 seconds is recalled with its send's recall handle (RocketMQ 5.3's
+``recall_message``): it never arrives. Needs a running coordinator (``make up``)::
 
     .venv/bin/python -m examples.timer_producer
 """
@@ -13,7 +14,7 @@ import logging
 import time
 import uuid
 
-from bridge import ClientConfig, Message, Producer, read_messages
+from bridge import ClientConfig, Message, Producer, RecallTooLateError, read_messages
 from bridge.delay.model import InvalidDelayError
 
 
@@ -29,6 +30,8 @@ def main() -> None:
     absolute.set_deliver_time_ms(now_ms + 3000)
     past = Message(topic, "already due")
     past.set_deliver_time_ms(now_ms - 1000)
+    recalled = Message(topic, "recalled")
+    recalled.set_deliver_time_ms(now_ms + 2500)
     too_far = Message(topic, "next year")
     too_far.set_delay_time_sec(365 * 86_400)
     with Producer("example_timer_group", config=config) as producer:
@@ -38,6 +41,12 @@ def main() -> None:
             producer.send_sync(too_far)
         except InvalidDelayError as exc:
             print(f"refused  {exc}")
+        handle = producer.send_sync(recalled).recall_handle
+        assert handle is not None  # a timer's send has one
+        try:
+            print(f"recalled {producer.recall_message(topic, handle)}")
+        except RecallTooLateError as exc:  # less than a second before its time
+            print(f"too late {exc}")
     for msg in read_messages(config, [topic], max_messages=3, timeout_ms=60_000):
         late_by = time.time_ns() // 1_000_000 - now_ms
         print(f"received {msg.body.decode()!r} {late_by / 1000:.1f} s after sending")

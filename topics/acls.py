@@ -46,6 +46,9 @@ READER_GROUP_PREFIX = "bridge-"
 ``bridge-admin-<token>``, ...): they commit nothing."""
 RECOVERY_GROUP_PREFIX = "bridge-recovery-"
 """The coordinator's transaction recovery readers."""
+RECALL_GROUP_PREFIX = "bridge-recall-"
+"""The timer services' readers of the recall topic (they commit nothing; librdkafka still
+looks up their group's coordinator)."""
 SPARK_GROUP_PREFIX = "bridge-spark"
 """Spark's Kafka source groups (``groupIdPrefix`` of :mod:`spark_jobs.common`)."""
 
@@ -265,6 +268,7 @@ def _producer(g: _Grants, catalog: TopicCatalog, topics: Iterable[str]) -> None:
     g.topics(topics, (W,), "send to the real topics")
     for system in (SystemTopic.SCHEDULE, SystemTopic.TIMER):
         g.topic(t(system), (W, DC), "delayed and timer messages wait here (settings checked)")
+    g.topic(t(SystemTopic.RECALL), (W, DC), "recall markers of timer messages (recall_message)")
     for system in (SystemTopic.HALF, SystemTopic.OP):
         g.topic(t(system), (D, DC), _CHECKED_BEFORE_DELAYS)
 
@@ -291,6 +295,7 @@ def _coordinator(g: _Grants, catalog: TopicCatalog, topics: Iterable[str]) -> No
     for kind in ("transaction", "schedule", "timer"):
         g.group(coordinator_group(ns, kind), R, f"the {kind} service's group")
     g.group(RECOVERY_GROUP_PREFIX, R, "transaction recovery readers", prefixed=True)
+    g.group(RECALL_GROUP_PREFIX, R, "the timer services' recall readers", prefixed=True)
     g.group(
         f"{ns}.transaction-check.",
         D,

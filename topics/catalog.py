@@ -56,6 +56,10 @@ class SystemTopic(Enum):
     """Timer messages (arbitrary delivery time)."""
     QUARANTINE = "QUARANTINE"
     """Records that could not be decoded, kept byte for byte with the reason in headers."""
+    RECALL = "rmq_sys_timer_recall"
+    """Recall markers of timer messages (``recall_message``) and the coordinators' clock
+    ticks, in one partition: a marker stamped by the broker early enough before its
+    message's time keeps it from being delivered (see ``bridge.delay.recall``)."""
 
 
 RECORD_SCHEMAS: Mapping[SystemTopic, str | None] = MappingProxyType(
@@ -69,6 +73,7 @@ RECORD_SCHEMAS: Mapping[SystemTopic, str | None] = MappingProxyType(
         SystemTopic.SCHEDULE: None,
         SystemTopic.TIMER: None,
         SystemTopic.QUARANTINE: None,
+        SystemTopic.RECALL: None,  # header-only records: the message id is the key
     }
 )
 """The Avro schema of each system topic's values (None: no one Avro schema; raw bytes kept as
@@ -264,6 +269,9 @@ class TopicCatalog:
             SystemTopic.TIMER: self.timer_partitions,
             SystemTopic.CHECK_MAX: 1,
             SystemTopic.QUARANTINE: 1,
+            # One partition: a coordinator's tick orders every marker before it
+            # (bridge.delay.recall).
+            SystemTopic.RECALL: 1,
         }[system]
         retention_ms = {
             SystemTopic.HALF: self.half_retention_ms,
@@ -273,6 +281,7 @@ class TopicCatalog:
             # Parked and quarantined records wait for an operator: never expire them.
             SystemTopic.CHECK_MAX: -1,
             SystemTopic.QUARANTINE: -1,
+            SystemTopic.RECALL: self.timer_max_delay_ms + 7 * DAY_MS,
         }[system]
         # The longest a record waits in the topic: an existing topic's retention must cover it.
         min_retention_ms = {
@@ -283,11 +292,20 @@ class TopicCatalog:
             # How long to keep parked and quarantined records is the operator's choice.
             SystemTopic.CHECK_MAX: None,
             SystemTopic.QUARANTINE: None,
+            # A marker must outlive the longest timer it recalls.
+            SystemTopic.RECALL: self.timer_max_delay_ms,
         }[system]
         configs = {"cleanup.policy": "delete", "retention.ms": str(retention_ms)}
-        if system in (SystemTopic.HALF, SystemTopic.OP, SystemTopic.SCHEDULE, SystemTopic.TIMER):
-            # The broker's clock: a delayed message waits from when it was stored, and
-            # transaction recovery finds OP records by the append time of a half message.
+        if system in (
+            SystemTopic.HALF,
+            SystemTopic.OP,
+            SystemTopic.SCHEDULE,
+            SystemTopic.TIMER,
+            SystemTopic.RECALL,
+        ):
+            # The broker's clock: a delayed message waits from when it was stored,
+            # transaction recovery finds OP records by the append time of a half message, and
+            # a recall marker applies by the time the broker stored it.
             configs["message.timestamp.type"] = "LogAppendTime"
         return TopicSpec(
             kafka_name=self.topic(system),
@@ -298,7 +316,8 @@ class TopicCatalog:
             replication_factor=self.replication_factor,
             min_retention_ms=min_retention_ms,
             # Replay, `transactions parked` and `bridge quarantine` read partition 0 only.
-            exact_partitions=system in (SystemTopic.CHECK_MAX, SystemTopic.QUARANTINE),
+            exact_partitions=system
+            in (SystemTopic.CHECK_MAX, SystemTopic.QUARANTINE, SystemTopic.RECALL),
         )
 
     def system_specs(self) -> Iterator[TopicSpec]:

@@ -39,6 +39,7 @@ from typing import Any, Final, cast
 from bridge.aio.runner import AsyncClient
 from bridge.client.producer import Producer as ThreadedProducer
 from bridge.client.producer import collaborators
+from bridge.client.recall import recall_handle
 from bridge.client.send_results import SendResult, async_report
 from bridge.codec import PreparedRecord
 from bridge.config import ClientConfig
@@ -339,6 +340,15 @@ class Producer(AsyncClient):
         return cast(str, msg_id)
 
     # --- internals -----------------------------------------------------------------------
+    async def recall_message(self, topic: str, recall_handle: str) -> str:
+        """:meth:`bridge.Producer.recall_message` on a worker thread (it waits for the
+        broker's acknowledgement of the recall): the message id once the timer message of
+        ``recall_handle`` is certain never to be delivered, else
+        :class:`~bridge.errors.RecallTooLateError` (it is delivered exactly once) or the
+        error naming why the handle or the recall was refused."""
+        self._require_running()
+        return await asyncio.to_thread(self._producer.recall_message, topic, recall_handle)
+
     def _require_running(self) -> tuple[asyncio.AbstractEventLoop, _Completions]:
         state = self._producer.state
         loop, completions = self._loop, self._completions
@@ -450,8 +460,14 @@ class Producer(AsyncClient):
                 report: Report = sender.oneway_report(record)
             else:
                 pending = results[index]
+                topic = item.msgs[index].topic
                 report = async_report(
-                    record, item.msgs[index].topic, pending.ok, pending.fail, sender.resend
+                    record,
+                    topic,
+                    pending.ok,
+                    pending.fail,
+                    sender.resend,
+                    recall_handle=recall_handle(record, topic, self.config.namespace),
                 )
             try:
                 sender.send_record_async(record, record.partition, report)

@@ -11,6 +11,7 @@ from typing import Final
 from confluent_kafka import KafkaError
 
 from bridge.client.delivery import REPORT_GRACE_S, SYNC_FLUSH_SLICE_S, DeliveryPump
+from bridge.client.recall import recall_handle
 from bridge.client.resend import AloneResender
 from bridge.client.send_results import (
     BatchReports,
@@ -23,6 +24,8 @@ from bridge.errors import KafkaClientError, SendTimeoutError
 from bridge.kafka.clients import translate_error
 from bridge.message import Message
 from bridge.observability.metrics import active_metrics
+from topics.catalog import SystemTopic
+from topics.naming import system_topic
 
 _BATCH_REPORTS_KEPT: Final = 4
 """Report stores of finished batches kept for the next batches (one per thread sending
@@ -96,6 +99,8 @@ class BatchSender:
         pump = self._pump
         produce = pump.kafka.produce
         build = self._build
+        namespace = pump.config.namespace
+        timer_topic = system_topic(SystemTopic.TIMER.value, namespace)
         stalled: SendTimeoutError | None = None
         for index, msg in enumerate(batch):
             # Each plain message's record built now, the clock read per record: a hand-over
@@ -106,6 +111,8 @@ class BatchSender:
             kafka_topic, key, value, headers, msg_id, born_ms, record_partition = record
             msg_ids[index] = msg_id
             kafka_topics[index] = kafka_topic
+            if kafka_topic == timer_topic:
+                reports.recall_handles[index] = recall_handle(record, msg.topic, namespace)
             if stalled is not None:
                 outcomes[index] = SendTimeoutError(
                     f"send of {msg_id} to {kafka_topic}: not handed to Kafka, never sent (the "
@@ -178,5 +185,6 @@ class BatchSender:
                         offset,
                         msgs[index].topic,
                         stored_partition,
+                        reports.recall_handles[index],
                     ),
                 )

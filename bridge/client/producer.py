@@ -30,6 +30,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from bridge.client.batch_send import BatchSender
+from bridge.client.recall import Recaller, recall_handle
 from bridge.client.records import RecordBuilder, message_list, producer_settings
 from bridge.client.send_checks import MAX_PROPERTIES_BYTES
 from bridge.client.send_results import (
@@ -114,6 +115,7 @@ class Producer(Startable):
         self._batches = BatchSender(
             sender.pump, sender.resender, builder.checked_record, settings.send_msg_timeout_ms
         )
+        self._recaller = Recaller(settings, sender.pump)
 
     # --- lifecycle --------------------------------------------------------------------
     @property
@@ -206,7 +208,14 @@ class Producer(Startable):
         with _span(msg) as span:
             record = self._prepare_in(span, msg, partition)
             stored_partition, offset = sender.send_record_sync(record)
-        return SendResult(SendStatus.SEND_OK, record.msg_id, offset, msg.topic, stored_partition)
+        return SendResult(
+            SendStatus.SEND_OK,
+            record.msg_id,
+            offset,
+            msg.topic,
+            stored_partition,
+            recall_handle(record, msg.topic, self.config.namespace),
+        )
 
     def send_async(
         self,
@@ -237,12 +246,24 @@ class Producer(Startable):
             if tracing_active():
                 with send_span(msg) as span:
                     record = self._prepare_in(span, msg, partition)
-                    report = async_report(record, msg.topic, on_success, on_exception, self._resend)
+                    report = async_report(
+                        record,
+                        msg.topic,
+                        on_success,
+                        on_exception,
+                        self._resend,
+                        recall_handle=recall_handle(record, msg.topic, self.config.namespace),
+                    )
                     self._pump.produce(record, record.partition, report)
                 self._pump.serve_reports()
                 return record.msg_id
             record = self._builder.prepare(msg, partition)
-        report = async_report(record, msg.topic, on_success, on_exception, self._resend)
+            handle = recall_handle(record, msg.topic, self.config.namespace)
+        else:
+            handle = None  # a plain message's record
+        report = async_report(
+            record, msg.topic, on_success, on_exception, self._resend, recall_handle=handle
+        )
         self._pump.produce(record, record.partition, report, serve=True)
         return record.msg_id
 
@@ -304,6 +325,26 @@ class Producer(Startable):
             prepared = self._builder.check_batch(batch, partition)
         sender.pump.refuse_waiting_in_a_callback("send_batch")
         return self._batches.send(batch, prepared, partition)
+
+    # --- recall -----------------------------------------------------------------------
+    def recall_message(self, topic: str, recall_handle: str) -> str:
+        """Recall the timer message sent to ``topic`` whose :attr:`SendResult.recall_handle`
+        is ``recall_handle`` (RocketMQ 5.3's ``recallMessage``); return its message id once
+        it is certain never to be delivered (a coordinator skips it at its time, and after
+        any restart).
+
+        Raises :class:`~bridge.errors.RecallTooLateError` when the broker stored the recall
+        less than ``RECALL_MARGIN_MS`` (1 s) before the message's time:
+        the message is delivered exactly once, or was. Raises
+        :class:`~bridge.errors.InvalidArgumentError` naming the problem for a handle that is
+        malformed, of another namespace or of another topic; :class:`SendError` when the
+        recall was not stored (:class:`~bridge.errors.SendTimeoutError`: perhaps stored;
+        its outcome is then the one a recall made again with the handle reports while the
+        time is not near, see ``docs/delays.md``)."""
+        sender = self._sender
+        if not sender.running:
+            sender.require_running()
+        return self._recaller.recall(topic, recall_handle)
 
 
 def collaborators(producer: Producer) -> tuple[RecordBuilder, RecordSender]:

@@ -117,13 +117,17 @@ class SendStatus(Enum):
 
 
 class SendResult(NamedTuple):
-    """Where a sent message was stored: ``queue_id`` is the partition, ``offset`` the offset."""
+    """Where a sent message was stored: ``queue_id`` is the partition, ``offset`` the offset.
+    ``recall_handle`` (RocketMQ 5.3's): for a timer message, the handle that
+    ``recall_message(topic, recall_handle)`` takes to recall it before its time; None for
+    other messages (see ``docs/delays.md``)."""
 
     status: SendStatus
     msg_id: str
     offset: int
     topic: str
     queue_id: int
+    recall_handle: str | None = None
 
 
 _SEND_OK: Final = SendStatus.SEND_OK
@@ -205,6 +209,7 @@ def report_async(  # noqa: PLR0917 - the send's fields, then the report's
     msg_id: str,
     topic: str,
     kafka_topic: str,
+    recall_handle: str | None,
     on_success: OnSuccess | None,
     on_exception: OnException | None,
     started: float,
@@ -229,6 +234,7 @@ def report_async(  # noqa: PLR0917 - the send's fields, then the report's
             msg_id,
             topic,
             kafka_topic,
+            recall_handle,
             on_success,
             on_exception,
             started,
@@ -249,7 +255,10 @@ def report_async(  # noqa: PLR0917 - the send's fields, then the report's
                 logger.warning("async send failed: %s", error)
         elif on_success is not None:
             on_success(
-                new_tuple(SendResult, (_SEND_OK, msg_id, kmsg.offset(), topic, kmsg.partition()))
+                new_tuple(
+                    SendResult,
+                    (_SEND_OK, msg_id, kmsg.offset(), topic, kmsg.partition(), recall_handle),
+                )
             )
     except Exception:
         logger.exception("send callback for %s raised", msg_id)
@@ -265,13 +274,17 @@ def async_report(
     on_success: OnSuccess | None,
     on_exception: OnException | None,
     resend: ResendAlone | None = None,
+    *,
+    recall_handle: str | None = None,
 ) -> AsyncReport:
     """The delivery report handler of one ``send_async`` of ``record`` (to ``topic``, as the
     caller named it) starting now: :func:`report_async` bound to the send with
     ``functools.partial``, one small C object per message in flight (a closure would keep
     several objects per message alive), called at C speed (a tuple with ``__call__`` costs a
     Python-level dispatch more). ``resend``: how to send the record again alone when its
-    request batch is refused as too large (``AloneResender.resend``); None: not sent again."""
+    request batch is refused as too large (``AloneResender.resend``); None: not sent again.
+    ``recall_handle``: the send's (a timer message's, see
+    :func:`bridge.client.recall.recall_handle`), in its :class:`SendResult`."""
     return partial(
         report_async,
         resend,
@@ -280,6 +293,7 @@ def async_report(
         record.msg_id,
         topic,
         record.kafka_topic,
+        recall_handle,
         on_success,
         on_exception,
         time.monotonic(),
@@ -308,6 +322,7 @@ class BatchReports:
         "msg_ids",
         "msgs",
         "outcomes",
+        "recall_handles",
         "started",
         "too_large",
     )
@@ -326,6 +341,8 @@ class BatchReports:
         self.msg_ids = [""] * count
         self.kafka_topics = [""] * count
         """Where each record went (set as it is handed over)."""
+        self.recall_handles: list[str | None] = [None] * count
+        """Each timer message's recall handle (set as it is handed over)."""
         self.too_large: list[int] = []
         """Indexes of the messages refused with their request batch as too large
         (:func:`refused_with_its_batch`), in the order the reports came."""
@@ -360,6 +377,7 @@ class BatchReports:
                     -1 if offset is None else offset,
                     self.msgs[index].topic,
                     kmsg.partition(),
+                    self.recall_handles[index],
                 ),
             )
         else:

@@ -17,6 +17,7 @@ from bridge.codec import PreparedRecord
 from bridge.delay.fetch import Fetcher
 from bridge.delay.held import RECORD_ERRORS, DelayCounts, DelaySettings, Held, Key
 from bridge.delay.isolation import Isolation, Unit, located
+from bridge.delay.recall_watch import TimerRecalls
 from bridge.delay.records import failed_deliveries, send_key
 from bridge.kafka.batch_writer import Check, Refused, TransactionBatch
 from bridge.message import now_ms
@@ -70,7 +71,9 @@ class Delivery:
     becomes from ``isolation``; they are written with ``write`` (``transaction_failed``
     aborts a failed transaction or replaces the producer) through the producer and consumer
     the two callables give. ``due_at`` says when a record was due (its lateness is
-    measured); what was written is counted in ``counts``."""
+    measured); what was written is counted in ``counts``. ``recalls`` (the timer service's)
+    says which final deliveries were recalled in time: those are committed without a
+    record."""
 
     def __init__(
         self,
@@ -84,6 +87,7 @@ class Delivery:
         transaction_failed: Callable[[KafkaException], None],
         producer: Callable[[], Any],
         consumer: Callable[[], Consumer | None],
+        recalls: TimerRecalls | None = None,
     ) -> None:
         self._name = settings.name
         self._kind = settings.kind
@@ -98,6 +102,7 @@ class Delivery:
         self._transaction_failed = transaction_failed
         self._producer = producer
         self._consumer = consumer
+        self._recalls = recalls
         self._delivered_recently: OrderedDict[tuple[int, bytes], int] = OrderedDict()
         """Sends delivered (or moved on) in the last :data:`DUPLICATE_WINDOW_MS`, with
         when, epoch ms."""
@@ -109,6 +114,10 @@ class Delivery:
         committed further in this pass (FIFO), the others are."""
         segments: list[list[Unit]] = [[]]
         in_this_pass: set[tuple[int, bytes]] = set()
+        recalls = self._recalls
+        if recalls is not None:
+            # Every marker stored before these are due is read before any is written.
+            recalls.prepare(due, now)
         for held in due:
             held.send_key = key = send_key(held)
             if key is not None and (key in in_this_pass or self._seen_since(key, now)):
@@ -126,6 +135,16 @@ class Delivery:
                 continue
             if key is not None:
                 in_this_pass.add(key)
+            if recalls is not None and recalls.recalled(held, now):
+                logger.info(
+                    "%s: %s[%d]@%d was recalled; not delivered",
+                    self._name,
+                    self._topic,
+                    held.partition,
+                    held.offset,
+                )
+                segments[-1].append(Unit(held, None, recalled=True))
+                continue
             unit = self._isolation.unit(held, now)
             if unit.suspect:
                 segments += [[unit], []]
@@ -191,6 +210,7 @@ class Delivery:
             return False
         self._fetcher.committed([unit.held for unit in units])
         metrics = active_metrics()
+        recalls = self._recalls
         for unit in units:
             self._isolation.settled((unit.held.partition, unit.held.offset))
             self._counts.delivered += unit.real
@@ -206,6 +226,12 @@ class Delivery:
             ):
                 metrics.quarantined.labels(self._client.namespace, "delay").inc()
             self._counts.moved_aside += unit.aside
+            if unit.recalled:
+                self._counts.recalled += 1
+                if recalls is not None:
+                    recalls.handled(unit.held)
+                if metrics is not None:
+                    metrics.delay_recalled.labels(self._client.namespace).inc()
             if unit.duplicate:
                 self._counts.duplicates += 1
             else:

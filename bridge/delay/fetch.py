@@ -158,6 +158,11 @@ class Fetcher:
             self._window = [entry for entry in self._window if entry[1] != partition]
             heapq.heapify(self._window)
 
+    def window_due(self) -> int | None:
+        """The exact time of the earliest timer in the final window, epoch ms (None: the
+        window is empty). Each is a final delivery to come."""
+        return self._window[0][0] if self._window else None
+
     def next_due(self) -> int | None:
         """When the earliest record is due or may leave its place, epoch ms (None: nothing
         held). A partition whose head waits for room in the window counts when neither the

@@ -86,3 +86,5 @@ class DelayCounts:
     done_before: int = 0
     """Fetched records skipped because the committed offset metadata says they were
     delivered already (out of order, before a restart or a failed transaction)."""
+    recalled: int = 0
+    """Timers not delivered because they were recalled in time (``recall_message``)."""

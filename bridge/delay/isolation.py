@@ -64,6 +64,8 @@ class Unit:
     aside: bool = False
     duplicate: bool = False
     """A second copy of a record delivered already: consumed, nothing written."""
+    recalled: bool = False
+    """A timer recalled in time (``recall_message``): consumed, nothing written."""
 
 
 def located(topic: str, partition: int) -> str:

@@ -35,6 +35,7 @@ from bridge.delay.delivery import Delivery
 from bridge.delay.fetch import Fetcher
 from bridge.delay.held import RECORD_ERRORS, DelayCounts, DelaySettings, Held
 from bridge.delay.isolation import Isolation
+from bridge.delay.recall_watch import RecallWatch, TimerRecalls
 from bridge.delay_policy import DelayPolicy
 from bridge.errors import InvalidDelayError
 from bridge.kafka.clients import new_consumer
@@ -107,6 +108,8 @@ class FifoDelayService(TransactionalService):
             counts=self.counts,
         )
         self.isolation = Isolation(settings, process=self.process, producer=lambda: self._producer)
+        self.recalls = self.new_recalls()
+        """Which final deliveries were recalled (timers only; None for delay levels)."""
         self.delivery = Delivery(
             settings,
             fetcher=self.fetcher,
@@ -117,7 +120,18 @@ class FifoDelayService(TransactionalService):
             transaction_failed=self.transaction_failed,
             producer=lambda: self._producer,
             consumer=lambda: self._consumer,
+            recalls=self.recalls,
         )
+
+    def new_recalls(self) -> TimerRecalls | None:
+        """What says which of this service's final deliveries were recalled (None: none
+        can be)."""
+        return None
+
+    @property
+    def recalled(self) -> int:
+        """Timers not delivered because they were recalled in time."""
+        return self.counts.recalled
 
     @property
     def delivered(self) -> int:
@@ -181,7 +195,14 @@ class FifoDelayService(TransactionalService):
             partition_assignment_strategy="roundrobin,range",
         )
         self.isolation.start()
+        if self.recalls is not None:
+            self.recalls.watch.start()
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def on_stop(self) -> None:
+        super().on_stop()
+        if self.recalls is not None:
+            self.recalls.watch.stop()
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.fetcher.assign(partitions)
@@ -215,6 +236,9 @@ class FifoDelayService(TransactionalService):
             return
         self.fetcher.reposition(consumer)
         now = now_ms()
+        if self.recalls is not None:
+            self.recalls.ahead(self.fetcher.window_due(), now)
+            now = now_ms()
         next_due = self.fetcher.next_due()
         wait_ms = _MAX_POLL_WAIT_MS if next_due is None else min(_MAX_POLL_WAIT_MS, next_due - now)
         fetched: list[Any] = []
@@ -285,6 +309,13 @@ class TimerService(FifoDelayService):
 
     def partition_delay_ms(self, partition: int) -> int:
         return self.policy.tier_delay_ms(partition)
+
+    def new_recalls(self) -> TimerRecalls:
+        """A timer recalled in time (``recall_message``) is skipped at its final delivery
+        (:mod:`bridge.delay.recall_watch`)."""
+        catalog = self.config.catalog
+        watch = RecallWatch(self.config.client, catalog.topic(SystemTopic.RECALL), self.name)
+        return TimerRecalls(watch, self.policy)
 
     def due_at(self, held: Held) -> int:
         """Out of its tier, a record close to its time waits in memory for the exact time

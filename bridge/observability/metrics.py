@@ -96,6 +96,13 @@ class BridgeMetrics:
             ["namespace", "topic", "message_type"],
             registry=r,
         )
+        self.recalls = Counter(
+            "bridge_recalls",
+            "recall_message calls of the producers of this process by outcome: recalled (the "
+            "message is never delivered) or too_late (it is delivered, or was).",
+            ["namespace", "outcome"],
+            registry=r,
+        )
         self.send_cost = Histogram(
             "rocketmq_send_cost_time",
             "Time from a sync or async send to its acknowledgement or failure, ms; a message sent "
@@ -268,6 +275,20 @@ class BridgeMetrics:
             "How late a delayed message reached its real topic (delivery time minus due time), s.",
             ["namespace", "kind"],
             buckets=LATENESS_BUCKETS_S,
+            registry=r,
+        )
+        self.delay_recalled = Counter(
+            "bridge_delay_recalled",
+            "Timer messages the coordinator did not deliver because they were recalled in time "
+            "(recall_message); their offsets committed as a delivery's.",
+            ["namespace"],
+            registry=r,
+        )
+        self.recall_ticks = Counter(
+            "bridge_delay_recall_ticks",
+            "Ticks the coordinator wrote to the recall topic to be sure it read every recall "
+            "stored before a delivery (at most about one per second while timers are due).",
+            ["namespace"],
             registry=r,
         )
         # --- coordinator: Kafka transactions and services --------------------------------

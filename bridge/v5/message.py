@@ -213,11 +213,13 @@ class SendReceipt:
     ``topic`` is the topic it goes to; ``queue_id`` and ``offset`` where Kafka stored the
     record: the topic's partition and offset for a plain message, the place in the timer
     topic of a timed one and in the HALF topic of a transactional one (it reaches its topic
-    when due, or once committed). RocketMQ 5.3's recall handle is not here: recalling a timed
-    message is not built yet."""
+    when due, or once committed). ``recall_handle`` (RocketMQ 5.3's) is a timed message's:
+    ``producer.recall_message(topic, recall_handle)`` recalls it before its time; None for
+    other messages."""
 
     message_id: str
     topic: str
     queue_id: int
     offset: int
     transaction_id: str | None = None
+    recall_handle: str | None = None

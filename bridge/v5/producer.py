@@ -249,7 +249,13 @@ class Producer(Startable):
         if transaction is None:
             result = self._producer.send_sync(msg)
             message.message_id = result.msg_id
-            return SendReceipt(result.msg_id, result.topic, result.queue_id, result.offset)
+            return SendReceipt(
+                result.msg_id,
+                result.topic,
+                result.queue_id,
+                result.offset,
+                recall_handle=result.recall_handle,
+            )
         producer = self._transactional_producer(message, transaction)
         half = transaction._send(producer, msg)
         message.message_id = half.transaction_id
@@ -295,10 +301,44 @@ class Producer(Startable):
 
         def sent(result: SendResult) -> None:
             future.set_result(
-                SendReceipt(result.msg_id, result.topic, result.queue_id, result.offset)
+                SendReceipt(
+                    result.msg_id,
+                    result.topic,
+                    result.queue_id,
+                    result.offset,
+                    recall_handle=result.recall_handle,
+                )
             )
 
         message.message_id = self._producer.send_async(msg, sent, future.set_exception)
+        return future
+
+    # --- recall --------------------------------------------------------------------------
+    def recall_message(self, topic: str, recall_handle: str) -> str:
+        """Recall the timed message sent to ``topic`` whose ``SendReceipt.recall_handle``
+        is ``recall_handle`` (RocketMQ 5.3): its message id once it is certain never to be
+        delivered (RocketMQ 5's Python client returns the id too). Raises
+        :class:`~bridge.errors.RecallTooLateError` when it came too late (the message is
+        delivered exactly once, or was), and
+        :class:`~bridge.errors.InvalidArgumentError` naming the problem for a malformed
+        handle or one of another topic; see :meth:`bridge.Producer.recall_message`."""
+        self._require_running()
+        return self._producer.recall_message(topic, recall_handle)
+
+    def recall_message_async(self, topic: str, recall_handle: str) -> Future[str]:
+        """:meth:`recall_message` without waiting: a :class:`concurrent.futures.Future` of
+        the message id or of the error (run on a thread of its own)."""
+        self._require_running()
+        future: Future[str] = Future()
+        future.set_running_or_notify_cancel()
+
+        def run() -> None:
+            try:
+                future.set_result(self.recall_message(topic, recall_handle))
+            except BaseException as exc:  # handed to the future's owner
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="bridge-v5-recall", daemon=True).start()
         return future
 
     # --- transactions --------------------------------------------------------------------

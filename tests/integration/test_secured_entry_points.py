@@ -227,6 +227,12 @@ def test_every_feature_with_exactly_the_acls_bridge_acls_apply_grants(
                 timer = Message(topic, b"timer")
                 timer.set_deliver_time_ms(int(time.time() * 1000) + 1500)
                 producer.send_sync(timer)
+                # A timer recalled by the producer's principal: never delivered.
+                recalled = Message(topic, b"recalled")
+                recalled.set_deliver_time_ms(int(time.time() * 1000) + 2500)
+                handle = producer.send_sync(recalled).recall_handle
+                assert handle is not None
+                producer.recall_message(topic, handle)
                 producer.send_sync(Message(topic, b"doomed"))
             # Transactional, decided by a check-back.
             with TransactionMQProducer(txg, listener_tx, config=listener.config("txp", ns)) as tx:

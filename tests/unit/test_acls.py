@@ -48,6 +48,8 @@ def test_a_producer_writes_the_real_topics_and_the_delay_topics_only() -> None:
         ("TOPIC", "prod.SCHEDULE_TOPIC_XXXX", "LITERAL", "DESCRIBE_CONFIGS"),
         ("TOPIC", "prod.rmq_sys_wheel_timer", "LITERAL", "WRITE"),
         ("TOPIC", "prod.rmq_sys_wheel_timer", "LITERAL", "DESCRIBE_CONFIGS"),
+        ("TOPIC", "prod.rmq_sys_timer_recall", "LITERAL", "WRITE"),
+        ("TOPIC", "prod.rmq_sys_timer_recall", "LITERAL", "DESCRIBE_CONFIGS"),
         ("TOPIC", "prod.RMQ_SYS_TRANS_HALF_TOPIC", "LITERAL", "DESCRIBE"),
         ("TOPIC", "prod.RMQ_SYS_TRANS_HALF_TOPIC", "LITERAL", "DESCRIBE_CONFIGS"),
         ("TOPIC", "prod.RMQ_SYS_TRANS_OP_HALF_TOPIC", "LITERAL", "DESCRIBE"),

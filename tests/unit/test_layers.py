@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "bridge.codec",
             "bridge.delay.model",
+            "bridge.delay.recall",
             "bridge.delay.routing",
             "bridge.consumer.model",
             "bridge.consumer.sql92",

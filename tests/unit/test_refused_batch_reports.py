@@ -39,8 +39,8 @@ HEADERS = [("UNIQ_KEY", b"id-1")]
 def _report(resend: Any, outcomes: list[Any]) -> Any:
     def report(err: KafkaError | None, kmsg: Any) -> None:
         report_async(
-            resend, HEADERS, 1234, "id-1", "t", "kt", outcomes.append, outcomes.append, 0.0,
-            err, kmsg,
+            resend, HEADERS, 1234, "id-1", "t", "kt", None, outcomes.append, outcomes.append,
+            0.0, err, kmsg,
         )  # fmt: skip
 
     return report
