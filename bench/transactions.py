@@ -199,7 +199,7 @@ def _drain(config: ClientConfig, timeout_s: float = 60.0) -> None:
     """Wait until the coordinator's transaction service has committed its read position at
     the end of every HALF partition (everything sent is decided), up to ``timeout_s``."""
     half = TopicCatalog(namespace=config.namespace).topic(SystemTopic.HALF)
-    # A client that never fetches: lookups only (see ``bridge.delay.admin.delay_status``).
+    # A client that never fetches: lookups only (see ``bridge.cli.admin.delays.delay_status``).
     probe = new_consumer(config, coordinator_group(config.namespace, "transaction"), "bench")
     try:
         count = len(probe.list_topics(half, timeout=10).topics[half].partitions)

@@ -85,7 +85,7 @@ OTHER_ENVIRONMENT: Final = (
     "topics.client_security:ENV_KAFKA_PREFIX",
     "bridge.observability.server:ENV_METRICS_HOST",
     "bridge.runtime.jars:ENV_CACHE_DIR",
-    "bridge.cli_broker:ENV_SCRAM_USERS",
+    "bridge.cli.broker:ENV_SCRAM_USERS",
     "spark_jobs.common:ENV_SPARK_JARS",
     "spark_jobs.common:ENV_SPARK_PARTITIONS",
 )

@@ -1,7 +1,7 @@
 """The producer's side of recall (RocketMQ 5.3's ``recall_message``): the recall handle of a
 timer message's send, and the recall marker written to the namespace's recall topic. The rule
 both sides follow is :func:`bridge.delay.recall.recall_applies`; what the coordinator does with
-a marker is in :mod:`bridge.delay.recall_watch`."""
+a marker is in :mod:`bridge.coordinator.delay.recall_watch`."""
 
 from __future__ import annotations
 

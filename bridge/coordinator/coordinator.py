@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from bridge.config import ALLOW_ALL, ClientConfig, TrustLimits
-from bridge.delay.service import ScheduleDeliveryService, TimerService
+from bridge.coordinator.delay.service import ScheduleDeliveryService, TimerService
+from bridge.coordinator.transaction.service import TransactionService
+from bridge.coordinator.transaction.state import CheckPolicy
 from bridge.errors import InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.service import ServiceConfig, TransactionalService
 from bridge.lifecycle import FatalServiceError, Lifecycle, ServiceState, ServiceThread, Startable
 from bridge.settings import env_values, require_int
-from bridge.transaction.service import TransactionService
-from bridge.transaction.state import CheckPolicy
 from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
 
 logger = logging.getLogger(__name__)

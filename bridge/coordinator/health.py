@@ -17,6 +17,7 @@ from confluent_kafka import TopicPartition
 
 from bridge.config import ClientConfig
 from bridge.coordinator.coordinator import Coordinator
+from bridge.coordinator.transaction.service import TransactionService
 from bridge.errors import BrokerUnreachableError
 from bridge.kafka.clients import new_admin, new_consumer
 from bridge.kafka.service import TransactionalService
@@ -30,7 +31,6 @@ from bridge.observability import (
     enable_metrics,
 )
 from bridge.observability.server import WsgiApp
-from bridge.transaction.service import TransactionService
 from topics.catalog import SystemTopic
 from topics.naming import COORDINATOR_SERVICE_KINDS, coordinator_group
 

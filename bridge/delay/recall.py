@@ -1,7 +1,7 @@
 """Recall of a timer message before its time (RocketMQ 5.3's ``recall_message``): the recall
 handle a send returns, the recall marker, and the one rule that says whether a marker keeps
 its message from being delivered. Pure functions; the client's side is
-:mod:`bridge.client.recall`, the coordinator's :mod:`bridge.delay.recall_watch`.
+:mod:`bridge.client.recall`, the coordinator's :mod:`bridge.coordinator.delay.recall_watch`.
 
 The rule (:func:`recall_applies`): a marker applies iff the broker stored it (its
 ``LogAppendTime``, ``A``) more than :data:`RECALL_MARGIN_MS` before its message's time

@@ -408,8 +408,8 @@ class TransactionalService(ServiceThread):
         """Member ids in :attr:`group_id` holding :attr:`group_instance_id` (at most one
         unless the group is changing). Raises what the admin client raises."""
         # describe_consumer_groups can abort the process when the group's coordinator comes
-        # back mid-lookup (see bridge.transaction.liveness); list_groups, which liveness asks
-        # instead, does not give a member's group.instance.id. Asked once per fencing error.
+        # back mid-lookup (see bridge.coordinator.transaction.liveness); list_groups, which liveness
+        # asks instead, does not give a member's group.instance.id. Asked once per fencing error.
         if self._fencing_admin is None:
             self._fencing_admin = new_admin(self.client, f"{self.name}-fencing")
         futures = self._fencing_admin.describe_consumer_groups(

@@ -49,7 +49,7 @@ from bridge import (
     TransactionStatus,
     read_messages,
 )
-from bridge.transaction.admin import read_parked
+from bridge.cli.admin.transactions import read_parked
 
 Event = dict[str, Any]
 V5_KEYS = ("ack", "late", "extend", "never")

@@ -23,8 +23,8 @@ from bridge import (
     TransactionStatus,
     read_messages,
 )
+from bridge.cli.admin.transactions import read_parked
 from bridge.kafka.admin import TopicAdmin
-from bridge.transaction.admin import read_parked
 from tests.conftest import REPO_ROOT, wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import Producer as RawProducer
 
 from bridge import read_messages
+from bridge.cli.admin.delays import delay_status
 from bridge.config import ClientConfig
-from bridge.delay.admin import delay_status
 from bridge.runtime.local_kafka import free_port
 from tests.conftest import wait_until
 

@@ -34,6 +34,7 @@ from bridge import (
     TransactionMQProducer,
     read_messages,
 )
+from bridge.cli.admin.transactions import read_parked
 from bridge.client.records import plain_record
 from bridge.consumer import (
     ConsumeConcurrentlyContext,
@@ -46,7 +47,6 @@ from bridge.consumer.admin import read_dead_letters
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.kafka.admin import TopicAdmin
 from bridge.message import MessageConst
-from bridge.transaction.admin import read_parked
 from tests.conftest import REPO_ROOT, wait_until
 from tests.integration.test_cli_json import Unknown
 from topics.catalog import TopicSpec

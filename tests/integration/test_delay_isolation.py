@@ -32,11 +32,11 @@ from confluent_kafka.admin import (
 )
 
 from bridge import ClientConfig, Message, Producer, read_messages
+from bridge.cli.admin.delays import delay_status
 from bridge.codec import BORN_TIMESTAMP_HEADER, decode_envelope, encode_envelope
 from bridge.coordinator import Coordinator
-from bridge.delay.admin import delay_status
+from bridge.coordinator.delay.service import ScheduleDeliveryService, TimerService
 from bridge.delay.routing import SEND_ID_HEADER
-from bridge.delay.service import ScheduleDeliveryService, TimerService
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine

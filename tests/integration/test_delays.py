@@ -14,8 +14,8 @@ from confluent_kafka import Producer as RawProducer
 from confluent_kafka import TopicPartition
 
 from bridge import ClientConfig, Message, Producer, read_messages
+from bridge.cli.admin.delays import delay_status
 from bridge.coordinator import Coordinator, CoordinatorConfig
-from bridge.delay.admin import delay_status
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_reader, read_record_at
 from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine

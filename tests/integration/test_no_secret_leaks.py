@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bridge import ClientConfig, Message, Producer, read_messages
-from bridge.cli_broker import write_client_files
+from bridge.cli.broker import write_client_files
 from bridge.coordinator import CoordinatorConfig
 from bridge.errors import BridgeError
 from bridge.kafka.acls import create_acls

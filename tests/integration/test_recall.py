@@ -19,8 +19,8 @@ from bridge import ClientConfig, Message, Producer, SendResult, read_messages
 from bridge.aio import Producer as AsyncProducer
 from bridge.client.recall import Recaller
 from bridge.coordinator import Coordinator
+from bridge.coordinator.delay.service import TimerService
 from bridge.delay.recall import RECALL_MARGIN_MS, decode_handle, encode_handle, recall_applies
-from bridge.delay.service import TimerService
 from bridge.errors import InvalidArgumentError, RecallTooLateError
 from bridge.kafka.admin import TopicAdmin
 from bridge.message import now_ms

@@ -38,7 +38,7 @@ from bridge import (
     TransactionStatus,
     read_messages,
 )
-from bridge.cli_broker import write_client_files
+from bridge.cli.broker import write_client_files
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import SendAuthorizationError
 from bridge.kafka.acls import create_acls

@@ -33,9 +33,9 @@ from bridge import (
     TransactionStatus,
     read_messages,
 )
+from bridge.cli.admin.transactions import read_parked
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.kafka.admin import TopicAdmin
-from bridge.transaction.admin import read_parked
 from spark_jobs import dlq_report, transaction_audit
 from spark_jobs.common import TopicNotFoundError, spark_session
 from spark_jobs.ingest import IngestConfig, start_ingest

@@ -35,19 +35,19 @@ from bridge import (
     TransactionStatus,
     read_messages,
 )
+from bridge.cli.admin.transactions import list_undecided, read_parked, resolve_parked
 from bridge.client.reader import read_to_end
 from bridge.codec import encode_envelope
 from bridge.coordinator import Coordinator, CoordinatorConfig
+from bridge.coordinator.transaction import recovery as recovery_module
+from bridge.coordinator.transaction.service import TransactionService
 from bridge.errors import BridgeError, KafkaClientError
 from bridge.kafka import clients as clients_module
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import read_quarantine
 from bridge.message import MessageConst, now_ms
-from bridge.transaction import recovery as recovery_module
-from bridge.transaction.admin import list_undecided, read_parked, resolve_parked
 from bridge.transaction.model import CheckRequest, EndTransaction, OpAction
-from bridge.transaction.service import TransactionService
 from tests.conftest import wait_until
 from tests.integration.test_cli import run_cli
 from topics.catalog import SystemTopic, TopicCatalog, TopicSpec

@@ -19,7 +19,7 @@ from bridge import (
     read_messages,
 )
 from bridge.coordinator import Coordinator, CoordinatorConfig
-from bridge.transaction.service import TransactionService
+from bridge.coordinator.transaction.service import TransactionService
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.broker

@@ -26,12 +26,12 @@ from bridge import (
     TransactionStatus,
     read_messages,
 )
+from bridge.cli.admin.transactions import list_undecided, read_parked
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import IllegalStateError, InvalidArgumentError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.quarantine import read_quarantine
 from bridge.message import MessageConst
-from bridge.transaction.admin import list_undecided, read_parked
 from tests.conftest import REPO_ROOT, wait_until
 from topics.catalog import SystemTopic, TopicCatalog
 
@@ -200,14 +200,16 @@ def test_a_coordinator_taking_over_half_messages_recovers_without_waiting_on_its
         while set(half) != {0, 1, 2, 3} and len(half) < 200:  # half messages in every one
             result = producer.send_message_in_transaction(Message(topic, f"m{len(half)}"))
             half.append(result.queue_id)
-        caplog.set_level(logging.INFO, logger="bridge.transaction.recovery")
+        caplog.set_level(logging.INFO, logger="bridge.coordinator.transaction.recovery")
         caplog.clear()
         # The same coordinator id: its static membership takes the partitions back at once.
         with Coordinator(config):
             wait_until(lambda: len(listener.checks) == len(half), timeout_s=30)
     took: dict[int, float] = {}  # in the order the partitions were recovered
     for record in caplog.records:
-        if record.name == "bridge.transaction.recovery" and "recovered in" in str(record.msg):
+        if record.name == "bridge.coordinator.transaction.recovery" and "recovered in" in str(
+            record.msg
+        ):
             _, partition, seconds, _, end, _ = cast(tuple[Any, ...], record.args)
             if end > 0:  # the partition held half messages
                 took[partition] = seconds

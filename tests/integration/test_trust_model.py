@@ -25,12 +25,12 @@ from bridge import (
     TransactionStatus,
     read_messages,
 )
+from bridge.cli.admin.transactions import read_parked, resolve_parked
 from bridge.client.reader import read_to_end
 from bridge.codec import decode_envelope, encode_envelope
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.kafka.quarantine import read_quarantine
 from bridge.message import MessageConst, now_ms
-from bridge.transaction.admin import read_parked, resolve_parked
 from bridge.transaction.model import CheckRequest, EndTransaction, OpAction
 from bridge.transaction.producer import TransactionSendResult
 from tests.conftest import wait_until
@@ -149,7 +149,7 @@ def test_a_forged_end_from_another_group_changes_nothing_then_the_group_commits_
     topic: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="bridge.transaction.decisions")
+    caplog.set_level(logging.WARNING, logger="bridge.coordinator.transaction.decisions")
     gate = Gate()
     with TransactionMQProducer(GROUP, gate, config=client_config) as producer:
         sent = producer.send_message_in_transaction(Message(topic, b"genuine"), None)
@@ -171,7 +171,7 @@ def test_a_forged_check_answer_from_another_group_changes_nothing(
     topic: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="bridge.transaction.decisions")
+    caplog.set_level(logging.WARNING, logger="bridge.coordinator.transaction.decisions")
     gate = Gate()
     with TransactionMQProducer(GROUP, gate, config=client_config) as producer:
         sent = producer.send_message_in_transaction(Message(topic, b"genuine"), None)

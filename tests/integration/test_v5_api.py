@@ -15,9 +15,9 @@ from concurrent.futures import Future
 import pytest
 
 from bridge import ClientConfig, ConsumeFromWhere, read_messages
+from bridge.cli.admin.transactions import list_undecided, read_parked
 from bridge.coordinator import Coordinator
 from bridge.errors import IllegalStateError, InvalidArgumentError, InvalidMessageError
-from bridge.transaction.admin import list_undecided, read_parked
 from bridge.v5 import (
     ClientConfiguration,
     ConsumeResult,

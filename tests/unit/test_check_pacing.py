@@ -1,4 +1,4 @@
-"""The check window per producer group (:mod:`bridge.transaction.pacing`)."""
+"""The check window per producer group (:mod:`bridge.coordinator.transaction.pacing`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.transaction.pacing import (
+from bridge.coordinator.transaction.pacing import (
     ANSWER_TARGET_MS,
     CHECK_WINDOW_MAX,
     CHECK_WINDOW_MIN,

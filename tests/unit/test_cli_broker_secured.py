@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from bridge.cli import cli
-from bridge.cli_broker import scram_users, write_client_files
+from bridge.cli.broker import scram_users, write_client_files
 from bridge.errors import InvalidArgumentError
 from bridge.runtime.certs import TlsFiles
 from topics.client_security import read_properties_file, to_librdkafka

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import pytest
 
-from bridge.cli_common import bootstrap_option, client_config
+from bridge.cli.common import bootstrap_option, client_config
 from spark_jobs.common import kafka_options, kafka_security_options
 from spark_jobs.ingest import IngestConfig, config_from_args, parser
 from topics.client_security import (

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bridge.cli_output import JsonLogFormatter
+from bridge.cli.output import JsonLogFormatter
 from bridge.config import ClientConfig
 from bridge.coordinator import CoordinatorConfig
 from bridge.errors import IllegalStateError, InvalidArgumentError

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from bridge.cli import cli
-from bridge.console.decoding import (
+from bridge.cli.console.decoding import (
     DECODED_PREVIEW_CHARS,
     BodyDecodeError,
     DeserializerSpecError,
@@ -91,7 +91,7 @@ def test_a_long_decoded_body_is_cut() -> None:
         ("avro:/nonexistent/order.avsc", "avro schema"),
         ("no_such_module_xyz:thing", "ModuleNotFoundError"),
         ("json:nothing", "AttributeError"),
-        ("bridge.console.decoding:DECODED_PREVIEW_CHARS", "not callable"),
+        ("bridge.cli.console.decoding:DECODED_PREVIEW_CHARS", "not callable"),
         ("a b:c", "not a deserializer"),
     ],
 )

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, Counter
 
 from bridge.cli import cli
+from bridge.cli.console.app import ConsoleSettings, create_app
 from bridge.config import ClientConfig
-from bridge.console.app import ConsoleSettings, create_app
 from bridge.observability import MetricsServer
 
 UNREACHABLE = ClientConfig(bootstrap_servers="127.0.0.1:1", namespace="unit")

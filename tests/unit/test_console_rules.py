@@ -13,11 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.cli import cli
-from bridge.config import ClientConfig
-from bridge.console import ConsoleUnavailableError, require_flask
-from bridge.console.app import ConsoleSettings, create_app
-from bridge.console.histogram import DueHistogram
-from bridge.console.paging import (
+from bridge.cli.console import ConsoleUnavailableError, require_flask
+from bridge.cli.console.app import ConsoleSettings, create_app
+from bridge.cli.console.histogram import DueHistogram
+from bridge.cli.console.paging import (
     DEFAULT_PAGE_SIZE,
     HEX_PREVIEW_BYTES,
     MAX_PAGE_SIZE,
@@ -29,7 +28,7 @@ from bridge.console.paging import (
     page_size,
     parse_refs,
 )
-from bridge.console.security import (
+from bridge.cli.console.security import (
     DRY_RUN_TTL_MS,
     CsrfSigner,
     DryRunRefused,
@@ -42,6 +41,7 @@ from bridge.console.security import (
     same_origin,
     token_matches,
 )
+from bridge.config import ClientConfig
 from bridge.message import MessageConst, MessageExt
 
 positions = st.dictionaries(st.integers(0, 10_000), st.integers(0, 2**62), max_size=20)
@@ -257,7 +257,7 @@ def test_bridge_imports_without_the_console_extra() -> None:
 
     code = (
         "import sys; sys.modules['flask'] = None; sys.modules['werkzeug'] = None\n"
-        "import bridge, bridge.cli, bridge.console\n"
+        "import bridge, bridge.cli, bridge.cli.console\n"
         "assert 'jinja2' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

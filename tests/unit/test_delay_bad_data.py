@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from bridge import ClientConfig, Message
-from bridge.delay import records as records_module
-from bridge.delay.fetch import Held
+from bridge.coordinator.delay import records as records_module
+from bridge.coordinator.delay.fetch import Held
+from bridge.coordinator.delay.service import TimerService, timer_exit_ms
 from bridge.delay.routing import delayed_record
-from bridge.delay.service import TimerService, timer_exit_ms
 from bridge.kafka.service import ServiceConfig
 from topics.catalog import SystemTopic
 

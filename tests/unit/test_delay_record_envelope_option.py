@@ -22,9 +22,9 @@ from bridge.codec import (
 from bridge.config import TrustLimits
 from bridge.consumer.model import RetryRoute
 from bridge.consumer.send_back import send_back_record
-from bridge.delay.fetch import Held
-from bridge.delay.held import DelaySettings
-from bridge.delay.isolation import Isolation
+from bridge.coordinator.delay.fetch import Held
+from bridge.coordinator.delay.held import DelaySettings
+from bridge.coordinator.delay.isolation import Isolation
 from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER, delayed_record
 from bridge.errors import InvalidArgumentError, MalformedRecordError
 from bridge.kafka.service import ServiceConfig

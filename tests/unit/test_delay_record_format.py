@@ -26,8 +26,8 @@ from bridge.codec import (
     header_delivery_record,
     is_header_format,
 )
-from bridge.delay.delivery import send_key
-from bridge.delay.fetch import Held
+from bridge.coordinator.delay.delivery import send_key
+from bridge.coordinator.delay.fetch import Held
 from bridge.delay.routing import SEND_ID_HEADER, delayed_record
 from bridge.errors import MalformedRecordError
 from bridge.kafka.transactional import REMOVED_ON_DELIVERY

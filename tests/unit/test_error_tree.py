@@ -29,14 +29,14 @@ from bridge.kafka.transactional import is_permanent_delivery_error
 from topics.errors import BridgeError
 
 OUTSIDE_THE_TREE = {
-    "bridge.cli_output.NotFoundError": "a click exception: the command line's exit status 4",
-    "bridge.cli_output.UnreachableError": "a click exception: the command line's exit status 3",
+    "bridge.cli.output.NotFoundError": "a click exception: the command line's exit status 4",
+    "bridge.cli.output.UnreachableError": "a click exception: the command line's exit status 3",
     "bridge.consumer.sql92.values.EvaluationError": "internal: an SQL92 value is unknown",
-    "bridge.console.paging.CursorError": "internal: a page's cursor that does not parse (400)",
-    "bridge.console.security.WriteRefused": "internal: a console write refused (403)",
-    "bridge.console.security.DryRunRefused": "internal: a replay without its dry run (409)",
-    "bridge.console.decoding.BodyDecodeError": "internal: a body shown undecoded, with why",
-    "bridge.console.decoding.DeserializerSpecError": "internal: --deserializer's usage error",
+    "bridge.cli.console.paging.CursorError": "internal: a page's cursor that does not parse (400)",
+    "bridge.cli.console.security.WriteRefused": "internal: a console write refused (403)",
+    "bridge.cli.console.security.DryRunRefused": "internal: a replay without its dry run (409)",
+    "bridge.cli.console.decoding.BodyDecodeError": "internal: a body shown undecoded, with why",
+    "bridge.cli.console.decoding.DeserializerSpecError": "internal: --deserializer's usage error",
 }
 DEFINED_ELSEWHERE = {"bridge.consumer.admin.DeadLetterReplayError"}
 """Named in the tree, defined beside what it reports on (its attributes hold its messages)."""

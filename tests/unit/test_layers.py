@@ -53,8 +53,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.consumer.invisibility",
             "bridge.consumer.message_groups",
             "bridge.transaction.model",
-            "bridge.transaction.pending",
-            "bridge.transaction.state",
+            "bridge.coordinator.transaction.pending",
+            "bridge.coordinator.transaction.state",
         ),
     ),
     ("adapters", ("bridge.kafka", "bridge.runtime", "bridge.observability")),
@@ -72,15 +72,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "bridge.__main__",
             "bridge.cli",
-            "bridge.cli_common",
-            "bridge.cli_output",
-            "bridge.cli_broker",
-            "bridge.cli_coordinator",
-            "bridge.cli_security",
-            "bridge.cli_topics",
-            "bridge.cli_operators",
-            "bridge.cli_db",
-            "bridge.console",
+            "bridge.cli.common",
+            "bridge.cli.output",
+            "bridge.cli.broker",
+            "bridge.cli.coordinator",
+            "bridge.cli.security",
+            "bridge.cli.topics",
+            "bridge.cli.operators",
+            "bridge.cli.db",
+            "bridge.cli.console",
             "bridge",
         ),
     ),
@@ -288,9 +288,9 @@ def test_cycle_check_names_a_cycle() -> None:
 
 def test_layer_table_detects_an_upward_import() -> None:
     # The check itself: the configuration importing the delay service package is refused.
-    assert _layer("bridge.delay.service")[0] > _layer("bridge.config")[0]
+    assert _layer("bridge.coordinator.delay.service")[0] > _layer("bridge.config")[0]
     assert _layer("bridge.delay.model")[0] > _layer("bridge.config")[0]
-    assert _layer("bridge.cli_topics")[0] == len(LAYERS) - 1
+    assert _layer("bridge.cli.topics")[0] == len(LAYERS) - 1
     with pytest.raises(AssertionError, match="in no layer"):
         _layer("bridge.unplaced")
 

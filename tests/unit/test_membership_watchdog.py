@@ -16,7 +16,7 @@ import pytest
 from bridge.config import ClientConfig
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.coordinator.coordinator import RENEWALS_ALLOWED
-from bridge.delay.service import TimerService
+from bridge.coordinator.delay.service import TimerService
 from bridge.kafka.service import MembershipLostError, ServiceConfig
 
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.message import MessageConst, MessageExt
-from bridge.transaction.pending import (
+from bridge.coordinator.transaction.pending import (
     CheckPolicy,
     asked_due_ms,
     copy_due_ms,
     next_check_ms,
 )
-from bridge.transaction.state import HalfPartition
+from bridge.coordinator.transaction.state import HalfPartition
+from bridge.message import MessageConst, MessageExt
 
 POLICY = CheckPolicy(transaction_timeout_ms=6_000, check_interval_ms=30_000)
 T0 = 1_700_000_000_000

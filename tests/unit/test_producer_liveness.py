@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from bridge.config import ClientConfig
-from bridge.transaction.liveness import ProducerLiveness
+from bridge.coordinator.transaction.liveness import ProducerLiveness
 from tests.conftest import wait_until
 
 Answer = int | None | Exception

@@ -1,12 +1,12 @@
-"""Properties of the timers' final window (``bridge.delay.fetch.Fetcher``) against a model of
-one Kafka partition log per tier partition and its group's committed offsets.
+"""Properties of the timers' final window (``bridge.coordinator.delay.fetch.Fetcher``) against a
+model of one Kafka partition log per tier partition and its group's committed offsets.
 
 What it promises (the module's docstring, G5 in docs/guarantees.md): whatever the due times,
 however much of a partition one pass fetches, whichever transactions fail (a rewind) and
 whenever the service restarts (a new fetcher reading the committed offsets and their
 metadata), every record is delivered exactly once and never before it is due; a transaction
 marker among the offsets never holds a committed offset back; the offset metadata stays
-within :data:`~bridge.delay.fetch.METADATA_MAX_CHARS`; and a partition whose metadata is
+within :data:`~bridge.coordinator.delay.fetch.METADATA_MAX_CHARS`; and a partition whose metadata is
 unreadable waits, says how to clear it once a minute, and does not stop the others.
 """
 
@@ -24,8 +24,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.config import ClientConfig, TrustLimits
-from bridge.delay.fetch import _OUT_OF_ORDER_MAX, _REFILL_BELOW, METADATA_MAX_CHARS, Fetcher, Held
-from bridge.delay.held import DelaySettings
+from bridge.coordinator.delay.fetch import (
+    _OUT_OF_ORDER_MAX,
+    _REFILL_BELOW,
+    METADATA_MAX_CHARS,
+    Fetcher,
+    Held,
+)
+from bridge.coordinator.delay.held import DelaySettings
 from bridge.kafka.service import ServiceConfig
 
 PROPERTY = settings(max_examples=120, derandomize=True, database=None, deadline=None)
@@ -276,8 +282,8 @@ def test_the_same_with_a_small_window_fetched_again_while_it_is_full(
     # A window of 4 fills in most passes: its partition's head waits for room, and the
     # partition is fetched again while fewer than 3 records are held.
     with (
-        patch("bridge.delay.fetch._OUT_OF_ORDER_MAX", 4),
-        patch("bridge.delay.fetch._REFILL_BELOW", 3),
+        patch("bridge.coordinator.delay.fetch._OUT_OF_ORDER_MAX", 4),
+        patch("bridge.coordinator.delay.fetch._REFILL_BELOW", 3),
     ):
         _delivered_once_never_early(seed, partitions, size, markers, passes)
 
@@ -403,7 +409,7 @@ def test_unreadable_metadata_stops_its_partition_only_and_says_how_to_clear_it(
 ) -> None:
     broker = Broker({0: [(0, 0)] * 5, 1: [(0, 0)] * 5}, {0: (2, "w1:x:")})
     run = Run(broker)
-    with caplog.at_level(logging.ERROR, logger="bridge.delay.fetch"):
+    with caplog.at_level(logging.ERROR, logger="bridge.coordinator.delay.fetch"):
         for _ in range(20):
             run.fetcher._seeks.now()  # as if 0.2 s had passed between passes
             run.step(1, 5, [], set())

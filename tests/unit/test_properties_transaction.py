@@ -1,4 +1,4 @@
-"""Properties of the coordinator's transaction state (``bridge.transaction.state``).
+"""Properties of the coordinator's transaction state (``bridge.coordinator.transaction.state``).
 
 A state machine drives :class:`HalfPartition` the way ``TransactionService`` does, with Kafka
 replaced by a model of its logs: producers append half messages and end requests (commit,
@@ -34,14 +34,14 @@ from hypothesis.stateful import (
     rule,
 )
 
-from bridge.message import MessageConst, MessageExt
-from bridge.transaction.state import (
+from bridge.coordinator.transaction.state import (
     CheckAction,
     CheckPolicy,
     HalfArrival,
     HalfPartition,
     PendingHalf,
 )
+from bridge.message import MessageConst, MessageExt
 
 POLICY = CheckPolicy(
     transaction_timeout_ms=500,

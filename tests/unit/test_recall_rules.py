@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from bridge.client.recall import recall_handle
 from bridge.config import ClientConfig
+from bridge.coordinator.delay.recall_watch import RECALL_KEPT_MS, RecallWatch
 from bridge.delay.recall import (
     RECALL_MARGIN_MS,
     RecallHandle,
@@ -24,7 +25,6 @@ from bridge.delay.recall import (
     recall_applies,
     tick_headers,
 )
-from bridge.delay.recall_watch import RECALL_KEPT_MS, RecallWatch
 from bridge.delay.routing import delayed_record
 from bridge.errors import InvalidArgumentError
 from bridge.message import Message

@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from bridge.config import ClientConfig, TrustLimits
+from bridge.coordinator.transaction.ledger import HalfLedger, HalfSettings
+from bridge.coordinator.transaction.recovery import Recovery
+from bridge.coordinator.transaction.state import CheckPolicy
 from bridge.errors import KafkaClientError
 from bridge.kafka.service import ServiceConfig
-from bridge.transaction.ledger import HalfLedger, HalfSettings
-from bridge.transaction.recovery import Recovery
-from bridge.transaction.state import CheckPolicy
 
 HALF = "ns.RMQ_SYS_TRANS_HALF_TOPIC"
 OP = "ns.RMQ_SYS_TRANS_OP_HALF_TOPIC"
@@ -50,7 +50,7 @@ def test_no_leader_yet_is_tried_again_quietly_then_warned_of_and_a_success_reset
     no_leader = KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
     timed_out = KafkaClientError("timed out", KafkaError(KafkaError._TIMED_OUT))
     recovery = _recovery([no_leader, timed_out, no_leader, None, no_leader])
-    caplog.set_level(logging.INFO, logger="bridge.transaction.recovery")
+    caplog.set_level(logging.INFO, logger="bridge.coordinator.transaction.recovery")
     for _ in range(5):
         recovery.recover([0])
     info, warning = logging.INFO, logging.WARNING
@@ -69,6 +69,6 @@ def test_any_other_failure_is_warned_of_at_once(
     caplog: pytest.LogCaptureFixture, failure: BaseException
 ) -> None:
     recovery = _recovery([failure])
-    caplog.set_level(logging.INFO, logger="bridge.transaction.recovery")
+    caplog.set_level(logging.INFO, logger="bridge.coordinator.transaction.recovery")
     recovery.recover([0])
     assert _levels(caplog) == [logging.WARNING]

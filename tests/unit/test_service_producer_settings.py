@@ -14,10 +14,10 @@ from collections.abc import Callable
 import pytest
 
 from bridge.config import ClientConfig
-from bridge.delay.service import ScheduleDeliveryService, TimerService
+from bridge.coordinator.delay.service import ScheduleDeliveryService, TimerService
+from bridge.coordinator.transaction.service import TransactionService
 from bridge.kafka.clients import producer_config
 from bridge.kafka.service import ServiceConfig, TransactionalService
-from bridge.transaction.service import TransactionService
 
 SERVICES: list[Callable[[ServiceConfig], TransactionalService]] = [
     TimerService,

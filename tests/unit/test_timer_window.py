@@ -1,4 +1,4 @@
-"""The final window's offset metadata (``bridge.delay.fetch``): which records above a
+"""The final window's offset metadata (``bridge.coordinator.delay.fetch``): which records above a
 partition's committed offset were delivered out of order, in the offset commit of the same
 Kafka transaction.
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.delay.fetch import (
+from bridge.coordinator.delay.fetch import (
     _OUT_OF_ORDER_MAX,
     METADATA_MAX_CHARS,
     decode_done,

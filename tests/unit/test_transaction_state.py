@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from bridge.coordinator.transaction.state import CheckAction, CheckPolicy, HalfPartition
 from bridge.message import MessageConst, MessageExt
-from bridge.transaction.state import CheckAction, CheckPolicy, HalfPartition
 
 POLICY = CheckPolicy(
     transaction_timeout_ms=6_000, check_interval_ms=30_000, transaction_check_max=15,

@@ -19,9 +19,7 @@ from bridge.config import (
     TrustLimits,
 )
 from bridge.coordinator.coordinator import CoordinatorConfig
-from bridge.errors import InvalidArgumentError
-from bridge.message import MessageConst, MessageExt, PropertyValue
-from bridge.transaction.state import (
+from bridge.coordinator.transaction.state import (
     CheckPolicy,
     HalfArrival,
     HalfPartition,
@@ -29,6 +27,8 @@ from bridge.transaction.state import (
     end_refusal,
     same_message,
 )
+from bridge.errors import InvalidArgumentError
+from bridge.message import MessageConst, MessageExt, PropertyValue
 
 POLICY = CheckPolicy(transaction_timeout_ms=500, check_interval_ms=1_000, transaction_check_max=3)
 T0 = 1_700_000_000_000
