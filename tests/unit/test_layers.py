@@ -1,13 +1,16 @@
-"""Layers import only downward: each module of ``topics/``, ``bridge/`` and ``spark_jobs/`` is
-parsed with :mod:`ast` and every import (module level, inside a function or under
-``if TYPE_CHECKING:``) is checked against the layer table below, and the imports together must
-form no cycle.
+"""Layers import only downward, and each process's code only what that process runs: each
+module of ``topics/``, ``bridge/`` and ``spark_jobs/`` is parsed with :mod:`ast` and every import
+(module level, inside a function or under ``if TYPE_CHECKING:``) is checked against the layer
+table and the process table below, and the imports together must form no cycle.
 
 From the bottom: names and wire format (``topics``), the core model and settings, the pure
-rules and record codec, the Kafka and runtime adapters, the public clients, the services, the
-coordinator, and the entry points. A module may import its own layer or lower ones; services
-do not import other services' packages (only what lies below them). The Spark jobs import only
-``topics`` and each other, so a Spark driver needs neither confluent-kafka nor the bridge.
+rules and record codec, the Kafka adapters, the client library's producer core, the services
+(the consumer and the client half of transactions; the coordinator's transaction and delay
+services), the coordinator process and the asyncio and RocketMQ 5 clients, the database in the
+loop, the development runtime, and the operator tools (the ``bridge`` command, its console, the
+admin views). A module may import its own layer or lower ones; services do not import other
+services' packages (only what lies below them). The Spark jobs import only ``topics`` and each
+other, so a Spark driver needs neither confluent-kafka nor the bridge.
 """
 
 from __future__ import annotations
@@ -44,9 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "pure rules and record codec",
         (
             "bridge.codec",
-            "bridge.delay.model",
-            "bridge.delay.recall",
-            "bridge.delay.routing",
+            "bridge.delay",
             "bridge.consumer.model",
             "bridge.consumer.sql92",
             "bridge.consumer.process_queue",
@@ -57,9 +58,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "bridge.coordinator.transaction.state",
         ),
     ),
-    ("adapters", ("bridge.kafka", "bridge.runtime", "bridge.observability")),
+    ("adapters", ("bridge.kafka", "bridge.observability")),
     ("clients", ("bridge.client",)),
-    ("services", ("bridge.consumer", "bridge.delay", "bridge.transaction")),
+    (
+        "services",
+        (
+            "bridge.consumer",
+            "bridge.transaction",
+            "bridge.coordinator.transaction",
+            "bridge.coordinator.delay",
+        ),
+    ),
     (
         "coordinator, asyncio and RocketMQ 5 clients",
         ("bridge.coordinator", "bridge.aio", "bridge.v5"),
@@ -67,28 +76,44 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # The database in the loop: listeners for the producer and consumer clients, threaded and
     # asyncio (SQLAlchemy, an optional extra: the entry points import it only when called).
     ("database in the loop", ("bridge.db",)),
-    (
-        "entry points",
-        (
-            "bridge.__main__",
-            "bridge.cli",
-            "bridge.cli.common",
-            "bridge.cli.output",
-            "bridge.cli.broker",
-            "bridge.cli.coordinator",
-            "bridge.cli.security",
-            "bridge.cli.topics",
-            "bridge.cli.operators",
-            "bridge.cli.db",
-            "bridge.cli.console",
-            "bridge",
-        ),
-    ),
+    # Above every client and the coordinator: none of them may import it.
+    ("development runtime", ("bridge.runtime",)),
+    ("operator tools and the public facade", ("bridge.__main__", "bridge.cli", "bridge")),
 ]
 """Bottom first. A module belongs to the layer of its longest matching prefix; ``bridge`` names
 only the package's ``__init__`` (the public facade), so a new module must be placed here."""
 
 SERVICES = LAYERS.index(next(layer for layer in LAYERS if layer[0] == "services"))
+
+PROCESSES: dict[str, tuple[str, ...]] = {
+    "client library": (
+        "bridge",
+        "bridge.client",
+        "bridge.consumer",
+        "bridge.transaction",
+        "bridge.aio",
+        "bridge.v5",
+        "bridge.db",
+    ),
+    "coordinator": ("bridge.coordinator",),
+    "operator tools": ("bridge.cli", "bridge.__main__"),
+    "development runtime": ("bridge.runtime",),
+    # Read by both halves of a transaction: the listener interface and the records the
+    # producer and the coordinator exchange (END requests, check requests, OP records).
+    "shared": ("topics", "bridge.transaction.model"),
+}
+"""Which process runs a module (longest matching prefix; ``bridge`` is the package's
+``__init__`` alone, the client library's public names). A module in none is shared core
+(errors, settings, message, codec, the delay rules, Kafka adapters, observability)."""
+
+MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "shared": ("shared",),
+    "client library": ("shared", "client library"),
+    "coordinator": ("shared", "coordinator"),
+    "development runtime": ("shared", "development runtime"),
+    "operator tools": ("shared", "client library", "coordinator", "development runtime"),
+}
+"""A process's code imports shared code, its own, and (operator tools alone) the others'."""
 
 SPARK_ALLOWED = ("topics", "spark_jobs")
 SPARK_LAZY_ALLOWED = {("spark_jobs.common", "bridge.runtime.jars")}
@@ -102,17 +127,30 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _matches(module: str, prefix: str) -> bool:
+    # The package itself ("bridge") is the facade; its modules are listed on their own.
+    return module == prefix or (prefix != "bridge" and module.startswith(prefix + "."))
+
+
 def _layer(module: str) -> tuple[int, str]:
     """(layer index, matching prefix) of a project module."""
     best: tuple[int, str] | None = None
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            # The package itself ("bridge") is the facade on top; its modules are listed.
-            matches = module == prefix or (prefix != "bridge" and module.startswith(prefix + "."))
-            if matches and (best is None or len(prefix) > len(best[1])):
+            if _matches(module, prefix) and (best is None or len(prefix) > len(best[1])):
                 best = (index, prefix)
     assert best is not None, f"{module} is in no layer: add it to LAYERS"
     return best
+
+
+def _process(module: str) -> str:
+    """The process that runs a project module ("shared" for shared core)."""
+    best = ("shared", "")
+    for process, prefixes in PROCESSES.items():
+        for prefix in prefixes:
+            if _matches(module, prefix) and len(prefix) > len(best[1]):
+                best = (process, prefix)
+    return best[0]
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:
@@ -159,8 +197,19 @@ def test_bridge_and_topics_import_only_downward() -> None:
                 wrong.append(
                     f"{module} ({LAYERS[layer][0]}) imports {target} ({LAYERS[target_layer][0]})"
                 )
-            elif target_layer == layer == SERVICES and target.split(".")[1] != module.split(".")[1]:
+            elif target_layer == layer == SERVICES and _layer(target)[1] != _layer(module)[1]:
                 wrong.append(f"service {module} imports another service's {target}")
+    assert wrong == []
+
+
+def test_each_process_imports_only_shared_code_and_its_own() -> None:
+    wrong = [
+        f"{module} ({_process(module)}) imports {target} ({_process(target)})"
+        for path in _sources("bridge", "topics")
+        for module in [_module_name(path)]
+        for target, _ in _imports(path)
+        if _process(target) not in (_process(module), *MAY_IMPORT[_process(module)])
+    ]
     assert wrong == []
 
 
@@ -293,6 +342,17 @@ def test_layer_table_detects_an_upward_import() -> None:
     assert _layer("bridge.cli.topics")[0] == len(LAYERS) - 1
     with pytest.raises(AssertionError, match="in no layer"):
         _layer("bridge.unplaced")
+    # Services apart: the coordinator's delay service may not import its transaction service.
+    assert (
+        _layer("bridge.coordinator.delay.fetch")[1] != _layer("bridge.coordinator.transaction")[1]
+    )
+    # The client library may not import the runtime, nor the coordinator's code.
+    assert _layer("bridge.runtime.jars")[0] > _layer("bridge.aio.producer")[0]
+    assert _process("bridge.coordinator.transaction.service") not in MAY_IMPORT["client library"]
+    assert _process("bridge.runtime.local_kafka") not in MAY_IMPORT["coordinator"]
+    assert _process("bridge.transaction.producer") == _process("bridge") == "client library"
+    assert _process("bridge.transaction.model") == _process("bridge.codec") == "shared"
+    assert _process("bridge.cli.console.app") == "operator tools"
 
 
 @pytest.mark.parametrize("heavy", ["confluent_kafka", "bridge"])
