@@ -22,6 +22,10 @@ The broker runs with the timer wheel on (``timerWheelEnable``) and transactional
 ``transactionOpBatchInterval``, ``timerPrecisionMs`` and ``timerMaxDelaySec``. Heaps are small
 (256 MiB for the name server, 512 MiB for the broker by default) so both fit beside Kafka on
 two cores.
+
+The module stays a little above 500 lines: one launcher for both ways of running the broker
+(beside the name server, or inside the proxy), whose configuration files, port choices and
+start-up checks share one data directory and one retry on a lost port race.
 """
 
 from __future__ import annotations
