@@ -25,7 +25,7 @@ two cores.
 
 The module stays a little above 500 lines: one launcher for both ways of running the broker
 (beside the name server, or inside the proxy), whose configuration files, port choices and
-start-up checks share one data directory and one retry on a lost port race.
+start-up checks share one data directory and the retries of a start that lost a port race.
 """
 
 from __future__ import annotations
