@@ -21,6 +21,7 @@ import org.apache.rocketmq.client.apis.message.Message;
 import org.apache.rocketmq.client.apis.message.MessageBuilder;
 import org.apache.rocketmq.client.apis.message.MessageView;
 import org.apache.rocketmq.client.apis.producer.Producer;
+import org.apache.rocketmq.client.apis.producer.RecallReceipt;
 import org.apache.rocketmq.client.apis.producer.SendReceipt;
 
 /**
@@ -338,6 +339,101 @@ public final class RocketMQV5Driver {
         }
     }
 
+    /** A timer message (the workloads' message) due at {@code dueEpochMs}; sent, its receipt
+     * recorded with the due time, and returned. */
+    static SendReceipt sendTimer(Producer producer, String topic, String name, long dueEpochMs)
+        throws Exception {
+        Message msg = PROVIDER.newMessageBuilder()
+            .setTopic(topic)
+            .setBody(name.getBytes(StandardCharsets.UTF_8))
+            .setKeys(name)
+            .setTag("T")
+            .addProperty("p", name)
+            .setDeliveryTimestamp(dueEpochMs)
+            .build();
+        SENT_AT.put(name, now());
+        SendReceipt receipt = producer.send(msg);
+        emit("sent", "key", name, "t", now(), "msg_id", receipt.getMessageId().toString(),
+            "due_ms", dueEpochMs, "handle", receipt.getRecallHandle() != null);
+        return receipt;
+    }
+
+    /** Recall {@code name} and record what the call returned or raised, with how long before
+     * its due time the call began (ms; negative once past it). */
+    static void recallOne(Producer producer, String topic, String name, SendReceipt receipt,
+        long dueEpochMs) {
+        long before = dueEpochMs - System.currentTimeMillis();
+        try {
+            RecallReceipt r = producer.recallMessage(topic, receipt.getRecallHandle());
+            emit("recall", "key", name, "t", now(), "before_due_ms", before, "ok", true,
+                "msg_id", r.getMessageId().toString());
+        } catch (Exception e) {
+            emit("recall", "key", name, "t", now(), "before_due_ms", before, "ok", false,
+                "error", e.getClass().getSimpleName(), "message", e.getMessage());
+        }
+    }
+
+    /**
+     * Recall of timer messages: after a warm-up timer, "kept", "recalled-1" and "recalled-2"
+     * are sent due in due_ms and "late" due in late_due_ms; the two "recalled" ones are
+     * recalled at once, and "late" once a SimpleConsumer has received it. Every message
+     * received is acked; the receive loop goes on until "kept" and "late" came, and then
+     * until quiet_ms after the last due time, so that a recalled message that arrived anyway
+     * would be seen.
+     */
+    static void recall(String endpoint) throws Exception {
+        String topic = arg("topic");
+        Duration invisible = Duration.ofMillis(intArg("invisible_ms"));
+        long deadline = intArg("deadline_ms");
+        try (Producer producer = producer(endpoint, topic);
+             SimpleConsumer consumer = PROVIDER.newSimpleConsumerBuilder()
+                 .setClientConfiguration(configuration(endpoint))
+                 .setConsumerGroup(arg("consumer_group"))
+                 .setAwaitDuration(Duration.ofMillis(intArg("await_ms")))
+                 .setSubscriptionExpressions(all(topic))
+                 .build()) {
+            // A topic of message type DELAY takes timer messages only: the warm-up is one.
+            sendTimer(producer, topic, "warmup", System.currentTimeMillis() + 200);
+            boolean warm = false;
+            while (!warm && now() < deadline) {
+                for (MessageView m : consumer.receive(16, invisible)) {
+                    warm |= "warmup".equals(keyOf(m));
+                    consumer.ack(m);
+                }
+            }
+            if (!warm) {
+                throw new IllegalStateException("the warm-up message never came");
+            }
+            emit("ready", "t", now());
+            long due = System.currentTimeMillis() + intArg("due_ms");
+            long lateDue = System.currentTimeMillis() + intArg("late_due_ms");
+            Map<String, SendReceipt> receipts = new HashMap<>();
+            for (String name : new String[] {"kept", "recalled-1", "recalled-2"}) {
+                receipts.put(name, sendTimer(producer, topic, name, due));
+            }
+            receipts.put("late", sendTimer(producer, topic, "late", lateDue));
+            for (String name : new String[] {"recalled-1", "recalled-2"}) {
+                recallOne(producer, topic, name, receipts.get(name), due);
+            }
+            Set<String> got = ConcurrentHashMap.newKeySet();
+            long quietUntil = due + intArg("quiet_ms");
+            while (now() < deadline
+                && !(got.contains("kept") && got.contains("late")
+                     && System.currentTimeMillis() >= quietUntil)) {
+                for (MessageView m : consumer.receive(16, invisible)) {
+                    String key = keyOf(m);
+                    emitView("receive", m);
+                    consumer.ack(m);
+                    if ("late".equals(key) && got.add(key)) {
+                        recallOne(producer, topic, key, receipts.get(key), lateDue);
+                    } else {
+                        got.add(key);
+                    }
+                }
+            }
+        }
+    }
+
     public static void main(String[] argv) throws Exception {
         if (argv.length < 2) {
             System.err.println("usage: RocketMQV5Driver WORKLOAD PROXY_ENDPOINT key=value...");
@@ -353,6 +449,7 @@ public final class RocketMQV5Driver {
             switch (argv[0]) {
                 case "simple": simple(argv[1]); break;
                 case "fifo": fifo(argv[1]); break;
+                case "recall": recall(argv[1]); break;
                 default:
                     System.err.println("unknown workload " + argv[0]);
                     System.exit(2);

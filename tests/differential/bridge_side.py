@@ -3,9 +3,11 @@ bridge's public API (``Producer``, ``TransactionMQProducer``, ``PushConsumer``, 
 and the operator view of parked transactions), producing the same events.
 
 The rows of RocketMQ 5's client model run ``RocketMQV5Driver.java``'s workloads through the
-bridge's ``SimpleConsumer`` and FIFO ``PushConsumer`` (``simple``, ``fifo``); their messages are
-recorded as RocketMQ 5's ``MessageView`` shows them (``group``, ``attempt``: the delivery
-attempt), with ``receive``, ``ack`` and ``changed`` events for the simple consumer.
+bridge's ``SimpleConsumer`` and FIFO ``PushConsumer`` (``simple``, ``fifo``), and through
+``bridge.v5.Producer``'s ``recall_message`` (``recall``); their messages are recorded as
+RocketMQ 5's ``MessageView`` shows them (``group``, ``attempt``: the delivery attempt), with
+``receive``, ``ack`` and ``changed`` events for the simple consumer and ``recall`` events for
+what each recall returned or raised.
 
 Events are dicts with ``ev`` (``sent``, ``ready``, ``execute``, ``check``, ``consume``,
 ``parked``, ``dlq``, ``selected``, ``invalid``, ``done``) and, for a message: ``key``,
@@ -50,6 +52,10 @@ from bridge import (
     read_messages,
 )
 from bridge.cli.admin.transactions import read_parked
+from bridge.errors import BridgeError
+from bridge.v5 import Message as V5Message
+from bridge.v5 import Producer as V5Producer
+from bridge.v5 import SendReceipt
 
 Event = dict[str, Any]
 V5_KEYS = ("ack", "late", "extend", "never")
@@ -730,5 +736,103 @@ def fifo(
         time.sleep(quiet_ms / 1000)
     for msg in _read_dlq(env, consumer_group):
         rec.message("dlq", msg, dlq_topic=f"%DLQ%{consumer_group}")
+    rec.emit("done", t=rec.now())
+    return rec.events
+
+
+def _send_timer(
+    rec: Recorder, producer: V5Producer, topic: str, name: str, due_epoch_ms: int
+) -> SendReceipt:
+    """Send the workloads' message as a timer due at ``due_epoch_ms`` and record its receipt
+    (see ``RocketMQV5Driver.sendTimer``)."""
+    msg = V5Message(
+        topic, name, tag="T", keys=name, properties={"p": name},
+        delivery_timestamp=due_epoch_ms / 1000,
+    )  # fmt: skip
+    rec.sending(name)
+    receipt = producer.send(msg)
+    handle = receipt.recall_handle is not None
+    rec.sent(name, msg_id=receipt.message_id, due_ms=due_epoch_ms, handle=handle)
+    return receipt
+
+
+def _recall_one(
+    rec: Recorder, producer: V5Producer, topic: str, name: str, receipt: SendReceipt, due_ms: int
+) -> None:
+    """Recall ``name`` and record what the call returned or raised, and how long before its
+    due time (epoch ms) the call began (see ``RocketMQV5Driver.recallOne``)."""
+    before = due_ms - time.time_ns() // 1_000_000
+    assert receipt.recall_handle is not None, name
+    try:
+        msg_id = producer.recall_message(topic, receipt.recall_handle)
+    except BridgeError as exc:
+        rec.emit(
+            "recall", key=name, t=rec.now(), before_due_ms=before, ok=False,
+            error=type(exc).__name__, message=str(exc),
+        )  # fmt: skip
+    else:
+        rec.emit("recall", key=name, t=rec.now(), before_due_ms=before, ok=True, msg_id=msg_id)
+
+
+def recall(
+    env: BridgeEnv,
+    *,
+    topic: str,
+    producer_group: str,
+    consumer_group: str,
+    due_ms: int,
+    late_due_ms: int,
+    invisible_ms: int,
+    await_ms: int,
+    deadline_ms: int,
+    quiet_ms: int,
+) -> list[Event]:
+    """Recall of timer messages (see ``RocketMQV5Driver.recall``), through
+    ``bridge.v5.Producer.recall_message`` and the bridge's ``SimpleConsumer``.
+    ``producer_group`` is unused: a v5 producer has none."""
+    rec = Recorder("recall")
+    env.create_topic(topic)
+    invisible = invisible_ms / 1000
+    deadline = rec.started + deadline_ms / 1000
+    consumer = SimpleConsumer(
+        env.client,
+        consumer_group,
+        {topic: "*"},
+        await_ms / 1000,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+    )
+    with V5Producer(env.client, topics=topic) as producer, consumer:
+        _send_timer(rec, producer, topic, "warmup", time.time_ns() // 1_000_000 + 200)
+        warm = False
+        while not warm and time.monotonic() < deadline:
+            for view in consumer.receive(16, invisible):
+                warm |= view.keys == ["warmup"]
+                consumer.ack(view)
+        if not warm:
+            raise RuntimeError("the warm-up message never came")
+        rec.emit("ready", t=rec.now())
+        due = time.time_ns() // 1_000_000 + due_ms
+        late_due = time.time_ns() // 1_000_000 + late_due_ms
+        receipts = {
+            name: _send_timer(rec, producer, topic, name, due)
+            for name in ("kept", "recalled-1", "recalled-2")
+        }
+        receipts["late"] = _send_timer(rec, producer, topic, "late", late_due)
+        for name in ("recalled-1", "recalled-2"):
+            _recall_one(rec, producer, topic, name, receipts[name], due)
+        got: set[str] = set()
+        quiet_until = due + quiet_ms
+        while time.monotonic() < deadline and not (
+            {"kept", "late"} <= got and time.time_ns() // 1_000_000 >= quiet_until
+        ):
+            for view in consumer.receive(16, invisible):
+                key = view.keys[0]
+                _view(rec, "receive", view)
+                consumer.ack(view)
+                if key == "late" and key not in got:
+                    got.add(key)
+                    _recall_one(rec, producer, topic, key, receipts[key], late_due)
+                else:
+                    got.add(key)
     rec.emit("done", t=rec.now())
     return rec.events

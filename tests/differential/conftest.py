@@ -50,10 +50,11 @@ class _Starting:
                 transaction_check_max=settings.TRANSACTION_CHECK_MAX,
                 transaction_op_batch_interval_ms=settings.OP_BATCH_INTERVAL_MS,
                 timer_precision_ms=settings.TIMER_PRECISION_MS,
-                # SQL92 property filters (off by default in RocketMQ's broker).
-                broker_properties={"enablePropertyFilter": "true"},
+                # SQL92 property filters, and recalling timer messages (both off by default
+                # in RocketMQ's broker: RecallMessageProcessor answers NO_PERMISSION).
+                broker_properties={"enablePropertyFilter": "true", "recallMessageEnable": "true"},
                 # RocketMQ 5's gRPC proxy, in local mode in the broker's JVM, for the rows of
-                # RocketMQ 5's client model (SimpleConsumer, FIFO message groups).
+                # RocketMQ 5's client model (SimpleConsumer, FIFO message groups, recall).
                 proxy=True,
                 proxy_properties=settings.PROXY_PROPERTIES,
             )

@@ -14,7 +14,10 @@ client (``rocketmq-client-java``) against the proxy, which runs in local mode in
 JVM (``LocalRocketMQ`` with ``proxy=True``). That client bundles its own copy of the gRPC
 protocol classes, so it is compiled and run on a class path of its own (set
 ``rocketmq-client-v5``); the topics and groups it needs are created by ``RocketMQDriver``'s
-``v5admin`` workload, which also reads the dead-letter queue afterwards.
+``v5admin`` workload, which also reads the dead-letter queue afterwards. The recall of timer
+messages goes through it too (``Producer#recallMessage`` of client 5.2.0; the remoting
+client 5.3.3 has ``DefaultMQProducer#recallMessage`` as well), since the bridge's
+``bridge.v5.Producer.recall_message`` follows the v5 client.
 
 Each driver is compiled with ``javac`` against its cached jars into the cache (once per
 source version) and prints one JSON object per line; lines that are not such objects (a

@@ -46,6 +46,14 @@ FIFO_BACKOFF_MS: Final = 1000
 = max = this) and the bridge's ``suspend_current_queue_time_millis``."""
 FIFO_WORK_MS: Final = 200
 """How long the FIFO listener works on each message."""
+RECALL_DUE_MS: Final = 4000
+"""When the recall row's timers are due, after their send: the recalls made at once come
+about 4 s before, well outside the bridge's 1 s recall margin."""
+RECALL_LATE_DUE_MS: Final = 1500
+"""When the recall row's "late" timer is due: it is recalled once it was received."""
+RECALL_QUIET_MS: Final = 3000
+"""How long the recall row keeps receiving after the timers' due time, so that a recalled
+message delivered anyway (late by up to the precision and the machine's stalls) is seen."""
 PROXY_PROPERTIES: Final = {
     "minInvisibleTimeMillsForRecv": 1000,
     "grpcClientConsumerMinLongPollingTimeoutMillis": 1000,

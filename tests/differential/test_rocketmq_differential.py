@@ -796,3 +796,86 @@ def test_v5_fifo_dead_letter_counts_differ_as_documented(
     for side in ("rocketmq", "rocketmq_accelerated"):
         assert one(fifo_v5[side], "dlq", "g1-1")["reconsume"] == 1, side
     assert one(fifo_v5["bridge"], "dlq", "g1-1")["reconsume"] == s.MAX_DELIVERY_ATTEMPTS
+
+
+# --- RocketMQ 5.3's recall of timer messages ----------------------------------------------
+
+RECALLED = ("recalled-1", "recalled-2")
+"""Recalled at once after their send, about ``RECALL_DUE_MS`` before their time."""
+DELIVERED = ("kept", "late")
+"""Never recalled in time: "kept" is not recalled, "late" only once it was received."""
+
+
+@pytest.fixture(scope="module")
+def recall_v5(
+    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
+) -> dict[str, list[Event]]:
+    """Timer messages recalled before their time and after their delivery, on a topic of
+    message type DELAY (RocketMQ's proxy recalls only on such a topic, and takes only timers
+    there); RocketMQ's broker runs with ``recallMessageEnable=true``."""
+    started = time.monotonic()
+    rmq, bridge = run_both_v5(
+        "recall", rocketmq, bridge_env, driver_home,
+        setup={"queues": 4, "message_type": "DELAY", "fifo": "false",
+               "retry_max_times": s.MAX_DELIVERY_ATTEMPTS - 1, "backoff_ms": s.INVISIBLE_MS},
+        due_ms=s.RECALL_DUE_MS, late_due_ms=s.RECALL_LATE_DUE_MS, invisible_ms=s.INVISIBLE_MS,
+        await_ms=s.AWAIT_MS, deadline_ms=60_000, quiet_ms=s.RECALL_QUIET_MS,
+    )  # fmt: skip
+    MEASURED.setdefault("row_s", {})["recall"] = time.monotonic() - started
+    return {"rocketmq": rmq, "bridge": bridge}
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_v5_recalled_timers_never_arrive_and_the_others_arrive_once(
+    recall_v5: dict[str, list[Event]], side: str
+) -> None:
+    events = recall_v5[side]
+    sent = {e["key"]: e for e in of(events, "sent")}
+    # Every timer's send gives a recall handle.
+    assert set(sent) == {"warmup", *RECALLED, *DELIVERED}
+    assert all(e["handle"] for e in sent.values())
+    # What arrives after the warm-up: "kept" and "late", each once, never a recalled one.
+    got = receives(events)
+    assert {k: len(v) for k, v in got.items()} == dict.fromkeys(DELIVERED, 1)
+    (start,) = of(events, "start")
+    for key in DELIVERED:
+        (view,) = got[key]
+        assert view["msg_id"] == sent[key]["msg_id"], key
+        assert (view["body"], view["props"], view["tags"]) == (key, {"p": key}, "T"), key
+        # Never before its time (epoch ms).
+        assert start["epoch_ms"] + view["t"] >= sent[key]["due_ms"] - EARLY_MS, key
+    # The receive loop ran past the recalled ones' time by RECALL_QUIET_MS.
+    (done,) = of(events, "done")
+    assert done["t"] - sent["kept"]["t"] >= s.RECALL_DUE_MS + s.RECALL_QUIET_MS - SLACK_MS
+    # A recall in time returns the message's id.
+    recalls = {e["key"]: e for e in of(events, "recall")}
+    for key in RECALLED:
+        assert recalls[key]["ok"] is True, recalls[key]
+        assert recalls[key]["msg_id"] == sent[key]["msg_id"]
+        assert recalls[key]["before_due_ms"] >= s.RECALL_DUE_MS - SLACK_MS
+    # The late recall came after the message was received.
+    assert recalls["late"]["before_due_ms"] < 0
+    assert recalls["late"]["t"] >= got["late"][0]["t"]
+
+
+def test_v5_recall_after_delivery_is_refused_as_documented(
+    recall_v5: dict[str, list[Event]],
+) -> None:
+    """Both refuse a recall made after the message was delivered (and it was delivered once,
+    above). RocketMQ's broker (``RecallMessageProcessor``) answers ILLEGAL_OPERATION "recall
+    failed, timestamp invalid" once the handle's time has passed; the proxy in local mode
+    (``LocalMessageService.recallMessage``) turns every refusal into INTERNAL_SERVER_ERROR,
+    which the 5.2.0 client raises as ``InternalErrorException``: only the text says why. The
+    bridge raises ``RecallTooLateError``, with the message's id and times."""
+    late = {side: one(recall_v5[side], "recall", "late") for side in SIDES}
+    assert all(late[side]["ok"] is False for side in SIDES), late
+    assert late["rocketmq"]["error"] == "InternalErrorException"
+    assert "response-code=50001" in late["rocketmq"]["message"]
+    assert "recall failed, timestamp invalid" in late["rocketmq"]["message"]
+    assert late["bridge"]["error"] == "RecallTooLateError"
+    (sent,) = [e for e in of(recall_v5["bridge"], "sent") if e["key"] == "late"]
+    assert sent["msg_id"] in late["bridge"]["message"]
+    note(
+        "recall", "late recall, ms after the message's time",
+        -late["rocketmq"]["before_due_ms"], -late["bridge"]["before_due_ms"],
+    )  # fmt: skip
