@@ -819,7 +819,7 @@ def recall_v5(
         setup={"queues": 4, "message_type": "DELAY", "fifo": "false",
                "retry_max_times": s.MAX_DELIVERY_ATTEMPTS - 1, "backoff_ms": s.INVISIBLE_MS},
         due_ms=s.RECALL_DUE_MS, late_due_ms=s.RECALL_LATE_DUE_MS, invisible_ms=s.INVISIBLE_MS,
-        await_ms=s.AWAIT_MS, deadline_ms=60_000, quiet_ms=s.RECALL_QUIET_MS,
+        await_ms=s.AWAIT_MS, deadline_ms=90_000, quiet_ms=s.RECALL_QUIET_MS,
     )  # fmt: skip
     MEASURED.setdefault("row_s", {})["recall"] = time.monotonic() - started
     return {"rocketmq": rmq, "bridge": bridge}
