@@ -440,3 +440,14 @@ def test_a_dry_run_s_replay_is_written_once() -> None:
     # Past the time a token could be taken at all, it is forgotten (the signer refuses it).
     spent.spend("c", 1_005)
     assert set(spent._spent) == {"b", "c"}  # what it keeps is the point
+
+
+def test_a_dry_run_token_has_one_text_so_its_replay_is_written_once() -> None:
+    # Leading zeros name the same issue time to the MAC; taken, they would be a token the
+    # spent set has not seen, and the dry run's replay would be written a second time.
+    signer = DryRunSigner(b"s" * 32)
+    token = signer.token("session", "selection", 1_000_000)
+    signer.check("session", "selection", token, 1_000_100)
+    for variant in (f"0{token}", f"00{token}"):
+        with pytest.raises(DryRunRefused, match="malformed"):
+            signer.check("session", "selection", variant, 1_000_200)

@@ -201,6 +201,10 @@ class DryRunSigner:
         if not sep or not issued.isascii() or not issued.isdigit() or not session_id:
             raise DryRunRefused("malformed dry-run token")
         issued_ms = int(issued)
+        if issued != str(issued_ms):
+            # One dry run, one token text: "0<token>" would pass the MAC yet be another key
+            # of SpentDryRuns, and let the dry run's replay be written twice.
+            raise DryRunRefused("malformed dry-run token")
         if not hmac.compare_digest(self._mac(session_id, issued_ms, selection), mac):
             raise DryRunRefused(
                 "the dry-run token is of other letters, another filter or target, or another "
