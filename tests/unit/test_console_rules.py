@@ -437,9 +437,24 @@ def test_a_dry_run_s_replay_is_written_once() -> None:
     spent.spend("b", 10)
     with pytest.raises(DryRunRefused, match="written already"):
         spent.spend("a", 500)
-    # Past the time a token could be taken at all, it is forgotten (the signer refuses it).
-    spent.spend("c", 1_005)
+    # Past the time a token could be taken at all, it is forgotten (the signer refuses it):
+    # its time to live, and the clock skew the signer allows, after it was spent.
+    spent.spend("c", 6_005)
     assert set(spent._spent) == {"b", "c"}  # what it keeps is the point
+
+
+def test_a_token_from_ahead_of_the_clock_is_remembered_while_it_is_valid() -> None:
+    # The signer takes a token whose time lies up to DRY_RUN_CLOCK_SKEW_MS ahead (the clock
+    # moved back): it is valid until its own time plus the ttl, so SpentDryRuns must keep it
+    # that long after spending it, or its replay can be written again.
+    signer, spent = DryRunSigner(b"s" * 32, ttl_ms=1000), SpentDryRuns(ttl_ms=1000)
+    token = signer.token("session", "selection", 10_000)
+    signer.check("session", "selection", token, 5_000)
+    spent.spend(token, 5_000)
+    for now in (6_001, 10_999):
+        signer.check("session", "selection", token, now)  # still valid
+        with pytest.raises(DryRunRefused, match="written already"):
+            spent.spend(token, now)
 
 
 def test_a_dry_run_token_has_one_text_so_its_replay_is_written_once() -> None:
