@@ -25,6 +25,7 @@ from bridge.cli.console.paging import (
     LetterFilter,
     body_text,
     hex_dump,
+    number,
     page_size,
     parse_refs,
 )
@@ -466,3 +467,35 @@ def test_a_dry_run_token_has_one_text_so_its_replay_is_written_once() -> None:
     for variant in (f"0{token}", f"00{token}"):
         with pytest.raises(DryRunRefused, match="malformed"):
             signer.check("session", "selection", variant, 1_000_200)
+
+
+def test_numbers_from_urls_and_forms_are_bounded() -> None:
+    # Python refuses to convert a text of more than 4,300 digits (ValueError), and Kafka's
+    # offsets are 64-bit: such a number is refused as the text it is, never a 500.
+    huge = "9" * 5000
+    assert number(huge) is None and number(str(2**63)) is None and number("²") is None
+    assert number(str(2**63 - 1)) == 2**63 - 1 and number("0") == 0
+    with pytest.raises(CursorError):
+        parse_refs([f"0@{huge}"])
+    with pytest.raises(CursorError):
+        Cursor.decode(f"0:{huge}")
+    with pytest.raises(DryRunRefused, match="malformed"):
+        DryRunSigner(b"s" * 32).check("session", "selection", f"{huge}.00", 1_000)
+
+
+def test_a_huge_number_in_a_page_s_url_or_a_form_is_no_server_error() -> None:
+    secret = b"k" * 32
+    app = create_app(
+        ConsoleSettings(UNREACHABLE, "the-operator-token-xyz", True, csrf_secret=secret)
+    )
+    client = app.test_client()
+    session = client.get("/").headers["Set-Cookie"].split(";")[0].split("=", 1)[1]
+    # Read past the number: the page then asks the unreachable Kafka (502), not a 500.
+    assert client.get(f"/quarantine?from={'9' * 5000}").status_code == 502
+    form = {"token": "the-operator-token-xyz", "csrf_token": CsrfSigner(secret).token(session)}
+    replay = client.post(
+        "/quarantine/replay",
+        data={**form, "offset": "9" * 5000},
+        headers={"Origin": "http://localhost"},
+    )
+    assert replay.status_code == 200 and "not an offset" in replay.get_data(True)
