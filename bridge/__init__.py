@@ -115,8 +115,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+_HELPERS = frozenset({"annotations", "importlib", "TYPE_CHECKING", "Any"})
+"""This module's own imports, kept out of ``dir(bridge)`` (they are no public names)."""
+
+
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted((set(globals()) - _HELPERS) | set(_EXPORTS))
 
 
 try:  # one source for the version: the installed package's metadata (pyproject.toml)

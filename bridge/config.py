@@ -181,10 +181,16 @@ _SECRET_PROPERTIES: Final = frozenset({"ssl.key.pem", "ssl_key", "sasl.oauthbear
 
 
 def is_secret_property(name: str) -> bool:
-    """True for a librdkafka property whose value is a secret (passwords, client secrets,
-    private keys, OAUTHBEARER configs): never printed."""
+    """True for a librdkafka property whose value is a secret (passwords, passphrases, client
+    secrets, private keys in PEM, OAUTHBEARER configs): never printed."""
     lowered = name.lower()
-    return "password" in lowered or "secret" in lowered or lowered in _SECRET_PROPERTIES
+    # By their words, so that properties librdkafka adds stay covered: 2.10's JWT bearer
+    # assertion has sasl.oauthbearer.assertion.private.key.pem and .passphrase.
+    return (
+        any(word in lowered for word in ("password", "secret", "passphrase"))
+        or lowered.endswith("key.pem")
+        or lowered in _SECRET_PROPERTIES
+    )
 
 
 @dataclass(frozen=True, slots=True)

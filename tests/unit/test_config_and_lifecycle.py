@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bridge.cli.output import JsonLogFormatter
-from bridge.config import ClientConfig
+from bridge.config import ClientConfig, is_secret_property
 from bridge.coordinator import CoordinatorConfig
 from bridge.errors import IllegalStateError, InvalidArgumentError
 from bridge.kafka.clients import (
@@ -304,6 +304,22 @@ def test_secret_kafka_properties_never_appear_in_a_config_repr() -> None:
         for value in secrets.values():
             assert value not in text
     assert "bootstrap_servers='127.0.0.1:9092'" in repr(config)
+
+
+def test_the_jwt_bearer_assertion_s_private_key_and_passphrase_are_secrets() -> None:
+    # librdkafka 2.10+ signs a JWT bearer assertion with a private key given inline, under a
+    # passphrase: neither may be printed (config reprs, the console's health page).
+    secrets = {
+        "sasl.oauthbearer.assertion.private.key.pem": "-----BEGIN PRIVATE KEY----- pw-6",
+        "sasl.oauthbearer.assertion.private.key.passphrase": "pw-7",
+    }
+    config = ClientConfig(kafka={"sasl.oauthbearer.assertion.private.key.file": "/k", **secrets})
+    for text in (repr(config), str(config), repr(CoordinatorConfig(client=config))):
+        assert "/k" in text
+        for value in secrets.values():
+            assert value not in text
+    assert not is_secret_property("ssl.certificate.pem")
+    assert not is_secret_property("ssl.ca.pem")
 
 
 # --- JSON log lines ---------------------------------------------------------------------------

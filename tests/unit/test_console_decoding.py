@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,42 @@ def test_the_command_refuses_a_bad_deserializer_before_it_starts() -> None:
     result = CliRunner().invoke(cli, ["console", "-b", "127.0.0.1:1", "--deserializer", "yaml"])
     assert result.exit_code == 2
     assert "Invalid value for --deserializer: not a deserializer: 'yaml'" in result.output
+
+
+def raw_keys(data: bytes | None, ctx: object) -> dict[bytes, int]:
+    """A deserializer whose value has bytes keys (as msgpack's raw mode gives them)."""
+    return {b"order": 42}
+
+
+def a_cycle(data: bytes | None, ctx: object) -> list[object]:
+    """A deserializer whose value contains itself."""
+    value: list[object] = []
+    value.append(value)
+    return value
+
+
+@pytest.mark.parametrize(("name", "why"), [("raw_keys", "TypeError"), ("a_cycle", "ValueError")])
+def test_a_value_json_cannot_render_is_a_decode_error(name: str, why: str) -> None:
+    # The letter's page catches BodyDecodeError only: anything else would be a 500.
+    own = parse_deserializer(f"{__name__}:{name}")
+    with pytest.raises(BodyDecodeError, match=f"read a value it cannot show: {why}"):
+        own.decode(b"x", "orders", [])
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ("raise RuntimeError('no registry url')\n", "RuntimeError: no registry url"),
+        ("def (:\n", "SyntaxError"),
+    ],
+)
+def test_a_deserializer_module_that_fails_to_import_is_a_spec_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, why: str
+) -> None:
+    # Importing runs the operator's module: whatever it raises names the flag's problem
+    # (the command turns DeserializerSpecError into a usage error), never a traceback.
+    (tmp_path / "broken_deserializer_mod.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "broken_deserializer_mod", raising=False)
+    with pytest.raises(DeserializerSpecError, match=why):
+        parse_deserializer("broken_deserializer_mod:deserialize")

@@ -25,6 +25,7 @@ from bridge.cli.console.paging import (
     LetterFilter,
     body_text,
     hex_dump,
+    number,
     page_size,
     parse_refs,
 )
@@ -437,6 +438,64 @@ def test_a_dry_run_s_replay_is_written_once() -> None:
     spent.spend("b", 10)
     with pytest.raises(DryRunRefused, match="written already"):
         spent.spend("a", 500)
-    # Past the time a token could be taken at all, it is forgotten (the signer refuses it).
-    spent.spend("c", 1_005)
+    # Past the time a token could be taken at all, it is forgotten (the signer refuses it):
+    # its time to live, and the clock skew the signer allows, after it was spent.
+    spent.spend("c", 6_005)
     assert set(spent._spent) == {"b", "c"}  # what it keeps is the point
+
+
+def test_a_token_from_ahead_of_the_clock_is_remembered_while_it_is_valid() -> None:
+    # The signer takes a token whose time lies up to DRY_RUN_CLOCK_SKEW_MS ahead (the clock
+    # moved back): it is valid until its own time plus the ttl, so SpentDryRuns must keep it
+    # that long after spending it, or its replay can be written again.
+    signer, spent = DryRunSigner(b"s" * 32, ttl_ms=1000), SpentDryRuns(ttl_ms=1000)
+    token = signer.token("session", "selection", 10_000)
+    signer.check("session", "selection", token, 5_000)
+    spent.spend(token, 5_000)
+    for now in (6_001, 10_999):
+        signer.check("session", "selection", token, now)  # still valid
+        with pytest.raises(DryRunRefused, match="written already"):
+            spent.spend(token, now)
+
+
+def test_a_dry_run_token_has_one_text_so_its_replay_is_written_once() -> None:
+    # Leading zeros name the same issue time to the MAC; taken, they would be a token the
+    # spent set has not seen, and the dry run's replay would be written a second time.
+    signer = DryRunSigner(b"s" * 32)
+    token = signer.token("session", "selection", 1_000_000)
+    signer.check("session", "selection", token, 1_000_100)
+    for variant in (f"0{token}", f"00{token}"):
+        with pytest.raises(DryRunRefused, match="malformed"):
+            signer.check("session", "selection", variant, 1_000_200)
+
+
+def test_numbers_from_urls_and_forms_are_bounded() -> None:
+    # Python refuses to convert a text of more than 4,300 digits (ValueError), and Kafka's
+    # offsets are 64-bit: such a number is refused as the text it is, never a 500.
+    huge = "9" * 5000
+    assert number(huge) is None and number(str(2**63)) is None and number("²") is None
+    assert number(str(2**63 - 1)) == 2**63 - 1 and number("0") == 0
+    with pytest.raises(CursorError):
+        parse_refs([f"0@{huge}"])
+    with pytest.raises(CursorError):
+        Cursor.decode(f"0:{huge}")
+    with pytest.raises(DryRunRefused, match="malformed"):
+        DryRunSigner(b"s" * 32).check("session", "selection", f"{huge}.00", 1_000)
+
+
+def test_a_huge_number_in_a_page_s_url_or_a_form_is_no_server_error() -> None:
+    secret = b"k" * 32
+    app = create_app(
+        ConsoleSettings(UNREACHABLE, "the-operator-token-xyz", True, csrf_secret=secret)
+    )
+    client = app.test_client()
+    session = client.get("/").headers["Set-Cookie"].split(";")[0].split("=", 1)[1]
+    # Read past the number: the page then asks the unreachable Kafka (502), not a 500.
+    assert client.get(f"/quarantine?from={'9' * 5000}").status_code == 502
+    form = {"token": "the-operator-token-xyz", "csrf_token": CsrfSigner(secret).token(session)}
+    replay = client.post(
+        "/quarantine/replay",
+        data={**form, "offset": "9" * 5000},
+        headers={"Origin": "http://localhost"},
+    )
+    assert replay.status_code == 200 and "not an offset" in replay.get_data(True)

@@ -153,12 +153,41 @@ def _process(module: str) -> str:
     return best[0]
 
 
+LAZY_IMPORT_TABLES = ("_EXPORTS", "_COMMANDS")
+"""Module-level dicts whose values name modules imported when first asked for
+(``bridge.__init__``'s public names, ``bridge.cli.root``'s commands): ``"module"`` or
+``"module:attribute"`` strings, checked as imports of their module."""
+
+
+def _lazy_imports(tree: ast.Module) -> list[str]:
+    """The modules named by the values of :data:`LAZY_IMPORT_TABLES` in ``tree``."""
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        names = {t.id for t in targets if isinstance(t, ast.Name)}
+        if names & set(LAZY_IMPORT_TABLES) and isinstance(value, ast.Dict):
+            for item in value.values:
+                if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                    found.append(item.value.partition(":")[0])
+    return found
+
+
 def _imports(path: Path) -> list[tuple[str, bool]]:
     """(imported module, at module level) for every absolute import of the project's own
-    packages in ``path``."""
+    packages in ``path``, and every module a lazy import table names (counted as at module
+    level: it is imported as soon as its name is used)."""
     tree = ast.parse(path.read_text(), str(path))
     top_level = {id(node) for node in tree.body}
-    found = []
+    found = [
+        (name, True)
+        for name in _lazy_imports(tree)
+        if name.split(".")[0] in ("bridge", "topics", "spark_jobs")
+    ]
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
@@ -368,3 +397,18 @@ def test_importing_the_spark_jobs_loads_no_kafka_client(heavy: str) -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "", f"importing the Spark jobs loaded {done.stdout.strip()}"
+
+
+def test_lazy_import_tables_are_read(tmp_path: Path) -> None:
+    # The facade's public names and the bridge command's commands are imported by name when
+    # first used: the checks above must see them, or a lazy name could pull the coordinator
+    # or the development runtime into the client library unnoticed.
+    facade = tmp_path / "facade.py"
+    facade.write_text(
+        "from typing import Final\n"
+        '_EXPORTS: dict[str, str] = {"Coordinator": "bridge.coordinator"}\n'
+        '_COMMANDS: Final = {"up": "bridge.runtime.local_kafka:up", "x": "json:dumps"}\n'
+    )
+    assert _imports(facade) == [("bridge.coordinator", True), ("bridge.runtime.local_kafka", True)]
+    commands = [target for target, _ in _imports(ROOT / "bridge" / "cli" / "root.py")]
+    assert "bridge.cli.console.cli" in commands and "bridge.cli.operators.dead_letters" in commands

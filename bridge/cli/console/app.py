@@ -34,6 +34,7 @@ from bridge.cli.console.paging import (
     LetterFilter,
     body_text,
     hex_dump,
+    number,
     page_size,
     parse_refs,
 )
@@ -479,8 +480,7 @@ def create_app(settings: ConsoleSettings) -> Flask:
     # Quarantine
     @app.get("/quarantine")
     def quarantine() -> str:
-        given = request.args.get("from", "")
-        start = int(given) if given.isascii() and given.isdigit() else 0
+        start = number(request.args.get("from")) or 0
         size = page_size(request.args.get("size"))
         counts: Counter[tuple[str, str]] = Counter()
         records: list[QuarantinedRecord] = []
@@ -507,10 +507,10 @@ def create_app(settings: ConsoleSettings) -> Flask:
     def quarantine_replay() -> str:
         results = []
         for value in dict.fromkeys(request.form.getlist("offset")):
-            if not value.isascii() or not value.isdigit():
-                results.append((value, False, "not an offset"))
+            offset = number(value)
+            if offset is None:
+                results.append((value[:40], False, "not an offset"))
                 continue
-            offset = int(value)
             audit.info("%s: replay quarantined record at offset %d", _who(), offset)
             try:
                 done = replay_quarantined_at(config, offset)

@@ -49,7 +49,14 @@ class BodyDeserializer:
             value = self.read(body, topic, headers)
         except Exception as exc:  # a deserializer of the operator's may raise anything
             raise BodyDecodeError(f"{self.name} cannot read this body: {_reason(exc)}") from exc
-        text = json.dumps(value, indent=2, ensure_ascii=False, default=_shown)
+        try:
+            text = json.dumps(value, indent=2, ensure_ascii=False, default=_shown)
+        except (TypeError, ValueError, RecursionError) as exc:
+            # A value JSON cannot render: keys that are bytes (msgpack's raw mode), a cycle,
+            # nesting deeper than the encoder recurses. The page says so, never a 500.
+            raise BodyDecodeError(
+                f"{self.name} read a value it cannot show: {_reason(exc)}"
+            ) from exc
         if len(text) > DECODED_PREVIEW_CHARS:
             text = text[:DECODED_PREVIEW_CHARS] + f"\n... {len(text) - DECODED_PREVIEW_CHARS} more"
         return text
@@ -97,7 +104,7 @@ def _imported(spec: str) -> Callable[[bytes, str, Headers], Any]:
     module_name, _, attr = spec.partition(":")
     try:
         deserializer = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # importing runs the module's own code: it may raise anything
         raise DeserializerSpecError(f"{spec}: {_reason(exc)}") from exc
     if not callable(deserializer):
         raise DeserializerSpecError(f"{spec} is not a deserializer (not callable)")

@@ -48,13 +48,8 @@ class Cursor:
         positions: dict[int, int] = {}
         for part in text.split(","):
             p, sep, o = part.partition(":")
-            if not sep or not p.isascii() or not o.isascii():
-                raise CursorError(f"not a cursor: {text!r}")
-            try:
-                partition, offset = int(p), int(o)
-            except ValueError as exc:
-                raise CursorError(f"not a cursor: {text!r}") from exc
-            if partition < 0 or offset < 0 or partition in positions:
+            partition, offset = number(p), number(o)
+            if not sep or partition is None or offset is None or partition in positions:
                 raise CursorError(f"not a cursor: {text!r}")
             positions[partition] = offset
         return cls(positions)
@@ -62,6 +57,20 @@ class Cursor:
     def start(self, partition: int, low: int) -> int:
         """The offset to read ``partition`` from: the cursor's, never below ``low``."""
         return max(self.positions.get(partition, low), low)
+
+
+MAX_NUMBER: Final = 2**63 - 1
+"""The largest number a URL or form may give (a partition, an offset): Kafka's offsets are
+64-bit, and Python refuses to convert a text of more than 4,300 digits at all."""
+
+
+def number(text: str | None) -> int | None:
+    """``text`` as a number when it is plain ASCII digits (not "²", which ``isdigit()``
+    accepts) naming at most :data:`MAX_NUMBER`; else None."""
+    if not text or len(text) > len(str(MAX_NUMBER)) or not text.isascii() or not text.isdigit():
+        return None
+    value = int(text)
+    return value if value <= MAX_NUMBER else None
 
 
 def page_size(text: str | None) -> int:
@@ -114,9 +123,10 @@ def parse_refs(values: Collection[str]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for value in values:
         p, sep, o = value.partition("@")
-        if not sep or not (p.isascii() and p.isdigit() and o.isascii() and o.isdigit()):
+        partition, offset = number(p), number(o)
+        if not sep or partition is None or offset is None:
             raise CursorError(f"not a letter reference: {value!r}")
-        ref = (int(p), int(o))
+        ref = (partition, offset)
         if ref not in out:
             out.append(ref)
     return out

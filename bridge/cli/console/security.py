@@ -198,9 +198,20 @@ class DryRunSigner:
         if not given:
             raise DryRunRefused("no dry run: a replay needs the token of a dry run of its letters")
         issued, sep, mac = given.partition(".")
-        if not sep or not issued.isascii() or not issued.isdigit() or not session_id:
+        # At most 19 digits: Python refuses to convert more than 4,300, and no time has more.
+        if (
+            not sep
+            or len(issued) > 19
+            or not issued.isascii()
+            or not issued.isdigit()
+            or not session_id
+        ):
             raise DryRunRefused("malformed dry-run token")
         issued_ms = int(issued)
+        if issued != str(issued_ms):
+            # One dry run, one token text: "0<token>" would pass the MAC yet be another key
+            # of SpentDryRuns, and let the dry run's replay be written twice.
+            raise DryRunRefused("malformed dry-run token")
         if not hmac.compare_digest(self._mac(session_id, issued_ms, selection), mac):
             raise DryRunRefused(
                 "the dry-run token is of other letters, another filter or target, or another "
@@ -219,7 +230,9 @@ class SpentDryRuns:
     """The dry-run tokens whose replay was written, kept while they could still be taken
     (:data:`DRY_RUN_TTL_MS`): each dry run lets its replay be written once, so a confirmation
     sent twice (a double click, a browser's resend) replays nothing the second time. At most
-    the replays of the last ``ttl_ms`` are kept."""
+    the replays of the last ``ttl_ms`` plus :data:`DRY_RUN_CLOCK_SKEW_MS` are kept: a token
+    taken while its time lay ahead of the clock (by up to that skew) stays valid that much
+    longer after it was spent."""
 
     ttl_ms: int = DRY_RUN_TTL_MS
     _spent: dict[str, int] = field(default_factory=dict)
@@ -229,10 +242,11 @@ class SpentDryRuns:
         """Mark ``token`` (a valid one, issued ``<= ttl_ms`` ago) spent; raise
         :class:`DryRunRefused` if it was spent already."""
         with self._lock:
-            # Forget what expired: an expired token is refused before it gets here.
-            for old in [
-                t for t, spent_ms in self._spent.items() if now_ms - spent_ms > self.ttl_ms
-            ]:
+            # Forget what expired: an expired token is refused before it gets here. A token
+            # is spent no earlier than DRY_RUN_CLOCK_SKEW_MS before its issue time, so it
+            # expires at most ttl_ms plus that skew after it was spent.
+            keep_ms = self.ttl_ms + DRY_RUN_CLOCK_SKEW_MS
+            for old in [t for t, spent_ms in self._spent.items() if now_ms - spent_ms > keep_ms]:
                 del self._spent[old]
             if token in self._spent:
                 raise DryRunRefused(
