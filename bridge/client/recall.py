@@ -22,6 +22,7 @@ from bridge.delay.recall import (
     decode_handle,
     encode_handle,
     marker_headers,
+    marker_key,
     recall_applies,
 )
 from bridge.delay.routing import TIMER_ROUTING_HEADER
@@ -157,7 +158,7 @@ class Recaller:
         ms."""
         record = PreparedRecord(
             self._spec.kafka_name,
-            handle.message_id.encode("utf-8"),
+            marker_key(handle.message_id),
             None,
             marker_headers(handle),
             handle.message_id,

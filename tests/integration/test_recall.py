@@ -10,17 +10,28 @@ import asyncio
 import dataclasses
 import random
 import signal
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from bridge import ClientConfig, Message, Producer, SendResult, read_messages
 from bridge.aio import Producer as AsyncProducer
 from bridge.client.recall import Recaller
 from bridge.coordinator import Coordinator
+from bridge.coordinator.delay.recall_watch import RecallWatch
 from bridge.coordinator.delay.service import TimerService
-from bridge.delay.recall import RECALL_MARGIN_MS, decode_handle, encode_handle, recall_applies
+from bridge.delay.recall import (
+    RECALL_MARGIN_MS,
+    decode_handle,
+    encode_handle,
+    read_marker,
+    recall_applies,
+)
 from bridge.errors import InvalidArgumentError, RecallTooLateError
 from bridge.kafka.admin import TopicAdmin
 from bridge.message import now_ms
@@ -28,6 +39,7 @@ from bridge.v5 import Message as V5Message
 from bridge.v5 import Producer as V5Producer
 from tests.conftest import wait_until
 from tests.integration.test_delays import coordinator_config, coordinator_process, stamped_topic
+from topics.catalog import SystemTopic
 
 pytestmark = pytest.mark.broker
 
@@ -275,3 +287,87 @@ def test_the_v5_and_asyncio_producers_recall_too(
     wait_until(lambda: _bodies(recall_config, topic)["kept"] == 1, timeout_s=30)
     assert _bodies(recall_config, topic) == Counter({"kept": 1})
     assert _timer_service(coordinator).recalled == 5
+
+
+def _recall_topic_records(config: ClientConfig, topic: str) -> tuple[int, list[tuple[str, int]]]:
+    """(ticks, markers as (message id, due ms)) of the recall topic ``topic``, read now."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.bootstrap_servers,
+            "group.id": f"count-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    ticks, markers = 0, []
+    try:
+        while True:
+            record = consumer.poll(5)
+            assert record is not None, "no end of the recall partition in 5 s"
+            if record.error() is not None:
+                break
+            headers: Any = record.headers()  # a list of (name, value): no producer sent a dict
+            marker = read_marker(record.key(), headers)
+            if marker is None:
+                ticks += 1
+            else:
+                markers.append(marker)
+    finally:
+        consumer.close()
+    return ticks, markers
+
+
+def test_the_recall_topic_keeps_every_marker_and_only_the_last_ticks(
+    recall_config: ClientConfig, topic: str
+) -> None:
+    # A restarted coordinator reads the whole recall topic before its first delivery: the
+    # ticks (about one a second per coordinator process while timers come due) must not pile
+    # up for the topic's retention (timer_max_delay_ms + 7 days) while no marker may go.
+    spec = recall_config.catalog().spec(SystemTopic.RECALL)
+    TopicAdmin(recall_config).ensure_topics([spec])
+    admin = AdminClient({"bootstrap.servers": recall_config.bootstrap_servers})
+    # Segments that roll within a second (the topic's own roll hourly), so that the log
+    # cleaner reaches the ticks during the test.
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        spec.kafka_name,
+        incremental_configs=[
+            ConfigEntry("segment.ms", "500", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+    due = now_ms() + 3_600_000
+    with Producer("pg", config=recall_config) as producer:
+        sent = [producer.send_sync(_timer(topic, f"m{i}", due + i)) for i in range(3)]
+        handles = [s.recall_handle for s in sent]
+        assert all(h is not None for h in handles)
+        watch = RecallWatch(recall_config, spec.kafka_name, "test")
+        watch.start()
+        try:
+            for round_ in range(6):
+                for handle in handles:
+                    assert handle is not None
+                    if round_ < 2:  # two markers of each message, both applying
+                        producer.recall_message(topic, handle)
+                for _ in range(50):
+                    watch.advance()
+                wait_until(_clock_at(now_ms() + 600), timeout_s=5)
+        finally:
+            watch.stop()
+    expected = sorted((s.msg_id, due + i) for i, s in enumerate(sent))
+
+    def compacted() -> bool:
+        ticks, markers = _recall_topic_records(recall_config, spec.kafka_name)
+        return ticks < 100 and sorted(set(markers)) == expected and len(markers) == 6
+
+    wait_until(compacted, timeout_s=120)
+    # A coordinator started now reads every marker and applies it.
+    fresh = RecallWatch(recall_config, spec.kafka_name, "fresh")
+    fresh.start()
+    try:
+        fresh.ensure(now_ms() - RECALL_MARGIN_MS)
+        assert all(fresh.applies(msg_id, d) for msg_id, d in expected)
+    finally:
+        fresh.stop()

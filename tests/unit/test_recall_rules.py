@@ -17,10 +17,12 @@ from bridge.config import ClientConfig
 from bridge.coordinator.delay.recall_watch import RECALL_KEPT_MS, RecallWatch
 from bridge.delay.recall import (
     RECALL_MARGIN_MS,
+    TICK_KEY,
     RecallHandle,
     decode_handle,
     encode_handle,
     marker_headers,
+    marker_key,
     read_marker,
     recall_applies,
     tick_headers,
@@ -28,6 +30,7 @@ from bridge.delay.recall import (
 from bridge.delay.routing import delayed_record
 from bridge.errors import InvalidArgumentError
 from bridge.message import Message
+from topics.catalog import SystemTopic, TopicCatalog
 
 names = st.text(alphabet=st.characters(exclude_categories=["Cs"]), min_size=1, max_size=200)
 handles = st.builds(
@@ -103,8 +106,40 @@ def test_a_marker_reads_back_as_its_message_id_and_time(handle: RecallHandle) ->
     )
 
 
+@given(handles)
+def test_each_marker_has_a_key_of_its_own_that_reads_back_as_its_message_id(
+    handle: RecallHandle,
+) -> None:
+    # The recall topic is compacted: a marker sharing its key with a later record (a second
+    # recall of the message, stored too late) would be dropped.
+    first, second = marker_key(handle.message_id), marker_key(handle.message_id)
+    assert first != second
+    assert TICK_KEY not in (first, second)
+    for key in (first, second):
+        assert read_marker(key, marker_headers(handle)) == (handle.message_id, handle.due_ms)
+
+
+def test_the_recall_topic_compacts_its_ticks_and_still_deletes() -> None:
+    spec = TopicCatalog(namespace="ns").spec(SystemTopic.RECALL)
+    assert set(spec.configs["cleanup.policy"].split(",")) == {"compact", "delete"}
+    assert int(spec.configs["segment.ms"]) <= 3_600_000
+    assert spec.config_mismatches(spec.configs) == []
+    # A topic of an earlier build (delete only) is correct, only slower to read at a start.
+    assert spec.config_mismatches({**spec.configs, "cleanup.policy": "delete"}) == []
+    # Compaction alone would keep every marker (each of its own key) for ever.
+    (found,) = spec.config_mismatches({**spec.configs, "cleanup.policy": "compact"})
+    assert (found.setting, found.fix) == ("cleanup.policy", "compact,delete")
+    # Every other system topic still refuses compaction.
+    timer = TopicCatalog(namespace="ns").spec(SystemTopic.TIMER)
+    assert [
+        m.setting
+        for m in timer.config_mismatches({**timer.configs, "cleanup.policy": "compact,delete"})
+    ] == ["cleanup.policy"]
+
+
 def test_ticks_and_foreign_records_are_no_markers() -> None:
     assert read_marker(None, tick_headers()) is None
+    assert read_marker(TICK_KEY, tick_headers()) is None
     assert read_marker(b"id", tick_headers()) is None
     assert read_marker(b"id", None) is None
     assert read_marker(b"id", [("BRIDGE_RECALL", b"marker")]) is None  # no time
