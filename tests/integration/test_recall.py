@@ -120,6 +120,23 @@ def test_a_message_recalled_before_its_time_is_never_delivered(
     assert _timer_service(coordinator).recalled == 1
 
 
+def test_a_recall_made_again_near_the_time_answers_as_the_first_one_that_applied(
+    recall_config: ClientConfig, coordinator: Coordinator, topic: str
+) -> None:
+    # RecallTooLateError says the message is delivered: a second recall of a handle whose
+    # first recall applied must not say so when the message is in fact kept back.
+    due = now_ms() + 3000
+    with Producer("pg", config=recall_config) as producer:
+        recalled = producer.send_sync(_timer(topic, "recalled", due))
+        kept = producer.send_sync(_timer(topic, "kept", due + 1000))
+        assert recalled.recall_handle is not None and kept.recall_handle is not None
+        assert producer.recall_message(topic, recalled.recall_handle) == recalled.msg_id
+        wait_until(_clock_at(due - RECALL_MARGIN_MS + 50), timeout_s=10)
+        assert producer.recall_message(topic, recalled.recall_handle) == recalled.msg_id
+    wait_until(lambda: _bodies(recall_config, topic)["kept"] == 1, timeout_s=30)
+    assert _bodies(recall_config, topic) == Counter({"kept": 1})
+
+
 def test_a_recall_after_the_delivery_is_too_late_and_the_message_arrived_once(
     recall_config: ClientConfig, coordinator: Coordinator, topic: str
 ) -> None:
@@ -339,7 +356,10 @@ def test_the_recall_topic_keeps_every_marker_and_only_the_last_ticks(
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(30)
     due = now_ms() + 3_600_000
-    with Producer("pg", config=recall_config) as producer:
+    with (
+        Producer("pg", config=recall_config) as producer,
+        Producer("pg2", config=recall_config) as other,
+    ):
         sent = [producer.send_sync(_timer(topic, f"m{i}", due + i)) for i in range(3)]
         handles = [s.recall_handle for s in sent]
         assert all(h is not None for h in handles)
@@ -349,8 +369,10 @@ def test_the_recall_topic_keeps_every_marker_and_only_the_last_ticks(
             for round_ in range(6):
                 for handle in handles:
                     assert handle is not None
-                    if round_ < 2:  # two markers of each message, both applying
-                        producer.recall_message(topic, handle)
+                    if round_ < 2:
+                        # Two markers of each message, both applying (from two producers: one
+                        # producer answers a second recall from memory).
+                        (producer, other)[round_].recall_message(topic, handle)
                 for _ in range(50):
                     watch.advance()
                 wait_until(_clock_at(now_ms() + 600), timeout_s=5)
