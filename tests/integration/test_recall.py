@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from bridge import ClientConfig, Message, Producer, SendResult, read_messages
@@ -32,7 +32,7 @@ from bridge.delay.recall import (
     read_marker,
     recall_applies,
 )
-from bridge.errors import InvalidArgumentError, RecallTooLateError
+from bridge.errors import BridgeError, InvalidArgumentError, RecallTooLateError
 from bridge.kafka.admin import TopicAdmin
 from bridge.message import now_ms
 from bridge.v5 import Message as V5Message
@@ -393,3 +393,45 @@ def test_the_recall_topic_keeps_every_marker_and_only_the_last_ticks(
         assert all(fresh.applies(msg_id, d) for msg_id, d in expected)
     finally:
         fresh.stop()
+
+
+def test_a_recall_topic_created_again_is_read_from_its_beginning(
+    recall_config: ClientConfig, topic: str
+) -> None:
+    # An operator deletes the recall topic (to fix a setting) and a producer's first recall
+    # creates it again: its offsets start again at 0, below what a running coordinator read.
+    spec = recall_config.catalog().spec(SystemTopic.RECALL)
+    TopicAdmin(recall_config).ensure_topics([spec])
+    watch = RecallWatch(recall_config, spec.kafka_name, "test")
+    watch.start()
+    try:
+        for _ in range(30):
+            watch.advance()
+        admin = AdminClient({"bootstrap.servers": recall_config.bootstrap_servers})
+        for future in admin.delete_topics([spec.kafka_name]).values():
+            future.result(30)
+        wait_until(lambda: spec.kafka_name not in admin.list_topics(timeout=10).topics)
+        due = now_ms() + 3_600_000
+        with Producer("pg", config=recall_config) as producer:
+            sent = producer.send_sync(_timer(topic, "recalled", due))
+            assert sent.recall_handle is not None
+
+            def recalled() -> bool:
+                try:
+                    return producer.recall_message(topic, sent.recall_handle or "") == sent.msg_id
+                except BridgeError:  # the topic is still being deleted
+                    return False
+
+            wait_until(recalled, timeout_s=60)
+
+        def caught_up() -> bool:
+            try:
+                watch.ensure(now_ms())
+            except KafkaException:  # the watch's clients learn of the new topic
+                return False
+            return True
+
+        wait_until(caught_up, timeout_s=60)
+        assert watch.applies(sent.msg_id, due)
+    finally:
+        watch.stop()

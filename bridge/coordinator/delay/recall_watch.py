@@ -148,6 +148,7 @@ class RecallWatch:
         deadline = time.monotonic() + self._timeout_s
         while True:
             offset, stamped = self._tick(deadline)
+            self._rewind_if_recreated(offset)
             self._read_through(offset, deadline)
             self._horizon = max(self._horizon, stamped)
             if self._horizon >= needed_ms:
@@ -167,8 +168,32 @@ class RecallWatch:
         within ``request_timeout_ms``; raises :class:`KafkaException` if it cannot."""
         deadline = time.monotonic() + self._timeout_s
         offset, stamped = self._tick(deadline)
+        self._rewind_if_recreated(offset)
         self._read_through(offset, deadline)
         self._horizon = max(self._horizon, stamped)
+
+    def _rewind_if_recreated(self, offset: int) -> None:
+        """A tick written after every record read has a higher offset; one at ``offset`` or
+        below it means the partition's offsets started again (the topic was deleted and
+        created again, e.g. by a producer's first recall after an operator removed it): read
+        it from its beginning, or its markers below the old offsets would never be read. The
+        markers read before stay kept (their producers were told the recall applied)."""
+        if offset > self._read_to:
+            return
+        consumer = self._consumer
+        if consumer is None:
+            raise KafkaException(KafkaError(KafkaError._STATE, "the recall watch is stopped"))
+        logger.warning(
+            "%s: %s starts again at offset %d (read up to %d before): reading it from its "
+            "beginning",
+            self._name,
+            self._topic,
+            offset,
+            self._read_to,
+        )
+        self._read_to = -1
+        self._horizon = _NOTHING
+        consumer.assign([TopicPartition(self._topic, 0, OFFSET_BEGINNING)])
 
     def applies(self, message_id: str, due_ms: int) -> bool:
         """Whether a marker read recalls the message ``message_id`` due at ``due_ms``."""
