@@ -234,7 +234,8 @@ class InvalidReceiptHandleError(InvalidArgumentError):
 class RecallTooLateError(BridgeError):
     """``recall_message`` came too late: the broker stored the recall at ``append_ms`` (epoch
     ms), less than the recall margin before the message's time ``due_ms``, so the coordinator
-    delivers the message (exactly once) or has delivered it. Not worth retrying: a later
+    delivers the message (exactly once) or has delivered it, unless a recall of it from
+    another producer applied (a producer remembers its own). Not worth retrying: a later
     recall is later still."""
 
     def __init__(self, message: str, *, message_id: str, due_ms: int, append_ms: int) -> None:

@@ -40,6 +40,11 @@ FILE_RESERVED_TIME_MS = 72 * HOUR_MS
 DEFAULT_TIMER_MAX_DELAY_MS = 3 * DAY_MS
 """RocketMQ 5's default ``timerMaxDelaySec`` (3 days)."""
 
+RECALL_SEGMENT_MS = HOUR_MS
+"""``segment.ms`` of the recall topic, ms: the ticks of at most about this long (a few
+thousand per coordinator process) wait in its active segment, out of the log cleaner's
+reach."""
+
 
 class SystemTopic(Enum):
     """The system topics, valued by their RocketMQ names."""
@@ -73,7 +78,7 @@ RECORD_SCHEMAS: Mapping[SystemTopic, str | None] = MappingProxyType(
         SystemTopic.SCHEDULE: None,
         SystemTopic.TIMER: None,
         SystemTopic.QUARANTINE: None,
-        SystemTopic.RECALL: None,  # header-only records: the message id is the key
+        SystemTopic.RECALL: None,  # header-only records keyed by message id (markers) or TICK_KEY
     }
 )
 """The Avro schema of each system topic's values (None: no one Avro schema; raw bytes kept as
@@ -140,7 +145,22 @@ class TopicSpec:
                 )
             )
         policy = actual.get("cleanup.policy") or ""
-        if "compact" in (p.strip() for p in policy.split(",")):
+        policies = {p.strip() for p in policy.split(",")}
+        wanted_policies = {p.strip() for p in self.configs.get("cleanup.policy", "").split(",")}
+        if "compact" in wanted_policies:
+            # The recall topic: compaction is wanted (one tick kept), and deletion must stay
+            # with it, or the markers (each of its own key) would be kept for ever.
+            if "delete" not in policies:
+                out.append(
+                    ConfigMismatch(
+                        "cleanup.policy",
+                        policy,
+                        "delete (with or without compact)",
+                        self.configs["cleanup.policy"],
+                        "without deletion the topic's records are never removed",
+                    )
+                )
+        elif "compact" in policies:
             out.append(
                 ConfigMismatch(
                     "cleanup.policy",
@@ -296,6 +316,15 @@ class TopicCatalog:
             SystemTopic.RECALL: self.timer_max_delay_ms,
         }[system]
         configs = {"cleanup.policy": "delete", "retention.ms": str(retention_ms)}
+        if system is SystemTopic.RECALL:
+            # Its ticks share one key: compaction keeps the last, so a (re)started coordinator
+            # reads the markers and the active segment's ticks instead of every tick of the
+            # retention (about one a second per coordinator process while timers come due).
+            # Markers have a key each, so compaction never drops one; deletion still ends
+            # them after the retention. Segments roll hourly so the cleaner can reach the
+            # ticks (it never compacts the active segment).
+            configs["cleanup.policy"] = "compact,delete"
+            configs["segment.ms"] = str(RECALL_SEGMENT_MS)
         if system in (
             SystemTopic.HALF,
             SystemTopic.OP,

@@ -335,7 +335,9 @@ class Producer(Startable):
 
         Raises :class:`~bridge.errors.RecallTooLateError` when the broker stored the recall
         less than ``RECALL_MARGIN_MS`` (1 s) before the message's time:
-        the message is delivered exactly once, or was. Raises
+        the message is delivered exactly once, or was (unless a recall of it from another
+        producer applied; this producer's earlier recalls of the handle are remembered and
+        answer instead, see ``docs/delays.md``). Raises
         :class:`~bridge.errors.InvalidArgumentError` naming the problem for a handle that is
         malformed, of another namespace or of another topic; :class:`SendError` when the
         recall was not stored (:class:`~bridge.errors.SendTimeoutError`: perhaps stored;

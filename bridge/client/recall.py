@@ -9,6 +9,7 @@ import functools
 import logging
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Final
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError
@@ -22,6 +23,7 @@ from bridge.delay.recall import (
     decode_handle,
     encode_handle,
     marker_headers,
+    marker_key,
     recall_applies,
 )
 from bridge.delay.routing import TIMER_ROUTING_HEADER
@@ -44,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 _GRACE_S: Final = 1.0
 """How long past ``send_msg_timeout_ms`` a recall waits for its marker's report, s."""
+_REMEMBERED: Final = 10_000
+"""At most this many recalls of a producer are remembered (the latest), to answer a recall of
+the same handle made again (see :meth:`Recaller.recall`)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -93,6 +98,9 @@ class Recaller:
         self._spec = catalog.spec(SystemTopic.RECALL)
         self._topic_ready = False
         self._lock = threading.Lock()
+        self._known: OrderedDict[tuple[str, int], _Report | None] = OrderedDict()
+        """(message id, due ms) of this producer's earlier recalls: None for one that applied,
+        else the report of a marker whose write timed out (it may still be stored)."""
 
     def _ensure_topic(self) -> None:
         with self._lock:
@@ -107,7 +115,9 @@ class Recaller:
         Raises :class:`InvalidArgumentError` for a handle that is malformed, of another
         namespace or of another topic; :class:`RecallTooLateError` when the broker stored the
         recall less than :data:`~bridge.delay.recall.RECALL_MARGIN_MS` before the message's
-        time (it is then delivered exactly once, or was); a
+        time (it is then delivered exactly once, or was, unless another producer's recall of
+        it applied: a recall this producer made before, or whose write timed out, is
+        remembered and answers instead); a
         :class:`~bridge.errors.SendError` (:class:`SendTimeoutError`: unknown whether it was
         stored) when the marker was not stored: the recall may then be made again with the
         same handle."""
@@ -124,6 +134,11 @@ class Recaller:
             raise InvalidArgumentError(
                 f"the recall handle is of a message of topic {parsed.topic!r}, not {topic!r}"
             )
+        if self._recalled_before(parsed):
+            # An earlier recall of this producer stored a marker that applies: the message is
+            # never delivered, however near its time is now.
+            self._count("recalled")
+            return parsed.message_id
         born = now_ms()
         if born >= parsed.due_ms - RECALL_MARGIN_MS:
             # By this clock it cannot apply: no marker, so the coordinator delivers it.
@@ -131,7 +146,8 @@ class Recaller:
             raise RecallTooLateError(
                 f"recall of {parsed.message_id} too late: due at {parsed.due_ms}, now "
                 f"{born} (a recall must be stored at least {RECALL_MARGIN_MS} ms before); it "
-                "is delivered exactly once",
+                "is delivered exactly once (unless a recall of it from another producer "
+                "applied)",
                 message_id=parsed.message_id,
                 due_ms=parsed.due_ms,
                 append_ms=born,
@@ -144,20 +160,54 @@ class Recaller:
             raise RecallTooLateError(
                 f"recall of {parsed.message_id} too late: the broker stored it at {append_ms}, "
                 f"less than {RECALL_MARGIN_MS} ms before its time {parsed.due_ms}; it is "
-                "delivered exactly once",
+                "delivered exactly once (unless a recall of it from another producer applied)",
                 message_id=parsed.message_id,
                 due_ms=parsed.due_ms,
                 append_ms=append_ms,
             )
+        self._remember((parsed.message_id, parsed.due_ms), None)
         self._count("recalled")
         return parsed.message_id
+
+    def _remember(self, key: tuple[str, int], report: _Report | None) -> None:
+        with self._lock:
+            if key in self._known and self._known[key] is None:
+                return  # applied already: stays so
+            self._known[key] = report
+            self._known.move_to_end(key)
+            while len(self._known) > _REMEMBERED:
+                self._known.popitem(last=False)
+
+    def _recalled_before(self, handle: RecallHandle) -> bool:
+        """Whether an earlier recall of ``handle`` by this producer stored a marker that
+        applies; waits up to the send timeout for the report of one whose write timed out."""
+        key = (handle.message_id, handle.due_ms)
+        with self._lock:
+            if key not in self._known:
+                return False
+            report = self._known[key]
+        if report is None:
+            return True
+        self._pump.refuse_waiting_in_a_callback("recall_message")
+        deadline = time.monotonic() + self._config.send_msg_timeout_ms / 1000 + _GRACE_S
+        while not report.done.is_set() and time.monotonic() < deadline:
+            self._pump.flush(min(max(deadline - time.monotonic(), 0.0), SYNC_FLUSH_SLICE_S))
+        applied = (
+            report.done.is_set()
+            and report.error is None
+            and report.timestamp_type == TIMESTAMP_LOG_APPEND_TIME
+            and recall_applies(report.timestamp, handle.due_ms)
+        )
+        if applied:
+            self._remember(key, None)
+        return applied
 
     def _write(self, handle: RecallHandle, born: int) -> int:
         """Store the marker of ``handle`` and return the broker's append time of it, epoch
         ms."""
         record = PreparedRecord(
             self._spec.kafka_name,
-            handle.message_id.encode("utf-8"),
+            marker_key(handle.message_id),
             None,
             marker_headers(handle),
             handle.message_id,
@@ -173,6 +223,8 @@ class Recaller:
         while not report.done.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                # Its report may still come: a recall made again with the handle looks at it.
+                self._remember((handle.message_id, handle.due_ms), report)
                 raise SendTimeoutError(
                     f"{context}: no acknowledgement within {self._config.send_msg_timeout_ms} "
                     "ms (it may still be stored: recall again with the same handle)"

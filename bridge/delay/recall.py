@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import secrets
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -35,10 +36,12 @@ __all__ = [
     "MARKER_KIND_HEADER",
     "RECALL_HANDLE_VERSION",
     "RECALL_MARGIN_MS",
+    "TICK_KEY",
     "RecallHandle",
     "decode_handle",
     "encode_handle",
     "marker_headers",
+    "marker_key",
     "read_marker",
     "recall_applies",
     "tick_headers",
@@ -59,9 +62,16 @@ MARKER_DUE_HEADER: Final = "BRIDGE_RECALL_DUE_MS"
 """Header of a marker: its message's time (``TIMER_DELIVER_MS``), epoch ms."""
 MARKER_TOPIC_HEADER: Final = "BRIDGE_RECALL_TOPIC"
 """Header of a marker: its message's topic, as the producer named it."""
+TICK_KEY: Final = b"\x00tick"
+"""The key of every coordinator's tick. The recall topic is ``compact,delete``: compaction
+keeps the last tick only (one key), so a restarted coordinator reads the markers of the
+retention and the ticks of the active segment rather than every tick of the retention. No
+marker has this key (:func:`marker_key` ends each with a NUL and 16 hex digits)."""
 _MARKER: Final = b"marker"
 _TICK: Final = b"tick"
 _FIELD_MAX: Final = 0xFFFF
+_SUFFIX_LENGTH: Final = 17
+_HEX: Final = frozenset(b"0123456789abcdef")
 _DUE: Final = struct.Struct(">q")
 _LENGTH: Final = struct.Struct(">H")
 
@@ -143,7 +153,7 @@ def recall_applies(append_ms: int, due_ms: int) -> bool:
 
 
 def marker_headers(handle: RecallHandle) -> list[tuple[str, bytes | None]]:
-    """The headers of the recall marker of ``handle`` (its key is the message id)."""
+    """The headers of the recall marker of ``handle`` (its key: :func:`marker_key`)."""
     return [
         (MARKER_KIND_HEADER, _MARKER),
         (MARKER_DUE_HEADER, str(handle.due_ms).encode("ascii")),
@@ -151,8 +161,15 @@ def marker_headers(handle: RecallHandle) -> list[tuple[str, bytes | None]]:
     ]
 
 
+def marker_key(message_id: str) -> bytes:
+    """The key of a new recall marker of ``message_id``: the id, NUL and 16 random hex
+    digits. Unique per marker, so compaction never drops one (a second recall of a message,
+    stored too late, would otherwise replace the first, which applied)."""
+    return message_id.encode("utf-8") + b"\x00" + secrets.token_hex(8).encode("ascii")
+
+
 def tick_headers() -> list[tuple[str, bytes | None]]:
-    """The headers of a coordinator's tick (no key, no value)."""
+    """The headers of a coordinator's tick (key :data:`TICK_KEY`, no value)."""
     return [(MARKER_KIND_HEADER, _TICK)]
 
 
@@ -172,7 +189,13 @@ def read_marker(
             due = value
     if kind != _MARKER or due is None:
         return None
+    # marker_key's suffix (NUL, 16 hex digits) taken off; a key without it is the id itself.
+    suffix = key[-_SUFFIX_LENGTH:]
+    is_suffix = suffix[:1] == b"\x00" and all(c in _HEX for c in suffix[1:])
+    message_id = key[:-_SUFFIX_LENGTH] if len(suffix) == _SUFFIX_LENGTH and is_suffix else key
+    if not message_id:
+        return None
     try:
-        return key.decode("utf-8"), int(due)
+        return message_id.decode("utf-8"), int(due)
     except (UnicodeDecodeError, ValueError):
         return None

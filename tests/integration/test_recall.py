@@ -10,24 +10,36 @@ import asyncio
 import dataclasses
 import random
 import signal
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from bridge import ClientConfig, Message, Producer, SendResult, read_messages
 from bridge.aio import Producer as AsyncProducer
 from bridge.client.recall import Recaller
 from bridge.coordinator import Coordinator
+from bridge.coordinator.delay.recall_watch import RecallWatch
 from bridge.coordinator.delay.service import TimerService
-from bridge.delay.recall import RECALL_MARGIN_MS, decode_handle, encode_handle, recall_applies
-from bridge.errors import InvalidArgumentError, RecallTooLateError
+from bridge.delay.recall import (
+    RECALL_MARGIN_MS,
+    decode_handle,
+    encode_handle,
+    read_marker,
+    recall_applies,
+)
+from bridge.errors import BridgeError, InvalidArgumentError, RecallTooLateError
 from bridge.kafka.admin import TopicAdmin
 from bridge.message import now_ms
 from bridge.v5 import Message as V5Message
 from bridge.v5 import Producer as V5Producer
 from tests.conftest import wait_until
 from tests.integration.test_delays import coordinator_config, coordinator_process, stamped_topic
+from topics.catalog import SystemTopic
 
 pytestmark = pytest.mark.broker
 
@@ -106,6 +118,23 @@ def test_a_message_recalled_before_its_time_is_never_delivered(
     wait_until(lambda: _bodies(recall_config, topic)["kept"] == 1, timeout_s=30)
     assert _bodies(recall_config, topic) == Counter({"plain": 1, "kept": 1})
     assert _timer_service(coordinator).recalled == 1
+
+
+def test_a_recall_made_again_near_the_time_answers_as_the_first_one_that_applied(
+    recall_config: ClientConfig, coordinator: Coordinator, topic: str
+) -> None:
+    # RecallTooLateError says the message is delivered: a second recall of a handle whose
+    # first recall applied must not say so when the message is in fact kept back.
+    due = now_ms() + 3000
+    with Producer("pg", config=recall_config) as producer:
+        recalled = producer.send_sync(_timer(topic, "recalled", due))
+        kept = producer.send_sync(_timer(topic, "kept", due + 1000))
+        assert recalled.recall_handle is not None and kept.recall_handle is not None
+        assert producer.recall_message(topic, recalled.recall_handle) == recalled.msg_id
+        wait_until(_clock_at(due - RECALL_MARGIN_MS + 50), timeout_s=10)
+        assert producer.recall_message(topic, recalled.recall_handle) == recalled.msg_id
+    wait_until(lambda: _bodies(recall_config, topic)["kept"] == 1, timeout_s=30)
+    assert _bodies(recall_config, topic) == Counter({"kept": 1})
 
 
 def test_a_recall_after_the_delivery_is_too_late_and_the_message_arrived_once(
@@ -275,3 +304,134 @@ def test_the_v5_and_asyncio_producers_recall_too(
     wait_until(lambda: _bodies(recall_config, topic)["kept"] == 1, timeout_s=30)
     assert _bodies(recall_config, topic) == Counter({"kept": 1})
     assert _timer_service(coordinator).recalled == 5
+
+
+def _recall_topic_records(config: ClientConfig, topic: str) -> tuple[int, list[tuple[str, int]]]:
+    """(ticks, markers as (message id, due ms)) of the recall topic ``topic``, read now."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.bootstrap_servers,
+            "group.id": f"count-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    ticks, markers = 0, []
+    try:
+        while True:
+            record = consumer.poll(5)
+            assert record is not None, "no end of the recall partition in 5 s"
+            if record.error() is not None:
+                break
+            headers: Any = record.headers()  # a list of (name, value): no producer sent a dict
+            marker = read_marker(record.key(), headers)
+            if marker is None:
+                ticks += 1
+            else:
+                markers.append(marker)
+    finally:
+        consumer.close()
+    return ticks, markers
+
+
+def test_the_recall_topic_keeps_every_marker_and_only_the_last_ticks(
+    recall_config: ClientConfig, topic: str
+) -> None:
+    # A restarted coordinator reads the whole recall topic before its first delivery: the
+    # ticks (about one a second per coordinator process while timers come due) must not pile
+    # up for the topic's retention (timer_max_delay_ms + 7 days) while no marker may go.
+    spec = recall_config.catalog().spec(SystemTopic.RECALL)
+    TopicAdmin(recall_config).ensure_topics([spec])
+    admin = AdminClient({"bootstrap.servers": recall_config.bootstrap_servers})
+    # Segments that roll within a second (the topic's own roll hourly), so that the log
+    # cleaner reaches the ticks during the test.
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        spec.kafka_name,
+        incremental_configs=[
+            ConfigEntry("segment.ms", "500", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+    due = now_ms() + 3_600_000
+    with (
+        Producer("pg", config=recall_config) as producer,
+        Producer("pg2", config=recall_config) as other,
+    ):
+        sent = [producer.send_sync(_timer(topic, f"m{i}", due + i)) for i in range(3)]
+        handles = [s.recall_handle for s in sent]
+        assert all(h is not None for h in handles)
+        watch = RecallWatch(recall_config, spec.kafka_name, "test")
+        watch.start()
+        try:
+            for round_ in range(6):
+                for handle in handles:
+                    assert handle is not None
+                    if round_ < 2:
+                        # Two markers of each message, both applying (from two producers: one
+                        # producer answers a second recall from memory).
+                        (producer, other)[round_].recall_message(topic, handle)
+                for _ in range(50):
+                    watch.advance()
+                wait_until(_clock_at(now_ms() + 600), timeout_s=5)
+        finally:
+            watch.stop()
+    expected = sorted((s.msg_id, due + i) for i, s in enumerate(sent))
+
+    def compacted() -> bool:
+        ticks, markers = _recall_topic_records(recall_config, spec.kafka_name)
+        return ticks < 100 and sorted(set(markers)) == expected and len(markers) == 6
+
+    wait_until(compacted, timeout_s=120)
+    # A coordinator started now reads every marker and applies it.
+    fresh = RecallWatch(recall_config, spec.kafka_name, "fresh")
+    fresh.start()
+    try:
+        fresh.ensure(now_ms() - RECALL_MARGIN_MS)
+        assert all(fresh.applies(msg_id, d) for msg_id, d in expected)
+    finally:
+        fresh.stop()
+
+
+def test_a_recall_topic_created_again_is_read_from_its_beginning(
+    recall_config: ClientConfig, topic: str
+) -> None:
+    # An operator deletes the recall topic (to fix a setting) and a producer's first recall
+    # creates it again: its offsets start again at 0, below what a running coordinator read.
+    spec = recall_config.catalog().spec(SystemTopic.RECALL)
+    TopicAdmin(recall_config).ensure_topics([spec])
+    watch = RecallWatch(recall_config, spec.kafka_name, "test")
+    watch.start()
+    try:
+        for _ in range(30):
+            watch.advance()
+        admin = AdminClient({"bootstrap.servers": recall_config.bootstrap_servers})
+        for future in admin.delete_topics([spec.kafka_name]).values():
+            future.result(30)
+        wait_until(lambda: spec.kafka_name not in admin.list_topics(timeout=10).topics)
+        due = now_ms() + 3_600_000
+        with Producer("pg", config=recall_config) as producer:
+            sent = producer.send_sync(_timer(topic, "recalled", due))
+            assert sent.recall_handle is not None
+
+            def recalled() -> bool:
+                try:
+                    return producer.recall_message(topic, sent.recall_handle or "") == sent.msg_id
+                except BridgeError:  # the topic is still being deleted
+                    return False
+
+            wait_until(recalled, timeout_s=60)
+
+        def caught_up() -> bool:
+            try:
+                watch.ensure(now_ms())
+            except KafkaException:  # the watch's clients learn of the new topic
+                return False
+            return True
+
+        wait_until(caught_up, timeout_s=60)
+        assert watch.applies(sent.msg_id, due)
+    finally:
+        watch.stop()

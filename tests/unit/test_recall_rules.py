@@ -5,29 +5,33 @@ handle the producer builds."""
 from __future__ import annotations
 
 import base64
-from typing import Any
+import time
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.client.recall import recall_handle
+from bridge.client.recall import Recaller, recall_handle
 from bridge.config import ClientConfig
 from bridge.coordinator.delay.recall_watch import RECALL_KEPT_MS, RecallWatch
 from bridge.delay.recall import (
     RECALL_MARGIN_MS,
+    TICK_KEY,
     RecallHandle,
     decode_handle,
     encode_handle,
     marker_headers,
+    marker_key,
     read_marker,
     recall_applies,
     tick_headers,
 )
 from bridge.delay.routing import delayed_record
-from bridge.errors import InvalidArgumentError
-from bridge.message import Message
+from bridge.errors import InvalidArgumentError, SendTimeoutError
+from bridge.message import Message, now_ms
+from topics.catalog import SystemTopic, TopicCatalog
 
 names = st.text(alphabet=st.characters(exclude_categories=["Cs"]), min_size=1, max_size=200)
 handles = st.builds(
@@ -103,8 +107,40 @@ def test_a_marker_reads_back_as_its_message_id_and_time(handle: RecallHandle) ->
     )
 
 
+@given(handles)
+def test_each_marker_has_a_key_of_its_own_that_reads_back_as_its_message_id(
+    handle: RecallHandle,
+) -> None:
+    # The recall topic is compacted: a marker sharing its key with a later record (a second
+    # recall of the message, stored too late) would be dropped.
+    first, second = marker_key(handle.message_id), marker_key(handle.message_id)
+    assert first != second
+    assert TICK_KEY not in (first, second)
+    for key in (first, second):
+        assert read_marker(key, marker_headers(handle)) == (handle.message_id, handle.due_ms)
+
+
+def test_the_recall_topic_compacts_its_ticks_and_still_deletes() -> None:
+    spec = TopicCatalog(namespace="ns").spec(SystemTopic.RECALL)
+    assert set(spec.configs["cleanup.policy"].split(",")) == {"compact", "delete"}
+    assert int(spec.configs["segment.ms"]) <= 3_600_000
+    assert spec.config_mismatches(spec.configs) == []
+    # A topic of an earlier build (delete only) is correct, only slower to read at a start.
+    assert spec.config_mismatches({**spec.configs, "cleanup.policy": "delete"}) == []
+    # Compaction alone would keep every marker (each of its own key) for ever.
+    (found,) = spec.config_mismatches({**spec.configs, "cleanup.policy": "compact"})
+    assert (found.setting, found.fix) == ("cleanup.policy", "compact,delete")
+    # Every other system topic still refuses compaction.
+    timer = TopicCatalog(namespace="ns").spec(SystemTopic.TIMER)
+    assert [
+        m.setting
+        for m in timer.config_mismatches({**timer.configs, "cleanup.policy": "compact,delete"})
+    ] == ["cleanup.policy"]
+
+
 def test_ticks_and_foreign_records_are_no_markers() -> None:
     assert read_marker(None, tick_headers()) is None
+    assert read_marker(TICK_KEY, tick_headers()) is None
     assert read_marker(b"id", tick_headers()) is None
     assert read_marker(b"id", None) is None
     assert read_marker(b"id", [("BRIDGE_RECALL", b"marker")]) is None  # no time
@@ -188,3 +224,50 @@ def test_the_watch_forgets_a_marker_a_week_after_its_time_not_before() -> None:
     assert watch.applies("m", due)  # hours behind its timers, a coordinator still knows it
     watch.expire(due + RECALL_KEPT_MS + 1)
     assert not watch.applies("m", due)
+
+
+class _SilentPump:
+    """A producer's delivery pump whose broker does not answer until told to."""
+
+    def __init__(self) -> None:
+        self.reports: list[Any] = []
+
+    def refuse_waiting_in_a_callback(self, what: str) -> None:
+        pass
+
+    def produce(self, record: Any, partition: int, report: Any) -> None:
+        self.reports.append(report)
+
+    def flush(self, timeout_s: float) -> int:
+        time.sleep(min(timeout_s, 0.01))
+        return len(self.reports)
+
+
+class _Stored:
+    """The broker's acknowledgement of a record it stored at ``stamped_ms``."""
+
+    def __init__(self, stamped_ms: int) -> None:
+        self._stamped = stamped_ms
+
+    def timestamp(self) -> tuple[int, int]:
+        return (TIMESTAMP_LOG_APPEND_TIME, self._stamped)
+
+
+def test_a_recall_made_again_after_a_timeout_answers_as_the_marker_that_was_stored() -> None:
+    # The first write timed out but was stored in time: a recall made again once the time is
+    # near must not raise RecallTooLateError ("delivered"), since the message is kept back.
+    config = ClientConfig(namespace="ns", send_msg_timeout_ms=200)
+    pump = _SilentPump()
+    recaller = Recaller(config, cast(Any, pump))
+    recaller._topic_ready = True  # no broker here: the topic is taken as there
+    born = now_ms()
+    due = born + RECALL_MARGIN_MS + 2000
+    handle = encode_handle(RecallHandle("ns", "orders", "MSGID", due))
+    with pytest.raises(SendTimeoutError):
+        recaller.recall("orders", handle)
+    (report,) = pump.reports
+    report(None, _Stored(born + 10))  # the acknowledgement comes after all
+    while now_ms() < due - RECALL_MARGIN_MS:
+        time.sleep(0.05)
+    assert recaller.recall("orders", handle) == "MSGID"
+    assert len(pump.reports) == 1  # answered from the first write, nothing written again

@@ -12,8 +12,22 @@ latest of them (:meth:`TimerRecalls.prepare`); when the horizon is behind, the w
 tick (an empty record) and reads up to it. A tick stamped at ``T`` serves every delivery due up
 to ``T + RECALL_MARGIN_MS``, so while timers come due one after another a tick is written
 about once per margin. A (re)started coordinator's horizon starts at nothing: its first final
-delivery reads the whole topic first (markers and ticks, a few bytes each, kept
-``timer_max_delay_ms`` + 7 days).
+delivery reads the whole topic first.
+
+Restart cost: the topic is ``compact,delete`` (retention ``timer_max_delay_ms`` + 7 days,
+hourly segments). Every tick has one key (:data:`~bridge.delay.recall.TICK_KEY`), so the log
+cleaner keeps the last tick of the rolled segments, and a start reads the markers of the
+retention plus the ticks of about the last hour (a few thousand per coordinator process).
+Without it, a start read every tick of the retention: one a margin per process while timers
+come due, some 860,000 per process for the default 3-day timers. 1 million tiny records took
+9.2 s to read on the shared 2-core test machine; three processes' ticks (about 2.6 million,
+some 24 s by that rate) outlast the default ``request_timeout_ms`` (10 s), so every timer
+waited through failed passes after a start.
+Compaction cannot cost a guarantee: it drops a record only when a later one of its key exists,
+each marker has a key of its own (:func:`~bridge.delay.recall.marker_key`), and a tick's
+only use is its stamp, read by the coordinator that wrote it from the active segment, or
+from a later record of the partition if the cleaner got there first (every record before a
+later one is read too, and that one's stamp is later still).
 
 Memory: only markers that apply are kept, each until its message was skipped in a committed
 transaction or until :data:`RECALL_KEPT_MS` after its time (a marker of a message that another
@@ -40,7 +54,13 @@ from confluent_kafka import (
 
 from bridge.config import ClientConfig
 from bridge.coordinator.delay.held import Held
-from bridge.delay.recall import RECALL_MARGIN_MS, read_marker, recall_applies, tick_headers
+from bridge.delay.recall import (
+    RECALL_MARGIN_MS,
+    TICK_KEY,
+    read_marker,
+    recall_applies,
+    tick_headers,
+)
 from bridge.delay_policy import DelayPolicy
 from bridge.kafka.clients import READER_FETCH_WAIT_MS, new_consumer, new_producer
 from bridge.observability.metrics import active_metrics
@@ -128,6 +148,7 @@ class RecallWatch:
         deadline = time.monotonic() + self._timeout_s
         while True:
             offset, stamped = self._tick(deadline)
+            self._rewind_if_recreated(offset)
             self._read_through(offset, deadline)
             self._horizon = max(self._horizon, stamped)
             if self._horizon >= needed_ms:
@@ -147,8 +168,32 @@ class RecallWatch:
         within ``request_timeout_ms``; raises :class:`KafkaException` if it cannot."""
         deadline = time.monotonic() + self._timeout_s
         offset, stamped = self._tick(deadline)
+        self._rewind_if_recreated(offset)
         self._read_through(offset, deadline)
         self._horizon = max(self._horizon, stamped)
+
+    def _rewind_if_recreated(self, offset: int) -> None:
+        """A tick written after every record read has a higher offset; one at ``offset`` or
+        below it means the partition's offsets started again (the topic was deleted and
+        created again, e.g. by a producer's first recall after an operator removed it): read
+        it from its beginning, or its markers below the old offsets would never be read. The
+        markers read before stay kept (their producers were told the recall applied)."""
+        if offset > self._read_to:
+            return
+        consumer = self._consumer
+        if consumer is None:
+            raise KafkaException(KafkaError(KafkaError._STATE, "the recall watch is stopped"))
+        logger.warning(
+            "%s: %s starts again at offset %d (read up to %d before): reading it from its "
+            "beginning",
+            self._name,
+            self._topic,
+            offset,
+            self._read_to,
+        )
+        self._read_to = -1
+        self._horizon = _NOTHING
+        consumer.assign([TopicPartition(self._topic, 0, OFFSET_BEGINNING)])
 
     def applies(self, message_id: str, due_ms: int) -> bool:
         """Whether a marker read recalls the message ``message_id`` due at ``due_ms``."""
@@ -178,7 +223,12 @@ class RecallWatch:
             outcome.append(err if err is not None else kmsg)
 
         producer.produce(
-            self._topic, value=None, partition=0, headers=tick_headers(), on_delivery=report
+            self._topic,
+            key=TICK_KEY,
+            value=None,
+            partition=0,
+            headers=tick_headers(),
+            on_delivery=report,
         )
         while not outcome and time.monotonic() < deadline:
             producer.flush(min(max(deadline - time.monotonic(), 0.0), 0.1))
