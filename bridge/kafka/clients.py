@@ -216,6 +216,12 @@ every lookup sent after it (an offset by time, a watermark, the next partition's
 recovering a HALF partition took a second, ``delay_status`` of 16 waiting queues 7.7 s."""
 
 
+BOUNDED_READER_BUFFER_KB: Final = 1024
+"""librdkafka's prefetch queue, KiB per partition, of a reader that streams through a topic that
+may be large (an operator's view of a DLQ or of the delayed records): its default, 64 MiB,
+would otherwise be the process's largest memory use."""
+
+
 def new_reader(config: ClientConfig, group_id: str, client_id: str, **overrides: Any) -> Consumer:
     """A consumer that reads to a position and stops (:func:`read_record_at`, scans to a
     partition's end): partition ends reported, fetches that do not wait at the broker."""

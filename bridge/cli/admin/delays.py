@@ -18,7 +18,13 @@ from bridge.coordinator.delay.held import RECORD_ERRORS
 from bridge.coordinator.delay.service import timer_exit_ms
 from bridge.errors import KafkaClientError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_consumer, new_reader, read_record_at, translate_error
+from bridge.kafka.clients import (
+    BOUNDED_READER_BUFFER_KB,
+    new_consumer,
+    new_reader,
+    read_record_at,
+    translate_error,
+)
 from bridge.kafka.quarantine import read_headers
 from topics.catalog import SystemTopic, TopicCatalog
 from topics.naming import coordinator_group
@@ -84,7 +90,13 @@ def _waiting(config: ClientConfig, timeout_ms: int) -> Iterator[tuple[_Waiting, 
             coordinator_group(config.namespace, service),
             f"bridge-admin-{uuid.uuid4().hex[:6]}",
         )
-        reader = new_reader(config, f"bridge-admin-{uuid.uuid4().hex}", "bridge-admin")
+        # The histogram streams up to its cap of waiting records through this reader.
+        reader = new_reader(
+            config,
+            f"bridge-admin-{uuid.uuid4().hex}",
+            "bridge-admin",
+            queued_max_messages_kbytes=BOUNDED_READER_BUFFER_KB,
+        )
         try:
             tps = [TopicPartition(topic, p) for p in range(count)]
             committed = consumer.committed(tps, timeout_ms / 1000)

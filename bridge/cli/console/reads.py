@@ -16,14 +16,16 @@ from bridge.cli.console.paging import SCAN_BUDGET, Cursor, LetterFilter
 from bridge.codec import message_from_record
 from bridge.config import ClientConfig
 from bridge.errors import KafkaClientError
-from bridge.kafka.clients import new_admin, new_reader, read_record_at, translate_error
+from bridge.kafka.clients import (
+    BOUNDED_READER_BUFFER_KB,
+    new_admin,
+    new_reader,
+    read_record_at,
+    translate_error,
+)
 from bridge.message import MessageExt
 from topics.catalog import TopicCatalog
 from topics.naming import reader_group
-
-_READER_BUFFER_KB = 1024
-"""librdkafka's prefetch queue of a console reader, KiB per partition (its default, 64 MiB,
-would be the console's largest memory use while paging a large DLQ)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,7 @@ def _reader(config: ClientConfig) -> Any:
         config,
         reader_group("console", uuid.uuid4().hex[:12]),
         "bridge-console",
-        queued_max_messages_kbytes=_READER_BUFFER_KB,
+        queued_max_messages_kbytes=BOUNDED_READER_BUFFER_KB,
     )
 
 
