@@ -28,7 +28,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,8 @@ SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
 WORKERS = 2
 SUBMIT_TIMEOUT_S = 180.0
+RUN_TIMEOUT_S = 600.0
+"""A job's run with its data, waiting for the cluster's cores while another job runs (s)."""
 NO_PYTHON = "/nonexistent/python3"
 """The executors' Python: the recipe promises they run none of it."""
 
@@ -206,6 +208,8 @@ class Clusters:
     recipe: Recipe
     shared: Path
     """The recipe's ``$SHARED``: every path the jobs write."""
+    reader: SparkSession
+    """A local session in this process that reads what the jobs wrote (Parquet)."""
 
 
 @pytest.fixture(scope="module")
@@ -214,21 +218,28 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
     recipe = read_recipe()
     kafka = LocalKafkaCluster(LocalClusterConfig(data_dir=base / "kafka"))
     procs: list[subprocess.Popen[Any]] = []
+    reader: SparkSession | None = None
     started = time.monotonic()
     try:
-        # Both at once: each is mostly a JVM starting.
+        # All at once: each is mostly a JVM starting.
         with ThreadPoolExecutor(2) as pool:
             kafka_up = pool.submit(kafka.start)
+            local = pool.submit(
+                SparkSession.builder.master("local[1]").appName("bridge-cluster-reader").getOrCreate
+            )
             spark = start_standalone(base, procs)
             kafka_up.result()
+            reader = local.result()
         logger.info(
             "measured: 3 Kafka nodes, a Spark master and %d workers up in %.1f s",
             WORKERS, time.monotonic() - started,
         )  # fmt: skip
-        yield Clusters(kafka, spark, recipe, base / "shared")
+        yield Clusters(kafka, spark, recipe, base / "shared", reader)
     finally:
         for proc in reversed(procs):  # workers (and their executors) first
             stop_group(proc)
+        if reader is not None:
+            reader.stop()
         kafka.stop()
 
 
@@ -238,10 +249,13 @@ class Submitted:
     stdout: str
 
 
+_APP_ID = re.compile(r"Connected to Spark cluster with app ID (app-[0-9-]+)")
+
+
 def submit(clusters: Clusters, job: str, namespace: str, *extra: str, log_dir: Path) -> Submitted:
     """Run the recipe's line for ``job`` (its script path) with ``extra`` arguments, from the
     checkout, against the standalone master and the Kafka cluster; return the application the
-    master ran for it."""
+    master ran for it (finished)."""
     script = f"set -euo pipefail\n{clusters.recipe.preamble}\n{clusters.recipe.jobs[job]}"
     if extra:
         script += " " + shlex.join(extra)
@@ -251,10 +265,11 @@ def submit(clusters: Clusters, job: str, namespace: str, *extra: str, log_dir: P
         "KAFKA": clusters.kafka.bootstrap_servers,
         "SHARED": str(clusters.shared),
         "BRIDGE_NAMESPACE": namespace,
+        "BRIDGE_SPARK_PARTITIONS": "2",  # tiny inputs: fewer tasks to start
     }
-    before = set(clusters.spark.apps())
-    name = Path(job).stem
-    out, err = log_dir / f"{name}.stdout", log_dir / f"{name}.stderr"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stem = Path(job).stem
+    out, err = log_dir / f"{stem}.stdout", log_dir / f"{stem}.stderr"
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.Popen(
             ["bash", "-c", script], cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr,
@@ -264,58 +279,24 @@ def submit(clusters: Clusters, job: str, namespace: str, *extra: str, log_dir: P
             code = proc.wait(SUBMIT_TIMEOUT_S)
         finally:
             stop_group(proc)
-    assert code == 0, f"{job} failed ({code}):\n{err.read_text()[-6000:]}"
-    new = {i: a for i, a in clusters.spark.apps().items() if i not in before}
-    assert [a["name"] for a in new.values()] == [f"bridge-{name.replace('_', '-')}"], new
-    [(app_id, app)] = new.items()
-    assert app["state"] == "FINISHED", app
-    return Submitted(app_id, out.read_text())
+    log = err.read_text(errors="replace")
+    assert code == 0, f"{job} failed ({code}):\n{log[-6000:]}"
+    found = _APP_ID.search(log)
+    assert found, f"{job} never connected to {clusters.spark.url}: see {err}"
+    app = clusters.spark.apps()[found[1]]
+    assert (app["name"], app["state"]) == (f"bridge-{stem.replace('_', '-')}", "FINISHED"), app
+    return Submitted(found[1], out.read_text())
 
 
-def assert_ran_on_workers(clusters: Clusters, app_id: str, *, every_worker: bool) -> None:
-    """The application's tasks ran in executors on the workers (a standalone driver runs none);
-    with ``every_worker``, on each of them."""
+def assert_ran_on_workers(clusters: Clusters, app_id: str) -> None:
+    """The application's tasks ran in its executors on the workers (a standalone driver runs
+    none itself)."""
     tasks = clusters.spark.tasks_per_worker(app_id)
     logger.info("measured: %s ran %s tasks per worker", app_id, tasks)
     assert sum(tasks) > 0, f"no executor of {app_id} ran a task: {tasks}"
-    if every_worker:
-        assert all(tasks), f"a worker ran no task of {app_id}: {tasks}"
 
 
-# --- the Kafka side -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def config(clusters: Clusters) -> ClientConfig:
-    return ClientConfig(
-        bootstrap_servers=clusters.kafka.bootstrap_servers,
-        namespace=f"ns{uuid.uuid4().hex[:10]}",
-        message_delay_level="1s 1s 1s 1s 1s",
-    )
-
-
-@pytest.fixture(scope="module")
-def coordinator(config: ClientConfig) -> Iterator[Coordinator]:
-    # Checks 1 s after a send and every second, never parked while the tests run.
-    checks = CoordinatorConfig(
-        client=config, coordinator_id="spark-cluster-tests", transaction_partitions=1,
-        transaction_timeout_ms=1000, check_interval_ms=1000, transaction_check_max=1000,
-        session_timeout_ms=6000,
-    )  # fmt: skip
-    with Coordinator(checks) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def reader() -> Iterator[SparkSession]:
-    """A local session to read what the jobs wrote (Parquet)."""
-    session = SparkSession.builder.master("local[1]").appName("bridge-cluster-reader").getOrCreate()
-    yield session
-    session.stop()
-
-
-def name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
+# --- the Kafka side, and the runs -----------------------------------------------------------
 class ByBody(TransactionListener):
     """Executes by the body's first letter: c commit, r rollback, anything else unknown;
     checks answer from ``answers`` (UNKNOWN when absent)."""
@@ -333,6 +314,10 @@ class ByBody(TransactionListener):
         return self.answers.get(msg.body.decode(), TransactionStatus.UNKNOWN)
 
 
+def name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
 def table_ids(spark: SparkSession, path: Path) -> list[str]:
     """The ids in the table, as Spark reads it (the files its sink log committed)."""
     try:
@@ -346,11 +331,24 @@ def visible(config: ClientConfig, topic: str) -> set[str]:
     return {m.msg_id for m in read_messages(config, [topic], timeout_ms=500)}
 
 
-# --- the jobs ---------------------------------------------------------------------------------
-def test_ingest_on_the_cluster_lands_committed_messages_once_and_late_commits_later(
-    clusters: Clusters, config: ClientConfig, coordinator: Coordinator, reader: SparkSession,
-    tmp_path: Path,
-) -> None:  # fmt: skip
+@dataclass(frozen=True)
+class IngestRun:
+    committed_before: set[str]
+    """Committed when the first run started."""
+    late: str
+    """Undecided then, committed by a check-back before the second run."""
+    never: set[str]
+    """Rolled back, or undecided for ever."""
+    first: list[str]
+    """The table's ids after the first run."""
+    final: list[str]
+    """After the second."""
+    apps: tuple[Submitted, Submitted]
+
+
+def run_ingest(clusters: Clusters, config: ClientConfig, log_dir: Path) -> IngestRun:
+    """Committed, rolled back and undecided messages, a duplicate record, the ingest; then a
+    late commit and the ingest again."""
     topic = name("t")
     TopicAdmin(config).ensure_topics([TopicSpec(topic, 2)])  # replicated on the three nodes
     with Producer("plain_pg", config=config) as producer:
@@ -365,61 +363,49 @@ def test_ingest_on_the_cluster_lands_committed_messages_once_and_late_commits_la
         raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
         raw.produce(topic, b"p0", headers=[("UNIQ_KEY", plain[0].encode())])
         raw.flush(10)
-        committed_now = {*plain, ids["c1"], ids["c2"]}
-        wait_until(lambda: visible(config, topic) >= committed_now)
-
-        first = submit(
-            clusters, "spark_jobs/ingest.py", config.namespace, "--topics", topic,
-            log_dir=tmp_path,
-        )  # fmt: skip
-        table = clusters.shared / "messages"
-        assert Counter(table_ids(reader, table)) == Counter(committed_now), (
-            "each committed message once, no other"
+        committed = {*plain, ids["c1"], ids["c2"]}
+        wait_until(lambda: visible(config, topic) >= committed)
+        job = "spark_jobs/ingest.py"
+        first_app = submit(
+            clusters, job, config.namespace, "--topics", topic, log_dir=log_dir / "1"
         )
-        assert_ran_on_workers(clusters, first.app_id, every_worker=True)
-
+        first = table_ids(clusters.reader, clusters.shared / "messages")
         listener.answers["late"] = TransactionStatus.COMMIT  # the check-back commits it
         wait_until(lambda: ids["late"] in visible(config, topic), timeout_s=60)
-    second = submit(
-        clusters, "spark_jobs/ingest.py", config.namespace, "--topics", topic, log_dir=tmp_path
+    second_app = submit(clusters, job, config.namespace, "--topics", topic, log_dir=log_dir / "2")
+    final = table_ids(clusters.reader, clusters.shared / "messages")
+    return IngestRun(
+        committed, ids["late"], {ids["r1"], ids["u1"]}, first, final, (first_app, second_app)
     )
-    final = table_ids(reader, table)
-    assert Counter(final) == Counter({*committed_now, ids["late"]})
-    assert ids["r1"] not in final and ids["u1"] not in final
-    assert_ran_on_workers(clusters, second.app_id, every_worker=False)
 
 
-def test_transaction_audit_on_the_cluster(
-    clusters: Clusters, config: ClientConfig, coordinator: Coordinator, tmp_path: Path
-) -> None:
-    topic = name("t")
-    group = name("audit")
-    listener = ByBody()
-    with TransactionMQProducer(group, listener, config=config) as tx:
+@dataclass(frozen=True)
+class ReportRun:
+    topic: str
+    group: str
+    rows: list[dict[str, Any]]
+    """The report's JSON Lines."""
+    app: Submitted
+
+
+def run_audit(clusters: Clusters, config: ClientConfig, log_dir: Path) -> ReportRun:
+    """Transactions committed, rolled back and pending, then the transaction audit."""
+    topic, group = name("t"), name("audit")
+    with TransactionMQProducer(group, ByBody(), config=config) as tx:
         for body in ("c1", "c2", "r1"):
             tx.send_message_in_transaction(Message(topic, body), None)
-        pending = Message(topic, "u-immune")
+        pending = Message(topic, "u-immune")  # never checked while the test runs
         pending.put_user_property("CHECK_IMMUNITY_TIME_IN_SECONDS", "3600")
         tx.send_message_in_transaction(pending, None)
     wait_until(lambda: len(visible(config, topic)) == 2)
-
-    submitted = submit(
-        clusters, "spark_jobs/transaction_audit.py", config.namespace, log_dir=tmp_path
-    )
-    assert group in submitted.stdout
+    app = submit(clusters, "spark_jobs/transaction_audit.py", config.namespace, log_dir=log_dir)
     lines = (clusters.shared / "reports" / "transactions.jsonl").read_text().splitlines()
-    [row] = [r for r in map(json.loads, lines) if r["producer_group"] == group]
-    assert (row["topic"], row["committed"], row["rolled_back"], row["pending"], row["parked"]) == (
-        topic, 2, 1, 1, 0,
-    )  # fmt: skip
-    assert_ran_on_workers(clusters, submitted.app_id, every_worker=False)
+    return ReportRun(topic, group, [json.loads(x) for x in lines], app)
 
 
-def test_dlq_report_on_the_cluster(
-    clusters: Clusters, config: ClientConfig, coordinator: Coordinator, tmp_path: Path
-) -> None:
-    topic = name("t")
-    group = name("g")
+def run_dlq(clusters: Clusters, config: ClientConfig, log_dir: Path) -> ReportRun:
+    """Messages consumed at once, after two failures, and dead-lettered; then the DLQ report."""
+    topic, group = name("t"), name("g")
     TopicAdmin(config).ensure_topics([TopicSpec(topic, 1)])
     failures = {"twice": 2, "always": 99}
     lock = threading.Lock()
@@ -445,18 +431,87 @@ def test_dlq_report_on_the_cluster(
             lambda: consumer.stats().dead_lettered == 1 and consumer.stats().consumed == 2,
             timeout_s=60,
         )
-
-    submitted = submit(clusters, "spark_jobs/dlq_report.py", config.namespace, log_dir=tmp_path)
-    assert group in submitted.stdout
+    app = submit(clusters, "spark_jobs/dlq_report.py", config.namespace, log_dir=log_dir)
     lines = (clusters.shared / "reports" / "dlq.jsonl").read_text().splitlines()
+    return ReportRun(topic, group, [json.loads(x) for x in lines], app)
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Each job's run, under way together (the drivers start while another job runs)."""
+
+    ingest: Future[IngestRun]
+    audit: Future[ReportRun]
+    dlq: Future[ReportRun]
+
+
+@pytest.fixture(scope="module")
+def runs(clusters: Clusters, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    config = ClientConfig(
+        bootstrap_servers=clusters.kafka.bootstrap_servers,
+        namespace=f"ns{uuid.uuid4().hex[:10]}",
+        message_delay_level="1s 1s 1s 1s 1s",
+    )
+    # Checks 1 s after a send and every second, never parked while the tests run.
+    checks = CoordinatorConfig(
+        client=config, coordinator_id="spark-cluster-tests", transaction_partitions=1,
+        transaction_timeout_ms=1000, check_interval_ms=1000, transaction_check_max=1000,
+        session_timeout_ms=6000,
+    )  # fmt: skip
+    logs = tmp_path_factory.mktemp("submits")
+    with Coordinator(checks), ThreadPoolExecutor(3) as pool:
+        yield Runs(
+            pool.submit(run_ingest, clusters, config, logs / "ingest"),
+            pool.submit(run_audit, clusters, config, logs / "audit"),
+            pool.submit(run_dlq, clusters, config, logs / "dlq"),
+        )
+
+
+# --- the jobs ---------------------------------------------------------------------------------
+def test_ingest_on_the_cluster_lands_committed_messages_once_and_late_commits_later(
+    clusters: Clusters, runs: Runs
+) -> None:
+    run = runs.ingest.result(timeout=RUN_TIMEOUT_S)
+    assert Counter(run.first) == Counter(run.committed_before), (
+        "each committed message once, no other"
+    )
+    assert Counter(run.final) == Counter({*run.committed_before, run.late})
+    assert not run.never & set(run.final)
+    for app in run.apps:
+        assert_ran_on_workers(clusters, app.app_id)
+
+
+def test_transaction_audit_on_the_cluster(clusters: Clusters, runs: Runs) -> None:
+    run = runs.audit.result(timeout=RUN_TIMEOUT_S)
+    assert run.group in run.app.stdout
+    [row] = [r for r in run.rows if r["producer_group"] == run.group]
+    assert (row["topic"], row["committed"], row["rolled_back"], row["pending"], row["parked"]) == (
+        run.topic, 2, 1, 1, 0,
+    )  # fmt: skip
+    assert_ran_on_workers(clusters, run.app.app_id)
+
+
+def test_dlq_report_on_the_cluster(clusters: Clusters, runs: Runs) -> None:
+    run = runs.dlq.result(timeout=RUN_TIMEOUT_S)
+    assert run.group in run.app.stdout
     mine = {
         (r["kind"], r["origin_topic"], r["reconsume_times"]): r["count"]
-        for r in map(json.loads, lines)
-        if r["group"] == group
+        for r in run.rows
+        if r["group"] == run.group
     }
     assert mine == {
-        ("retry", topic, 1): 2,  # both failed once
-        ("retry", topic, 2): 2,  # both failed twice
-        ("dlq", topic, 3): 1,  # "always" after its third failure
+        ("retry", run.topic, 1): 2,  # both failed once
+        ("retry", run.topic, 2): 2,  # both failed twice
+        ("dlq", run.topic, 3): 1,  # "always" after its third failure
     }
-    assert_ran_on_workers(clusters, submitted.app_id, every_worker=False)
+    assert_ran_on_workers(clusters, run.app.app_id)
+
+
+def test_every_worker_ran_tasks(clusters: Clusters, runs: Runs) -> None:
+    """The jobs' tasks spread over both workers (each application's executors: one a worker)."""
+    apps = [a.app_id for a in runs.ingest.result(timeout=RUN_TIMEOUT_S).apps]
+    apps += [r.result(timeout=RUN_TIMEOUT_S).app.app_id for r in (runs.audit, runs.dlq)]
+    per_worker = [
+        sum(n) for n in zip(*(clusters.spark.tasks_per_worker(a) for a in apps), strict=True)
+    ]
+    assert all(per_worker), f"tasks per worker: {per_worker}"
