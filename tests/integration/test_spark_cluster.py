@@ -60,16 +60,27 @@ from tests.conftest import REPO_ROOT, SPARK_JAVA_OPTIONS, wait_until
 from topics.catalog import TopicSpec
 
 # Serial: three Kafka nodes, a master, two workers and their executors want the machine.
-pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow, pytest.mark.serial]
+pytestmark = [
+    pytest.mark.broker, pytest.mark.spark, pytest.mark.slow, pytest.mark.serial,
+    # The first test waits for the clusters and a job queued behind the others (their bounds
+    # below): on a loaded 2-core machine that outlasts the suite's 300 s.
+    pytest.mark.timeout(900),
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
 WORKERS = 2
-SUBMIT_TIMEOUT_S = 180.0
-RUN_TIMEOUT_S = 600.0
-"""A job's run with its data, waiting for the cluster's cores while another job runs (s)."""
+SUBMIT_TIMEOUT_S = 480.0
+"""A submission's bound (s), its wait for cores while the other jobs hold them included: the
+jobs are submitted together, and a standalone master runs one application at a time when
+each asks for every core."""
+RUN_TIMEOUT_S = 720.0
+"""A job's run with its data and its submissions (s)."""
+KAFKA_WAIT_S = 180.0
+"""How long a message may take to be visible, retried or dead-lettered (s): the coordinator
+shares the machine with the clusters and the drivers."""
 NO_PYTHON = "/nonexistent/python3"
 """The executors' Python: the recipe promises they run none of it."""
 
@@ -219,6 +230,10 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
     kafka = LocalKafkaCluster(LocalClusterConfig(data_dir=base / "kafka"))
     procs: list[subprocess.Popen[Any]] = []
     reader: SparkSession | None = None
+    # Each driver's artifact manager makes artifacts/ in its working directory, the checkout,
+    # and leaves it there, empty.
+    artifacts = REPO_ROOT / "artifacts"
+    ours = not artifacts.exists()
     started = time.monotonic()
     try:
         # All at once: each is mostly a JVM starting.
@@ -241,6 +256,9 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
         if reader is not None:
             reader.stop()
         kafka.stop()
+        if ours:
+            with contextlib.suppress(OSError):  # not empty: not only the drivers' then
+                artifacts.rmdir()
 
 
 @dataclass(frozen=True)
@@ -364,14 +382,14 @@ def run_ingest(clusters: Clusters, config: ClientConfig, log_dir: Path) -> Inges
         raw.produce(topic, b"p0", headers=[("UNIQ_KEY", plain[0].encode())])
         raw.flush(10)
         committed = {*plain, ids["c1"], ids["c2"]}
-        wait_until(lambda: visible(config, topic) >= committed)
+        wait_until(lambda: visible(config, topic) >= committed, timeout_s=KAFKA_WAIT_S)
         job = "spark_jobs/ingest.py"
         first_app = submit(
             clusters, job, config.namespace, "--topics", topic, log_dir=log_dir / "1"
         )
         first = table_ids(clusters.reader, clusters.shared / "messages")
         listener.answers["late"] = TransactionStatus.COMMIT  # the check-back commits it
-        wait_until(lambda: ids["late"] in visible(config, topic), timeout_s=60)
+        wait_until(lambda: ids["late"] in visible(config, topic), timeout_s=KAFKA_WAIT_S)
     second_app = submit(clusters, job, config.namespace, "--topics", topic, log_dir=log_dir / "2")
     final = table_ids(clusters.reader, clusters.shared / "messages")
     return IngestRun(
@@ -397,7 +415,7 @@ def run_audit(clusters: Clusters, config: ClientConfig, log_dir: Path) -> Report
         pending = Message(topic, "u-immune")  # never checked while the test runs
         pending.put_user_property("CHECK_IMMUNITY_TIME_IN_SECONDS", "3600")
         tx.send_message_in_transaction(pending, None)
-    wait_until(lambda: len(visible(config, topic)) == 2)
+    wait_until(lambda: len(visible(config, topic)) == 2, timeout_s=KAFKA_WAIT_S)
     app = submit(clusters, "spark_jobs/transaction_audit.py", config.namespace, log_dir=log_dir)
     lines = (clusters.shared / "reports" / "transactions.jsonl").read_text().splitlines()
     return ReportRun(topic, group, [json.loads(x) for x in lines], app)
@@ -429,7 +447,7 @@ def run_dlq(clusters: Clusters, config: ClientConfig, log_dir: Path) -> ReportRu
                 producer.send_sync(Message(topic, body))
         wait_until(
             lambda: consumer.stats().dead_lettered == 1 and consumer.stats().consumed == 2,
-            timeout_s=60,
+            timeout_s=KAFKA_WAIT_S,
         )
     app = submit(clusters, "spark_jobs/dlq_report.py", config.namespace, log_dir=log_dir)
     lines = (clusters.shared / "reports" / "dlq.jsonl").read_text().splitlines()
