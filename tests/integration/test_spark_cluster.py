@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -231,7 +232,7 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
     procs: list[subprocess.Popen[Any]] = []
     reader: SparkSession | None = None
     # Each driver's artifact manager makes artifacts/ in its working directory, the checkout,
-    # and leaves it there, empty.
+    # and leaves it there: empty, or with a driver's files if it was killed.
     artifacts = REPO_ROOT / "artifacts"
     ours = not artifacts.exists()
     started = time.monotonic()
@@ -257,8 +258,7 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
             reader.stop()
         kafka.stop()
         if ours:
-            with contextlib.suppress(OSError):  # not empty: not only the drivers' then
-                artifacts.rmdir()
+            shutil.rmtree(artifacts, ignore_errors=True)
 
 
 @dataclass(frozen=True)
