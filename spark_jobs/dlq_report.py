@@ -166,15 +166,19 @@ def write_report_data(
     """Write ``rows`` (dataclasses of ``row_type``) beside ``chart`` under its name: Parquet
     (``<name>.parquet``, a directory as Spark writes it), CSV with a header
     (``<name>.csv``) and JSON Lines (``<name>.jsonl``); any earlier data there is replaced.
-    Return the three paths."""
+    Return the three paths.
+
+    The Parquet copy is Spark's typed read of the JSON Lines file: a data frame made from
+    Python rows (``createDataFrame``) would start Python on the executors, which the jobs
+    otherwise never need (docs/spark.md: the workers need Java and Spark only). On a cluster
+    the executors read that file, so ``chart`` is on storage they share with the driver, as
+    the Parquet copy already requires."""
     chart.parent.mkdir(parents=True, exist_ok=True)
     parquet = chart.with_suffix(".parquet")
     table = chart.with_suffix(".csv")
     lines = chart.with_suffix(".jsonl")
     schema = _spark_schema(row_type)
     records = [dataclasses.asdict(r) for r in rows]
-    frame = spark.createDataFrame([tuple(r.values()) for r in records], schema)
-    frame.coalesce(1).write.mode("overwrite").parquet(str(parquet))
     with table.open("w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
         writer.writerow(schema.fieldNames())
@@ -182,6 +186,8 @@ def write_report_data(
     with lines.open("w", encoding="utf-8") as out:
         for r in records:
             out.write(json.dumps(r, ensure_ascii=False) + "\n")
+    frame = spark.read.schema(schema).option("mode", "FAILFAST").json(str(lines))
+    frame.coalesce(1).write.mode("overwrite").parquet(str(parquet))
     return [parquet, table, lines]
 
 
