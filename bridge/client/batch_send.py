@@ -50,6 +50,8 @@ class BatchSender:
         self._pump = pump
         self._resender = resender
         self._records = records
+        self._timer_topic = system_topic(SystemTopic.TIMER.value, pump.config.namespace)
+        """The timer topic: a record to it gets a recall handle."""
         self._timeout_ms = timeout_ms
         self._idle_reports: list[BatchReports] = []
         """Report stores (with their handlers) of finished batches, for the next ones."""
@@ -75,7 +77,7 @@ class BatchSender:
             elif reports.started is not None:  # their reports were not recorded
                 for index in reports.too_large:
                     record_send_failure(reports.started, reports.records[index][0])
-        results = reports.results(self._timeout_ms)
+        results = reports.results(self._timeout_ms, complete=complete)
         # Every message has its outcome: no report of this batch can come any more, so its
         # handlers serve the next batch. (Reports that did not come may still come: those
         # handlers stay with this batch.)
@@ -101,7 +103,7 @@ class BatchSender:
         pump = self._pump
         produce = pump.kafka.produce
         namespace = pump.config.namespace
-        timer_topic = system_topic(SystemTopic.TIMER.value, namespace)
+        timer_topic = self._timer_topic
         stalled: SendTimeoutError | None = None
         # Each plain message's record is built as it is handed over, the clock read per
         # record: a hand-over that waited for room dates the next one afterwards.

@@ -367,8 +367,7 @@ class RecordBuilder:
         time_ns = time.time_ns
         last_topic: object = None
         kafka_topic = ""
-        for index, msg in enumerate(batch):
-            record = prepared[index]
+        for msg, record in zip(batch, prepared, strict=True):
             if record is not None:
                 yield record
                 continue
