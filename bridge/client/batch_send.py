@@ -5,7 +5,7 @@ batch to librdkafka, each with one small report handler, and waits once for ever
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from confluent_kafka import KafkaError
@@ -19,7 +19,7 @@ from bridge.client.send_results import (
     SendStatus,
     record_send_failure,
 )
-from bridge.codec import PreparedRecord, new_tuple
+from bridge.codec import PreparedRecord, RecordFields, new_tuple
 from bridge.errors import KafkaClientError, SendTimeoutError
 from bridge.kafka.clients import translate_error
 from bridge.message import Message
@@ -33,21 +33,25 @@ batches at once), at most."""
 
 
 class BatchSender:
-    """Sends checked batches through ``pump``; ``build(msg, partition)`` builds the record of
-    a plain message the check left to build (``RecordBuilder.checked_record``), and
-    ``resender`` (None: records are sent alone already) sends again the records refused with
-    their request batch as too large."""
+    """Sends checked batches through ``pump``; ``records(batch, prepared, partition)`` gives
+    the record of each message of a checked batch as it is handed over
+    (``RecordBuilder.batch_records``), and ``resender`` (None: records are sent alone already)
+    sends again the records refused with their request batch as too large."""
 
     def __init__(
         self,
         pump: DeliveryPump,
         resender: AloneResender | None,
-        build: Callable[[Message, int], PreparedRecord],
+        records: Callable[
+            [list[Message], list[PreparedRecord | None], int], Iterator[RecordFields]
+        ],
         timeout_ms: int,
     ) -> None:
         self._pump = pump
         self._resender = resender
-        self._build = build
+        self._records = records
+        self._timer_topic = system_topic(SystemTopic.TIMER.value, pump.config.namespace)
+        """The timer topic: a record to it gets a recall handle."""
         self._timeout_ms = timeout_ms
         self._idle_reports: list[BatchReports] = []
         """Report stores (with their handlers) of finished batches, for the next ones."""
@@ -69,11 +73,11 @@ class BatchSender:
             complete = self._hand_over_and_wait(batch, prepared, partition, reports)
         if reports.too_large:
             if self._resender is not None:
-                self._send_alone(prepared, reports)
+                self._send_alone(reports)
             elif reports.started is not None:  # their reports were not recorded
                 for index in reports.too_large:
-                    record_send_failure(reports.started, reports.kafka_topics[index])
-        results = reports.results(self._timeout_ms)
+                    record_send_failure(reports.started, reports.records[index][0])
+        results = reports.results(self._timeout_ms, complete=complete)
         # Every message has its outcome: no report of this batch can come any more, so its
         # handlers serve the next batch. (Reports that did not come may still come: those
         # handlers stay with this batch.)
@@ -95,24 +99,21 @@ class BatchSender:
         timeout_ms = self._timeout_ms
         outcomes, handlers = reports.outcomes, reports.handlers
         kept = len(handlers)
-        msg_ids, kafka_topics = reports.msg_ids, reports.kafka_topics
+        sent = reports.records
         pump = self._pump
         produce = pump.kafka.produce
-        build = self._build
         namespace = pump.config.namespace
-        timer_topic = system_topic(SystemTopic.TIMER.value, namespace)
+        timer_topic = self._timer_topic
         stalled: SendTimeoutError | None = None
-        for index, msg in enumerate(batch):
-            # Each plain message's record built now, the clock read per record: a hand-over
-            # that waited for room dates the next one afterwards.
-            record = prepared[index]
-            if record is None:
-                prepared[index] = record = build(msg, partition)
-            kafka_topic, key, value, headers, msg_id, born_ms, record_partition = record
-            msg_ids[index] = msg_id
-            kafka_topics[index] = kafka_topic
+        # Each plain message's record is built as it is handed over, the clock read per
+        # record: a hand-over that waited for room dates the next one afterwards.
+        for index, fields in enumerate(self._records(batch, prepared, partition)):
+            kafka_topic, key, value, headers, msg_id, born_ms, record_partition = fields
+            sent[index] = fields
             if kafka_topic == timer_topic:
-                reports.recall_handles[index] = recall_handle(record, msg.topic, namespace)
+                reports.recall_handles[index] = recall_handle(
+                    new_tuple(PreparedRecord, fields), batch[index].topic, namespace
+                )
             if stalled is not None:
                 outcomes[index] = SendTimeoutError(
                     f"send of {msg_id} to {kafka_topic}: not handed to Kafka, never sent (the "
@@ -132,7 +133,7 @@ class BatchSender:
                 )
             except BufferError:  # the local queue is full: wait for room, as a single send
                 try:
-                    pump.produce(record, record_partition, callback)
+                    pump.produce(new_tuple(PreparedRecord, fields), record_partition, callback)
                 except SendTimeoutError as exc:
                     outcomes[index] = stalled = exc
                 except KafkaClientError as exc:
@@ -154,17 +155,16 @@ class BatchSender:
                 return False
             flush(min(remaining, SYNC_FLUSH_SLICE_S))
 
-    def _send_alone(self, records: list[PreparedRecord | None], reports: BatchReports) -> None:
-        """Send the records of a batch (``records``, as handed over) refused with their
-        request batches as too large (``reports.too_large``) again each in a batch of its
-        own, in the batch's order, and wait: their outcomes replace the refusals."""
+    def _send_alone(self, reports: BatchReports) -> None:
+        """Send the records of a batch (``reports.records``, as handed over) refused with
+        their request batches as too large (``reports.too_large``) again each in a batch of
+        its own, in the batch's order, and wait: their outcomes replace the refusals."""
         assert self._resender is not None
         refused: list[tuple[int, PreparedRecord, KafkaError]] = []
         for index in sorted(reports.too_large):
             error = reports.outcomes[index]
-            record = records[index]
-            if isinstance(error, KafkaError) and record is not None:
-                refused.append((index, record, error))
+            if isinstance(error, KafkaError):
+                refused.append((index, new_tuple(PreparedRecord, reports.records[index]), error))
         if not refused:
             return
         again = self._resender.send_all_sync(

@@ -113,7 +113,7 @@ class Producer(Startable):
         self._pump = sender.pump
         self._resend = sender.resend
         self._batches = BatchSender(
-            sender.pump, sender.resender, builder.checked_record, settings.send_msg_timeout_ms
+            sender.pump, sender.resender, builder.batch_records, settings.send_msg_timeout_ms
         )
         self._recaller = Recaller(settings, sender.pump)
 

@@ -24,7 +24,7 @@ from bridge.client.send_checks import (
     properties_size,
     properties_too_large,
 )
-from bridge.codec import PreparedRecord, new_tuple
+from bridge.codec import PreparedRecord, RecordFields, new_tuple
 from bridge.config import ClientConfig
 from bridge.delay.routing import delayed_record, without_delay
 from bridge.errors import (
@@ -49,22 +49,57 @@ _TAGS: Final = MessageConst.TAGS
 _TRACE_PARENT: Final = MessageConst.TRACE_PARENT
 
 
+_SHARED_HEADERS_KEPT: Final = 1024
+"""Values whose header :func:`_shared_header` keeps, at most, per header name (the map starts
+again beyond)."""
+_born_host_headers: dict[bytes, tuple[str, bytes]] = {}
+_tags_headers: dict[str, tuple[str, bytes]] = {}
+
+
+def _shared_header(
+    kept: dict[Any, tuple[str, bytes]], value: str | bytes, header: tuple[str, bytes]
+) -> tuple[str, bytes]:
+    """``header`` (of ``value``), kept in ``kept`` to be the one tuple of every record with
+    that value: a record's headers live until its report, and fewer objects alive per message
+    in flight mean fewer garbage collector passes over a batch of thousands (``python -m
+    bench producer``, send_batch's CPU a message)."""
+    if len(kept) >= _SHARED_HEADERS_KEPT:
+        kept.clear()
+    kept[value] = header
+    return header
+
+
 def plain_headers(msg: Message, msg_id: str, born_host: bytes) -> list[tuple[str, bytes]]:
     """The headers of ``msg``'s plain record: ``UNIQ_KEY`` (``msg_id``), ``BORN_HOST``, every
     property (text as UTF-8, bytes as they are), ``KEYS`` and ``TAGS``. The one place they
     are written. Text with a lone surrogate raises ``UnicodeEncodeError``, tags that are not
-    a string ``AttributeError`` (the builder names the problem: ``Message.check_wire``)."""
-    headers = [(_UNIQ_KEY, msg_id.encode()), (_BORN_HOST, born_host)]
-    props = msg._properties
-    if props:
-        for name, value in props.items():
-            headers.append((name, value.encode() if isinstance(value, str) else value))
-    keys = msg._keys
+    a string ``AttributeError`` or ``TypeError`` (the builder names the problem:
+    ``Message.check_wire``). The ``BORN_HOST`` and ``TAGS`` headers are shared tuples
+    (:func:`_shared_header`)."""
+    props, keys, tags = msg._properties, msg._keys, msg.tags
+    # The lookups inline, the call on a miss only: this runs once a record.
+    host = _born_host_headers.get(born_host) or _shared_header(
+        _born_host_headers, born_host, (_BORN_HOST, born_host)
+    )
+    if not props and not keys:
+        # The common message (a body, maybe tags): one list display, no appends.
+        if tags:
+            return [
+                (_UNIQ_KEY, msg_id.encode()),
+                host,
+                _tags_headers.get(tags)
+                or _shared_header(_tags_headers, tags, (_TAGS, tags.encode())),
+            ]
+        return [(_UNIQ_KEY, msg_id.encode()), host]
+    headers = [(_UNIQ_KEY, msg_id.encode()), host]
+    for name, value in props.items():
+        headers.append((name, value.encode() if isinstance(value, str) else value))
     if keys:
         headers.append((_KEYS, _KEY_SEPARATOR.join(keys).encode()))
-    tags = msg.tags
     if tags:
-        headers.append((_TAGS, tags.encode()))
+        headers.append(
+            _tags_headers.get(tags) or _shared_header(_tags_headers, tags, (_TAGS, tags.encode()))
+        )
     return headers
 
 
@@ -258,13 +293,17 @@ class RecordBuilder:
         """:meth:`prepare` for every message of ``msgs``: see
         :meth:`bridge.Producer.prepare_batch`."""
         batch = message_list(msgs)
-        return list(self._records(batch, self.check_batch(batch, partition), partition))
+        prepared = self.check_batch(batch, partition)
+        return [
+            new_tuple(PreparedRecord, fields)
+            for fields in self.batch_records(batch, prepared, partition)
+        ]
 
     def check_batch(self, batch: list[Message], partition: int) -> list[PreparedRecord | None]:
         """Check every message of ``batch`` as :meth:`prepare` does, raising the first typed
         error, with what they share done once (the trace context looked up, each topic
         mapped and its ``partition`` checked); per message, None for a plain message (a
-        body, at most short tags) whose record :meth:`checked_record` builds later, else the
+        body, at most short tags) whose record :meth:`batch_records` builds later, else the
         record :meth:`prepare` built for it."""
         if not batch:
             return []
@@ -309,26 +348,41 @@ class RecordBuilder:
                 last_tags = tags
         return prepared
 
-    def checked_record(self, msg: Message, partition: int) -> PreparedRecord:
-        """The record of a plain message :meth:`check_batch` passed (None in its list), built
-        now: the clock is read per record, since a hand-over may have waited for room in the
-        local queue meanwhile, and an old millisecond with the shared 16-bit counter could
-        repeat an id (and date the record too early)."""
-        born_ms = time.time_ns() // 1_000_000
-        topic = msg.topic
-        kafka_topic = self._kafka_topics.get(topic) or self.kafka_topic(topic)
-        msg_id = self._ids.next_id(born_ms)
-        headers = plain_headers(msg, msg_id, self.born_host)
-        return new_tuple(
-            PreparedRecord, (kafka_topic, None, msg._body, headers, msg_id, born_ms, partition)
-        )
-
-    def _records(
+    def batch_records(
         self, batch: list[Message], prepared: list[PreparedRecord | None], partition: int
-    ) -> Iterator[PreparedRecord]:
-        """The record of each message of a checked batch (:meth:`check_batch`), in order,
-        each built when asked for."""
-        build = self.checked_record
-        for index, msg in enumerate(batch):
-            record = prepared[index]
-            yield build(msg, partition) if record is None else record
+    ) -> Iterator[RecordFields]:
+        """The record of each message of a checked batch (``prepared``: :meth:`check_batch`),
+        in order, each built when asked for: the record :meth:`prepare` built, or a plain
+        message's fields. The clock is read per plain record, since a hand-over may have
+        waited for room in the local queue meanwhile, and an old millisecond with the shared
+        16-bit counter could repeat an id (and date the record too early).
+
+        A plain record is a plain tuple, not a :class:`PreparedRecord`, and is built here
+        rather than by :meth:`prepare`'s path: a batch of thousands pays per message only
+        the id, the clock and :func:`plain_headers` (``python -m bench producer``,
+        send_batch's CPU a message)."""
+        next_id = self._ids.next_id
+        host = self.born_host
+        kafka_topics = self._kafka_topics
+        time_ns = time.time_ns
+        last_topic: object = None
+        kafka_topic = ""
+        for msg, record in zip(batch, prepared, strict=True):
+            if record is not None:
+                yield record
+                continue
+            topic = msg.topic
+            if topic is not last_topic:
+                kafka_topic = kafka_topics.get(topic) or self.kafka_topic(topic)
+                last_topic = topic
+            born_ms = time_ns() // 1_000_000
+            msg_id = next_id(born_ms)
+            yield (
+                kafka_topic,
+                None,
+                msg._body,
+                plain_headers(msg, msg_id, host),
+                msg_id,
+                born_ms,
+                partition,
+            )

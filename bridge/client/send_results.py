@@ -13,7 +13,7 @@ from typing import Any, Final, NamedTuple, cast
 
 from confluent_kafka import KafkaError
 
-from bridge.codec import PreparedRecord, new_tuple
+from bridge.codec import PreparedRecord, RecordFields, new_tuple
 from bridge.errors import KafkaClientError, SendError, SendTimeoutError
 from bridge.kafka.clients import translate_error
 from bridge.message import Message
@@ -300,6 +300,8 @@ def async_report(
     )
 
 
+_NOT_HANDED_OVER: Final[RecordFields] = ("", None, None, (), "", 0, -1)
+"""The record of a batch's message in :class:`BatchReports` until it is handed over."""
 HANDLERS_KEPT: Final = 4096
 """Report handlers a :class:`BatchReports` keeps for the batches after its own, at most."""
 
@@ -317,12 +319,12 @@ class BatchReports:
     """
 
     __slots__ = (
+        "failed",
         "handlers",
-        "kafka_topics",
-        "msg_ids",
         "msgs",
         "outcomes",
         "recall_handles",
+        "records",
         "started",
         "too_large",
     )
@@ -338,15 +340,18 @@ class BatchReports:
         count = len(msgs)
         self.msgs = msgs
         """The messages sent, for the topics as the caller named them."""
-        self.msg_ids = [""] * count
-        self.kafka_topics = [""] * count
-        """Where each record went (set as it is handed over)."""
         self.recall_handles: list[str | None] = [None] * count
         """Each timer message's recall handle (set as it is handed over)."""
+        self.records: list[RecordFields] = [_NOT_HANDED_OVER] * count
+        """Each message's record as handed over (set then): its id and Kafka topic for its
+        outcome, and all of it to send it again alone (a report carries no headers)."""
         self.too_large: list[int] = []
         """Indexes of the messages refused with their request batch as too large
         (:func:`refused_with_its_batch`), in the order the reports came."""
         self.started = started
+        self.failed = False
+        """Whether a report brought librdkafka's error (set, never counted: reports may be
+        served on two threads at once)."""
         self.outcomes: list[SendResult | KafkaError | KafkaClientError | None] = [None] * count
         """Per message: its result once stored, librdkafka's error, a refusal before
         librdkafka took it, or None while no report came."""
@@ -373,7 +378,7 @@ class BatchReports:
                 SendResult,
                 (
                     _SEND_OK,
-                    self.msg_ids[index],
+                    self.records[index][4],
                     -1 if offset is None else offset,
                     self.msgs[index].topic,
                     kmsg.partition(),
@@ -382,6 +387,7 @@ class BatchReports:
             )
         else:
             self.outcomes[index] = err
+            self.failed = True
             if err.code() == _TOO_LARGE:
                 self.too_large.append(index)
 
@@ -394,17 +400,25 @@ class BatchReports:
             start += 1
         return start
 
-    def results(self, timeout_ms: int) -> list[SendResult | KafkaClientError]:
+    def results(
+        self, timeout_ms: int, *, complete: bool = False
+    ) -> list[SendResult | KafkaClientError]:
         """Each message's :class:`SendResult` or error, in order; a message without a report
-        fails with :class:`SendTimeoutError` (no acknowledgement within ``timeout_ms``)."""
+        fails with :class:`SendTimeoutError` (no acknowledgement within ``timeout_ms``).
+        ``complete``: every message has its outcome (no report is missing)."""
+        if complete and not self.failed:
+            # Every outcome is a result or the project's error already: the list as it is,
+            # without a step a message (python -m bench producer, send_batch's CPU a message).
+            return cast("list[SendResult | KafkaClientError]", list(self.outcomes))
         out: list[SendResult | KafkaClientError] = []
         append = out.append
-        msg_ids = self.msg_ids
+        records = self.records
         for index, outcome in enumerate(self.outcomes):
             if type(outcome) is SendResult or isinstance(outcome, KafkaClientError):
                 append(outcome)
             else:
-                context = f"send of {msg_ids[index]} to {self.kafka_topics[index]}"
+                record = records[index]
+                context = f"send of {record[4]} to {record[0]}"
                 if outcome is None:
                     append(
                         SendTimeoutError(

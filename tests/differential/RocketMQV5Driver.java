@@ -5,7 +5,6 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
-import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.BooleanSupplier;
@@ -34,67 +33,16 @@ import org.apache.rocketmq.client.apis.producer.SendReceipt;
  */
 public final class RocketMQV5Driver {
     private static final long START = System.currentTimeMillis();
-    private static final Object OUT = new Object();
     private static final Map<String, Long> SENT_AT = new ConcurrentHashMap<>();
     private static Map<String, String> args;
 
     private RocketMQV5Driver() {
     }
 
-    // --- output (the format of RocketMQDriver's) -------------------------------------------
-    private static String quote(String s) {
-        if (s == null) {
-            return "null";
-        }
-        StringBuilder b = new StringBuilder("\"");
-        for (char c : s.toCharArray()) {
-            switch (c) {
-                case '"': b.append("\\\""); break;
-                case '\\': b.append("\\\\"); break;
-                case '\n': b.append("\\n"); break;
-                case '\r': b.append("\\r"); break;
-                case '\t': b.append("\\t"); break;
-                default:
-                    if (c < 0x20) {
-                        b.append(String.format("\\u%04x", (int) c));
-                    } else {
-                        b.append(c);
-                    }
-            }
-        }
-        return b.append('"').toString();
-    }
-
-    private static String value(Object v) {
-        if (v == null) {
-            return "null";
-        }
-        if (v instanceof Number || v instanceof Boolean) {
-            return v.toString();
-        }
-        if (v instanceof Map) {
-            StringBuilder b = new StringBuilder("{");
-            boolean first = true;
-            for (Map.Entry<?, ?> e : new TreeMap<>((Map<?, ?>) v).entrySet()) {
-                b.append(first ? "" : ",").append(quote(String.valueOf(e.getKey()))).append(':')
-                    .append(value(e.getValue()));
-                first = false;
-            }
-            return b.append('}').toString();
-        }
-        return quote(v.toString());
-    }
-
+    // --- output -----------------------------------------------------------------------------
+    /** Print one event (DriverOutput's JSON line): emit("consume", "key", k, "t", 12, ...). */
     static void emit(String ev, Object... kv) {
-        StringBuilder b = new StringBuilder("{\"ev\":").append(quote(ev));
-        for (int i = 0; i + 1 < kv.length; i += 2) {
-            b.append(',').append(quote(String.valueOf(kv[i]))).append(':').append(value(kv[i + 1]));
-        }
-        b.append('}');
-        synchronized (OUT) {
-            System.out.println(b);
-            System.out.flush();
-        }
+        DriverOutput.emit(ev, kv);
     }
 
     static long now() {

@@ -19,8 +19,9 @@ messages goes through it too (``Producer#recallMessage`` of client 5.2.0; the re
 client 5.3.3 has ``DefaultMQProducer#recallMessage`` as well), since the bridge's
 ``bridge.v5.Producer.recall_message`` follows the v5 client.
 
-Each driver is compiled with ``javac`` against its cached jars into the cache (once per
-source version) and prints one JSON object per line; lines that are not such objects (a
+Each driver is compiled with ``javac``, together with ``DriverOutput.java`` (the JSON output
+both share), against its cached jars into the cache (once per version of the two sources) and
+prints one JSON object per line; lines that are not such objects (a
 library writing to stdout) are ignored.
 """
 
@@ -43,16 +44,22 @@ MAIN_CLASS = "RocketMQDriver"
 V5_SOURCE = Path(__file__).with_name("RocketMQV5Driver.java")
 V5_MAIN_CLASS = "RocketMQV5Driver"
 V5_JARS = "rocketmq-client-v5"
+OUTPUT_SOURCE = Path(__file__).with_name("DriverOutput.java")
+"""The drivers' JSON output, compiled with each driver (their class paths differ)."""
 
 Event = dict[str, Any]
 
 
 def compile_driver(v5: bool = False) -> Path:
-    """Compile the driver (the v5 one with ``v5``) if its source changed and return the
-    classes directory."""
+    """Compile the driver (the v5 one with ``v5``) with :data:`OUTPUT_SOURCE` if either source
+    changed and return the classes directory."""
     source, main = (V5_SOURCE, V5_MAIN_CLASS) if v5 else (SOURCE, MAIN_CLASS)
+    sources = (source, OUTPUT_SOURCE)
     libs = ensure_jars(V5_JARS if v5 else "rocketmq")
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    hashed = hashlib.sha256()
+    for path in sources:
+        hashed.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest = hashed.hexdigest()[:16]
     out = cache_dir() / "differential" / f"{'v5-' if v5 else ''}driver-{digest}"
     if (out / f"{main}.class").is_file():
         return out
@@ -63,7 +70,8 @@ def compile_driver(v5: bool = False) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     proc = subprocess.run(
-        [javac, "-Xlint:-deprecation", "-nowarn", "-cp", f"{libs}/*", "-d", str(tmp), str(source)],
+        [javac, "-Xlint:-deprecation", "-nowarn", "-cp", f"{libs}/*", "-d", str(tmp),
+         *map(str, sources)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     if proc.returncode != 0:

@@ -66,11 +66,7 @@ class Decisions:
     ) -> None:
         self._ledger = ledger
         self._writer = writer
-        self._name = settings.name
-        self._config = settings.config
-        self._catalog = settings.catalog
-        self._limits = settings.limits
-        self._half = settings.half_topic
+        self._settings = settings
         self._targets = targets
         self._parking = parking
         self._checks = checks
@@ -86,8 +82,10 @@ class Decisions:
                 return
             self._check_fencing(error)  # another coordinator with this id: stop, say why
             if error.fatal():  # the consumer cannot go on: stop rather than idle unseen
-                raise FatalServiceError(f"{self._name}: Kafka consumer failed: {error.str()}")
-            logger.warning("%s: consumer error %s", self._name, error.str())
+                raise FatalServiceError(
+                    f"{self._settings.name}: Kafka consumer failed: {error.str()}"
+                )
+            logger.warning("%s: consumer error %s", self._settings.name, error.str())
             return
         state = self._ledger.current(record.partition())
         if state is None:
@@ -106,7 +104,7 @@ class Decisions:
                     logger.info(
                         "%s[%d]@%d: a second copy of the half message of pending transaction "
                         "%s; dropped",
-                        self._half,
+                        self._settings.half_topic,
                         state.partition,
                         offset,
                         msg.transaction_id or msg.msg_id,
@@ -124,10 +122,10 @@ class Decisions:
         nothing else."""
         where = (record.partition(), record.offset())
         copy = quarantine_copy(
-            self._catalog,
+            self._settings.catalog,
             record,
             reason,
-            self._name,
+            self._settings.name,
             keep_value=where not in self._shrink_quarantine,
         )
 
@@ -140,7 +138,7 @@ class Decisions:
                 self._shrink_quarantine.discard(where)
 
         batch.add_record(copy, refused)
-        ns = self._config.client.namespace
+        ns = self._settings.config.client.namespace
         self._writer.count(batch, lambda m: m.quarantined.labels(ns, "transaction").inc())
         state.on_other(record.offset())
 
@@ -153,11 +151,12 @@ class Decisions:
         pending = state.pending[tid]
         reason = (
             f"transaction {tid} is pending already with another half message at "
-            f"{self._half}[{state.partition}]@{pending.offset}: this one does not replace it"
+            f"{self._settings.half_topic}[{state.partition}]@{pending.offset}: this one does "
+            "not replace it"
         )
         logger.warning(
             "%s[%d]@%d quarantined: %s",
-            self._half,
+            self._settings.half_topic,
             state.partition,
             record.offset(),
             reason,
@@ -181,14 +180,14 @@ class Decisions:
                 if metrics is not None:
                     # Counted only for a pending transaction of that group: any name a HALF
                     # writer puts in an UNKNOWN would otherwise become a series of its own.
-                    ns = self._config.client.namespace
+                    ns = self._settings.config.client.namespace
                     metrics.check_answers.labels(ns, end.producer_group, end.status.value).inc()
             logger.debug("transaction %s: UNKNOWN from %s", end.transaction_id, end.producer_id)
             return
         current = state.pending.get(end.transaction_id)
         if current is not None:
             refusal = end_refusal(
-                current, end.producer_group, end.status.value, self._limits.producer_groups
+                current, end.producer_group, end.status.value, self._settings.limits.producer_groups
             )
             if refusal is not None:
                 # G12: another group's decision, or a check answer from it, changes nothing.
@@ -198,7 +197,7 @@ class Decisions:
                     refusal,
                     "check answer" if end.from_transaction_check else "end request",
                     end.producer_id,
-                    self._half,
+                    self._settings.half_topic,
                     state.partition,
                     offset,
                 )
@@ -224,7 +223,7 @@ class Decisions:
             batch,
             lambda m: _count_decision(
                 m,
-                self._config.client.namespace,
+                self._settings.config.client.namespace,
                 end,
                 pending,
                 self._topic_label(pending) if topic is None else topic,
@@ -239,10 +238,10 @@ class Decisions:
         make series of names it chooses."""
         msg = pending.message
         try:
-            kafka_topic = committed_record(msg, self._catalog.namespace).kafka_topic
+            kafka_topic = committed_record(msg, self._settings.catalog.namespace).kafka_topic
         except (BridgeError, ValueError):
             return NOT_ALLOWED_TOPIC
-        if self._limits.topics.refusal("topic", kafka_topic) is not None:
+        if self._settings.limits.topics.refusal("topic", kafka_topic) is not None:
             return NOT_ALLOWED_TOPIC
         return str(msg.get_property(MessageConst.REAL_TOPIC) or msg.topic)
 
@@ -258,22 +257,22 @@ class Decisions:
         if poison is None:
             label = NOT_ALLOWED_TOPIC
             try:
-                real = committed_record(pending.message, self._catalog.namespace)
+                real = committed_record(pending.message, self._settings.catalog.namespace)
             except (BridgeError, ValueError) as exc:
                 # No retry makes a name or a property that cannot be written writable.
                 poison = self._parking.set_aside(
                     state,
                     tid,
                     f"its real record cannot be built: {exc}",
-                    self._config.delivery_attempts,
+                    self._settings.config.delivery_attempts,
                 )
             else:
-                refusal = self._limits.topics.refusal("topic", real.kafka_topic)
+                refusal = self._settings.limits.topics.refusal("topic", real.kafka_topic)
                 if refusal is not None:
                     # G12: the coordinator does not write there; parked with the reason (no
                     # retry makes it allowed), replayed by an operator.
                     poison = self._parking.set_aside(
-                        state, tid, refusal, self._config.delivery_attempts
+                        state, tid, refusal, self._settings.config.delivery_attempts
                     )
                 else:
                     msg = pending.message

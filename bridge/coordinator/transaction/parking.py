@@ -80,11 +80,7 @@ class Parking:
     ) -> None:
         self._ledger = ledger
         self._writer = writer
-        self._name = settings.name
-        self._config = settings.config
-        self._catalog = settings.catalog
-        self._limits = settings.limits
-        self._half = settings.half_topic
+        self._settings = settings
         self._targets = targets
         self._wait = wait
         self._poison: dict[str, _Poison] = {}
@@ -107,7 +103,7 @@ class Parking:
     def set_aside(self, state: HalfPartition, tid: str, reason: str, attempts: int) -> _Poison:
         """Set ``tid`` aside to be committed on its own (``attempts`` failed so far)."""
         poison = _Poison(
-            state.partition, attempts, reason, now_ms() + self._config.delivery_backoff_ms
+            state.partition, attempts, reason, now_ms() + self._settings.config.delivery_backoff_ms
         )
         self._poison[tid] = poison
         logger.warning(
@@ -116,7 +112,7 @@ class Parking:
             tid,
             reason,
             attempts,
-            self._config.delivery_attempts,
+            self._settings.config.delivery_attempts,
         )
         return poison
 
@@ -143,20 +139,20 @@ class Parking:
     def _deliver_alone(self, state: HalfPartition, pending: PendingHalf, poison: _Poison) -> None:
         tid = pending.transaction_id
         now = now_ms()
-        if poison.attempts >= self._config.delivery_attempts:
+        if poison.attempts >= self._settings.config.delivery_attempts:
             self._park(state, pending, poison)
             return
         try:
-            real = committed_record(pending.message, self._catalog.namespace)
+            real = committed_record(pending.message, self._settings.catalog.namespace)
         except (BridgeError, ValueError) as exc:
-            poison.attempts = self._config.delivery_attempts
+            poison.attempts = self._settings.config.delivery_attempts
             poison.reason = f"its real record cannot be built: {exc}"
             self._park(state, pending, poison)
             return
-        refusal = self._limits.topics.refusal("topic", real.kafka_topic)
+        refusal = self._settings.limits.topics.refusal("topic", real.kafka_topic)
         if refusal is not None:
             # G12: never written there, whatever set it aside first; no retry changes that.
-            poison.attempts = self._config.delivery_attempts
+            poison.attempts = self._settings.config.delivery_attempts
             poison.reason = refusal
             self._park(state, pending, poison)
             return
@@ -184,7 +180,7 @@ class Parking:
                 # this does not count towards parking it.
                 poison.transient_failures += 1
                 poison.next_attempt_ms = now + min(
-                    self._config.delivery_backoff_ms * 2**poison.transient_failures,
+                    self._settings.config.delivery_backoff_ms * 2**poison.transient_failures,
                     TRANSIENT_BACKOFF_MAX_MS,
                 )
                 return
@@ -196,13 +192,13 @@ class Parking:
             "transaction %s: delivery attempt %d of %d failed: %s",
             tid,
             poison.attempts,
-            self._config.delivery_attempts,
+            self._settings.config.delivery_attempts,
             problem,
         )
-        if poison.attempts >= self._config.delivery_attempts:
+        if poison.attempts >= self._settings.config.delivery_attempts:
             self._park(state, pending, poison)
         else:
-            poison.next_attempt_ms = now + self._config.delivery_backoff_ms * 2 ** (
+            poison.next_attempt_ms = now + self._settings.config.delivery_backoff_ms * 2 ** (
                 poison.attempts - 1
             )
 
@@ -236,13 +232,13 @@ class Parking:
             changes[MessageConst.BODY_OMITTED_BYTES] = str(len(pending.message.body))
             changes[DELIVERY_ERROR] = (
                 f"{poison.reason}; parked without its body (the half message is at "
-                f"{self._half}[{state.partition}]@{pending.offset})"
+                f"{self._settings.half_topic}[{state.partition}]@{pending.offset})"
             )[:MAX_DELIVERY_ERROR_CHARS]
         parked = envelope(pending, body, **changes)
         batch = HalfBatch()
-        batch.put(self._catalog.topic(SystemTopic.CHECK_MAX), parked, key=tid.encode())
+        batch.put(self._settings.catalog.topic(SystemTopic.CHECK_MAX), parked, key=tid.encode())
         self._writer.write_op(state, pending, OpAction.DISCARD, batch)
-        ns = self._config.client.namespace
+        ns = self._settings.config.client.namespace
         self._writer.count(batch, lambda m: m.parked.labels(ns, "undeliverable").inc())
         if not self._writer.commit_alone(batch):
             if batch.in_doubt:
@@ -259,7 +255,7 @@ class Parking:
                     state.partition,
                 )
             poison.next_attempt_ms = now_ms() + min(
-                self._config.delivery_backoff_ms * 2 ** (poison.park_failures - 1),
+                self._settings.config.delivery_backoff_ms * 2 ** (poison.park_failures - 1),
                 TRANSIENT_BACKOFF_MAX_MS,
             )
             return
@@ -270,7 +266,7 @@ class Parking:
             "transaction %s (group %s) parked in %s after %d failed deliveries: %s",
             tid,
             pending.producer_group,
-            self._catalog.topic(SystemTopic.CHECK_MAX),
+            self._settings.catalog.topic(SystemTopic.CHECK_MAX),
             poison.attempts,
             poison.reason,
         )
@@ -294,7 +290,7 @@ class Parking:
             if reason is not None and tid not in self._poison:
                 now = now_ms()
                 self._poison[tid] = _Poison(
-                    half_partition, 1, reason, now + self._config.delivery_backoff_ms
+                    half_partition, 1, reason, now + self._settings.config.delivery_backoff_ms
                 )
                 found += 1
                 logger.warning(
@@ -336,7 +332,7 @@ class Parking:
             logger.warning(
                 "%s: a Kafka transaction failed (%s) and no record is named: committing its "
                 "%d commits on their own",
-                self._name,
+                self._settings.name,
                 batch.error.str(),
                 found,
             )
