@@ -44,6 +44,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
+from functools import partial
 from typing import Any, Final
 
 from bridge.client.sender import RecordSender
@@ -93,7 +94,8 @@ requests took less CPU a failure in the consumer than the default 5 ms on the be
 
 
 _listener_thread = threading.local()
-"""``consumer``: the :class:`PushConsumer` whose listener thread this is, on those threads."""
+"""``consumer``: the :class:`PushConsumer` whose listener thread this is, on those threads (its
+poll threads included, where a fast listener runs)."""
 
 
 def _mark_listener_thread(consumer: PushConsumer) -> None:
@@ -434,7 +436,14 @@ class PushConsumer(Startable):
             initargs=(self,),
         )
         self._fetcher = Fetcher(
-            context, consumption, self._quarantine, topic_names, retry_kafka_topic
+            context,
+            consumption,
+            self._quarantine,
+            topic_names,
+            retry_kafka_topic,
+            # A fast listener runs on the poll thread: shutdown() called there must not wait
+            # for it (see shutdown()).
+            on_poll_thread=partial(_mark_listener_thread, self),
         )
         self._fetcher.start()
 
