@@ -26,6 +26,8 @@ EXIT_FACTOR: Final = 4.0
 times the threshold (it came to the poll thread below the threshold: the hysteresis)."""
 ESTIMATE_WEIGHT: Final = 0.25
 """The weight of a new measurement in the moving estimate (the others': ``1 - weight``)."""
+_SHORTEST_S: Final = 1e-9
+"""A measurement is taken as at least this, seconds (a nanosecond)."""
 
 
 def inline_wanted(estimate_s: float, threshold_s: float, *, inline_now: bool) -> bool:
@@ -70,7 +72,9 @@ class PathChoice:
         estimate and the path; return :attr:`inline`."""
         if per_message_s < 0 or not math.isfinite(per_message_s):
             return self.inline  # a clock that went back: nothing learnt
-        self.estimate_s = estimate = next_estimate(self.estimate_s, per_message_s)
+        # A batch quicker than the clock's tick measures 0, which is "none yet" for the rule.
+        measured = max(per_message_s, _SHORTEST_S)
+        self.estimate_s = estimate = next_estimate(self.estimate_s, measured)
         self.inline = inline = inline_wanted(estimate, self.threshold_s, inline_now=self.inline)
         return inline
 
