@@ -1,6 +1,9 @@
 """RocketMQ's push consumer over a Kafka consumer group, with retry topics and a DLQ.
 
-One named thread polls Kafka and commits offsets; a named pool runs the listeners. Each
+One named thread polls Kafka and commits offsets; a named pool runs the listeners, except a
+concurrent listener measured fast, which runs on the poll thread after each poll (see
+:mod:`~bridge.consumer.listener_path`; a watchdog moves the poll loop to a new thread when a
+listener holds it too long). Each
 partition's received messages are held in a :class:`ProcessQueue` until they are done, and
 the committed offset is the smallest one still held, so work in flight is never skipped,
 whatever order the listener threads finish in, and a rebalance or a crash only redelivers.
