@@ -300,8 +300,9 @@ class Fetcher:
         records = self._kafka.consume(num_messages=limit, timeout=timeout)
         if records:
             self._receive(records)
-            if not self._run_here():
-                return  # the poll loop is another thread's now
+        # Unconditionally: what a poll that failed half-way kept for this thread runs now.
+        if not self._run_here():
+            return  # the poll loop is another thread's now
         if self._consumption.commit_wanted() or time.monotonic() - self._commits.last_commit >= (
             settings.persist_consumer_offset_interval_ms / 1000
         ):
