@@ -25,6 +25,7 @@ from bridge.consumer.listener_path import (
 )
 from bridge.consumer.process_queue import ProcessQueue
 from bridge.errors import InvalidArgumentError
+from tests.conftest import wait_until
 
 seconds = st.floats(min_value=1e-9, max_value=10.0, allow_nan=False)
 thresholds = st.floats(min_value=1e-7, max_value=1.0, allow_nan=False)
@@ -236,3 +237,98 @@ def test_a_slow_listener_and_a_zero_threshold_keep_the_pool() -> None:
     consumption.held_too_long(2.0)
     consumption.receive(pq, msgs)
     assert pool.tasks and not consumption.taken_here(), "held the poll thread: the pool"
+
+
+# --- the poll loop moving off a held poll thread ------------------------------------------
+
+
+class _Here:
+    """A strategy whose poll-thread work is given: records what ran where."""
+
+    def __init__(self, work: list[tuple[ProcessQueue, list[MessageExt]]]) -> None:
+        self.work = work
+        self.ran: list[int] = []
+        self.submitted: list[int] = []
+        self.held: list[float] = []
+        self.block: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def may_run_here(self) -> bool:
+        return True
+
+    def taken_here(self) -> list[tuple[ProcessQueue, list[MessageExt]]]:
+        work, self.work = self.work, []
+        return work
+
+    def run_here(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        self.ran.append(msgs[0].queue_offset)
+        self.entered.set()
+        if self.block is not None:
+            self.block.wait(10)
+
+    def submit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        self.submitted.append(msgs[0].queue_offset)
+
+    def held_too_long(self, held_s: float) -> None:
+        self.held.append(held_s)
+
+
+def _fetcher(strategy: _Here, consume_timeout_min: float = 15) -> Any:
+    from bridge.consumer.fetcher import Fetcher
+
+    consumer = PushConsumer("g", consume_timeout=consume_timeout_min)
+    return Fetcher(consumer._context, strategy, consumer._quarantine, {}, "")  # type: ignore[arg-type]
+
+
+def test_a_held_poll_thread_hands_what_it_had_not_started_to_the_pool_and_stops_polling() -> None:
+    pq = ProcessQueue("t", 0)
+    strategy = _Here([(pq, _messages(0, 2)), (pq, _messages(2, 2)), (pq, _messages(4, 2))])
+    fetcher = _fetcher(strategy)
+    fetcher._thread = threading.current_thread()
+    other = threading.Thread(target=lambda: None)
+
+    def run_here(pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        strategy.ran.append(msgs[0].queue_offset)
+        fetcher._thread = other  # the watchdog moved the poll loop meanwhile
+
+    strategy.run_here = run_here  # type: ignore[method-assign]
+    assert fetcher._run_here() is False, "this thread polls no more"
+    assert strategy.ran == [0] and strategy.submitted == [2, 4]
+    assert fetcher._here_since == 0.0
+    fetcher._thread = threading.current_thread()
+    strategy.work = [(pq, _messages(6, 1))]
+    strategy.run_here = _Here.run_here.__get__(strategy)  # type: ignore[method-assign]
+    assert fetcher._run_here() is True and strategy.ran[-1] == 6, "not moved: it goes on"
+
+
+def test_the_watchdog_moves_the_poll_loop_off_a_thread_a_listener_holds() -> None:
+    pq = ProcessQueue("t", 0)
+    strategy = _Here([(pq, _messages(0, 1))])
+    strategy.block = threading.Event()
+    # consume_timeout 0.01 min (0.6 s): the poll thread may be held 0.15 s.
+    fetcher = _fetcher(strategy, consume_timeout_min=0.01)
+    started: list[threading.Thread] = []
+
+    class _NewPollThread(threading.Thread):
+        def start(self) -> None:
+            started.append(self)
+
+    fetcher._poll_thread = lambda: _NewPollThread(target=lambda: None)
+    result: list[bool] = []
+    held = threading.Thread(target=lambda: result.append(fetcher._run_here()))
+    fetcher._thread = held
+    watchdog = threading.Thread(target=fetcher._watch, daemon=True)
+    held.start()
+    assert strategy.entered.wait(10)
+    watchdog.start()
+    try:
+        wait_until(lambda: bool(started), timeout_s=10)
+        assert fetcher._thread is started[0], "a new poll thread took the loop"
+        assert strategy.held and strategy.held[0] >= 0.15
+        assert fetcher._here_since == 0.0
+    finally:
+        strategy.block.set()
+        held.join(10)
+        fetcher._closed.set()
+        watchdog.join(10)
+    assert result == [False], "the held thread stops polling once its listener returns"
