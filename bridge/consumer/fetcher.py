@@ -62,7 +62,10 @@ HELD_TOO_LONG_S: Final = 1.0
 """The longest a poll's listener work holds the poll thread before the poll loop moves to a
 new thread, seconds (a quarter of ``consume_timeout`` when that is shorter)."""
 _WATCH_INTERVAL_S: Final = 0.05
-"""How often, at most, the watchdog looks at the poll thread, seconds."""
+"""How often, at most, the watchdog looks at the poll thread while it runs listeners, s."""
+_WATCH_IDLE_S: Final = 1.0
+"""How long the watchdog sleeps while the poll thread runs no listener, at most, s (it is
+woken when the poll thread starts running some)."""
 
 
 class Fetcher:
@@ -108,6 +111,8 @@ class Fetcher:
         listeners and the watchdog moving the poll loop."""
         self._here_since = 0.0
         """When the poll thread began running listeners (monotonic s; 0: it does not)."""
+        self._here_began = threading.Event()
+        """Set when the poll thread begins running listeners: wakes the watchdog."""
         self._closed = threading.Event()
         """Set once the last poll thread gave its partitions up and closed the consumer."""
 
@@ -244,15 +249,21 @@ class Fetcher:
         thread; the held one ends once its listener returns (see :meth:`_run_here`)."""
         limit_s = min(HELD_TOO_LONG_S, self._context.settings.consume_timeout * 60 / 4)
         interval_s = min(_WATCH_INTERVAL_S, limit_s / 4)
-        while not self._closed.wait(interval_s):
+        while not self._closed.is_set():
+            self._here_began.wait(_WATCH_IDLE_S)
+            if self._closed.wait(interval_s):
+                return
             with self._baton:
                 since = self._here_since
+                if not since:
+                    self._here_began.clear()  # under the lock: a new begin sets it again
+                    continue
                 held_s = time.monotonic() - since
-                if not since or held_s < limit_s:
+                if held_s < limit_s:
                     continue
                 self._here_since = 0.0
                 self._thread = thread = self._poll_thread()
-                thread.start()  # under the lock: a stop() sees a started thread
+                thread.start()  # under the lock, as the held thread reads _thread
             logger.warning(
                 "push consumer %s: a listener has held the poll thread %.1f s; polling goes on "
                 "on a new thread",
@@ -271,6 +282,7 @@ class Fetcher:
         me = threading.current_thread()
         with self._baton:
             self._here_since = time.monotonic()
+            self._here_began.set()
         try:
             for index, (pq, msgs) in enumerate(here):
                 if self._thread is not me:
