@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
-
 from bridge.codec import BORN_TIMESTAMP_HEADER, PreparedRecord, delayed_headers, encode_envelope
 from bridge.config import ClientConfig
 from bridge.delay.model import InvalidDelayError
 from bridge.message import DELAY_PROPERTIES, Message, MessageConst, PropertyValue, property_text
+from bridge.message_id import fresh_send_id
 from topics.catalog import SystemTopic
 from topics.naming import system_topic
 
@@ -26,7 +25,7 @@ __all__ = ["BORN_TIMESTAMP_HEADER", "SEND_ID_HEADER", "TIMER_ROUTING_HEADER", "d
 
 
 def _send_id() -> tuple[str, bytes]:
-    return (SEND_ID_HEADER, uuid.uuid4().hex.encode("ascii"))
+    return (SEND_ID_HEADER, fresh_send_id())
 
 
 def delayed_record(
