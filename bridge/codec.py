@@ -660,17 +660,21 @@ def delayed_headers(
 
     A text value with a lone surrogate raises ``UnicodeEncodeError``.
     """
-    head.append((BORN_TIMESTAMP_HEADER, str(born_timestamp_ms).encode()))
-    head.append((MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id.encode()))
-    head.append((MessageConst.BORN_HOST, born_host.encode()))
+    head += (
+        (BORN_TIMESTAMP_HEADER, str(born_timestamp_ms).encode()),
+        (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id.encode()),
+        (MessageConst.BORN_HOST, born_host.encode()),
+    )
     binary: list[tuple[str, bytes | None]] = []
+    # ``type() is`` before ``isinstance``: this runs for each property of each retry copy.
+    append = head.append
     for name, value in properties.items():
         if name in _OWN_HEADERS:
             continue
-        if isinstance(value, str):
-            head.append((name, value.encode()))
+        if type(value) is str or isinstance(value, str):
+            append((name, value.encode()))
         else:
-            binary.append((name, bytes(value)))
+            binary.append((name, value if type(value) is bytes else bytes(value)))
     head += binary
     return head
 

@@ -396,6 +396,24 @@ class Message:
             return value.decode("utf-8", "replace")
         return value
 
+    def copied_to(self, topic: str, dropped: frozenset[str]) -> Message:
+        """A plain :class:`Message` for ``topic`` with this one's body, keys, tags and its
+        properties except those named in ``dropped``, each as :meth:`put_system_property`
+        would set it (never refused). The services' copies of failed and dead messages:
+        one dict built at once, not a call per property."""
+        copy = Message(topic, self._body, tags=self.tags)
+        copy._keys = self._keys  # replaced, never changed in place: the list can be shared
+        copy._properties = {
+            name: value
+            if type(value) is str or type(value) is bytes
+            else bytes(value)
+            if isinstance(value, bytearray | memoryview)
+            else value
+            for name, value in self._properties.items()
+            if name not in dropped
+        }
+        return copy
+
     def put_system_property(self, name: str, value: PropertyValue) -> None:
         """Set a system property (used by the producer and the services); not validated
         (the producer checks what it sends). The copies of messages already in Kafka go

@@ -90,11 +90,7 @@ def origin_topic(msg: MessageExt) -> str:
 
 def _copy(msg: MessageExt, topic: str, dropped: frozenset[str] = frozenset()) -> Message:
     # Any body, empty included: unlike a send, a copy is never refused.
-    copy = Message(topic, msg.body, keys=msg.keys, tags=msg.tags)
-    for name, value in msg.properties.items():
-        if name not in _NOT_COPIED and name not in dropped:
-            copy.put_system_property(name, value)
-    return copy
+    return msg.copied_to(topic, _NOT_COPIED | dropped if dropped else _NOT_COPIED)
 
 
 def _put_origin(copy: Message, msg: MessageExt) -> None:
