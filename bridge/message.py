@@ -396,24 +396,6 @@ class Message:
             return value.decode("utf-8", "replace")
         return value
 
-    def copied_to(self, topic: str, dropped: frozenset[str]) -> Message:
-        """A plain :class:`Message` for ``topic`` with this one's body, keys, tags and its
-        properties except those named in ``dropped``, each as :meth:`put_system_property`
-        would set it (never refused). The services' copies of failed and dead messages:
-        one dict built at once, not a call per property."""
-        copy = Message(topic, self._body, tags=self.tags)
-        copy._keys = self._keys  # replaced, never changed in place: the list can be shared
-        copy._properties = {
-            name: value
-            if type(value) is str or type(value) is bytes
-            else bytes(value)
-            if isinstance(value, bytearray | memoryview)
-            else value
-            for name, value in self._properties.items()
-            if name not in dropped
-        }
-        return copy
-
     def put_system_property(self, name: str, value: PropertyValue) -> None:
         """Set a system property (used by the producer and the services); not validated
         (the producer checks what it sends). The copies of messages already in Kafka go
@@ -703,3 +685,23 @@ class MessageExt(Message):
             f"queue_offset={self.queue_offset}, body={len(self.body)} bytes, keys={self.keys!r}, "
             f"tags={self.tags!r}, properties={self.properties!r}{self._objects_repr()})"
         )
+
+
+def copied_message(msg: Message, topic: str, dropped: frozenset[str]) -> Message:
+    """A plain :class:`Message` for ``topic`` with ``msg``'s body, keys, tags and its
+    properties except those named in ``dropped``, each as
+    :meth:`Message.put_system_property` would set it (never refused). The services' copies of
+    failed and dead messages: one dict built at once, not a call per property. Not part of
+    the public API."""
+    copy = Message(topic, msg._body, tags=msg.tags)
+    copy._keys = msg._keys  # replaced, never changed in place: the list can be shared
+    copy._properties = {
+        name: value
+        if type(value) is str or type(value) is bytes
+        else bytes(value)
+        if isinstance(value, bytearray | memoryview)
+        else value
+        for name, value in msg._properties.items()
+        if name not in dropped
+    }
+    return copy

@@ -16,6 +16,7 @@ from bridge.message import (
     MessageConst,
     MessageIdGenerator,
     SystemPropertyName,
+    copied_message,
 )
 
 ID_FORMAT = re.compile(r"^[0-9A-F]{32}$")
@@ -133,7 +134,7 @@ def test_a_copy_keeps_body_keys_tags_and_properties_but_the_dropped() -> None:
     msg.put_system_property("bin", b"\xfe")
     msg.put_system_property("drop-me", "y")
     msg._properties["buf"] = bytearray(b"\x01")  # type: ignore[assignment]
-    copy = msg.copied_to("%RETRY%g", frozenset({"drop-me"}))
+    copy = copied_message(msg, "%RETRY%g", frozenset({"drop-me"}))
     assert (copy.topic, copy.body, copy.keys, copy.tags) == ("%RETRY%g", b"x", ["k1", "k2"], "TagA")
     assert copy.properties == {"region": "eu", "bin": b"\xfe", "buf": b"\x01"}
     assert type(copy.properties["buf"]) is bytes
