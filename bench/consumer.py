@@ -6,7 +6,9 @@ safely sent back to the retry topic. Time runs from the first message handed ove
 join and topic set-up excluded, for both). Baselines: a raw confluent-kafka consumer of the
 same topic (``read_committed``, manual commits every 5 s) that calls a trivial handler per
 record, and a plain at-least-once poll loop that calls the benchmark's own listener on each
-confluent-kafka ``Message`` and commits asynchronously after each poll. The
+confluent-kafka ``Message`` and commits asynchronously after each poll. The same consumer
+with ``consume_inline_threshold_us=0`` (every listener call on the listener threads, as before
+the poll-thread path) runs beside it, 0% and 10% failing, for a before and after in one run. The
 coordinator runs as its own process; the first retry waits at delay level 3 (10 s), and its
 end-to-end delay is measured from the failure to the redelivery. Beside each rate, the
 process's CPU time a message over the same span (all its threads, librdkafka's included; the
@@ -168,9 +170,12 @@ def _ours(
     batch: int = 1,
     retries: list[float] | None = None,
     expression: str | FilterExpression = "*",
+    pool_only: bool = False,
 ) -> tuple[int, float, float]:
     """Consume every message once (failures: sent back); if ``retries`` is given, also wait for
-    the failed ones to come back and put each first retry's delay (s) in it."""
+    the failed ones to come back and put each first retry's delay (s) in it. ``pool_only``:
+    the listener always runs on the listener threads (``consume_inline_threshold_us=0``, the
+    consumer before its poll-thread path), for a same-run before and after."""
     failed_at: dict[str, float] = {}
     back: list[float] = []
     first: list[Clock] = []
@@ -180,6 +185,7 @@ def _ours(
         config=config,
         consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
         consume_message_batch_max_size=batch,
+        consume_inline_threshold_us=0 if pool_only else None,
     )
     consumer.subscribe(topic, listener, expression)
     consumer.start()
@@ -229,6 +235,8 @@ def run(bootstrap: str) -> None:
             "loop": lambda: _raw_listener_loop(config, topic),
             "ours": lambda: _ours(config, topic, failing=False),
             "ours_fail": lambda: _ours(config, topic, failing=True),
+            "pool": lambda: _ours(config, topic, failing=False, pool_only=True),
+            "pool_fail": lambda: _ours(config, topic, failing=True, pool_only=True),
             "ours_batch": lambda: _ours(config, topic, failing=False, batch=32),
             "ours_sql": lambda: _ours(
                 config, topic, failing=False, expression=MessageSelector.by_sql(SQL92)
@@ -253,11 +261,25 @@ def run(bootstrap: str) -> None:
             "raw poll loop + listener + commit",
         ),
         Row(
+            "consume, 0%, listener threads only",
+            "msg/s",
+            rates["pool"],
+            rates["loop"],
+            "raw poll loop + listener + commit",
+        ),
+        Row(
             "consume, 10% failing once",
             "msg/s",
             rates["ours_fail"],
             rates["ours"],
             "ours, 0% failing",
+        ),
+        Row(
+            "consume, 10% failing, listener threads only",
+            "msg/s",
+            rates["pool_fail"],
+            rates["pool"],
+            "listener threads only, 0%",
         ),
         Row(
             "consume, 10% failing once (vs raw)",
@@ -287,6 +309,14 @@ def run(bootstrap: str) -> None:
             "CPU a message, 0% failing",
             "ns",
             cpu["ours"],
+            cpu["loop"],
+            "raw poll loop + listener + commit",
+            higher_is_better=False,
+        ),
+        Row(
+            "CPU a message, 0%, listener threads only",
+            "ns",
+            cpu["pool"],
             cpu["loop"],
             "raw poll loop + listener + commit",
             higher_is_better=False,

@@ -341,8 +341,9 @@ class _Undecoded(MessageExt):
 
 
 _new_undecoded = _Undecoded.__new__
-_TOPIC_SLOT: Final = Message.__dict__["topic"]
-_BODY_SLOT: Final = Message.__dict__["_body"]
+_set_topic: Final = Message.__dict__["topic"].__set__
+_set_body: Final = Message.__dict__["_body"].__set__
+_set_headers: Final = _SLOTS["_properties"].__set__
 
 
 def undecoded_message(
@@ -355,17 +356,29 @@ def undecoded_message(
     if headers is not None and type(headers) is not list:
         return received_message(record, topic, kafka_topic, partition, headers)
     msg = _new_undecoded(_Undecoded)
-    _TOPIC_SLOT.__set__(msg, topic)
+    _set_topic(msg, topic)
     value = record.value()
-    _BODY_SLOT.__set__(msg, value if value is not None else b"")
-    _SLOTS["_properties"].__set__(msg, headers)
+    _set_body(msg, value if value is not None else b"")
+    _set_headers(msg, headers)
     msg.kafka_topic = kafka_topic
     msg.queue_id = partition
     msg.queue_offset = record.offset()
     ts_type, ts = record.timestamp()
-    born = copied_born_timestamp(headers)
-    msg.born_timestamp_ms = born if born is not None else ts if ts is not None and ts >= 0 else 0
-    msg.store_timestamp_ms = _store_timestamp(born, ts_type, ts)
+    # Most records are no copies: the first header's name is looked at before a call.
+    born = (
+        copied_born_timestamp(headers)
+        if headers and headers[0][0] == BORN_TIMESTAMP_HEADER
+        else None
+    )
+    if born is not None:
+        msg.born_timestamp_ms = born
+        msg.store_timestamp_ms = ts if ts is not None and ts >= 0 else None
+    elif ts is not None and ts >= 0:
+        msg.born_timestamp_ms = ts
+        msg.store_timestamp_ms = ts if ts_type == _TIMESTAMP_LOG_APPEND_TIME else None
+    else:
+        msg.born_timestamp_ms = 0
+        msg.store_timestamp_ms = None
     return msg
 
 
@@ -669,17 +682,21 @@ def delayed_headers(
 
     A text value with a lone surrogate raises ``UnicodeEncodeError``.
     """
-    head.append((BORN_TIMESTAMP_HEADER, str(born_timestamp_ms).encode()))
-    head.append((MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id.encode()))
-    head.append((MessageConst.BORN_HOST, born_host.encode()))
+    head += (
+        (BORN_TIMESTAMP_HEADER, str(born_timestamp_ms).encode()),
+        (MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg_id.encode()),
+        (MessageConst.BORN_HOST, born_host.encode()),
+    )
     binary: list[tuple[str, bytes | None]] = []
+    # ``type() is`` before ``isinstance``: this runs for each property of each retry copy.
+    append = head.append
     for name, value in properties.items():
         if name in _OWN_HEADERS:
             continue
-        if isinstance(value, str):
-            head.append((name, value.encode()))
+        if type(value) is str or isinstance(value, str):
+            append((name, value.encode()))
         else:
-            binary.append((name, bytes(value)))
+            binary.append((name, value if type(value) is bytes else bytes(value)))
     head += binary
     return head
 

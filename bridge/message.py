@@ -685,3 +685,23 @@ class MessageExt(Message):
             f"queue_offset={self.queue_offset}, body={len(self.body)} bytes, keys={self.keys!r}, "
             f"tags={self.tags!r}, properties={self.properties!r}{self._objects_repr()})"
         )
+
+
+def copied_message(msg: Message, topic: str, dropped: frozenset[str]) -> Message:
+    """A plain :class:`Message` for ``topic`` with ``msg``'s body, keys, tags and its
+    properties except those named in ``dropped``, each as
+    :meth:`Message.put_system_property` would set it (never refused). The services' copies of
+    failed and dead messages: one dict built at once, not a call per property. Not part of
+    the public API."""
+    copy = Message(topic, msg._body, tags=msg.tags)
+    copy._keys = msg._keys  # replaced, never changed in place: the list can be shared
+    copy._properties = {
+        name: value
+        if type(value) is str or type(value) is bytes
+        else bytes(value)
+        if isinstance(value, bytearray | memoryview)
+        else value
+        for name, value in msg._properties.items()
+        if name not in dropped
+    }
+    return copy

@@ -82,3 +82,42 @@ class MessageIdGenerator:
             head = self._head_for(now)
         count = next(self._counter) & 0xFFFF
         return f"{head}{_HEX_BYTE[count >> 8]}{_HEX_BYTE[count & 0xFF]}"
+
+
+class SendIdGenerator:
+    """Fresh send ids for the delay services' dedup (``BRIDGE_SEND_ID``): 32 lower-case hex
+    characters laid out as a version-4 UUID's ``hex``, as ``uuid.uuid4().hex`` wrote them.
+
+    ``uuid4`` reads 16 bytes from the OS for every id (a system call, 3 us on a quiet machine
+    and 6-18 us on a loaded one, and each failed message's retry copy needs one). Here the
+    first 20 characters (74 random bits, the version and variant nibbles fixed) are drawn once
+    per process, again in a forked child, and the last 12 are a 48-bit counter: ids are unique
+    within a process until 2**48 of them, and across processes as random 74-bit values are.
+    """
+
+    def __init__(self) -> None:
+        self._state: tuple[str, itertools.count[int]] = self._fresh()
+        os.register_at_fork(after_in_child=self._redraw)
+
+    @staticmethod
+    def _fresh() -> tuple[str, itertools.count[int]]:
+        rand = secrets.token_hex(10)  # 20 hex characters
+        variant = "89ab"[int(rand[16], 16) & 3]
+        prefix = f"{rand[:12]}4{rand[13:16]}{variant}{rand[17:]}"
+        return prefix, itertools.count()
+
+    def _redraw(self) -> None:
+        self._state = self._fresh()
+
+    def next_id(self) -> bytes:
+        """A new send id, ASCII."""
+        prefix, counter = self._state
+        return f"{prefix}{next(counter) & 0xFFFFFFFFFFFF:012x}".encode("ascii")
+
+
+_SEND_IDS: Final = SendIdGenerator()
+
+
+def fresh_send_id() -> bytes:
+    """A new unique send id (see :class:`SendIdGenerator`), ASCII."""
+    return _SEND_IDS.next_id()

@@ -8,6 +8,11 @@ result ignored, and the messages of its task not started yet go to another task 
 never returns holds only its own messages, as a RocketMQ consume thread holds only its request).
 The consume timeout's send-back is :mod:`bridge.consumer.overdue`; what a listener's answer
 means, :mod:`bridge.consumer.concurrent_results`.
+
+A listener measured fast runs on the poll thread instead, each poll's messages in a row after
+the poll (:meth:`ConcurrentConsumption.receive`, :meth:`ConcurrentConsumption.run_here`), with
+the same bookkeeping, so the same guarantees; which path, :mod:`bridge.consumer.listener_path`
+decides.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from bridge.consumer.consumption import (
 )
 from bridge.consumer.context import ConsumerContext, MessageCallback
 from bridge.consumer.counters import Count
+from bridge.consumer.listener_path import PathChoice
 from bridge.consumer.model import (
     ConsumeConcurrentlyContext,
     MessageListenerConcurrently,
@@ -81,12 +87,59 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         self._one_by_one = OneByOne(
             context, self.policy, consume_requests=self._consume_requests, measured=self._measured
         )
+        self._path = PathChoice(context.settings.consume_inline_threshold_us / 1e6)
+        """Where the listener runs: the poll thread or the pool (by its measured times)."""
+        self._here: list[tuple[ProcessQueue, list[MessageExt]]] = []
+        """What :meth:`receive` kept for the poll thread (poll thread only)."""
 
     def _measured(self, spent: float) -> None:
         """Add ``spent``, a chunk's listener time per message (s), to the moving average."""
         average = self._per_message_s
         self._per_message_s = (
             spent if average <= 0 else average + _DURATION_WEIGHT * (spent - average)
+        )
+        self._note_path(spent)
+
+    def _note_path(self, spent: float) -> None:
+        """Add ``spent`` (s a message) to the path's estimate; log a change of path."""
+        path = self._path
+        was = path.inline
+        if path.note(spent) != was:
+            logger.info(
+                "push consumer %s: the listener runs on %s (%.1f us a message)",
+                self._context.group,
+                "the poll thread" if path.inline else "the listener threads",
+                path.estimate_s * 1e6,
+            )
+
+    # --- the poll thread's path -----------------------------------------------------------
+    def may_run_here(self) -> bool:
+        return self._path.threshold_s > 0
+
+    def receive(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Keep ``msgs`` for the poll thread when the listener is measured fast (run after
+        the poll by :meth:`run_here`), else queue them for the pool (:meth:`submit`)."""
+        if self._path.inline:
+            self._here.append((pq, msgs))
+        else:
+            self.submit(pq, msgs)
+
+    def taken_here(self) -> list[tuple[ProcessQueue, list[MessageExt]]]:
+        here, self._here = self._here, []
+        return here
+
+    def run_here(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Run ``msgs`` on the calling thread (the poll thread) as a pool task runs a chunk:
+        the same consume requests, bookkeeping and batched send-back of the failures."""
+        self._consume_chunk(pq, msgs)
+
+    def held_too_long(self, held_s: float) -> None:
+        self._path.held_too_long(held_s)
+        logger.warning(
+            "push consumer %s: the listener held the poll thread %.1f s; it runs on the "
+            "listener threads until measured fast again",
+            self._context.group,
+            held_s,
         )
 
     def submit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
@@ -196,6 +249,7 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
             self._one_by_one.run(pq, msgs)
             return
         size = self._context.settings.consume_message_batch_max_size
+        began = time.monotonic()
         requests: list[list[MessageExt]] = []
         batch: list[MessageExt] = []
         for msg in msgs:
@@ -206,6 +260,9 @@ class ConcurrentConsumption(Consumption[ConsumeConcurrentlyContext]):
         if batch:
             requests.append(batch)
         self._consume_requests(pq, requests)
+        # Batch listeners (and spans) too: the path follows their time a message.
+        if msgs:
+            self._note_path((time.monotonic() - began) / len(msgs))
 
     def _consume_requests(
         self,

@@ -4,6 +4,7 @@ simple consumer's (RocketMQ 5's ``SimpleConsumer``)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Final, Self, TypeVar, cast
 
@@ -30,6 +31,14 @@ class PushConsumerConfig:
     """Threads that run the listener (RocketMQ's ``consumeThreadMin``/``Max``)."""
     consume_message_batch_max_size: int = 1
     """Most messages handed to the listener at once."""
+    consume_inline_threshold_us: float = 100.0
+    """A concurrent listener whose measured time per message (a moving average) is below this,
+    in microseconds, runs on the thread that polled Kafka, each poll's messages in a row, with
+    no hand-off to the listener threads; it goes back to those threads once its average is
+    above 4 times this, or once one call holds the poll thread for a second (the poll loop
+    then goes on on a new thread, so heartbeats, rebalances, commits and ``consume_timeout``
+    never wait for a listener). 0: always on the listener threads. Orderly and FIFO
+    consumers always use the listener threads."""
     pull_batch_size: int = 32
     """Most records taken from Kafka per poll, per partition."""
     pull_threshold_for_queue: int = 1000
@@ -74,6 +83,16 @@ class PushConsumerConfig:
             "consume_message_batch_max_size", self.consume_message_batch_max_size, minimum=1
         )
         require_number("consume_timeout", self.consume_timeout)
+        threshold = self.consume_inline_threshold_us
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            raise InvalidArgumentError(
+                f"consume_inline_threshold_us must be a number, got {threshold!r}"
+            )
+        if not math.isfinite(threshold) or threshold < 0:
+            raise InvalidArgumentError(
+                "consume_inline_threshold_us must be 0 (never on the poll thread) or a "
+                f"positive finite number of microseconds, got {threshold}"
+            )
         require_int("max_reconsume_times", self.max_reconsume_times, minimum=-1)
         require_int(
             "suspend_current_queue_time_millis", self.suspend_current_queue_time_millis, minimum=0

@@ -260,6 +260,31 @@ class Strategy(abc.ABC):
         is up (called there; it clears the wish). False by default."""
         return False
 
+    # --- running on the poll thread (see bridge.consumer.listener_path) -----------------
+    def may_run_here(self) -> bool:
+        """True if the strategy may run listeners on the poll thread (:meth:`taken_here`):
+        the fetcher then watches how long they hold it. False by default."""
+        return False
+
+    def receive(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Take ``msgs``, newly held in ``pq`` in offset order, from the poll thread: to run
+        there after the poll (:meth:`taken_here`) or elsewhere (:meth:`submit`, the
+        default)."""
+        self.submit(pq, msgs)
+
+    def taken_here(self) -> list[tuple[ProcessQueue, list[MessageExt]]]:
+        """What :meth:`receive` kept for the poll thread since the last call, oldest first
+        (each to run with :meth:`run_here`, or :meth:`submit`); none by default."""
+        return []
+
+    def run_here(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        """Run held ``msgs`` of ``pq`` on the calling thread (the poll thread)."""
+        self.submit(pq, msgs)
+
+    def held_too_long(self, held_s: float) -> None:  # noqa: B027 - a hook
+        """The listener held the poll thread ``held_s`` seconds and its poll loop went on
+        on a new thread: run no more there until measured fast again. Nothing by default."""
+
 
 class Consumption(Strategy, Generic[ContextT]):
     """A consumption strategy: takes a partition's newly held messages (:meth:`submit`) and

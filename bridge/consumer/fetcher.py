@@ -6,6 +6,14 @@ that holds too much and resumes it once drained; takes and gives up partitions o
 (or, BROADCASTING, takes every partition of the subscribed topics, looking for new ones every
 :data:`_BROADCAST_REFRESH_S`); commits each partition's smallest offset not done; and runs the
 consumer's deferred work. Rebalance callbacks run inside ``consume()``, on this thread too.
+
+A listener measured fast runs on this thread too, after each poll (see
+:mod:`bridge.consumer.listener_path`). A watchdog thread sees to it that no listener holds the
+poll loop: once a poll's listener work has run for :data:`HELD_TOO_LONG_S` (less for a short
+``consume_timeout``), the poll loop goes on on a new thread, and the one held by the listener
+ends once its listener returns and it has handed what it had not run to the pool. So
+heartbeats, rebalances, commits, ``consume_timeout`` and ``max.poll.interval.ms`` never wait
+for a listener, even one that never returns.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
@@ -50,6 +58,14 @@ CLOSE_GRACE_S: Final = 5.0
 group), seconds."""
 _GAUGE_INTERVAL_S: Final = 1.0
 """How often the held-message gauges are updated while metrics are on, seconds."""
+HELD_TOO_LONG_S: Final = 1.0
+"""The longest a poll's listener work holds the poll thread before the poll loop moves to a
+new thread, seconds (a quarter of ``consume_timeout`` when that is shorter)."""
+_WATCH_INTERVAL_S: Final = 0.05
+"""How often, at most, the watchdog looks at the poll thread while it runs listeners, s."""
+_WATCH_IDLE_S: Final = 1.0
+"""How long the watchdog sleeps while the poll thread runs no listener, at most, s (it is
+woken when the poll thread starts running some)."""
 
 
 class Fetcher:
@@ -65,8 +81,12 @@ class Fetcher:
         quarantine: Quarantine,
         topic_names: dict[str, str],
         retry_kafka_topic: str,
+        *,
+        on_poll_thread: Callable[[], None] | None = None,
     ) -> None:
         self._context = context
+        self._on_poll_thread = on_poll_thread
+        """Called first on each poll thread (a listener may run there)."""
         self._consumption = consumption
         self._quarantine = quarantine
         self._topic_names = topic_names
@@ -86,6 +106,15 @@ class Fetcher:
         self._last_gauges = 0.0
         self._gauged_topics: set[str] = set()
         """Topics whose held-message gauges were set (zeroed once nothing is held)."""
+        self._baton = threading.Lock()
+        """Guards :attr:`_thread` and :attr:`_here_since` between the poll thread running
+        listeners and the watchdog moving the poll loop."""
+        self._here_since = 0.0
+        """When the poll thread began running listeners (monotonic s; 0: it does not)."""
+        self._here_began = threading.Event()
+        """Set when the poll thread begins running listeners: wakes the watchdog."""
+        self._closed = threading.Event()
+        """Set once the last poll thread gave its partitions up and closed the consumer."""
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -136,10 +165,17 @@ class Fetcher:
                 on_revoke=self._on_revoke,
                 on_lost=self._on_lost,
             )
-        self._thread = threading.Thread(
-            target=self._run, name=f"bridge-consumer-{group}", daemon=True
-        )
+        self._thread = self._poll_thread()
         self._thread.start()
+        if self._consumption.may_run_here():
+            threading.Thread(
+                target=self._watch, name=f"bridge-consumer-watch-{group}", daemon=True
+            ).start()
+
+    def _poll_thread(self) -> threading.Thread:
+        return threading.Thread(
+            target=self._run, name=f"bridge-consumer-{self._context.group}", daemon=True
+        )
 
     def resubscribe(self) -> None:
         """Subscribe the Kafka consumer to the topics of ``topic_names`` as they are now (a
@@ -168,17 +204,24 @@ class Fetcher:
         Kafka consumer."""
         self._stopping.set()
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(join_timeout_s)
-            if thread.is_alive():
-                logger.warning(
-                    "push consumer %s: the Kafka consumer is still closing; not waiting",
-                    self._context.group,
-                )
+        # The poll loop may move to another thread meanwhile (see _watch): wait for the one
+        # that closes the consumer, whichever it is.
+        if (
+            thread is not None
+            and thread is not threading.current_thread()
+            and not self._closed.wait(join_timeout_s)
+        ):
+            logger.warning(
+                "push consumer %s: the Kafka consumer is still closing; not waiting",
+                self._context.group,
+            )
 
     # --- the poll thread -----------------------------------------------------------------
     def _run(self) -> None:
         kafka = self._kafka
+        me = threading.current_thread()
+        if self._on_poll_thread is not None:
+            self._on_poll_thread()
         try:
             while not self._stopping.is_set():
                 try:
@@ -186,14 +229,72 @@ class Fetcher:
                 except Exception:
                     logger.exception("push consumer %s: poll loop error", self._context.group)
                     self._stopping.wait(1.0)
+                if self._thread is not me:
+                    return  # the poll loop went on on another thread (see _watch)
         finally:
-            self._release(list(self.queues), math.inf)
-            try:
-                kafka.close()
-            except Exception:
-                logger.exception(
-                    "push consumer %s: closing the Kafka consumer", self._context.group
-                )
+            if self._thread is me:
+                try:
+                    self._release(list(self.queues), math.inf)
+                    kafka.close()
+                except Exception:
+                    logger.exception(
+                        "push consumer %s: closing the Kafka consumer", self._context.group
+                    )
+                finally:
+                    self._closed.set()
+
+    def _watch(self) -> None:
+        """The watchdog: once the poll thread has run listeners for longer than
+        :data:`HELD_TOO_LONG_S` (or a quarter of ``consume_timeout``), start a new poll
+        thread; the held one ends once its listener returns (see :meth:`_run_here`)."""
+        limit_s = min(HELD_TOO_LONG_S, self._context.settings.consume_timeout * 60 / 4)
+        interval_s = min(_WATCH_INTERVAL_S, limit_s / 4)
+        while not self._closed.is_set():
+            self._here_began.wait(_WATCH_IDLE_S)
+            if self._closed.wait(interval_s):
+                return
+            with self._baton:
+                since = self._here_since
+                if not since:
+                    self._here_began.clear()  # under the lock: a new begin sets it again
+                    continue
+                held_s = time.monotonic() - since
+                if held_s < limit_s:
+                    continue
+                self._here_since = 0.0
+                self._thread = thread = self._poll_thread()
+                thread.start()  # under the lock, as the held thread reads _thread
+            logger.warning(
+                "push consumer %s: a listener has held the poll thread %.1f s; polling goes on "
+                "on a new thread",
+                self._context.group,
+                held_s,
+            )
+            self._consumption.held_too_long(held_s)
+
+    def _run_here(self) -> bool:
+        """Run on this (the poll) thread what the strategy kept for it from the poll. False
+        if the poll loop moved to another thread meanwhile (a listener held this one too
+        long): what this thread had not started then went to the pool, and it polls no more."""
+        here = self._consumption.taken_here()
+        if not here:
+            return True
+        me = threading.current_thread()
+        with self._baton:
+            self._here_since = time.monotonic()
+            self._here_began.set()
+        try:
+            for index, (pq, msgs) in enumerate(here):
+                if self._thread is not me:
+                    for rest in here[index:]:
+                        self._consumption.submit(*rest)
+                    break
+                self._consumption.run_here(pq, msgs)
+        finally:
+            with self._baton:
+                self._here_since = 0.0
+                still = self._thread is me
+        return still
 
     def _poll_once(self) -> None:
         context = self._context
@@ -211,6 +312,9 @@ class Fetcher:
         records = self._kafka.consume(num_messages=limit, timeout=timeout)
         if records:
             self._receive(records)
+        # Unconditionally: what a poll that failed half-way kept for this thread runs now.
+        if not self._run_here():
+            return  # the poll loop is another thread's now
         if self._consumption.commit_wanted() or time.monotonic() - self._commits.last_commit >= (
             settings.persist_consumer_offset_interval_ms / 1000
         ):
@@ -249,7 +353,7 @@ class Fetcher:
             for record, reason in incoming.poison:
                 self._quarantine.send(record, pq, reason)
             if incoming.work:
-                self._consumption.submit(pq, incoming.work)
+                self._consumption.receive(pq, incoming.work)
             if key not in self.paused and pq.over(max_count, max_bytes):
                 self._kafka.pause([TopicPartition(*key)])
                 self.paused.add(key)

@@ -1,6 +1,9 @@
 """RocketMQ's push consumer over a Kafka consumer group, with retry topics and a DLQ.
 
-One named thread polls Kafka and commits offsets; a named pool runs the listeners. Each
+One named thread polls Kafka and commits offsets; a named pool runs the listeners, except a
+concurrent listener measured fast, which runs on the poll thread after each poll (see
+:mod:`~bridge.consumer.listener_path`; a watchdog moves the poll loop to a new thread when a
+listener holds it too long). Each
 partition's received messages are held in a :class:`ProcessQueue` until they are done, and
 the committed offset is the smallest one still held, so work in flight is never skipped,
 whatever order the listener threads finish in, and a rebalance or a crash only redelivers.
@@ -44,6 +47,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
+from functools import partial
 from typing import Any, Final
 
 from bridge.client.sender import RecordSender
@@ -93,7 +97,8 @@ requests took less CPU a failure in the consumer than the default 5 ms on the be
 
 
 _listener_thread = threading.local()
-"""``consumer``: the :class:`PushConsumer` whose listener thread this is, on those threads."""
+"""``consumer``: the :class:`PushConsumer` whose listener thread this is, on those threads (its
+poll threads included, where a fast listener runs)."""
 
 
 def _mark_listener_thread(consumer: PushConsumer) -> None:
@@ -434,7 +439,14 @@ class PushConsumer(Startable):
             initargs=(self,),
         )
         self._fetcher = Fetcher(
-            context, consumption, self._quarantine, topic_names, retry_kafka_topic
+            context,
+            consumption,
+            self._quarantine,
+            topic_names,
+            retry_kafka_topic,
+            # A fast listener runs on the poll thread: shutdown() called there must not wait
+            # for it (see shutdown()).
+            on_poll_thread=partial(_mark_listener_thread, self),
         )
         self._fetcher.start()
 

@@ -38,6 +38,7 @@ from bridge.message import (
     Message,
     MessageConst,
     MessageExt,
+    copied_message,
     now_ms,
 )
 from topics.naming import (
@@ -90,11 +91,7 @@ def origin_topic(msg: MessageExt) -> str:
 
 def _copy(msg: MessageExt, topic: str, dropped: frozenset[str] = frozenset()) -> Message:
     # Any body, empty included: unlike a send, a copy is never refused.
-    copy = Message(topic, msg.body, keys=msg.keys, tags=msg.tags)
-    for name, value in msg.properties.items():
-        if name not in _NOT_COPIED and name not in dropped:
-            copy.put_system_property(name, value)
-    return copy
+    return copied_message(msg, topic, _NOT_COPIED | dropped if dropped else _NOT_COPIED)
 
 
 def _put_origin(copy: Message, msg: MessageExt) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
+from functools import cache
 
 from bridge.codec import BORN_TIMESTAMP_HEADER, PreparedRecord, delayed_headers, encode_envelope
 from bridge.config import ClientConfig
 from bridge.delay.model import InvalidDelayError
 from bridge.message import DELAY_PROPERTIES, Message, MessageConst, PropertyValue, property_text
+from bridge.message_id import fresh_send_id
 from topics.catalog import SystemTopic
 from topics.naming import system_topic
 
@@ -26,7 +27,14 @@ __all__ = ["BORN_TIMESTAMP_HEADER", "SEND_ID_HEADER", "TIMER_ROUTING_HEADER", "d
 
 
 def _send_id() -> tuple[str, bytes]:
-    return (SEND_ID_HEADER, uuid.uuid4().hex.encode("ascii"))
+    return (SEND_ID_HEADER, fresh_send_id())
+
+
+@cache
+def _system_topic(name: str, namespace: str) -> str:
+    """:func:`~topics.naming.system_topic`, checked once per name and namespace (a frozen
+    config's namespace never changes; each retry copy would check it again)."""
+    return system_topic(name, namespace)
 
 
 def delayed_record(
@@ -70,7 +78,7 @@ def delayed_record(
         for name in DELAY_PROPERTIES:
             props.pop(name, None)
         props[MessageConst.DELAY_TIME_LEVEL] = str(level)
-        topic = system_topic(SystemTopic.SCHEDULE.value, config.namespace)
+        topic = _system_topic(SystemTopic.SCHEDULE.value, config.namespace)
         if config.delay_record_format == "envelope":
             value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
             return PreparedRecord(
@@ -90,7 +98,7 @@ def delayed_record(
     for name in DELAY_PROPERTIES:
         props.pop(name, None)
     props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
-    topic = system_topic(SystemTopic.TIMER.value, config.namespace)
+    topic = _system_topic(SystemTopic.TIMER.value, config.namespace)
     if config.delay_record_format == "envelope":
         value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
         envelope_headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode()), _send_id()]

@@ -16,6 +16,7 @@ from bridge.message import (
     MessageConst,
     MessageIdGenerator,
     SystemPropertyName,
+    copied_message,
 )
 
 ID_FORMAT = re.compile(r"^[0-9A-F]{32}$")
@@ -125,3 +126,17 @@ def test_message_id_time_part_rolls_with_the_month() -> None:
     start_of_feb = gen.next_id(1_706_745_600_000)
     assert end_of_jan[20:28] == f"{31 * 86_400_000 - 1:08X}"
     assert start_of_feb[20:28] == "00000000"
+
+
+def test_a_copy_keeps_body_keys_tags_and_properties_but_the_dropped() -> None:
+    msg = Message("orders", b"x", keys="k1 k2", tags="TagA")
+    msg.put_system_property("region", "eu")
+    msg.put_system_property("bin", b"\xfe")
+    msg.put_system_property("drop-me", "y")
+    msg._properties["buf"] = bytearray(b"\x01")  # type: ignore[assignment]
+    copy = copied_message(msg, "%RETRY%g", frozenset({"drop-me"}))
+    assert (copy.topic, copy.body, copy.keys, copy.tags) == ("%RETRY%g", b"x", ["k1", "k2"], "TagA")
+    assert copy.properties == {"region": "eu", "bin": b"\xfe", "buf": b"\x01"}
+    assert type(copy.properties["buf"]) is bytes
+    copy.keys = "k3"  # the shared key list is replaced, never changed in place
+    assert msg.keys == ["k1", "k2"]
