@@ -117,6 +117,11 @@ class Fetcher:
         """What the poll thread running listeners has not started yet (guarded by
         :attr:`_baton`): whoever moves the poll loop off it hands these to the pool at once,
         so they never wait for a listener that may never return."""
+        self._held: list[threading.Thread] = []
+        """Poll threads the watchdog moved the poll loop off, maybe still held by a listener
+        (guarded by :attr:`_baton`): while one is, no listener runs on the poll thread, so a
+        listener that hangs now and then holds one poll thread at most, not one more each
+        time it measures fast again."""
         self._here_began = threading.Event()
         """Set when the poll thread begins running listeners: wakes the watchdog."""
         self._closed = threading.Event()
@@ -270,6 +275,8 @@ class Fetcher:
                 self._here_since = 0.0
                 rest = list(self._here_left)
                 self._here_left.clear()  # the held thread starts none of them now
+                if self._thread is not None:
+                    self._held.append(self._thread)
                 self._thread = thread = self._poll_thread()
                 thread.start()  # under the lock, as the held thread reads _thread
             self._hand_to_pool(rest)
@@ -291,6 +298,13 @@ class Fetcher:
         would be, and the rest of the poll still runs."""
         here = self._consumption.taken_here()
         if not here:
+            return True
+        with self._baton:
+            self._held = [thread for thread in self._held if thread.is_alive()]
+            elsewhere = bool(self._held)
+        if elsewhere:
+            # A listener still holds an earlier poll thread: the pool, not a second hold.
+            self._hand_to_pool(here)
             return True
         me = threading.current_thread()
         left = deque(here)

@@ -404,3 +404,45 @@ def test_system_exit_from_a_listener_on_the_poll_thread_ends_neither_loop_nor_po
     assert two.held == 0, "the other partition's message of the same poll ran"
     assert one.holds(1), "the message whose call escaped is kept, not committed past"
     assert one.commit_offset() == 1
+
+
+def test_while_a_held_poll_thread_is_still_held_the_next_poll_runs_on_the_pool() -> None:
+    # A listener that hangs now and then would otherwise leave one more poll thread held
+    # each time it came back to the poll thread: threads without bound, where the listener
+    # threads are consume_thread_count at most.
+    pq = ProcessQueue("t", 0)
+    strategy = _Here([(pq, _messages(0, 1))])
+    strategy.block = threading.Event()
+    fetcher = _fetcher(strategy, consume_timeout_min=0.01)
+    started: list[threading.Thread] = []
+
+    class _NewPollThread(threading.Thread):
+        def start(self) -> None:
+            started.append(self)
+
+    fetcher._poll_thread = lambda: _NewPollThread(target=lambda: None)
+    held = threading.Thread(target=fetcher._run_here)
+    fetcher._thread = held
+    watchdog = threading.Thread(target=fetcher._watch, daemon=True)
+    held.start()
+    assert strategy.entered.wait(10)
+    watchdog.start()
+    try:
+        wait_until(lambda: bool(started), timeout_s=10)
+        result: list[bool] = []
+        poll = threading.Thread(target=lambda: result.append(fetcher._run_here()))
+        fetcher._thread = poll
+        strategy.work = [(pq, _messages(1, 1))]
+        poll.start()
+        poll.join(10)
+        assert result == [True]
+        assert strategy.ran == [0] and strategy.submitted == [1], "the pool, not a 2nd hold"
+    finally:
+        strategy.block.set()
+        held.join(10)
+        fetcher._closed.set()
+        watchdog.join(10)
+    # Once the held thread is gone, the poll thread runs the fast listener again.
+    fetcher._thread = threading.current_thread()
+    strategy.work = [(pq, _messages(2, 1))]
+    assert fetcher._run_here() is True and strategy.ran == [0, 2]
