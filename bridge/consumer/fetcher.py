@@ -320,7 +320,10 @@ class Fetcher:
                         rest = list(left)
                         left.clear()
                         break
-                    if not left:
+                    if not left or self._stopping.is_set():
+                        # Stopping: start nothing more (as a listener thread stops at its next
+                        # request once shutdown drops the partitions); the rest stays held,
+                        # never committed past, and the group consumes it again.
                         rest = []
                         break
                     pq, msgs = left.popleft()

@@ -446,3 +446,20 @@ def test_while_a_held_poll_thread_is_still_held_the_next_poll_runs_on_the_pool()
     fetcher._thread = threading.current_thread()
     strategy.work = [(pq, _messages(2, 1))]
     assert fetcher._run_here() is True and strategy.ran == [0, 2]
+
+
+def test_a_shutdown_stops_the_poll_thread_starting_the_rest_of_its_poll() -> None:
+    # As a listener thread stops at its next request once shutdown gives the partitions up:
+    # the rest stays held, never committed past, and the group consumes it again.
+    pq = ProcessQueue("t", 0)
+    strategy = _Here([(pq, _messages(0, 1)), (pq, _messages(1, 1)), (pq, _messages(2, 1))])
+    fetcher = _fetcher(strategy)
+    fetcher._thread = threading.current_thread()
+
+    def run_here(pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        strategy.ran.append(msgs[0].queue_offset)
+        fetcher._stopping.set()  # shutdown() began meanwhile
+
+    strategy.run_here = run_here  # type: ignore[method-assign]
+    assert fetcher._run_here() is True
+    assert strategy.ran == [0] and strategy.submitted == [], "nothing started after the stop"
