@@ -35,10 +35,12 @@ class PushConsumerConfig:
     """A concurrent listener whose measured time per message (a moving average) is below this,
     in microseconds, runs on the thread that polled Kafka, each poll's messages in a row, with
     no hand-off to the listener threads; it goes back to those threads once its average is
-    above 4 times this, or once one call holds the poll thread for a second (the poll loop
-    then goes on on a new thread, so heartbeats, rebalances, commits and ``consume_timeout``
-    never wait for a listener). 0: always on the listener threads. Orderly and FIFO
-    consumers always use the listener threads."""
+    above 4 times this, or once the listener calls of one poll have held the poll thread for a
+    second, a quarter of ``consume_timeout`` when that is shorter (the poll loop then goes on
+    on a new thread, so rebalances, commits and ``consume_timeout`` wait at most that long for
+    a listener; while that held thread's listener has not returned, every call goes to the
+    listener threads). 0: always on the listener threads. Orderly and FIFO consumers always
+    use the listener threads."""
     pull_batch_size: int = 32
     """Most records taken from Kafka per poll, per partition."""
     pull_threshold_for_queue: int = 1000

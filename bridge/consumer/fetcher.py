@@ -10,10 +10,10 @@ consumer's deferred work. Rebalance callbacks run inside ``consume()``, on this 
 A listener measured fast runs on this thread too, after each poll (see
 :mod:`bridge.consumer.listener_path`). A watchdog thread sees to it that no listener holds the
 poll loop: once a poll's listener work has run for :data:`HELD_TOO_LONG_S` (less for a short
-``consume_timeout``), the poll loop goes on on a new thread, and the one held by the listener
-ends once its listener returns and it has handed what it had not run to the pool. So
+``consume_timeout``), the poll loop goes on on a new thread, what the held thread had not
+started goes to the pool at once, and the held thread ends once its listener returns. So
 heartbeats, rebalances, commits, ``consume_timeout`` and ``max.poll.interval.ms`` never wait
-for a listener, even one that never returns.
+for a listener, even one that never returns, nor does the rest of its poll.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -38,6 +39,7 @@ from bridge.consumer.process_queue import ProcessQueue
 from bridge.consumer.quarantine import Quarantine
 from bridge.consumer.tuning import fetch_tuning, group_tuning
 from bridge.kafka.clients import new_consumer
+from bridge.message import MessageExt
 from bridge.observability.metrics import active_metrics
 from topics.naming import broadcast_group
 
@@ -111,6 +113,15 @@ class Fetcher:
         listeners and the watchdog moving the poll loop."""
         self._here_since = 0.0
         """When the poll thread began running listeners (monotonic s; 0: it does not)."""
+        self._here_left: deque[tuple[ProcessQueue, list[MessageExt]]] = deque()
+        """What the poll thread running listeners has not started yet (guarded by
+        :attr:`_baton`): whoever moves the poll loop off it hands these to the pool at once,
+        so they never wait for a listener that may never return."""
+        self._held: list[threading.Thread] = []
+        """Poll threads the watchdog moved the poll loop off, maybe still held by a listener
+        (guarded by :attr:`_baton`): while one is, no listener runs on the poll thread, so a
+        listener that hangs now and then holds one poll thread at most, not one more each
+        time it measures fast again."""
         self._here_began = threading.Event()
         """Set when the poll thread begins running listeners: wakes the watchdog."""
         self._closed = threading.Event()
@@ -262,8 +273,13 @@ class Fetcher:
                 if held_s < limit_s:
                     continue
                 self._here_since = 0.0
+                rest = list(self._here_left)
+                self._here_left.clear()  # the held thread starts none of them now
+                if self._thread is not None:
+                    self._held.append(self._thread)
                 self._thread = thread = self._poll_thread()
                 thread.start()  # under the lock, as the held thread reads _thread
+            self._hand_to_pool(rest)
             logger.warning(
                 "push consumer %s: a listener has held the poll thread %.1f s; polling goes on "
                 "on a new thread",
@@ -275,26 +291,71 @@ class Fetcher:
     def _run_here(self) -> bool:
         """Run on this (the poll) thread what the strategy kept for it from the poll. False
         if the poll loop moved to another thread meanwhile (a listener held this one too
-        long): what this thread had not started then went to the pool, and it polls no more."""
+        long): what this thread had not started then went to the pool, and it polls no more.
+
+        A listener's exception of any kind, ``SystemExit`` included, ends neither this loop
+        nor the poll loop: the strategy has already sent its messages back, as a pool task's
+        would be, and the rest of the poll still runs."""
         here = self._consumption.taken_here()
         if not here:
             return True
+        with self._baton:
+            self._held = [thread for thread in self._held if thread.is_alive()]
+            elsewhere = bool(self._held)
+        if elsewhere:
+            # A listener still holds an earlier poll thread: the pool, not a second hold.
+            self._hand_to_pool(here)
+            return True
         me = threading.current_thread()
+        left = deque(here)
         with self._baton:
             self._here_since = time.monotonic()
+            self._here_left = left
             self._here_began.set()
         try:
-            for index, (pq, msgs) in enumerate(here):
-                if self._thread is not me:
-                    for rest in here[index:]:
-                        self._consumption.submit(*rest)
-                    break
-                self._consumption.run_here(pq, msgs)
+            while True:
+                with self._baton:
+                    if self._thread is not me:
+                        # Moved on: what the watchdog did not hand over yet goes now.
+                        rest = list(left)
+                        left.clear()
+                        break
+                    if not left or self._stopping.is_set():
+                        # Stopping: start nothing more (as a listener thread stops at its next
+                        # request once shutdown drops the partitions); the rest stays held,
+                        # never committed past, and the group consumes it again.
+                        rest = []
+                        break
+                    pq, msgs = left.popleft()
+                try:
+                    self._consumption.run_here(pq, msgs)
+                except BaseException:  # as a pool task's: logged, the loop lives
+                    logger.exception(
+                        "push consumer %s: a listener escaped on the poll thread; its messages "
+                        "run again",
+                        self._context.group,
+                    )
         finally:
             with self._baton:
                 self._here_since = 0.0
                 still = self._thread is me
+        self._hand_to_pool(rest)
         return still
+
+    def _hand_to_pool(self, work: list[tuple[ProcessQueue, list[MessageExt]]]) -> None:
+        """Queue ``work``, poll-thread work not started, for the listener threads."""
+        for pq, msgs in work:
+            try:
+                self._consumption.submit(pq, msgs)
+            except Exception:  # the pool is shut down: they stay held, never committed past
+                logger.exception(
+                    "push consumer %s: %d messages of %s[%d] not handed to the listener "
+                    "threads; they will be redelivered",
+                    self._context.group,
+                    len(msgs),
+                    pq.topic,
+                    pq.partition,
+                )
 
     def _poll_once(self) -> None:
         context = self._context

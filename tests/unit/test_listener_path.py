@@ -332,3 +332,134 @@ def test_the_watchdog_moves_the_poll_loop_off_a_thread_a_listener_holds() -> Non
         fetcher._closed.set()
         watchdog.join(10)
     assert result == [False], "the held thread stops polling once its listener returns"
+
+
+def test_a_listener_that_never_returns_strands_none_of_its_polls_other_messages() -> None:
+    # The poll's other partitions' messages must reach the pool once the poll loop moves on,
+    # not when (if ever) the held listener returns: else they are never run and their
+    # partitions' offsets never pass them.
+    first, second, third = ProcessQueue("t", 0), ProcessQueue("t", 1), ProcessQueue("t", 2)
+    strategy = _Here(
+        [(first, _messages(0, 1)), (second, _messages(10, 1)), (third, _messages(20, 1))]
+    )
+    strategy.block = threading.Event()
+    fetcher = _fetcher(strategy, consume_timeout_min=0.01)
+
+    class _NewPollThread(threading.Thread):
+        def start(self) -> None:
+            pass
+
+    fetcher._poll_thread = lambda: _NewPollThread(target=lambda: None)
+    result: list[bool] = []
+    held = threading.Thread(target=lambda: result.append(fetcher._run_here()))
+    fetcher._thread = held
+    watchdog = threading.Thread(target=fetcher._watch, daemon=True)
+    held.start()
+    assert strategy.entered.wait(10)
+    watchdog.start()
+    try:
+        wait_until(lambda: bool(strategy.held), timeout_s=10)
+        wait_until(lambda: sorted(strategy.submitted) == [10, 20], timeout_s=5)
+        assert strategy.ran == [0], "each message runs once: on the held thread or the pool"
+    finally:
+        strategy.block.set()
+        held.join(10)
+        fetcher._closed.set()
+        watchdog.join(10)
+    assert result == [False]
+    assert strategy.ran == [0] and sorted(strategy.submitted) == [10, 20], "nothing twice"
+
+
+def test_system_exit_from_a_listener_on_the_poll_thread_ends_neither_loop_nor_poll() -> None:
+    calls: list[int] = []
+
+    def listener(msg: MessageExt) -> ConsumeStatus:
+        calls.append(msg.queue_offset)
+        if msg.queue_offset == 1 and calls.count(1) == 1:
+            raise SystemExit(3)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    from bridge.consumer.fetcher import Fetcher
+
+    consumer = PushConsumer("g", consume_inline_threshold_us=100.0)
+    consumer.subscribe("t", listener)
+    consumption = consumer._new_consumption()
+    assert isinstance(consumption, ConcurrentConsumption)
+    consumer._context.executor = _Pool()  # type: ignore[assignment]
+    consumption._note_path(1e-9)
+    fetcher = Fetcher(consumer._context, consumption, consumer._quarantine, {}, "")
+    fetcher._thread = threading.current_thread()
+    one, two = ProcessQueue("t", 0), ProcessQueue("t", 1)
+    a, b = _messages(0, 3), [MessageExt("t", b"x", msg_id="n0", queue_id=1, queue_offset=0)]
+    one.put(a)
+    two.put(b)
+    consumption.receive(one, a)
+    consumption.receive(two, b)
+    try:
+        still = fetcher._run_here()
+    except BaseException as exc:
+        pytest.fail(f"the poll thread's loop would end: {exc!r} escaped _run_here")
+    assert still is True, "the poll loop goes on on this thread"
+    assert fetcher._here_since == 0.0
+    assert two.held == 0, "the other partition's message of the same poll ran"
+    assert one.holds(1), "the message whose call escaped is kept, not committed past"
+    assert one.commit_offset() == 1
+
+
+def test_while_a_held_poll_thread_is_still_held_the_next_poll_runs_on_the_pool() -> None:
+    # A listener that hangs now and then would otherwise leave one more poll thread held
+    # each time it came back to the poll thread: threads without bound, where the listener
+    # threads are consume_thread_count at most.
+    pq = ProcessQueue("t", 0)
+    strategy = _Here([(pq, _messages(0, 1))])
+    strategy.block = threading.Event()
+    fetcher = _fetcher(strategy, consume_timeout_min=0.01)
+    started: list[threading.Thread] = []
+
+    class _NewPollThread(threading.Thread):
+        def start(self) -> None:
+            started.append(self)
+
+    fetcher._poll_thread = lambda: _NewPollThread(target=lambda: None)
+    held = threading.Thread(target=fetcher._run_here)
+    fetcher._thread = held
+    watchdog = threading.Thread(target=fetcher._watch, daemon=True)
+    held.start()
+    assert strategy.entered.wait(10)
+    watchdog.start()
+    try:
+        wait_until(lambda: bool(started), timeout_s=10)
+        result: list[bool] = []
+        poll = threading.Thread(target=lambda: result.append(fetcher._run_here()))
+        fetcher._thread = poll
+        strategy.work = [(pq, _messages(1, 1))]
+        poll.start()
+        poll.join(10)
+        assert result == [True]
+        assert strategy.ran == [0] and strategy.submitted == [1], "the pool, not a 2nd hold"
+    finally:
+        strategy.block.set()
+        held.join(10)
+        fetcher._closed.set()
+        watchdog.join(10)
+    # Once the held thread is gone, the poll thread runs the fast listener again.
+    fetcher._thread = threading.current_thread()
+    strategy.work = [(pq, _messages(2, 1))]
+    assert fetcher._run_here() is True and strategy.ran == [0, 2]
+
+
+def test_a_shutdown_stops_the_poll_thread_starting_the_rest_of_its_poll() -> None:
+    # As a listener thread stops at its next request once shutdown gives the partitions up:
+    # the rest stays held, never committed past, and the group consumes it again.
+    pq = ProcessQueue("t", 0)
+    strategy = _Here([(pq, _messages(0, 1)), (pq, _messages(1, 1)), (pq, _messages(2, 1))])
+    fetcher = _fetcher(strategy)
+    fetcher._thread = threading.current_thread()
+
+    def run_here(pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        strategy.ran.append(msgs[0].queue_offset)
+        fetcher._stopping.set()  # shutdown() began meanwhile
+
+    strategy.run_here = run_here  # type: ignore[method-assign]
+    assert fetcher._run_here() is True
+    assert strategy.ran == [0] and strategy.submitted == [], "nothing started after the stop"
