@@ -38,7 +38,9 @@ def delayed_record(
     partition: int,
     config: ClientConfig,
 ) -> PreparedRecord | None:
-    """The SCHEDULE or timer record of a delayed message, or None when a timer is already due:
+    """The SCHEDULE or timer record of a delayed message, or None when a timer is already due,
+    in one of its level's or tier's partitions (picked by its message id or keys,
+    :meth:`~bridge.delay_policy.DelayPolicy.spread_lane`):
     value = the body, key = the message id, headers = the send id, then the message as
     :func:`~bridge.codec.delayed_headers` writes it (its properties with ``REAL_TOPIC``,
     ``REAL_QID`` and the delay level or ``TIMER_DELIVER_MS``).
@@ -71,13 +73,15 @@ def delayed_record(
             props.pop(name, None)
         props[MessageConst.DELAY_TIME_LEVEL] = str(level)
         topic = system_topic(SystemTopic.SCHEDULE.value, config.namespace)
+        lane = policy.spread_lane(msg_id, msg.kafka_key(), policy.level_partitions)
+        target = policy.level_partition(level, lane)
         if config.delay_record_format == "envelope":
             value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
             return PreparedRecord(
-                topic, msg_id.encode(), value, [_send_id()], msg_id, born_ms, level - 1
+                topic, msg_id.encode(), value, [_send_id()], msg_id, born_ms, target
             )
         headers = delayed_headers([_send_id()], msg_id, born_host, props, born_ms)
-        return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, level - 1)
+        return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, target)
     deliver_ms = policy.deliver_time_ms(
         born_ms=born_ms,
         deliver_ms=_text(props.get(MessageConst.TIMER_DELIVER_MS)),
@@ -91,14 +95,17 @@ def delayed_record(
         props.pop(name, None)
     props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
     topic = system_topic(SystemTopic.TIMER.value, config.namespace)
+    target = policy.tier_partition(
+        tier, policy.spread_lane(msg_id, msg.kafka_key(), policy.tier_partitions)
+    )
     if config.delay_record_format == "envelope":
         value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
         envelope_headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode()), _send_id()]
         return PreparedRecord(
-            topic, msg_id.encode(), value, envelope_headers, msg_id, born_ms, tier
+            topic, msg_id.encode(), value, envelope_headers, msg_id, born_ms, target
         )
     headers = delayed_headers([_send_id()], msg_id, born_host, props, born_ms)
-    return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, tier)
+    return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, target)
 
 
 def _text(value: PropertyValue | None) -> str | None:

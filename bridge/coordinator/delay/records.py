@@ -108,11 +108,11 @@ def timer_deliver_ms(held: Held) -> int:
     return _time_ms("property", wanted) if wanted else 0
 
 
-def hop(held: Held, topic: str, deliver_ms: int, tier: int) -> PreparedRecord:
+def hop(held: Held, topic: str, deliver_ms: int, partition: int) -> PreparedRecord:
     """The timer record ``held`` (of ``topic``), due at ``deliver_ms``, copied to partition
-    ``tier`` of ``topic``. A hop is the coordinator's own copy, written once in a Kafka
-    transaction: without the producer's send id, it can never pass for a second copy of that
-    send."""
+    ``partition`` of ``topic`` (one of the tier it goes to). A hop is the coordinator's own
+    copy, written once in a Kafka transaction: without the producer's send id, it can never
+    pass for a second copy of that send."""
     headers: Headers
     if is_header_format(held.headers):
         # The coordinator's headers (before and with the born time) without the send id,
@@ -135,7 +135,7 @@ def hop(held: Held, topic: str, deliver_ms: int, tier: int) -> PreparedRecord:
             headers,
             f"{topic}-{held.partition}-{held.offset}",
             0,
-            tier,
+            partition,
         ),
     )
 

@@ -64,7 +64,9 @@ def timer_exit_ms(policy: DelayPolicy, held: Held) -> int:
     (broker append time + :meth:`DelayPolicy.tier_delay_ms`), or its delivery time if that
     comes within the hold window after (:meth:`DelayPolicy.exit_time_ms`). A record whose
     delivery time cannot be read leaves at the end of the wait (and is quarantined then)."""
-    tier_due = int(held.record.timestamp()[1]) + policy.tier_delay_ms(held.partition)
+    tier_due = int(held.record.timestamp()[1]) + policy.tier_delay_ms(
+        policy.partition_tier(held.partition)
+    )
     try:
         deliver_ms = records.timer_deliver_ms(held)
     except RECORD_ERRORS:
@@ -286,29 +288,33 @@ class FifoDelayService(TransactionalService):
 
 
 class ScheduleDeliveryService(FifoDelayService):
-    """RocketMQ's ``ScheduleMessageService``: partition ``L - 1`` of SCHEDULE holds delay
-    level ``L``; each record is delivered the level's delay after it was stored."""
+    """RocketMQ's ``ScheduleMessageService``: the partitions of delay level ``L`` in SCHEDULE
+    (``L - 1`` and one more in each further block of levels,
+    :func:`~bridge.delay_policy.slot_partition`) hold it; each record is delivered the level's
+    delay after it was stored. The group's members share the partitions, so several
+    coordinator processes share one level."""
 
     kind = "schedule"
     system = SystemTopic.SCHEDULE
 
     def partition_delay_ms(self, partition: int) -> int:
-        delays = self.policy.level_delays_ms
-        return delays[min(partition, len(delays) - 1)]
+        return self.policy.partition_delay_ms(partition)
 
     def process(self, held: Held, now: int) -> tuple[PreparedRecord, bool]:
         return self.deliver(held)
 
 
 class TimerService(FifoDelayService):
-    """RocketMQ 5's timer: a record in tier ``k`` waits ``precision * 2**k``, then goes to the
-    largest tier that does not pass its delivery time, or to its real topic when due."""
+    """RocketMQ 5's timer: a record in tier ``k`` (any of its partitions,
+    :meth:`DelayPolicy.partition_tier`) waits ``precision * 2**k``, then goes to the largest
+    tier that does not pass its delivery time (in the same lane), or to its real topic when
+    due."""
 
     kind = "timer"
     system = SystemTopic.TIMER
 
     def partition_delay_ms(self, partition: int) -> int:
-        return self.policy.tier_delay_ms(partition)
+        return self.policy.tier_delay_ms(self.policy.partition_tier(partition))
 
     def new_recalls(self) -> TimerRecalls:
         """A timer recalled in time (``recall_message``) is skipped at its final delivery
@@ -352,4 +358,5 @@ class TimerService(FifoDelayService):
             # for ever); the quarantine keeps it, with the reason (logged there), for an
             # operator.
             raise InvalidDelayError(beyond)
-        return records.hop(held, self.topic, deliver_ms, tier), False
+        target = policy.hop_partition(tier, held.partition, policy.tier_count)
+        return records.hop(held, self.topic, deliver_ms, target), False
