@@ -127,11 +127,13 @@ class TopicAdmin:
                     now = self.list_topics(include_internal=True).get(spec.kafka_name, 0)
                     if now >= spec.partitions:
                         continue
-                raise translate_error(
-                    exc,
-                    f"adding partitions to topic {spec.kafka_name} ({count} to "
-                    f"{spec.partitions}; it needs ALTER on the topic)",
-                    default=TopicProvisioningError,
+                raise TopicProvisioningError(
+                    f"topic {spec.kafka_name} has {count} partitions, {spec.partitions} "
+                    f"needed, and adding them failed: {exc.args[0] if exc.args else exc} "
+                    "(it needs ALTER on the topic); fix: kafka-topics.sh --bootstrap-server "
+                    f"{self._config.bootstrap_servers} --alter --topic {spec.kafka_name} "
+                    f"--partitions {spec.partitions} (the existing partitions keep their "
+                    "records, levels and tiers)"
                 ) from exc
             except TimeoutError as exc:
                 raise TopicProvisioningError(
