@@ -61,9 +61,30 @@ def _rows_wanted() -> list[str]:
     return given or list(ROWS)
 
 
+_PROFILED = """
+import atexit, cProfile, runpy, sys, threading
+prefix, profiles, run = sys.argv[1], [], threading.Thread.run
+def profiled(self):
+    profile = cProfile.Profile()
+    profiles.append((self.name, profile))
+    profile.enable()
+    try:
+        run(self)
+    finally:
+        profile.disable()
+threading.Thread.run = profiled
+atexit.register(lambda: [p.dump_stats(f"{prefix}-{n}.prof") for n, p in profiles])
+sys.argv = ["bridge.cli", *sys.argv[2:]]
+runpy.run_module("bridge.cli", run_name="__main__")
+"""
+"""Runs the command line with each thread under cProfile (the services run in threads, which
+``python -m cProfile`` does not see); writes ``<prefix>-<thread name>.prof`` at exit."""
+
+
 def _coordinator(config: ClientConfig, coordinator_id: str) -> subprocess.Popen[bytes]:
-    """A coordinator process of ``config``'s namespace; with ``BENCH_PROFILE=<dir>`` it runs
-    under cProfile and writes ``<dir>/<coordinator_id>.prof`` when stopped."""
+    """A coordinator process of ``config``'s namespace; with ``BENCH_PROFILE=<dir>`` each of
+    its threads runs under cProfile and writes ``<dir>/<coordinator_id>-<thread>.prof`` when
+    it stops."""
     env = {
         **os.environ,
         "KAFKA_BOOTSTRAP_SERVERS": config.bootstrap_servers,
@@ -75,9 +96,9 @@ def _coordinator(config: ClientConfig, coordinator_id: str) -> subprocess.Popen[
         "BRIDGE_TIMER_PARTITIONS_PER_TIER": str(config.timer_partitions_per_tier),
     }
     profile = os.environ.get("BENCH_PROFILE")
-    runner = ["-m", "cProfile", "-o", f"{profile}/{coordinator_id}.prof"] if profile else []
+    runner = ["-c", _PROFILED, f"{profile}/{coordinator_id}"] if profile else ["-m", "bridge.cli"]
     return subprocess.Popen(
-        [sys.executable, *runner, "-m", "bridge.cli", "coordinator"],
+        [sys.executable, *runner, "coordinator"],
         env=env, cwd=Path(__file__).resolve().parents[1],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
