@@ -23,7 +23,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer as RawProducer
 
-from bench.harness import Row, print_rows
+from bench.harness import Row, cpu_seconds, listening_pid, print_rows
 from bridge import ClientConfig, Message, Producer, read_messages
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin, new_consumer, producer_config
@@ -341,10 +341,29 @@ def _spread(config: ClientConfig) -> list[Row]:
         try:
             _await_coordinator(spread)
             _await_members(spread, "timer", processes)
+            pids = [c.pid for c in coordinators]
+            broker = listening_pid(config.bootstrap_servers)
+            before = [cpu_seconds(pid) or 0.0 for pid in pids]
+            broker_before = cpu_seconds(broker) if broker is not None else None
+            started = time.monotonic()
             rates[processes] = _burst_rate(
                 spread,
                 f"{SPREAD_PARTITIONS} partitions a tier, {processes} coordinator process"
                 f"{'es' if processes > 1 else ''}",
+            )
+            # CPU time is what a model of more cores starts from: wall time on these shared
+            # 2 cores depends on what else runs.
+            used = [(cpu_seconds(pid) or 0.0) - b for pid, b in zip(pids, before, strict=True)]
+            broker_after = cpu_seconds(broker) if broker is not None else None
+            broker_used = (
+                f"{broker_after - broker_before:.1f} s"
+                if broker_after is not None and broker_before is not None
+                else "unknown"
+            )
+            print(
+                f"  CPU during the row ({time.monotonic() - started:.0f} s from the first send): "
+                f"coordinators {', '.join(f'{u:.1f} s' for u in used)} "
+                f"({sum(used) / BURST * 1e6:.0f} us a timer in all), broker {broker_used}"
             )
         finally:
             for coordinator in coordinators:
