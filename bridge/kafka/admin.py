@@ -122,11 +122,12 @@ class TopicAdmin:
                 future.result(timeout=self._timeout_s)
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
-                if isinstance(err, KafkaError) and err.code() == KafkaError.INVALID_PARTITIONS:
-                    # Raised meanwhile by another process: fine if it has enough now.
-                    now = self.list_topics(include_internal=True).get(spec.kafka_name, 0)
-                    if now >= spec.partitions:
-                        continue
+                if (
+                    isinstance(err, KafkaError)
+                    and err.code() == KafkaError.INVALID_PARTITIONS
+                    and self._has_partitions(spec)
+                ):
+                    continue  # raised meanwhile by another process
                 raise TopicProvisioningError(
                     f"topic {spec.kafka_name} has {count} partitions, {spec.partitions} "
                     f"needed, and adding them failed: {exc.args[0] if exc.args else exc} "
@@ -146,6 +147,18 @@ class TopicAdmin:
             spec.partitions - count,
             spec.partitions,
         )
+
+    def _has_partitions(self, spec: TopicSpec) -> bool:
+        """Whether metadata shows ``spec``'s topic with its partitions within
+        ``request_timeout_ms`` (partitions another process added a moment ago may not be in
+        the answer of every broker yet)."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            if self.list_topics(include_internal=True).get(spec.kafka_name, 0) >= spec.partitions:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
 
     def _check_settings(self, specs: list[TopicSpec]) -> None:
         """Raise if an existing topic of ``specs`` has a setting a guarantee cannot live with

@@ -143,3 +143,59 @@ def test_records_of_the_one_partition_layout_are_delivered_once_beside_spread_on
     assert [body for body, n in got.items() if n != 1] == []
     early = {body: due[body] - at for body, at in arrived.items() if at < due[body]}
     assert early == {}
+
+
+def test_recalls_apply_whichever_coordinator_reads_the_timers_partition(
+    kafka_bootstrap: str, namespace: str, topic: str
+) -> None:
+    """Each coordinator reads every recall marker: a recalled timer is skipped by the one that
+    owns its partition among its tier's, and the others arrive once."""
+    config = _config(kafka_bootstrap, namespace).replace(
+        timer_partitions_per_tier=LANES, timer_max_delay_ms=86_400_000
+    )
+    TopicAdmin(config).ensure_topics(
+        [TopicSpec(topic, 1, {"message.timestamp.type": "LogAppendTime"})]
+    )
+    with _coordinator(config, "recall-a") as one, _coordinator(config, "recall-b") as two:
+        timer_services = [
+            s for running in (one, two) for s in running.services if isinstance(s, TimerService)
+        ]
+        with Producer("layout_warmup", config=config) as producer:
+
+            def both_deliver() -> bool:
+                # Timers through every lane until each coordinator delivered some: both own
+                # partitions of the timer topic (the second one's joining has rebalanced).
+                for i in range(6):
+                    warm = Message(f"{topic}-warmup", f"w{i}".encode())
+                    warm.set_delay_time_ms(300)
+                    producer.send_sync(warm)
+                return all(s.delivered > 0 for s in timer_services)
+
+            wait_until(both_deliver, 60, 0.5)
+        due = int(time.time() * 1000) + 4000
+        with Producer("layout_recall", config=config) as producer:
+            sent = []
+            for i in range(40):
+                timer = Message(topic, f"t{i}".encode())
+                timer.set_deliver_time_ms(due)
+                sent.append(producer.send_sync(timer))
+            recalled = {f"t{i}" for i in range(0, 40, 2)}
+            for i, result in enumerate(sent):
+                if f"t{i}" in recalled:
+                    assert result.recall_handle is not None
+                    producer.recall_message(topic, result.recall_handle)
+        kept = {f"t{i}" for i in range(40)} - recalled
+
+        def arrived() -> Counter[str]:
+            return Counter(m.body.decode() for m in read_messages(config, [topic], timeout_ms=3000))
+
+        wait_until(lambda: kept <= arrived().keys(), 60, 1.0)
+        counts = [
+            sum(s.recalled for s in running.services if isinstance(s, TimerService))
+            for running in (one, two)
+        ]
+    got = arrived()
+    assert set(got) == kept
+    assert all(n == 1 for n in got.values())
+    assert sum(counts) == len(recalled)
+    assert min(counts) > 0  # both shared the tier: each skipped the recalls of its partitions
