@@ -30,7 +30,7 @@ from bridge.delay_policy import (
 )
 from bridge.errors import InvalidArgumentError
 from bridge.settings import env_values, require_int
-from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
+from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TOPIC_PARTITIONS_MAX, TopicCatalog
 from topics.client_security import ENV_KAFKA_PREFIX, NOT_CLIENT_ENV, kafka_env_properties
 from topics.naming import DEFAULT_NAMESPACE, validate_namespace
 
@@ -306,7 +306,20 @@ class ClientConfig:
                 )
         _refuse_protected(self.kafka)
         object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
-        self.delay_policy  # noqa: B018 - validates the delay settings
+        policy = self.delay_policy  # validates the delay settings
+        # The topic sizes they give, checked here rather than at the first delayed send or at
+        # a coordinator's start (where the catalog is built).
+        for name, slots, kind in (
+            ("delay_partitions_per_level", policy.level_count, "delay levels"),
+            ("timer_partitions_per_tier", policy.tier_count, "timer tiers"),
+        ):
+            lanes = getattr(self, name)
+            if slots * lanes > TOPIC_PARTITIONS_MAX:
+                raise InvalidArgumentError(
+                    f"{name} ({ENV_PREFIX}{name.upper()}) of {lanes} with {slots} {kind} "
+                    f"gives a topic of {slots * lanes} partitions, more than "
+                    f"{TOPIC_PARTITIONS_MAX}"
+                )
 
     def __repr__(self) -> str:
         # The dataclass repr would print ``kafka`` as given: sasl.password and the like end up

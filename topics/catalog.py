@@ -34,6 +34,9 @@ DEFAULT_TIMER_PARTITIONS = 18
 DEFAULT_PARTITIONS_PER_SLOT = 1
 """SCHEDULE partitions per delay level and timer partitions per tier by default (the client
 setting's default, ``bridge.delay_policy.DEFAULT_LANES``)."""
+TOPIC_PARTITIONS_MAX = 10_000
+"""The most partitions a topic of the catalog may have (SCHEDULE and the timer topic: slots
+times partitions per slot)."""
 DEFAULT_RETRY_PARTITIONS = 1
 """RocketMQ creates each ``%RETRY%`` and ``%DLQ%`` topic with one queue."""
 
@@ -252,16 +255,18 @@ class TopicCatalog:
             "tier_partitions",
         ):
             value = getattr(self, name)
-            if not 1 <= value <= 10_000:
-                raise InvalidArgumentError(f"{name} must be between 1 and 10000, got {value}")
+            if not 1 <= value <= TOPIC_PARTITIONS_MAX:
+                raise InvalidArgumentError(
+                    f"{name} must be between 1 and {TOPIC_PARTITIONS_MAX}, got {value}"
+                )
         for name, total in (
             ("SCHEDULE", self.delay_level_count * self.level_partitions),
             ("timer", self.timer_partitions * self.tier_partitions),
         ):
-            if total > 10_000:
+            if total > TOPIC_PARTITIONS_MAX:
                 raise InvalidArgumentError(
                     f"the {name} topic would have {total} partitions (slots times partitions "
-                    "per slot), more than 10000"
+                    f"per slot), more than {TOPIC_PARTITIONS_MAX}"
                 )
         if self.half_retention_ms < FILE_RESERVED_TIME_MS:
             raise InvalidArgumentError(
