@@ -227,7 +227,7 @@ class ClientConfig:
     # --- delay policy (kept flat, before ``kafka``: the constructor's order is public) -------
     message_delay_level: str = DEFAULT_MESSAGE_DELAY_LEVEL
     """RocketMQ's ``messageDelayLevel``: the delay of each level, e.g. ``"1s 5s 10s 30s 1m"``
-    (one SCHEDULE partition per level)."""
+    (:attr:`delay_partitions_per_level` SCHEDULE partitions per level)."""
     timer_precision_ms: int = 1000
     """RocketMQ 5's ``timerPrecisionMs`` (100, 200, 500 or 1000): the shortest
     tier's wait, ms."""
