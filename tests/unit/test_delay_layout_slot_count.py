@@ -6,7 +6,9 @@ layout puts lane ``j >= 1`` at ``j * n + ...``, so its meaning depends on ``n``.
 
 from __future__ import annotations
 
-from bridge.delay_policy import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy
+import pytest
+
+from bridge.delay_policy import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy, slot_partition
 
 DAY_MS = 86_400_000
 
@@ -39,3 +41,36 @@ def test_raising_timer_max_delay_keeps_the_tier_of_a_record_already_waiting() ->
     # Today a 1 s tier record in lane 1 (partition 19) is held for tier 19's wait, 2**19 s
     # (about 6 days), before it is routed again: delivered days late.
     assert moved == []
+
+
+def _round_robin_member(partition: int, members: int) -> int:
+    """The member librdkafka's ``roundrobin`` assignor (the delay services' first choice,
+    ``partition_assignment_strategy="roundrobin,range"``) gives a partition of the one topic
+    the group reads: partitions in order, dealt to the members in turn."""
+    return partition % members
+
+
+@pytest.mark.parametrize(
+    ("slots", "members"),
+    [
+        (18, 2),  # the default levels or tiers, two coordinator processes
+        (18, 3),
+        (18, 4),
+        (20, 3),  # the tiers of timer_max_delay_ms = 7 days
+        (18, 8),  # the 8-core model of docs/delays.md
+    ],
+)
+def test_k_processes_share_every_slot_over_k_partitions_per_slot(slots: int, members: int) -> None:
+    """docs/delays.md: "K processes share one level or one second when there are at least K
+    partitions per level or tier"."""
+    alone = []
+    for slot in range(slots):
+        owners = {
+            _round_robin_member(slot_partition(slot, lane, slots), members)
+            for lane in range(members)
+        }
+        if len(owners) < members:
+            alone.append((slot, sorted(owners)))
+    # Today 18 slots over 4 members: slots whose 4 lanes go to 2 members; 20 over 3: slots
+    # whose 3 lanes all go to one member.
+    assert alone == []
