@@ -6,12 +6,16 @@ records waiting in its lanes past the first are read as other levels or tiers.""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from bridge import ClientConfig
+from bridge import ClientConfig, Message, Producer, read_messages
+from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import TopicProvisioningError
 from bridge.kafka.admin import TopicAdmin
-from topics.catalog import SystemTopic
+from tests.conftest import wait_until
+from topics.catalog import SystemTopic, TopicSpec
 
 pytestmark = pytest.mark.broker
 
@@ -48,3 +52,50 @@ def test_appended_levels_are_refused_on_a_spread_schedule_topic(
     with pytest.raises(TopicProvisioningError, match="level"):
         TopicAdmin(appended).ensure_system_topics(appended.catalog())
     assert _partitions(laid_out, SystemTopic.SCHEDULE) == 36
+
+
+def test_partitions_added_beside_a_running_coordinator_are_read_in_time(
+    kafka_bootstrap: str, namespace: str, topic: str
+) -> None:
+    """docs/delays.md, raising the setting: "Set the setting on the coordinators and restart
+    them, or run `bridge topics create --system` with it", then on the producers. A
+    coordinator that keeps running learns of the added partitions at its next metadata
+    refresh (30 s): what producers put there meanwhile waits for it."""
+    older = ClientConfig(
+        bootstrap_servers=kafka_bootstrap, namespace=namespace, message_delay_level="1s 2s 3s"
+    )
+    spread = older.replace(delay_partitions_per_level=3)
+    TopicAdmin(older).ensure_topics(
+        [TopicSpec(topic, 1, {"message.timestamp.type": "LogAppendTime"})]
+    )
+    coordinator = Coordinator(
+        CoordinatorConfig(
+            client=older,
+            coordinator_id="running",
+            transaction_partitions=1,
+            session_timeout_ms=6000,
+        )
+    )
+    with coordinator:
+        # The coordinator reads its partitions: a level-1 message goes through.
+        with Producer("layout_before", config=older) as producer:
+            producer.send_sync(Message(topic, b"before", delay_time_level=1))
+        wait_until(lambda: list(read_messages(older, [topic], max_messages=1)), 30)
+        # What `bridge topics create --system` does to SCHEDULE.
+        TopicAdmin(spread).ensure_topics([spread.catalog().spec(SystemTopic.SCHEDULE)], expand=True)
+        due: dict[str, int] = {}
+        with Producer("layout_after", config=spread) as producer:
+            for i in range(12):
+                body = f"after-{i}"
+                due[body] = int(time.time() * 1000) + 1000
+                producer.send_sync(Message(topic, body.encode(), delay_time_level=1))
+        arrived: dict[str, int] = {}
+
+        def all_in() -> bool:
+            for msg in read_messages(older, [topic], timeout_ms=2000):
+                arrived.setdefault(msg.body.decode(), msg.store_timestamp_ms or 0)
+            return set(due) <= arrived.keys()
+
+        wait_until(all_in, 90, 1.0)
+    late = {body: arrived[body] - at for body, at in due.items() if arrived[body] - at > 5000}
+    assert late == {}
