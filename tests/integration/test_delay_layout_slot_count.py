@@ -1,8 +1,11 @@
-"""A coordinator (or ``bridge topics create --system``) whose level or tier count differs
-from the one a spread SCHEDULE or timer topic was laid out for: before the spread layout a
-larger count was refused (the topic had fewer partitions than levels or tiers), which
-``ClientConfig.timer_max_delay_ms`` still promises; now the topic is expanded and the
-records waiting in its lanes past the first are read as other levels or tiers."""
+"""Changing the partitions of a spread SCHEDULE or timer topic on a live namespace.
+
+A coordinator (or ``bridge topics create --system``) whose level or tier count differs from
+the one the topic was laid out for: before the spread layout a larger count was refused (the
+topic had fewer partitions than levels or tiers), which ``ClientConfig.timer_max_delay_ms``
+still promises; now the topic is expanded and the records waiting in its lanes past the first
+are read as other levels or tiers. And partitions added beside a running coordinator, as
+docs/delays.md allows, wait for its next metadata refresh."""
 
 from __future__ import annotations
 
