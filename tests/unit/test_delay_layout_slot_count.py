@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from bridge.coordinator.delay.service import assignment_strategy
 from bridge.delay_policy import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy, slot_partition
 
 DAY_MS = 86_400_000
@@ -43,11 +44,16 @@ def test_raising_timer_max_delay_keeps_the_tier_of_a_record_already_waiting() ->
     assert moved == []
 
 
-def _round_robin_member(partition: int, members: int) -> int:
-    """The member librdkafka's ``roundrobin`` assignor (the delay services' first choice,
-    ``partition_assignment_strategy="roundrobin,range"``) gives a partition of the one topic
-    the group reads: partitions in order, dealt to the members in turn."""
-    return partition % members
+def _range_member(partition: int, partitions: int, members: int) -> int:
+    """The member librdkafka's ``range`` assignor (the delay services' first choice with more
+    than one partition per slot, ``partition_assignment_strategy="range,roundrobin"``) gives a
+    partition of the one topic the group reads: ``partitions // members`` consecutive
+    partitions each, one more for each of the first ``partitions % members`` members."""
+    share, extra = divmod(partitions, members)
+    bound = extra * (share + 1)
+    if partition < bound:
+        return partition // (share + 1)
+    return extra + (partition - bound) // share
 
 
 @pytest.mark.parametrize(
@@ -61,16 +67,21 @@ def _round_robin_member(partition: int, members: int) -> int:
     ],
 )
 def test_k_processes_share_every_slot_over_k_partitions_per_slot(slots: int, members: int) -> None:
-    """docs/delays.md: "K processes share one level or one second when there are at least K
-    partitions per level or tier"."""
-    alone = []
-    for slot in range(slots):
-        owners = {
-            _round_robin_member(slot_partition(slot, lane, slots), members)
-            for lane in range(members)
-        }
-        if len(owners) < members:
-            alone.append((slot, sorted(owners)))
-    # Today 18 slots over 4 members: slots whose 4 lanes go to 2 members; 20 over 3: slots
-    # whose 3 lanes all go to one member.
-    assert alone == []
+    """docs/delays.md: "K processes share every level and every second when the partitions
+    per level or tier are a multiple of K"."""
+    for lanes in (members, 2 * members):
+        alone = []
+        for slot in range(slots):
+            owners = {
+                _range_member(slot_partition(slot, lane, slots), slots * lanes, members)
+                for lane in range(lanes)
+            }
+            if len(owners) < members:
+                alone.append((slot, sorted(owners)))
+        assert alone == [], lanes
+
+
+def test_the_delay_services_use_range_over_several_partitions_per_slot() -> None:
+    """The assignor the test above models is the one the services ask for first."""
+    assert assignment_strategy(1) == "roundrobin,range"
+    assert assignment_strategy(2) == "range,roundrobin"

@@ -51,11 +51,23 @@ __all__ = [
     "REMOVED_ON_DELIVERY",
     "ScheduleDeliveryService",
     "TimerService",
+    "assignment_strategy",
     "timer_exit_ms",
 ]
 
 _BATCH = 2000
 _MAX_POLL_WAIT_MS = 50
+
+
+def assignment_strategy(lanes: int) -> str:
+    """The delay services' ``partition.assignment.strategy`` with ``lanes`` partitions per
+    level or tier. One: round robin spreads the levels and tiers over the coordinator
+    processes (range gave one process every tier: more processes helped no burst). More:
+    range gives each member consecutive partitions, whole lanes (every level or tier) when
+    the lanes are a multiple of the members, which round robin does not (18 slots over 4
+    members: some slots on 2). The other one stays listed so that a group with members of
+    another release agrees on one during a rolling upgrade. Both are eager."""
+    return "range,roundrobin" if lanes > 1 else "roundrobin,range"
 
 
 def timer_exit_ms(policy: DelayPolicy, held: Held) -> int:
@@ -191,15 +203,17 @@ class FifoDelayService(TransactionalService):
             # Static membership: a coordinator restarted with the same id takes its
             # partitions back at once instead of after the session timeout.
             group_instance_id=self.group_instance_id,
-            # Round robin spreads the tiers and levels over several coordinator processes
-            # (range gave one process every tier: --processes helped no burst); range stays
-            # listed so a group with members of an older version agrees on it. Both eager.
-            partition_assignment_strategy="roundrobin,range",
+            partition_assignment_strategy=assignment_strategy(self._lanes()),
         )
         self.isolation.start()
         if self.recalls is not None:
             self.recalls.watch.start()
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def _lanes(self) -> int:
+        """Partitions per slot of this service's topic (its setting)."""
+        policy = self.policy
+        return policy.level_partitions if self.kind == "schedule" else policy.tier_partitions
 
     def on_stop(self) -> None:
         super().on_stop()
