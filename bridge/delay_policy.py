@@ -230,6 +230,21 @@ class DelayPolicy:
         lane = partition_lane(from_partition, from_slots) % self.tier_partitions
         return self.tier_partition(tier, lane)
 
+    def displaced_slot(self, partition: int, written_slots: int | None, slots: int) -> int | None:
+        """The slot (level index or tier) a record of partition ``partition`` was written for,
+        when it is not the one the partition serves now with ``slots`` slots; None when it is
+        (or the record does not say). ``written_slots`` is the slot count the record was routed
+        with (its ``BRIDGE_SLOTS`` header, :data:`bridge.delay.routing.SLOTS_HEADER`, which
+        every record written past lane 0 carries), None without one: lane 0 of any count
+        (partition ``s`` is slot ``s`` whatever the count, the layout of releases with one
+        partition per slot), read by its partition as it always was. A partition past lane 0
+        changes slot when the count changes (levels appended, ``timer_max_delay_ms`` raised);
+        its records then go by the slot they were written for, never by the partition's."""
+        if written_slots is None or written_slots == slots or written_slots < 1:
+            return None
+        written = partition_slot(partition, written_slots)
+        return None if written == partition_slot(partition, slots) else written
+
     def clamp_level(self, level: int) -> int:
         """RocketMQ's rule: a level above the maximum is the maximum; 0 or below is none (0)."""
         return 0 if level <= 0 else min(level, self.level_count)

@@ -2,31 +2,52 @@
 count changes: levels appended to ``message_delay_level``, or ``timer_max_delay_ms`` raised
 (more tiers). With one partition per slot both were safe for the records that wait (level
 ``L`` is partition ``L - 1``, tier ``k`` is partition ``k`` whatever the count); the spread
-layout puts lane ``j >= 1`` at ``j * n + ...``, so its meaning depends on ``n``."""
+layout puts lane ``j >= 1`` at ``j * n + ...``, so its meaning depends on ``n``: a record
+written there carries ``n`` (``BRIDGE_SLOTS``), and one whose ``n`` is not the reader's goes by
+the slot it was written for."""
 
 from __future__ import annotations
 
 import pytest
 
 from bridge.coordinator.delay.service import assignment_strategy
+from bridge.delay.routing import SLOTS_HEADER, slots_header
 from bridge.delay_policy import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy, slot_partition
 
 DAY_MS = 86_400_000
+
+
+def _written_slots(partition: int, slots: int) -> int | None:
+    """What the ``BRIDGE_SLOTS`` header of a record routed to ``partition`` with ``slots``
+    slots says (the producer's and the coordinator's rule)."""
+    header = slots_header(partition, slots)
+    return int(header[0][1] or b"") if header else None
 
 
 def test_appending_levels_never_shortens_the_wait_of_a_record_already_waiting() -> None:
     before = DelayPolicy(DEFAULT_MESSAGE_DELAY_LEVEL, level_partitions=2)
     after = DelayPolicy(DEFAULT_MESSAGE_DELAY_LEVEL + " 3h 4h", level_partitions=2)
     early = []
+    displaced = 0
     for level in range(1, before.level_count + 1):
         for lane in range(2):
             partition = before.level_partition(level, lane)
             wanted = before.level_delays_ms[level - 1]
-            served = after.partition_delay_ms(partition)
+            written = _written_slots(partition, before.level_count)
+            moved = after.displaced_slot(partition, written, after.level_count)
+            # A displaced record goes by the level it was written for, never the partition's.
+            served = (
+                after.partition_delay_ms(partition)
+                if moved is None
+                else after.level_delays_ms[moved]
+            )
+            displaced += moved is not None
             if served < wanted:
                 early.append((level, lane, partition, wanted, served))
-    # Today level 3-17 in lane 1 are read as the level before (level 17: 20 min for 1 h).
+    # Without the header, level 3-17 in lane 1 were read as the level before (level 17:
+    # 20 min for 1 h).
     assert early == []
+    assert displaced == before.level_count  # every lane-1 record, none of lane 0
 
 
 def test_raising_timer_max_delay_keeps_the_tier_of_a_record_already_waiting() -> None:
@@ -37,11 +58,26 @@ def test_raising_timer_max_delay_keeps_the_tier_of_a_record_already_waiting() ->
     for tier in range(before.tier_count):
         for lane in range(2):
             partition = before.tier_partition(tier, lane)
-            if after.partition_tier(partition) != tier:
-                moved.append((tier, lane, partition, after.partition_tier(partition)))
-    # Today a 1 s tier record in lane 1 (partition 19) is held for tier 19's wait, 2**19 s
-    # (about 6 days), before it is routed again: delivered days late.
+            written = _written_slots(partition, before.tier_count)
+            displaced = after.displaced_slot(partition, written, after.tier_count)
+            read_as = after.partition_tier(partition) if displaced is None else displaced
+            if read_as != tier:
+                moved.append((tier, lane, partition, read_as))
+    # Without the header a 1 s tier record in lane 1 (partition 19) was held for tier 19's
+    # wait, 2**19 s (about 6 days), before it was routed again: delivered days late.
     assert moved == []
+
+
+def test_a_record_of_lane_0_or_of_the_same_count_is_read_by_its_partition() -> None:
+    policy = DelayPolicy(tier_partitions=3)
+    assert slots_header(17, 18) == []  # lane 0: no header
+    assert slots_header(18, 18) == [(SLOTS_HEADER, b"18")]
+    for partition in range(policy.timer_partitions):
+        assert policy.displaced_slot(partition, None, 18) is None
+        assert policy.displaced_slot(partition, 18, 18) is None
+    # Fewer slots than written (levels removed): the written slot, if it differs.
+    assert DelayPolicy().displaced_slot(18, 18, 16) == 17
+    assert DelayPolicy().displaced_slot(5, 0, 16) is None  # a malformed count: by partition
 
 
 def _range_member(partition: int, partitions: int, members: int) -> int:

@@ -27,6 +27,7 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 from bridge.codec import PreparedRecord
 from bridge.coordinator.delay.held import RECORD_ERRORS, DelaySettings, Held, Key
 from bridge.coordinator.delay.records import backoff_copy, backoff_source
+from bridge.delay.routing import slots_header
 from bridge.delay_policy import DELIVERY_BACKOFF_MAX_MS
 from bridge.kafka.batch_writer import TransactionBatch
 from bridge.kafka.clients import new_admin
@@ -257,6 +258,7 @@ class Isolation:
         # In the lane of the partition it was read from (see DelayPolicy.hop_partition).
         slots = policy.level_count if self._kind == "schedule" else policy.tier_count
         partition = policy.hop_partition(tier, held.partition, slots)
+        headers = [*slots_header(partition, policy.tier_count), *headers]
         return PreparedRecord(
             self._timer_topic, held.record.key(), value, headers, msg_id, 0, partition
         )

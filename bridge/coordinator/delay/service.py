@@ -36,6 +36,7 @@ from bridge.coordinator.delay.fetch import Fetcher
 from bridge.coordinator.delay.held import RECORD_ERRORS, DelayCounts, DelaySettings, Held
 from bridge.coordinator.delay.isolation import Isolation
 from bridge.coordinator.delay.recall_watch import RecallWatch, TimerRecalls
+from bridge.delay.routing import slots_header
 from bridge.delay_policy import DelayPolicy
 from bridge.errors import InvalidDelayError
 from bridge.kafka.clients import new_consumer
@@ -76,9 +77,13 @@ def timer_exit_ms(policy: DelayPolicy, held: Held) -> int:
     (broker append time + :meth:`DelayPolicy.tier_delay_ms`), or its delivery time if that
     comes within the hold window after (:meth:`DelayPolicy.exit_time_ms`). A record whose
     delivery time cannot be read leaves at the end of the wait (and is quarantined then)."""
-    tier_due = int(held.record.timestamp()[1]) + policy.tier_delay_ms(
-        policy.partition_tier(held.partition)
-    )
+    tier_due = int(held.record.timestamp()[1])
+    if (
+        policy.displaced_slot(held.partition, records.written_slots(held), policy.tier_count)
+        is None
+    ):
+        tier_due += policy.tier_delay_ms(policy.partition_tier(held.partition))
+    # else written for another tier (the tier count changed): it hops at once, by its time.
     try:
         deliver_ms = records.timer_deliver_ms(held)
     except RECORD_ERRORS:
@@ -286,8 +291,20 @@ class FifoDelayService(TransactionalService):
         return resume
 
     def due_at(self, held: Held) -> int:
-        """When ``held`` is due, epoch ms: a fixed time after it was stored."""
-        return int(held.record.timestamp()[1]) + self.partition_delay_ms(held.partition)
+        """When ``held`` is due, epoch ms: a fixed time after it was stored; at once when it
+        was written for another slot than its partition serves now (:meth:`displaced`)."""
+        stored = int(held.record.timestamp()[1])
+        if self.displaced(held) is not None:
+            return stored
+        return stored + self.partition_delay_ms(held.partition)
+
+    def displaced(self, held: Held) -> int | None:
+        """The slot ``held`` was written for when its partition serves another one now (levels
+        appended or tiers added since: :meth:`DelayPolicy.displaced_slot`), else None. Such a
+        record is re-routed at once by its own slot, never held by its partition's."""
+        policy = self.policy
+        slots = policy.level_count if self.kind == "schedule" else policy.tier_count
+        return policy.displaced_slot(held.partition, records.written_slots(held), slots)
 
     def place(self, held: Held) -> None:
         """Set when the fetched ``held`` may leave its place in its partition
@@ -315,7 +332,38 @@ class ScheduleDeliveryService(FifoDelayService):
         return self.policy.partition_delay_ms(partition)
 
     def process(self, held: Held, now: int) -> tuple[PreparedRecord, bool]:
-        return self.deliver(held)
+        level = self.displaced(held)
+        if level is None:
+            return self.deliver(held)
+        return self.reroute(held, level, now)
+
+    def reroute(self, held: Held, level: int, now: int) -> tuple[PreparedRecord, bool]:
+        """``held``, written for level index ``level`` in a partition that serves another
+        level now (levels were appended): delivered if that level's delay since it was stored
+        is over, else copied to the timer topic due then (in this transaction), so it is
+        never early, and late by the timer's own lateness only. A level removed since is read
+        as the last one (as a level above the maximum is)."""
+        policy = self.policy
+        delays = policy.level_delays_ms
+        deliver_ms = int(held.record.timestamp()[1]) + delays[min(level, len(delays) - 1)]
+        if deliver_ms <= now:
+            return self.deliver(held)
+        attempts, msg_id, msg = records.backoff_source(held, self.config.catalog.namespace)
+        value, headers = records.backoff_copy(
+            held,
+            msg,
+            attempts,
+            f"level {level + 1} moved from partition {held.partition} (levels changed)",
+            deliver_ms,
+            envelope=self.config.client.delay_record_format == "envelope",
+        )
+        tier = policy.route(deliver_ms, now, policy.tier_count) or 0
+        partition = policy.hop_partition(tier, held.partition, policy.level_count)
+        headers = [*slots_header(partition, policy.tier_count), *headers]
+        record = PreparedRecord(
+            self.timer_topic, held.record.key(), value, headers, msg_id, 0, partition
+        )
+        return record, False
 
 
 class TimerService(FifoDelayService):
@@ -373,4 +421,4 @@ class TimerService(FifoDelayService):
             # operator.
             raise InvalidDelayError(beyond)
         target = policy.hop_partition(tier, held.partition, policy.tier_count)
-        return records.hop(held, self.topic, deliver_ms, target), False
+        return records.hop(held, self.topic, deliver_ms, target, policy.tier_count), False
