@@ -234,9 +234,12 @@ class ClientConfig:
     timer_max_delay_ms: int = 3 * 86_400_000
     """RocketMQ 5's ``timerMaxDelaySec`` in ms (3 days; up to 400 days): a longer timer is
     refused at send time. Producers pick a timer's tier with this and ``timer_precision_ms``,
-    so every producer and coordinator of a namespace must use the same two values (a mismatch
-    in the tier count is refused with ``TopicProvisioningError``; a producer with another
-    precision and the same count makes its timers late)."""
+    so every producer and coordinator of a namespace should use the same two values. A
+    producer with more tiers than the timer topic has partitions for refuses to send with
+    ``TopicProvisioningError``; a coordinator with more adds the partitions. A timer waiting
+    past lane 0 carries the tier count it was routed with, and a coordinator with another count
+    moves it on by its own time at once (never early); a producer with another precision and
+    the same count makes its timers late."""
     # --- connection, continued ------------------------------------------------------------
     kafka: Mapping[str, Any] = field(default_factory=dict)
     """Extra librdkafka properties (security, tuning); they win over the defaults, except the

@@ -21,7 +21,9 @@ level or one second. Lane 0 of slot ``s`` is partition ``s`` (the layout of rele
 partition per slot: their records are read as they were written); lane ``j`` is in the
 ``j``-th block of ``slots`` partitions. Which slot a partition serves depends only on its
 number and the slot count, never on how many lanes there are: adding partitions to a topic
-changes the meaning of none that exists.
+changes the meaning of none that exists. Changing the slot count (levels appended, a longer
+``timer_max_delay_ms``) changes the meaning of every partition past lane 0, so the records
+written there carry the count they were routed with (:meth:`DelayPolicy.displaced_slot`).
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from topics.catalog import SystemTopic
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DELAY_METADATA_REFRESH_MS",
     "REMOVED_ON_DELIVERY",
     "ScheduleDeliveryService",
     "TimerService",
@@ -58,6 +59,12 @@ __all__ = [
 
 _BATCH = 2000
 _MAX_POLL_WAIT_MS = 50
+DELAY_METADATA_REFRESH_MS = 2_000
+"""How often a delay service's consumer looks up SCHEDULE or the timer topic, ms (consumers'
+default: 30 s). Partitions added beside a running coordinator (``bridge topics create
+--system`` raising the partitions per level or tier) are assigned and read within this plus a
+rebalance, not half a minute late; the cost is one metadata request for one topic per
+interval and consumer."""
 
 
 def assignment_strategy(lanes: int) -> str:
@@ -209,6 +216,8 @@ class FifoDelayService(TransactionalService):
             # partitions back at once instead of after the session timeout.
             group_instance_id=self.group_instance_id,
             partition_assignment_strategy=assignment_strategy(self._lanes()),
+            # Added partitions: read within seconds, not at the next 30 s lookup.
+            topic_metadata_refresh_interval_ms=DELAY_METADATA_REFRESH_MS,
         )
         self.isolation.start()
         if self.recalls is not None:
