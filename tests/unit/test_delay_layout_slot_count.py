@@ -8,11 +8,24 @@ the slot it was written for."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from bridge.coordinator.delay.service import assignment_strategy
+from bridge import ClientConfig, Message, Producer
+from bridge.codec import PreparedRecord
+from bridge.coordinator.delay import records
+from bridge.coordinator.delay.held import Held
+from bridge.coordinator.delay.records import written_slots
+from bridge.coordinator.delay.service import (
+    ScheduleDeliveryService,
+    TimerService,
+    assignment_strategy,
+)
 from bridge.delay.routing import SLOTS_HEADER, slots_header
 from bridge.delay_policy import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy, slot_partition
+from bridge.kafka.service import ServiceConfig
+from topics.catalog import SystemTopic
 
 DAY_MS = 86_400_000
 
@@ -121,3 +134,117 @@ def test_the_delay_services_use_range_over_several_partitions_per_slot() -> None
     """The assignor the test above models is the one the services ask for first."""
     assert assignment_strategy(1) == "roundrobin,range"
     assert assignment_strategy(2) == "range,roundrobin"
+
+
+STORED = int(time.time() * 1000)
+"""The broker's append time of the records below, epoch ms."""
+
+
+class _Record:
+    """A consumed SCHEDULE or timer record, as the delay services read it."""
+
+    def __init__(self, prepared: PreparedRecord) -> None:
+        self._prepared = prepared
+
+    def value(self) -> bytes | None:
+        return self._prepared.value
+
+    def key(self) -> bytes | None:
+        return self._prepared.key
+
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        return list(self._prepared.headers)
+
+    def timestamp(self) -> tuple[int, int]:
+        return (2, STORED)
+
+
+def _held(prepared: PreparedRecord) -> Held:
+    return Held(_Record(prepared), prepared.partition, 0, list(prepared.headers), None)
+
+
+@pytest.mark.parametrize("record_format", ["headers", "envelope"])
+def test_records_past_lane_0_carry_the_slot_count_and_a_hop_rewrites_it(
+    record_format: str,
+) -> None:
+    config = ClientConfig(
+        delay_partitions_per_level=2,
+        timer_partitions_per_tier=2,
+        delay_record_format=record_format,
+    )
+    producer = Producer("slots", config=config)
+    policy = config.delay_policy
+    seen: dict[str, set[bool]] = {"level": set(), "timer": set()}
+    for _ in range(64):
+        level = producer.prepare(Message("orders", b"x", delay_time_level=3))
+        slots = [v for k, v in level.headers if k == SLOTS_HEADER]
+        assert slots == ([b"18"] if level.partition >= policy.level_count else [])
+        seen["level"].add(bool(slots))
+        timer = Message("orders", b"x")
+        timer.set_delay_time_sec(10)
+        record = producer.prepare(timer)
+        slots = [v for k, v in record.headers if k == SLOTS_HEADER]
+        assert slots == ([b"18"] if record.partition >= policy.tier_count else [])
+        seen["timer"].add(bool(slots))
+        # A hop to lane 0 drops it; one past lane 0 says the count it was routed with.
+        held = _held(record)
+        assert written_slots(held) == (18 if slots else None)
+        to_lane_0 = records.hop(held, record.kafka_topic, 0, 3, 20)
+        assert [k for k, _ in to_lane_0.headers].count(SLOTS_HEADER) == 0
+        to_lane_1 = records.hop(held, record.kafka_topic, 0, 23, 20)
+        assert [v for k, v in to_lane_1.headers if k == SLOTS_HEADER] == [b"20"]
+    assert seen == {"level": {True, False}, "timer": {True, False}}
+
+
+def test_a_displaced_timer_hops_at_once_by_its_own_time() -> None:
+    laid_out = ClientConfig(timer_partitions_per_tier=2)
+    longer = laid_out.replace(timer_max_delay_ms=7 * DAY_MS)
+    service = TimerService(ServiceConfig(longer, longer.catalog(), "unit"))
+    producer = Producer("slots", config=laid_out)
+    deliver = STORED + 3_000
+    for _ in range(32):
+        timer = Message("orders", b"x")
+        timer.set_deliver_time_ms(deliver)
+        record = producer.prepare(timer)
+        assert record is not None
+        held = _held(record)
+        service.place(held)
+        if record.partition < 18:  # lane 0: tier 1 for any count, a 2 s wait
+            assert service.displaced(held) is None
+            assert held.fifo_ms == STORED + 2_000
+        else:  # partition 20: tier 19 (2**19 s) for 20 tiers; written for tier 1
+            assert service.displaced(held) == 1
+            assert held.fifo_ms == STORED
+            hop, delivered = service.process(held, STORED + 10)
+            assert not delivered
+            assert longer.delay_policy.partition_tier(hop.partition) == 1  # 2 s of 2.99 left
+
+
+def test_a_displaced_level_waits_its_own_delay_in_the_timer_topic() -> None:
+    laid_out = ClientConfig(message_delay_level="1s 2s 10s 20s", delay_partitions_per_level=2)
+    appended = laid_out.replace(message_delay_level="1s 2s 10s 20s 30s 40s")
+    service = ScheduleDeliveryService(ServiceConfig(appended, appended.catalog(), "unit"))
+    producer = Producer("slots", config=laid_out)
+    displaced = 0
+    for _ in range(32):
+        record = producer.prepare(Message("orders", b"x", delay_time_level=3))
+        assert record is not None
+        held = _held(record)
+        if record.partition != 7:  # level 3 in lane 0 (partition 2) for both counts
+            assert service.displaced(held) is None
+            assert service.due_at(held) == STORED + 10_000
+            continue
+        displaced += 1  # partition 7: level 1 (1 s) for 6 levels
+        assert service.displaced(held) == 2
+        assert service.due_at(held) == STORED
+        copy, delivered = service.process(held, STORED + 1_000)
+        assert not delivered
+        assert copy.kafka_topic == appended.catalog().topic(SystemTopic.TIMER)
+        assert copy.kafka_topic == service.timer_topic
+        timer_held = _held(copy)
+        assert records.timer_deliver_ms(timer_held) == STORED + 10_000
+        # Once its own delay is over it is delivered where it is.
+        real, delivered = service.process(held, STORED + 10_000)
+        assert delivered
+        assert real.kafka_topic == "orders"
+    assert displaced > 0
