@@ -23,7 +23,12 @@ from bridge.coordinator.delay.service import (
     assignment_strategy,
 )
 from bridge.delay.routing import SLOTS_HEADER, slots_header
-from bridge.delay_policy import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy, slot_partition
+from bridge.delay_policy import (
+    DEFAULT_MESSAGE_DELAY_LEVEL,
+    DelayPolicy,
+    partition_slot,
+    slot_partition,
+)
 from bridge.kafka.service import ServiceConfig
 from topics.catalog import SystemTopic
 
@@ -248,3 +253,35 @@ def test_a_displaced_level_waits_its_own_delay_in_the_timer_topic() -> None:
         assert delivered
         assert real.kafka_topic == "orders"
     assert displaced > 0
+
+
+def test_a_displaced_level_beyond_the_timers_reach_waits_again_in_its_own_level() -> None:
+    """With ``timer_max_delay_ms`` below a level's delay the timer topic would park the copy:
+    it goes to its own level's partition instead (late, never early, never parked)."""
+    laid_out = ClientConfig(
+        message_delay_level="1s 2s 10s 2h",
+        delay_partitions_per_level=2,
+        timer_max_delay_ms=60_000,
+    )
+    appended = laid_out.replace(message_delay_level="1s 2s 10s 2h 3h 4h")
+    service = ScheduleDeliveryService(ServiceConfig(appended, appended.catalog(), "unit"))
+    producer = Producer("slots", config=laid_out)
+    moved = 0
+    for _ in range(32):
+        record = producer.prepare(Message("orders", b"x", delay_time_level=4))
+        assert record is not None
+        if record.partition < 4:
+            continue
+        held = _held(record)  # partition 4: level 5 (3 h) for 6 levels, written for 2 h
+        assert service.displaced(held) == 3
+        copy, delivered = service.process(held, STORED + 1_000)
+        assert not delivered
+        assert copy.kafka_topic == service.topic
+        policy = appended.delay_policy
+        assert partition_slot(copy.partition, policy.level_count) == 3
+        # In the lane partition 4 is for 6 levels (lane 0: partition 3, no header needed).
+        assert copy.partition == 3
+        assert [k for k, _ in copy.headers].count(SLOTS_HEADER) == 0
+        assert service.displaced(_held(copy)) is None  # read as level 4 from now on
+        moved += 1
+    assert moved > 0

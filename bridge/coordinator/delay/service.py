@@ -37,7 +37,7 @@ from bridge.coordinator.delay.held import RECORD_ERRORS, DelayCounts, DelaySetti
 from bridge.coordinator.delay.isolation import Isolation
 from bridge.coordinator.delay.recall_watch import RecallWatch, TimerRecalls
 from bridge.delay.routing import slots_header
-from bridge.delay_policy import DelayPolicy
+from bridge.delay_policy import DelayPolicy, partition_lane
 from bridge.errors import InvalidDelayError
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.service import ServiceConfig, TransactionalService
@@ -357,6 +357,13 @@ class ScheduleDeliveryService(FifoDelayService):
         deliver_ms = int(held.record.timestamp()[1]) + delays[min(level, len(delays) - 1)]
         if deliver_ms <= now:
             return self.deliver(held)
+        if policy.out_of_reach(deliver_ms, now) is not None:
+            # A level longer than the timers reach (timer_max_delay_ms below it): to its own
+            # level's partition in this lane, where it waits that level's delay again (late,
+            # never early) rather than be parked by the timer service.
+            lane = partition_lane(held.partition, policy.level_count) % policy.level_partitions
+            target = policy.level_partition(min(level, policy.level_count - 1) + 1, lane)
+            return records.hop(held, self.topic, deliver_ms, target, policy.level_count), False
         attempts, msg_id, msg = records.backoff_source(held, self.config.catalog.namespace)
         value, headers = records.backoff_copy(
             held,
