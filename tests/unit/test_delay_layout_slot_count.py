@@ -148,8 +148,8 @@ STORED = int(time.time() * 1000)
 class _Record:
     """A consumed SCHEDULE or timer record, as the delay services read it."""
 
-    def __init__(self, prepared: PreparedRecord) -> None:
-        self._prepared = prepared
+    def __init__(self, prepared: PreparedRecord, stored: int) -> None:
+        self._prepared, self._stored = prepared, stored
 
     def value(self) -> bytes | None:
         return self._prepared.value
@@ -161,11 +161,11 @@ class _Record:
         return list(self._prepared.headers)
 
     def timestamp(self) -> tuple[int, int]:
-        return (2, STORED)
+        return (2, self._stored)
 
 
-def _held(prepared: PreparedRecord) -> Held:
-    return Held(_Record(prepared), prepared.partition, 0, list(prepared.headers), None)
+def _held(prepared: PreparedRecord, stored: int = STORED) -> Held:
+    return Held(_Record(prepared, stored), prepared.partition, 0, list(prepared.headers), None)
 
 
 @pytest.mark.parametrize("record_format", ["headers", "envelope"])
@@ -206,21 +206,22 @@ def test_a_displaced_timer_hops_at_once_by_its_own_time() -> None:
     longer = laid_out.replace(timer_max_delay_ms=7 * DAY_MS)
     service = TimerService(ServiceConfig(longer, longer.catalog(), "unit"))
     producer = Producer("slots", config=laid_out)
-    deliver = STORED + 3_000
+    stored = int(time.time() * 1000)  # the producer routes by the time left from now
+    deliver = stored + 3_000
     for _ in range(32):
         timer = Message("orders", b"x")
         timer.set_deliver_time_ms(deliver)
         record = producer.prepare(timer)
         assert record is not None
-        held = _held(record)
+        held = _held(record, stored)
         service.place(held)
         if record.partition < 18:  # lane 0: tier 1 for any count, a 2 s wait
             assert service.displaced(held) is None
-            assert held.fifo_ms == STORED + 2_000
+            assert held.fifo_ms == stored + 2_000
         else:  # partition 20: tier 19 (2**19 s) for 20 tiers; written for tier 1
             assert service.displaced(held) == 1
-            assert held.fifo_ms == STORED
-            hop, delivered = service.process(held, STORED + 10)
+            assert held.fifo_ms == stored
+            hop, delivered = service.process(held, stored + 10)
             assert not delivered
             assert longer.delay_policy.partition_tier(hop.partition) == 1  # 2 s of 2.99 left
 
