@@ -1,7 +1,8 @@
 """Delayed delivery: timer lateness on an idle system (a few hundred timers of random delays),
 at a steady rate, and at a steady rate beside thousands of timers hopping between tiers in
-bulk, a burst due in one second, coordinator memory with a million pending
-timers, and recovery after SIGKILL.
+bulk, a burst due in one second (in the one-partition layout, then with each tier spread over
+:data:`SPREAD_PARTITIONS` partitions read by one and by two coordinator processes),
+coordinator memory with a million pending timers, and recovery after SIGKILL.
 
 The coordinator runs as its own process, with 100 ms timer precision. Lateness is measured
 on the broker's clock: the real topic stores the append time, compared with the due time the
@@ -22,11 +23,12 @@ from pathlib import Path
 
 from confluent_kafka import Producer as RawProducer
 
-from bench.harness import Row, print_rows
+from bench.harness import Row, cpu_seconds, listening_pid, print_rows
 from bridge import ClientConfig, Message, Producer, read_messages
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_consumer, producer_config
+from bridge.kafka.clients import new_admin, new_consumer, producer_config
 from topics.catalog import TopicSpec
+from topics.naming import coordinator_group
 
 IDLE_TIMERS = int(os.environ.get("BENCH_IDLE_TIMERS", "200"))
 IDLE_DELAY_MS = (1000, 8000)
@@ -40,9 +42,11 @@ HOPPING_DELAY_MS = 12_000
 BESIDE_RATE_PER_S = 200
 BESIDE_DELAY_MS = 1500
 BURST = int(os.environ.get("BENCH_BURST", "500000"))
+SPREAD_PARTITIONS = int(os.environ.get("BENCH_SPREAD_PARTITIONS", "2"))
+"""Partitions per timer tier (and delay level) of the spread burst rows."""
 PENDING = int(os.environ.get("BENCH_PENDING", "1000000"))
 DAY_MS = 86_400_000
-ROWS = ("idle", "steady", "beside", "burst", "pending")
+ROWS = ("idle", "steady", "beside", "burst", "spread", "pending")
 """The rows of this part, in the order they run; ``BENCH_DELAYS_ROWS`` (comma-separated)
 picks some of them (all by default)."""
 
@@ -57,7 +61,30 @@ def _rows_wanted() -> list[str]:
     return given or list(ROWS)
 
 
+_PROFILED = """
+import atexit, cProfile, runpy, sys, threading
+prefix, profiles, run = sys.argv[1], [], threading.Thread.run
+def profiled(self):
+    profile = cProfile.Profile()
+    profiles.append((self.name, profile))
+    profile.enable()
+    try:
+        run(self)
+    finally:
+        profile.disable()
+threading.Thread.run = profiled
+atexit.register(lambda: [p.dump_stats(f"{prefix}-{n}.prof") for n, p in profiles])
+sys.argv = ["bridge.cli", *sys.argv[2:]]
+runpy.run_module("bridge.cli", run_name="__main__")
+"""
+"""Runs the command line with each thread under cProfile (the services run in threads, which
+``python -m cProfile`` does not see); writes ``<prefix>-<thread name>.prof`` at exit."""
+
+
 def _coordinator(config: ClientConfig, coordinator_id: str) -> subprocess.Popen[bytes]:
+    """A coordinator process of ``config``'s namespace; with ``BENCH_PROFILE=<dir>`` each of
+    its threads runs under cProfile and writes ``<dir>/<coordinator_id>-<thread>.prof`` when
+    it stops."""
     env = {
         **os.environ,
         "KAFKA_BOOTSTRAP_SERVERS": config.bootstrap_servers,
@@ -65,9 +92,13 @@ def _coordinator(config: ClientConfig, coordinator_id: str) -> subprocess.Popen[
         "BRIDGE_COORDINATOR_ID": coordinator_id,
         "BRIDGE_TIMER_PRECISION_MS": str(config.timer_precision_ms),
         "BRIDGE_TIMER_MAX_DELAY_MS": str(config.timer_max_delay_ms),
+        "BRIDGE_DELAY_PARTITIONS_PER_LEVEL": str(config.delay_partitions_per_level),
+        "BRIDGE_TIMER_PARTITIONS_PER_TIER": str(config.timer_partitions_per_tier),
     }
+    profile = os.environ.get("BENCH_PROFILE")
+    runner = ["-c", _PROFILED, f"{profile}/{coordinator_id}"] if profile else ["-m", "bridge.cli"]
     return subprocess.Popen(
-        [sys.executable, "-m", "bridge.cli", "coordinator"],
+        [sys.executable, *runner, "coordinator"],
         env=env, cwd=Path(__file__).resolve().parents[1],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -224,7 +255,9 @@ def _produce(raw: RawProducer, topic: str, value: bytes | None) -> None:
             raw.poll(0.05)
 
 
-def _burst(config: ClientConfig) -> Row:
+def _burst_rate(config: ClientConfig, label: str) -> float:
+    """Send :data:`BURST` timers due in one second and return the rate they are all delivered
+    at, msg/s (the count over the time from the due time to the last delivery)."""
     topic = _stamped(config, f"bench-burst-{uuid.uuid4().hex[:6]}")
     due = time.time_ns() // 1_000_000 + 25_000
     with Producer("bench_burst", config=config) as producer:
@@ -233,14 +266,30 @@ def _burst(config: ClientConfig) -> Row:
             msg.set_deliver_time_ms(due)
             producer.send_async(msg)
         producer.flush(60_000)
-    late = _lateness(config, topic, BURST, 120_000)
+    late = _lateness(config, topic, BURST, 180_000)
     all_in_ms = max(late, default=0)
+    early = sum(1 for v in late if v < 0)
     print(
-        f"burst of {BURST} due in the same second: all delivered {all_in_ms / 1000:.1f} s after "
-        f"the due time (p50 {_pct(late, 0.5):.0f} ms, p99 {_pct(late, 0.99):.0f} ms), "
-        f"{len(late)}/{BURST} delivered"
+        f"burst of {BURST} due in the same second ({label}): all delivered "
+        f"{all_in_ms / 1000:.1f} s after the due time (p50 {_pct(late, 0.5):.0f} ms, "
+        f"p99 {_pct(late, 0.99):.0f} ms), {len(late)}/{BURST} delivered, early {early}"
     )
-    # Baseline: consume the same number of records and produce each once, plainly.
+    return BURST / max((all_in_ms + 1) / 1000, 0.001)
+
+
+def _burst(config: ClientConfig) -> Row:
+    ours_rate = _burst_rate(config, "one partition a tier, one coordinator process")
+    return Row(
+        f"burst of {BURST}: delivered msg/s",
+        "msg/s",
+        ours_rate,
+        _copy_rate(config),
+        "plain consume+produce copy",
+    )
+
+
+def _copy_rate(config: ClientConfig) -> float:
+    """Baseline: consume :data:`BURST` records and produce each once, plainly, msg/s."""
     source = f"bench-copy-src-{uuid.uuid4().hex[:6]}"
     raw = RawProducer(producer_config(config, "bench-copy"))
     for _ in range(BURST):
@@ -259,14 +308,92 @@ def _burst(config: ClientConfig) -> Row:
     raw.flush(60)
     copy_s = time.monotonic() - started
     consumer.close()
-    ours_rate = BURST / max((all_in_ms + 1) / 1000, 0.001)
-    return Row(
-        f"burst of {BURST}: delivered msg/s",
-        "msg/s",
-        ours_rate,
-        copied / copy_s,
-        "plain consume+produce copy",
-    )
+    return copied / copy_s
+
+
+def _await_members(config: ClientConfig, kind: str, count: int) -> None:
+    """Wait until the ``kind`` service's group has ``count`` members with partitions (the
+    processes share the topic only then)."""
+    admin = new_admin(config)
+    group = coordinator_group(config.namespace, kind)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        described = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        owners = [m for m in described.members if m.assignment.topic_partitions]
+        if len(owners) >= count and str(described.state).endswith("STABLE"):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the {kind} group did not reach {count} members within 120 s")
+
+
+def _spread(config: ClientConfig) -> list[Row]:
+    """The burst with each tier over :data:`SPREAD_PARTITIONS` partitions, read by one
+    coordinator process and then by two (each in a namespace of its own), beside the plain
+    copy of the same run."""
+    rates = {}
+    for processes in (1, 2):
+        spread = config.replace(
+            namespace=f"benchs{processes}{uuid.uuid4().hex[:6]}",
+            timer_partitions_per_tier=SPREAD_PARTITIONS,
+            delay_partitions_per_level=SPREAD_PARTITIONS,
+        )
+        coordinators = [_coordinator(spread, f"bench-{processes}-{i}") for i in range(processes)]
+        try:
+            _await_coordinator(spread)
+            _await_members(spread, "timer", processes)
+            pids = [c.pid for c in coordinators]
+            broker = listening_pid(config.bootstrap_servers)
+            before = [cpu_seconds(pid) or 0.0 for pid in pids]
+            broker_before = cpu_seconds(broker) if broker is not None else None
+            started = time.monotonic()
+            rates[processes] = _burst_rate(
+                spread,
+                f"{SPREAD_PARTITIONS} partitions a tier, {processes} coordinator process"
+                f"{'es' if processes > 1 else ''}",
+            )
+            # CPU time is what a model of more cores starts from: wall time on these shared
+            # 2 cores depends on what else runs.
+            used = [(cpu_seconds(pid) or 0.0) - b for pid, b in zip(pids, before, strict=True)]
+            broker_after = cpu_seconds(broker) if broker is not None else None
+            broker_used = (
+                f"{broker_after - broker_before:.1f} s"
+                if broker_after is not None and broker_before is not None
+                else "unknown"
+            )
+            print(
+                f"  CPU during the row ({time.monotonic() - started:.0f} s from the first send): "
+                f"coordinators {', '.join(f'{u:.1f} s' for u in used)} "
+                f"({sum(used) / BURST * 1e6:.0f} us a timer in all), broker {broker_used}"
+            )
+        finally:
+            for coordinator in coordinators:
+                coordinator.terminate()
+            for coordinator in coordinators:
+                coordinator.wait(60)
+    copy = _copy_rate(config)
+    return [
+        Row(
+            f"burst, {SPREAD_PARTITIONS}/tier, 1 process: msg/s",
+            "msg/s",
+            rates[1],
+            copy,
+            "plain consume+produce copy",
+        ),
+        Row(
+            f"burst, {SPREAD_PARTITIONS}/tier, 2 processes: msg/s",
+            "msg/s",
+            rates[2],
+            copy,
+            "plain consume+produce copy",
+        ),
+        Row(
+            f"burst, {SPREAD_PARTITIONS}/tier: 2 processes vs 1",
+            "msg/s",
+            rates[2],
+            rates[1],
+            "the same burst, 1 process",
+        ),
+    ]
 
 
 def _pending(config: ClientConfig) -> None:
@@ -328,6 +455,9 @@ def run(bootstrap: str) -> list[Row]:
         finally:
             coordinator.terminate()
             coordinator.wait(30)
+    if "spread" in wanted:  # coordinators of its own, one namespace per process count
+        rows += _spread(config)
+    if rows:
         print_rows("Delayed delivery (ratio = ours / baseline)", rows)
     if "pending" in wanted:
         _pending(config)

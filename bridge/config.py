@@ -21,10 +21,16 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Final, Self
 
-from bridge.delay_policy import DEFAULT_MESSAGE_DELAY_LEVEL, DelayPolicy
+from bridge.delay_policy import (
+    DEFAULT_LANES,
+    DEFAULT_MESSAGE_DELAY_LEVEL,
+    LANES_MAX,
+    SPREAD_BY,
+    DelayPolicy,
+)
 from bridge.errors import InvalidArgumentError
 from bridge.settings import env_values, require_int
-from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TopicCatalog
+from topics.catalog import DEFAULT_TRANSACTION_PARTITIONS, TOPIC_PARTITIONS_MAX, TopicCatalog
 from topics.client_security import ENV_KAFKA_PREFIX, NOT_CLIENT_ENV, kafka_env_properties
 from topics.naming import DEFAULT_NAMESPACE, validate_namespace
 
@@ -221,16 +227,19 @@ class ClientConfig:
     # --- delay policy (kept flat, before ``kafka``: the constructor's order is public) -------
     message_delay_level: str = DEFAULT_MESSAGE_DELAY_LEVEL
     """RocketMQ's ``messageDelayLevel``: the delay of each level, e.g. ``"1s 5s 10s 30s 1m"``
-    (one SCHEDULE partition per level)."""
+    (:attr:`delay_partitions_per_level` SCHEDULE partitions per level)."""
     timer_precision_ms: int = 1000
     """RocketMQ 5's ``timerPrecisionMs`` (100, 200, 500 or 1000): the shortest
     tier's wait, ms."""
     timer_max_delay_ms: int = 3 * 86_400_000
     """RocketMQ 5's ``timerMaxDelaySec`` in ms (3 days; up to 400 days): a longer timer is
     refused at send time. Producers pick a timer's tier with this and ``timer_precision_ms``,
-    so every producer and coordinator of a namespace must use the same two values (a mismatch
-    in the tier count is refused with ``TopicProvisioningError``; a producer with another
-    precision and the same count makes its timers late)."""
+    so every producer and coordinator of a namespace should use the same two values. A
+    producer with more tiers than the timer topic has partitions for refuses to send with
+    ``TopicProvisioningError``; a coordinator with more adds the partitions. A timer waiting
+    past lane 0 carries the tier count it was routed with, and a coordinator with another count
+    moves it on by its own time at once (never early); a producer with another precision and
+    the same count makes its timers late."""
     # --- connection, continued ------------------------------------------------------------
     kafka: Mapping[str, Any] = field(default_factory=dict)
     """Extra librdkafka properties (security, tuning); they win over the defaults, except the
@@ -248,6 +257,24 @@ class ClientConfig:
     for a rolling upgrade: clients and coordinators keep ``"envelope"`` until every coordinator
     of the namespace reads the header format. Records of either format are always read;
     another value is an ``InvalidArgumentError`` naming the setting."""
+    delay_partitions_per_level: int = DEFAULT_LANES
+    """SCHEDULE partitions per delay level (1 to 64): the coordinator processes (members of
+    the schedule service's group) share one level's load over them; SCHEDULE gets
+    levels x this many partitions. Producers send to the first this many of each level, so
+    the topic must have them (a coordinator adds missing ones at start); coordinators read
+    every partition whatever this says. 1 (the default) is the layout of releases before it,
+    which every coordinator reads; raise it to (a multiple of) the number of coordinator
+    processes once every coordinator of the namespace runs a release that reads the spread
+    layout (an older one would take the added partitions for other levels)."""
+    timer_partitions_per_tier: int = DEFAULT_LANES
+    """Timer topic partitions per tier (1 to 64): the coordinator processes (members of the
+    timer service's group) share the timers due in one second over them; the timer topic
+    gets tiers x this many partitions. A coordinator's hops and back-off copies keep the
+    message's partition among its tier's. As :attr:`delay_partitions_per_level` otherwise."""
+    delay_spread_by: str = "id"
+    """What picks a delayed or timer message's partition among its level's or tier's:
+    ``"id"`` (its message id: an even spread) or ``"key"`` (its keys when it has any, else
+    its id: the messages of one key wait in one partition, in send order)."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers or not all(
@@ -268,9 +295,34 @@ class ClientConfig:
                 f"{', '.join(repr(f) for f in DELAY_RECORD_FORMATS)}, "
                 f"got {self.delay_record_format!r}"
             )
+        if self.delay_spread_by not in SPREAD_BY:
+            raise InvalidArgumentError(
+                f"delay_spread_by ({ENV_PREFIX}DELAY_SPREAD_BY) must be one of "
+                f"{', '.join(repr(s) for s in SPREAD_BY)}, got {self.delay_spread_by!r}"
+            )
+        for name in ("delay_partitions_per_level", "timer_partitions_per_tier"):
+            value = getattr(self, name)
+            if type(value) is not int or not 1 <= value <= LANES_MAX:
+                raise InvalidArgumentError(
+                    f"{name} ({ENV_PREFIX}{name.upper()}) must be an integer from 1 to "
+                    f"{LANES_MAX}, got {value!r}"
+                )
         _refuse_protected(self.kafka)
         object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
-        self.delay_policy  # noqa: B018 - validates the delay settings
+        policy = self.delay_policy  # validates the delay settings
+        # The topic sizes they give, checked here rather than at the first delayed send or at
+        # a coordinator's start (where the catalog is built).
+        for name, slots, kind in (
+            ("delay_partitions_per_level", policy.level_count, "delay levels"),
+            ("timer_partitions_per_tier", policy.tier_count, "timer tiers"),
+        ):
+            lanes = getattr(self, name)
+            if slots * lanes > TOPIC_PARTITIONS_MAX:
+                raise InvalidArgumentError(
+                    f"{name} ({ENV_PREFIX}{name.upper()}) of {lanes} with {slots} {kind} "
+                    f"gives a topic of {slots * lanes} partitions, more than "
+                    f"{TOPIC_PARTITIONS_MAX}"
+                )
 
     def __repr__(self) -> str:
         # The dataclass repr would print ``kafka`` as given: sasl.password and the like end up
@@ -284,8 +336,9 @@ class ClientConfig:
         return f"{type(self).__name__}({fields}, kafka={kafka!r})"
 
     def catalog(self, transaction_partitions: int = DEFAULT_TRANSACTION_PARTITIONS) -> TopicCatalog:
-        """The topic catalog of this namespace: one SCHEDULE partition per delay level and one
-        timer partition per tier of the delay settings."""
+        """The topic catalog of this namespace: :attr:`delay_partitions_per_level` SCHEDULE
+        partitions per delay level and :attr:`timer_partitions_per_tier` timer partitions per
+        tier of the delay settings."""
         policy = self.delay_policy
         return TopicCatalog(
             namespace=self.namespace,
@@ -294,13 +347,20 @@ class ClientConfig:
             timer_partitions=policy.tier_count,
             schedule_max_delay_ms=max(policy.level_delays_ms),
             timer_max_delay_ms=policy.timer_max_delay_ms,
+            level_partitions=policy.level_partitions,
+            tier_partitions=policy.tier_partitions,
         )
 
     @property
     def delay_policy(self) -> DelayPolicy:
         """The delay level table and timer settings."""
         return _delay_policy(
-            self.message_delay_level, self.timer_precision_ms, self.timer_max_delay_ms
+            self.message_delay_level,
+            self.timer_precision_ms,
+            self.timer_max_delay_ms,
+            self.delay_partitions_per_level,
+            self.timer_partitions_per_tier,
+            self.delay_spread_by,
         )
 
     def replace(self, **changes: Any) -> Self:
@@ -448,5 +508,14 @@ class TrustLimits:
 
 
 @lru_cache(maxsize=16)
-def _delay_policy(levels: str, precision_ms: int, max_delay_ms: int) -> DelayPolicy:
-    return DelayPolicy(levels, precision_ms, max_delay_ms)
+def _delay_policy(  # noqa: PLR0917 - the cache key is every delay setting
+    levels: str,
+    precision_ms: int,
+    max_delay_ms: int,
+    level_partitions: int,
+    tier_partitions: int,
+    spread_by: str,
+) -> DelayPolicy:
+    return DelayPolicy(
+        levels, precision_ms, max_delay_ms, level_partitions, tier_partitions, spread_by
+    )

@@ -7,30 +7,48 @@ counts from it; the delay services route by it.
 Every delay is served by FIFO queues of fixed delay, one Kafka partition each, so only the head
 of each partition matters and memory stays bounded however many messages wait:
 
-* delay level ``L`` waits in partition ``L - 1`` of ``SCHEDULE_TOPIC_XXXX`` for the level's
-  delay, counted from when the broker stored it (as RocketMQ's ``ScheduleMessageService``);
+* delay level ``L`` waits in a partition of ``SCHEDULE_TOPIC_XXXX`` for the level's delay,
+  counted from when the broker stored it (as RocketMQ's ``ScheduleMessageService``);
 * a timer message hops through the tiers of ``rmq_sys_wheel_timer``: tier ``k`` waits
   ``precision * 2**k``. At each hop the message goes to the largest tier that does not pass
   its delivery time, so it is never early, reaches its time in about log2(delay / precision)
   hops; its last hop lands before its time and it waits the rest in memory, so it is late
   by the time its delivery takes to write.
+
+The layout (:func:`slot_partition`): a level or a tier (a *slot*) is spread over several
+partitions (*lanes*), so that the members of a coordinator group share what is due in one
+level or one second. Lane 0 of slot ``s`` is partition ``s`` (the layout of releases with one
+partition per slot: their records are read as they were written); lane ``j`` is in the
+``j``-th block of ``slots`` partitions. Which slot a partition serves depends only on its
+number and the slot count, never on how many lanes there are: adding partitions to a topic
+changes the meaning of none that exists. Changing the slot count (levels appended, a longer
+``timer_max_delay_ms``) changes the meaning of every partition past lane 0, so the records
+written there carry the count they were routed with (:meth:`DelayPolicy.displaced_slot`).
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass, field
 from typing import Final
 
 from bridge.errors import InvalidArgumentError, InvalidDelayError
 
 __all__ = [
+    "DEFAULT_LANES",
     "DEFAULT_MESSAGE_DELAY_LEVEL",
     "DELIVERY_BACKOFF_MAX_MS",
     "LANDING_MARGIN_MS",
+    "LANES_MAX",
+    "SPREAD_BY",
     "TIMER_PRECISIONS_MS",
     "DelayPolicy",
+    "lane_for",
     "parse_delay_levels",
+    "partition_lane",
+    "partition_slot",
+    "slot_partition",
 ]
 
 DEFAULT_MESSAGE_DELAY_LEVEL: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
@@ -47,8 +65,55 @@ DELIVERY_BACKOFF_MAX_MS: Final = 60_000
 coordinator's back-off copies are timers due at most this far ahead, whatever
 ``timer_max_delay_ms`` is (see :meth:`DelayPolicy.out_of_reach`)."""
 
+DEFAULT_LANES: Final = 1
+"""Partitions per delay level and per timer tier by default: one, the layout of releases
+before the spread one (18 partitions in each topic with the default settings; any coordinator
+of any release reads it). Raise it to (a multiple of) the number of coordinator processes
+that are to share a level or a second."""
+LANES_MAX: Final = 64
+"""The most partitions per level or tier a setting may ask for."""
+SPREAD_BY: Final = ("id", "key")
+"""What picks a delayed message's partition among its level's or tier's
+(:func:`lane_for`): its message id (even spread), or its keys when it has any (the messages
+of one key wait in one partition, so one level keeps their order)."""
+
 _UNIT_MS: Final = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _LEVEL = re.compile(r"^(\d+)([smhd])$")
+
+
+def _block_shift(slots: int) -> int:
+    """How far each block of ``slots`` partitions turns its slots (see :func:`slot_partition`):
+    1 when ``slots`` is even, else 0, so that the lanes of one slot fall on partitions of
+    both parities (Kafka's round-robin assignor gives a group of two members the even and the
+    odd partitions)."""
+    return 1 - slots % 2
+
+
+def slot_partition(slot: int, lane: int, slots: int) -> int:
+    """The partition of lane ``lane`` of slot ``slot`` (a level index ``L - 1`` or a tier) in a
+    topic of ``slots`` slots: ``lane * slots + (slot + lane * shift) % slots``, ``shift`` 1
+    when ``slots`` is even, else 0. Lane 0 of slot ``s`` is partition ``s``. The shift makes
+    consecutive lanes of one slot alternate between even and odd partition numbers, which a
+    round-robin assignment gives to different group members."""
+    return lane * slots + (slot + lane * _block_shift(slots)) % slots
+
+
+def partition_slot(partition: int, slots: int) -> int:
+    """The slot partition ``partition`` serves (the inverse of :func:`slot_partition`)."""
+    lane = partition // slots
+    return (partition % slots - lane * _block_shift(slots)) % slots
+
+
+def partition_lane(partition: int, slots: int) -> int:
+    """The lane of partition ``partition`` in its slot."""
+    return partition // slots
+
+
+def lane_for(spread_key: bytes, lanes: int) -> int:
+    """The lane (``0 <= lane < lanes``) of a message whose spread key (message id or keys) is
+    ``spread_key``: CRC-32, the same in every process and release (Python's ``hash`` of
+    bytes is salted per process)."""
+    return zlib.crc32(spread_key) % lanes if lanes > 1 else 0
 
 
 def parse_delay_levels(spec: str) -> tuple[int, ...]:
@@ -80,6 +145,15 @@ class DelayPolicy:
     """RocketMQ 5's ``timerPrecisionMs``: 100, 200, 500 or 1000."""
     timer_max_delay_ms: int = 3 * 86_400_000
     """RocketMQ 5's ``timerMaxDelaySec`` (3 days); up to 400 days is accepted."""
+    level_partitions: int = DEFAULT_LANES
+    """Partitions per delay level in SCHEDULE (1 to :data:`LANES_MAX`): the members of the
+    schedule service's group share one level's load over them."""
+    tier_partitions: int = DEFAULT_LANES
+    """Partitions per timer tier in the timer topic (1 to :data:`LANES_MAX`): the members of
+    the timer service's group share one second's load over them."""
+    spread_by: str = "id"
+    """What picks a message's partition among its level's or tier's: ``"id"`` or ``"key"``
+    (:data:`SPREAD_BY`, :func:`lane_for`)."""
     level_delays_ms: tuple[int, ...] = field(init=False)
     tier_count: int = field(init=False, repr=False, compare=False)
     """How many timer tiers (= timer topic partitions) the maximum delay needs; computed once
@@ -97,6 +171,17 @@ class DelayPolicy:
                 f"timer_max_delay_ms must be between the precision and 400 days, "
                 f"got {self.timer_max_delay_ms}"
             )
+        for name in ("level_partitions", "tier_partitions"):
+            value = getattr(self, name)
+            if type(value) is not int or not 1 <= value <= LANES_MAX:
+                raise InvalidArgumentError(
+                    f"{name} must be an integer from 1 to {LANES_MAX}, got {value!r}"
+                )
+        if self.spread_by not in SPREAD_BY:
+            raise InvalidArgumentError(
+                f"spread_by must be one of {', '.join(repr(s) for s in SPREAD_BY)}, "
+                f"got {self.spread_by!r}"
+            )
         count = 1
         while self.timer_precision_ms * 2 ** (count - 1) * 2 <= self.timer_max_delay_ms:
             count += 1
@@ -104,8 +189,63 @@ class DelayPolicy:
 
     @property
     def level_count(self) -> int:
-        """How many delay levels (= SCHEDULE partitions)."""
+        """How many delay levels (the slots of SCHEDULE)."""
         return len(self.level_delays_ms)
+
+    @property
+    def schedule_partitions(self) -> int:
+        """How many partitions SCHEDULE needs: :attr:`level_partitions` per level."""
+        return self.level_count * self.level_partitions
+
+    @property
+    def timer_partitions(self) -> int:
+        """How many partitions the timer topic needs: :attr:`tier_partitions` per tier."""
+        return self.tier_count * self.tier_partitions
+
+    def spread_lane(self, msg_id: str, key: bytes | None, lanes: int) -> int:
+        """The lane of a message among ``lanes``: by its message id, or by its Kafka key
+        (sharding key, else keys) when :attr:`spread_by` is ``"key"`` and it has one."""
+        if self.spread_by == "key" and key:
+            return lane_for(key, lanes)
+        return lane_for(msg_id.encode("utf-8", "surrogatepass"), lanes)
+
+    def level_partition(self, level: int, lane: int) -> int:
+        """The SCHEDULE partition of lane ``lane`` of delay level ``level`` (1-based)."""
+        return slot_partition(level - 1, lane, self.level_count)
+
+    def tier_partition(self, tier: int, lane: int) -> int:
+        """The timer topic partition of lane ``lane`` of tier ``tier``."""
+        return slot_partition(tier, lane, self.tier_count)
+
+    def partition_delay_ms(self, partition: int) -> int:
+        """How long records wait in SCHEDULE partition ``partition``, ms: its level's delay."""
+        return self.level_delays_ms[partition_slot(partition, self.level_count)]
+
+    def partition_tier(self, partition: int) -> int:
+        """The tier timer topic partition ``partition`` serves."""
+        return partition_slot(partition, self.tier_count)
+
+    def hop_partition(self, tier: int, from_partition: int, from_slots: int) -> int:
+        """Where a coordinator's copy (a hop, a back-off) of a record read from partition
+        ``from_partition`` of a topic of ``from_slots`` slots goes in tier ``tier``: the same
+        lane (modulo :attr:`tier_partitions`), so a message keeps to one lane."""
+        lane = partition_lane(from_partition, from_slots) % self.tier_partitions
+        return self.tier_partition(tier, lane)
+
+    def displaced_slot(self, partition: int, written_slots: int | None, slots: int) -> int | None:
+        """The slot (level index or tier) a record of partition ``partition`` was written for,
+        when it is not the one the partition serves now with ``slots`` slots; None when it is
+        (or the record does not say). ``written_slots`` is the slot count the record was routed
+        with (its ``BRIDGE_SLOTS`` header, :data:`bridge.delay.routing.SLOTS_HEADER`, which
+        every record written past lane 0 carries), None without one: lane 0 of any count
+        (partition ``s`` is slot ``s`` whatever the count, the layout of releases with one
+        partition per slot), read by its partition as it always was. A partition past lane 0
+        changes slot when the count changes (levels appended, ``timer_max_delay_ms`` raised);
+        its records then go by the slot they were written for, never by the partition's."""
+        if written_slots is None or written_slots == slots or written_slots < 1:
+            return None
+        written = partition_slot(partition, written_slots)
+        return None if written == partition_slot(partition, slots) else written
 
     def clamp_level(self, level: int) -> int:
         """RocketMQ's rule: a level above the maximum is the maximum; 0 or below is none (0)."""

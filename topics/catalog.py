@@ -31,6 +31,12 @@ DEFAULT_TRANSACTION_PARTITIONS = 8
 DEFAULT_DELAY_LEVEL_COUNT = 18
 DEFAULT_TIMER_PARTITIONS = 18
 """Timer tiers of the default delay settings (1 s precision, 3 days at most)."""
+DEFAULT_PARTITIONS_PER_SLOT = 1
+"""SCHEDULE partitions per delay level and timer partitions per tier by default (the client
+setting's default, ``bridge.delay_policy.DEFAULT_LANES``)."""
+TOPIC_PARTITIONS_MAX = 10_000
+"""The most partitions a topic of the catalog may have (SCHEDULE and the timer topic: slots
+times partitions per slot)."""
 DEFAULT_RETRY_PARTITIONS = 1
 """RocketMQ creates each ``%RETRY%`` and ``%DLQ%`` topic with one queue."""
 
@@ -56,7 +62,8 @@ class SystemTopic(Enum):
     CHECK_MAX = "TRANS_CHECK_MAX_TIME_TOPIC"
     """Half messages checked ``transaction_check_max`` times, parked for an operator."""
     SCHEDULE = "SCHEDULE_TOPIC_XXXX"
-    """Delay-level messages; partition ``level - 1`` per level, so each is FIFO in due time."""
+    """Delay-level messages; ``level_partitions`` partitions per level (partition ``level - 1``
+    is the first), each FIFO in due time."""
     TIMER = "rmq_sys_wheel_timer"
     """Timer messages (arbitrary delivery time)."""
     QUARANTINE = "QUARANTINE"
@@ -117,6 +124,10 @@ class TopicSpec:
     exact_partitions: bool = False
     """An existing topic must have exactly :attr:`partitions`, not more: its readers look at
     those partitions only (the parked and quarantine topics: partition 0)."""
+    expandable: bool = False
+    """An existing topic with fewer than :attr:`partitions` may be given more: adding
+    partitions changes the meaning of none that exists (SCHEDULE and the timer topic, whose
+    partition serves a level or tier by its number alone)."""
 
     def config_mismatches(self, actual: Mapping[str, str | None]) -> list[ConfigMismatch]:
         """The settings of an existing topic (``actual``, as ``describe_configs`` reports them)
@@ -213,26 +224,50 @@ class TopicCatalog:
 
     ``transaction_partitions`` is the partition count of HALF and OP (equal, so that one
     coordinator owns a HALF partition and its OP partition together). ``delay_level_count``
-    is the number of delay levels, one SCHEDULE partition each.
+    is the number of delay levels, ``level_partitions`` SCHEDULE partitions each;
+    ``timer_partitions`` the number of timer tiers, ``tier_partitions`` timer partitions each
+    (``bridge.delay_policy`` lays them out).
     """
 
     namespace: str = DEFAULT_NAMESPACE
     transaction_partitions: int = DEFAULT_TRANSACTION_PARTITIONS
     delay_level_count: int = DEFAULT_DELAY_LEVEL_COUNT
     timer_partitions: int = DEFAULT_TIMER_PARTITIONS
+    """The number of timer tiers."""
     half_retention_ms: int = FILE_RESERVED_TIME_MS + DAY_MS
     schedule_max_delay_ms: int = 2 * HOUR_MS
     """The longest delay level: SCHEDULE keeps records a week longer."""
     timer_max_delay_ms: int = DEFAULT_TIMER_MAX_DELAY_MS
     replication_factor: int = -1
     """-1 takes the broker's ``default.replication.factor``."""
+    level_partitions: int = DEFAULT_PARTITIONS_PER_SLOT
+    """SCHEDULE partitions per delay level."""
+    tier_partitions: int = DEFAULT_PARTITIONS_PER_SLOT
+    """Timer topic partitions per tier."""
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
-        for name in ("transaction_partitions", "delay_level_count", "timer_partitions"):
+        for name in (
+            "transaction_partitions",
+            "delay_level_count",
+            "timer_partitions",
+            "level_partitions",
+            "tier_partitions",
+        ):
             value = getattr(self, name)
-            if not 1 <= value <= 10_000:
-                raise InvalidArgumentError(f"{name} must be between 1 and 10000, got {value}")
+            if not 1 <= value <= TOPIC_PARTITIONS_MAX:
+                raise InvalidArgumentError(
+                    f"{name} must be between 1 and {TOPIC_PARTITIONS_MAX}, got {value}"
+                )
+        for name, total in (
+            ("SCHEDULE", self.delay_level_count * self.level_partitions),
+            ("timer", self.timer_partitions * self.tier_partitions),
+        ):
+            if total > TOPIC_PARTITIONS_MAX:
+                raise InvalidArgumentError(
+                    f"the {name} topic would have {total} partitions (slots times partitions "
+                    f"per slot), more than {TOPIC_PARTITIONS_MAX}"
+                )
         if self.half_retention_ms < FILE_RESERVED_TIME_MS:
             raise InvalidArgumentError(
                 f"half_retention_ms must be at least {FILE_RESERVED_TIME_MS} (72 h), "
@@ -285,8 +320,8 @@ class TopicCatalog:
         partitions = {
             SystemTopic.HALF: self.transaction_partitions,
             SystemTopic.OP: self.transaction_partitions,
-            SystemTopic.SCHEDULE: self.delay_level_count,
-            SystemTopic.TIMER: self.timer_partitions,
+            SystemTopic.SCHEDULE: self.delay_level_count * self.level_partitions,
+            SystemTopic.TIMER: self.timer_partitions * self.tier_partitions,
             SystemTopic.CHECK_MAX: 1,
             SystemTopic.QUARANTINE: 1,
             # One partition: a coordinator's tick orders every marker before it
@@ -347,6 +382,9 @@ class TopicCatalog:
             # Replay, `transactions parked` and `bridge quarantine` read partition 0 only.
             exact_partitions=system
             in (SystemTopic.CHECK_MAX, SystemTopic.QUARANTINE, SystemTopic.RECALL),
+            # Partitions added to SCHEDULE or the timer topic serve new lanes; those that
+            # exist keep the level or tier they serve (bridge.delay_policy's layout).
+            expandable=system in (SystemTopic.SCHEDULE, SystemTopic.TIMER),
         )
 
     def system_specs(self) -> Iterator[TopicSpec]:

@@ -97,18 +97,22 @@ def topics_create(  # noqa: PLR0917 - click passes every option as a parameter
     names: tuple[str, ...],
     partitions: int,
 ) -> None:
-    """Create topics idempotently (existing ones are left as they are). A pre-created
-    system topic whose settings the guarantees cannot rely on is refused, and the error
-    prints the fix."""
+    """Create topics idempotently (existing ones are left as they are, but for the partitions
+    SCHEDULE and the timer topic lack for the partitions per level and tier, which are
+    added). A pre-created system topic whose settings the guarantees cannot rely on is
+    refused, and the error prints the fix."""
     config = client_config(ctx, bootstrap_servers)
-    catalog = TopicCatalog(namespace=config.namespace)
+    # The partition counts of the delay settings (BRIDGE_DELAY_PARTITIONS_PER_LEVEL, ...).
+    catalog = config.catalog()
     specs: list[TopicSpec] = list(catalog.system_specs()) if system else []
     for group in groups:
         specs.extend(catalog.group_specs(group))
     specs.extend(TopicSpec(to_kafka_topic(n, config.namespace), partitions) for n in names)
     if not specs:
         raise click.UsageError("nothing to create: give --system, --group or --topic")
-    created = TopicAdmin(config).ensure_topics(specs)
+    # SCHEDULE and the timer topic get the partitions the delay settings add (existing ones
+    # keep their levels and tiers).
+    created = TopicAdmin(config).ensure_topics(specs, expand=True)
     for spec in specs:
         console.print(f"{'created' if spec.kafka_name in created else 'exists '} {spec.kafka_name}")
 

@@ -18,6 +18,7 @@ from confluent_kafka import TopicPartition
 from bridge.config import ClientConfig
 from bridge.coordinator.coordinator import Coordinator
 from bridge.coordinator.transaction.service import TransactionService
+from bridge.delay_policy import partition_slot
 from bridge.errors import BrokerUnreachableError
 from bridge.kafka.clients import new_admin, new_consumer
 from bridge.kafka.service import TransactionalService
@@ -182,16 +183,21 @@ class CoordinatorGauges:
                 )
                 self._readers[kind] = reader
             topic = config.catalog.topic(system)
+            # Every partition of the topic: a level or tier has several (and an older
+            # layout's topic fewer), each serving the slot its number says.
+            info = reader.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            partitions = len(info.partitions) if info is not None and info.partitions else count
             committed = reader.committed(
-                [TopicPartition(topic, p) for p in range(count)], timeout_s
+                [TopicPartition(topic, p) for p in range(partitions)], timeout_s
             )
+            waiting = [0] * count
             for tp in committed:
                 low, high = reader.get_watermark_offsets(tp, timeout=timeout_s)
                 start = tp.offset if tp.offset >= 0 else low
-                index = tp.partition + 1 if label == "level" else tp.partition
-                self._metrics.delay_waiting.labels(self._namespace, label, str(index)).set(
-                    max(high - start, 0)
-                )
+                waiting[partition_slot(tp.partition, count)] += max(high - start, 0)
+            for slot, pending in enumerate(waiting):
+                index = slot + 1 if label == "level" else slot
+                self._metrics.delay_waiting.labels(self._namespace, label, str(index)).set(pending)
 
     def close(self) -> None:
         """Close the Kafka consumers (idempotent)."""

@@ -23,7 +23,23 @@ back-offs) are written in Kafka transactions and carry none. In the header forma
 first header, before :data:`~bridge.codec.BORN_TIMESTAMP_HEADER`: a message property of the
 same name comes after that one and is never taken for it."""
 
-__all__ = ["BORN_TIMESTAMP_HEADER", "SEND_ID_HEADER", "TIMER_ROUTING_HEADER", "delayed_record"]
+SLOTS_HEADER = "BRIDGE_SLOTS"
+"""A Kafka header (never a message property) on every SCHEDULE or timer record written past
+lane 0 (partition ``>=`` the slot count): the slot count, levels or tiers, its partition was
+picked with (decimal). Such a partition serves another slot once levels are appended or
+``timer_max_delay_ms`` raised; a coordinator reading a record whose count differs from its
+own re-routes it by the slot it was written for
+(:meth:`~bridge.delay_policy.DelayPolicy.displaced_slot`). In the header format it comes
+before :data:`~bridge.codec.BORN_TIMESTAMP_HEADER`, like the send id."""
+
+__all__ = [
+    "BORN_TIMESTAMP_HEADER",
+    "SEND_ID_HEADER",
+    "SLOTS_HEADER",
+    "TIMER_ROUTING_HEADER",
+    "delayed_record",
+    "slots_header",
+]
 
 
 def _send_id() -> tuple[str, bytes]:
@@ -37,6 +53,12 @@ def _system_topic(name: str, namespace: str) -> str:
     return system_topic(name, namespace)
 
 
+def slots_header(partition: int, slots: int) -> list[tuple[str, bytes | None]]:
+    """The :data:`SLOTS_HEADER` of a record written to ``partition`` of a topic of ``slots``
+    slots, as a list: empty in lane 0 (whose meaning no count changes)."""
+    return [(SLOTS_HEADER, str(slots).encode())] if partition >= slots else []
+
+
 def delayed_record(
     msg: Message,
     msg_id: str,
@@ -46,7 +68,9 @@ def delayed_record(
     partition: int,
     config: ClientConfig,
 ) -> PreparedRecord | None:
-    """The SCHEDULE or timer record of a delayed message, or None when a timer is already due:
+    """The SCHEDULE or timer record of a delayed message, or None when a timer is already due,
+    in one of its level's or tier's partitions (picked by its message id or keys,
+    :meth:`~bridge.delay_policy.DelayPolicy.spread_lane`):
     value = the body, key = the message id, headers = the send id, then the message as
     :func:`~bridge.codec.delayed_headers` writes it (its properties with ``REAL_TOPIC``,
     ``REAL_QID`` and the delay level or ``TIMER_DELIVER_MS``).
@@ -79,13 +103,14 @@ def delayed_record(
             props.pop(name, None)
         props[MessageConst.DELAY_TIME_LEVEL] = str(level)
         topic = _system_topic(SystemTopic.SCHEDULE.value, config.namespace)
+        lane = policy.spread_lane(msg_id, msg.kafka_key(), policy.level_partitions)
+        target = policy.level_partition(level, lane)
+        first = [_send_id(), *slots_header(target, policy.level_count)]
         if config.delay_record_format == "envelope":
             value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
-            return PreparedRecord(
-                topic, msg_id.encode(), value, [_send_id()], msg_id, born_ms, level - 1
-            )
-        headers = delayed_headers([_send_id()], msg_id, born_host, props, born_ms)
-        return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, level - 1)
+            return PreparedRecord(topic, msg_id.encode(), value, first, msg_id, born_ms, target)
+        headers = delayed_headers(first, msg_id, born_host, props, born_ms)
+        return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, target)
     deliver_ms = policy.deliver_time_ms(
         born_ms=born_ms,
         deliver_ms=_text(props.get(MessageConst.TIMER_DELIVER_MS)),
@@ -99,14 +124,18 @@ def delayed_record(
         props.pop(name, None)
     props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
     topic = _system_topic(SystemTopic.TIMER.value, config.namespace)
+    target = policy.tier_partition(
+        tier, policy.spread_lane(msg_id, msg.kafka_key(), policy.tier_partitions)
+    )
+    slots = slots_header(target, policy.tier_count)
     if config.delay_record_format == "envelope":
         value = encode_envelope(msg_id, msg.body, props, born_ms, born_host)
-        envelope_headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode()), _send_id()]
+        envelope_headers = [(TIMER_ROUTING_HEADER, str(deliver_ms).encode()), _send_id(), *slots]
         return PreparedRecord(
-            topic, msg_id.encode(), value, envelope_headers, msg_id, born_ms, tier
+            topic, msg_id.encode(), value, envelope_headers, msg_id, born_ms, target
         )
-    headers = delayed_headers([_send_id()], msg_id, born_host, props, born_ms)
-    return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, tier)
+    headers = delayed_headers([_send_id(), *slots], msg_id, born_host, props, born_ms)
+    return PreparedRecord(topic, msg_id.encode(), msg.body, headers, msg_id, born_ms, target)
 
 
 def _text(value: PropertyValue | None) -> str | None:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import ConfigResource, NewPartitions, NewTopic, ResourceType
 
 from bridge.config import ClientConfig
 from bridge.errors import BrokerUnreachableError, KafkaClientError, TopicProvisioningError
@@ -41,14 +41,20 @@ class TopicAdmin:
             if include_internal or not name.startswith("__")
         }
 
-    def ensure_topics(self, specs: Iterable[TopicSpec], *, strict: bool = True) -> list[str]:
+    def ensure_topics(
+        self, specs: Iterable[TopicSpec], *, strict: bool = True, expand: bool = False
+    ) -> list[str]:
         """Create the topics that do not exist yet; return the names created.
 
         A topic that exists with fewer partitions than its spec raises
         :class:`TopicProvisioningError` (a SCHEDULE topic with too few partitions would lose
-        delay levels), unless ``strict`` is False; more partitions are accepted, except for
-        a spec with :attr:`TopicSpec.exact_partitions` (the parked and quarantine topics),
-        which raises for any other count whatever ``strict`` says.
+        delay levels), unless ``strict`` is False, or ``expand`` is True and the spec is
+        :attr:`TopicSpec.expandable` (SCHEDULE and the timer topic): then the missing
+        partitions are added (Kafka's CreatePartitions, which needs ALTER on the topic; the
+        records of the existing ones stay where they are and keep their level or tier). More
+        partitions are accepted, except for a spec with :attr:`TopicSpec.exact_partitions`
+        (the parked and quarantine topics), which raises for any other count whatever
+        ``strict`` says.
 
         A system topic that already existed is also checked for the settings the guarantees
         rely on (:meth:`TopicSpec.config_mismatches`: timestamp type, no compaction,
@@ -56,10 +62,12 @@ class TopicAdmin:
         the setting, its value, the value required and the ``kafka-configs.sh`` command that
         fixes it, whatever ``strict`` says.
         """
-        created, _ = self._ensure(list(specs), strict=strict)
+        created, _ = self._ensure(list(specs), strict=strict, expand=expand)
         return created
 
-    def _ensure(self, wanted: list[TopicSpec], *, strict: bool) -> tuple[list[str], dict[str, int]]:
+    def _ensure(
+        self, wanted: list[TopicSpec], *, strict: bool, expand: bool = False
+    ) -> tuple[list[str], dict[str, int]]:
         """:meth:`ensure_topics`; also the partition counts it checked, from the one metadata
         answer that showed every topic of ``wanted`` (in a cluster the next answer may come from
         a node that has not heard of a topic created a moment ago)."""
@@ -81,7 +89,20 @@ class TopicAdmin:
                     f"--delete --topic {spec.kafka_name} and start again (it is recreated "
                     f"with {spec.partitions})"
                 )
-            if strict and count < spec.partitions:
+            if strict and count < spec.partitions and spec.expandable and expand:
+                self._add_partitions(spec, count)
+                counts[spec.kafka_name] = spec.partitions
+            elif strict and count < spec.partitions and spec.expandable:
+                raise TopicProvisioningError(
+                    f"topic {spec.kafka_name} has {count} partitions, {spec.partitions} needed "
+                    "(delay_partitions_per_level or timer_partitions_per_tier times the levels "
+                    "or tiers); fix: start a coordinator of this release or run `bridge topics "
+                    "create --system`, which add the missing partitions (the existing ones "
+                    "keep their records, levels and tiers), or set "
+                    "BRIDGE_DELAY_PARTITIONS_PER_LEVEL / BRIDGE_TIMER_PARTITIONS_PER_TIER to "
+                    "what the topic has"
+                )
+            elif strict and count < spec.partitions:
                 raise TopicProvisioningError(
                     f"topic {spec.kafka_name} has {count} partitions, {spec.partitions} needed"
                 )
@@ -89,6 +110,55 @@ class TopicAdmin:
             [s for s in wanted if s.system is not None and s.kafka_name not in created]
         )
         return created, counts
+
+    def _add_partitions(self, spec: TopicSpec, count: int) -> None:
+        """Raise ``spec``'s topic from ``count`` to :attr:`TopicSpec.partitions` partitions
+        (another process doing the same meanwhile is fine)."""
+        futures = self._admin.create_partitions(
+            [NewPartitions(spec.kafka_name, spec.partitions)], request_timeout=self._timeout_s
+        )
+        for future in futures.values():
+            try:
+                future.result(timeout=self._timeout_s)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if (
+                    isinstance(err, KafkaError)
+                    and err.code() == KafkaError.INVALID_PARTITIONS
+                    and self._has_partitions(spec)
+                ):
+                    continue  # raised meanwhile by another process
+                raise TopicProvisioningError(
+                    f"topic {spec.kafka_name} has {count} partitions, {spec.partitions} "
+                    f"needed, and adding them failed: {exc.args[0] if exc.args else exc} "
+                    "(it needs ALTER on the topic); fix: kafka-topics.sh --bootstrap-server "
+                    f"{self._config.bootstrap_servers} --alter --topic {spec.kafka_name} "
+                    f"--partitions {spec.partitions} (the existing partitions keep their "
+                    "records, levels and tiers)"
+                ) from exc
+            except TimeoutError as exc:
+                raise TopicProvisioningError(
+                    f"adding partitions to topic {spec.kafka_name} timed out"
+                ) from exc
+        logger.warning(
+            "topic %s: %d partitions added (%d now): the delay settings ask for more "
+            "partitions per level or tier; the existing ones keep their records",
+            spec.kafka_name,
+            spec.partitions - count,
+            spec.partitions,
+        )
+
+    def _has_partitions(self, spec: TopicSpec) -> bool:
+        """Whether metadata shows ``spec``'s topic with its partitions within
+        ``request_timeout_ms`` (partitions another process added a moment ago may not be in
+        the answer of every broker yet)."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            if self.list_topics(include_internal=True).get(spec.kafka_name, 0) >= spec.partitions:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
 
     def _check_settings(self, specs: list[TopicSpec]) -> None:
         """Raise if an existing topic of ``specs`` has a setting a guarantee cannot live with
@@ -186,7 +256,7 @@ class TopicAdmin:
     def ensure_system_topics(self, catalog: TopicCatalog) -> list[str]:
         """Create every system topic of ``catalog``, wait until all are visible, and check
         that HALF and OP are co-partitioned."""
-        created, counts = self._ensure(list(catalog.system_specs()), strict=True)
+        created, counts = self._ensure(list(catalog.system_specs()), strict=True, expand=True)
         half = counts[catalog.topic(SystemTopic.HALF)]
         op = counts[catalog.topic(SystemTopic.OP)]
         if half != op:

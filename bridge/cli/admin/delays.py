@@ -16,6 +16,7 @@ from bridge.coordinator.delay import records
 from bridge.coordinator.delay.fetch import Held
 from bridge.coordinator.delay.held import RECORD_ERRORS
 from bridge.coordinator.delay.service import timer_exit_ms
+from bridge.delay_policy import partition_slot
 from bridge.errors import KafkaClientError
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import (
@@ -26,7 +27,7 @@ from bridge.kafka.clients import (
     translate_error,
 )
 from bridge.kafka.quarantine import read_headers
-from topics.catalog import SystemTopic, TopicCatalog
+from topics.catalog import SystemTopic
 from topics.naming import coordinator_group
 
 
@@ -47,12 +48,19 @@ class QueueStatus:
     there, or its delivery time if that comes within the hold window after."""
 
 
+def _slot(config: ClientConfig, kind: str, partition: int) -> int:
+    """The level index (``level - 1``) or tier a SCHEDULE or timer partition serves."""
+    policy = config.delay_policy
+    return partition_slot(partition, policy.level_count if kind == "level" else policy.tier_count)
+
+
 def _delay_ms(config: ClientConfig, kind: str, partition: int) -> int:
-    """The delay of SCHEDULE partition ``partition`` (a level) or of timer tier ``partition``."""
+    """The delay of SCHEDULE partition ``partition`` (its level's) or of timer partition
+    ``partition`` (its tier's)."""
     policy = config.delay_policy
     if kind == "level":
-        return policy.level_delays_ms[partition]
-    return policy.tier_delay_ms(partition)
+        return policy.partition_delay_ms(partition)
+    return policy.tier_delay_ms(policy.partition_tier(partition))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +80,7 @@ def _waiting(config: ClientConfig, timeout_ms: int) -> Iterator[tuple[_Waiting, 
     """Each level and tier partition with what waits in it, and a reader to read it with (a
     partition of a topic that does not exist yet, as nothing was delayed that way, has none
     waiting); what ``bridge delays status`` and the due-time histogram read."""
-    catalog = TopicCatalog(namespace=config.namespace)
+    catalog = config.catalog()
     policy = config.delay_policy
     existing = TopicAdmin(config).list_topics(include_internal=True)
     for kind, system, count in (
@@ -98,7 +106,9 @@ def _waiting(config: ClientConfig, timeout_ms: int) -> Iterator[tuple[_Waiting, 
             queued_max_messages_kbytes=BOUNDED_READER_BUFFER_KB,
         )
         try:
-            tps = [TopicPartition(topic, p) for p in range(count)]
+            # Every partition there is: a level or tier has several (an older layout's
+            # topic, one), each serving the slot its number says.
+            tps = [TopicPartition(topic, p) for p in range(max(existing[topic], 1))]
             committed = consumer.committed(tps, timeout_ms / 1000)
             for tp in committed:
                 low, high = consumer.get_watermark_offsets(tp, timeout=timeout_ms / 1000)
@@ -128,7 +138,7 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
     """The state of every delay level and timer tier of ``config.namespace``; a level or tier
     whose topic does not exist yet (nothing was delayed that way) has none waiting."""
     policy = config.delay_policy
-    out: list[QueueStatus] = []
+    slots: dict[tuple[str, int], QueueStatus] = {}
     for waiting, reader in _waiting(config, timeout_ms):
         kind, start, high = waiting.kind, waiting.start, waiting.high
         next_due = None
@@ -145,16 +155,18 @@ def delay_status(config: ClientConfig, timeout_ms: int = 10_000) -> list[QueueSt
                 next_due = timer_exit_ms(policy, held)
             else:
                 next_due = head.timestamp()[1] + waiting.delay_ms
-        out.append(
-            QueueStatus(
-                kind,
-                waiting.partition + 1 if kind == "level" else waiting.partition,
-                waiting.delay_ms,
-                pending,
-                next_due,
-            )
+        slot = _slot(config, kind, waiting.partition)
+        known = slots.get((kind, slot))
+        if known is not None:  # another partition of the same level or tier: add it up
+            pending += known.pending
+            if known.next_due_ms is not None:
+                next_due = (
+                    known.next_due_ms if next_due is None else min(next_due, known.next_due_ms)
+                )
+        slots[kind, slot] = QueueStatus(
+            kind, slot + 1 if kind == "level" else slot, waiting.delay_ms, pending, next_due
         )
-    return out
+    return sorted(slots.values(), key=lambda q: (q.kind != "level", q.index))
 
 
 def scan_due_times(

@@ -27,6 +27,7 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 from bridge.codec import PreparedRecord
 from bridge.coordinator.delay.held import RECORD_ERRORS, DelaySettings, Held, Key
 from bridge.coordinator.delay.records import backoff_copy, backoff_source
+from bridge.delay.routing import slots_header
 from bridge.delay_policy import DELIVERY_BACKOFF_MAX_MS
 from bridge.kafka.batch_writer import TransactionBatch
 from bridge.kafka.clients import new_admin
@@ -94,6 +95,7 @@ class Isolation:
         self._client = settings.config.client
         self._timeout_s = settings.timeout_s
         self._policy = settings.policy
+        self._kind = settings.kind
         self._allowed_topics = settings.allowed_topics
         self._process = process
         self._producer = producer
@@ -251,8 +253,15 @@ class Isolation:
             "" if transient else f" of {self._config.delivery_attempts}",
             backoff_ms,
         )
-        tier = self._policy.route(deliver_ms, now, self._policy.tier_count) or 0
-        return PreparedRecord(self._timer_topic, held.record.key(), value, headers, msg_id, 0, tier)
+        policy = self._policy
+        tier = policy.route(deliver_ms, now, policy.tier_count) or 0
+        # In the lane of the partition it was read from (see DelayPolicy.hop_partition).
+        slots = policy.level_count if self._kind == "schedule" else policy.tier_count
+        partition = policy.hop_partition(tier, held.partition, slots)
+        headers = [*slots_header(partition, policy.tier_count), *headers]
+        return PreparedRecord(
+            self._timer_topic, held.record.key(), value, headers, msg_id, 0, partition
+        )
 
     def _target_problem(self, out: PreparedRecord) -> str | None:
         """Why ``out`` cannot be delivered, from (cached) metadata, or None if it may be."""

@@ -25,7 +25,12 @@ from bridge.codec import (
     new_tuple,
 )
 from bridge.coordinator.delay.held import Headers, Held
-from bridge.delay.routing import SEND_ID_HEADER, TIMER_ROUTING_HEADER
+from bridge.delay.routing import (
+    SEND_ID_HEADER,
+    SLOTS_HEADER,
+    TIMER_ROUTING_HEADER,
+    slots_header,
+)
 from bridge.errors import MalformedRecordError
 from bridge.kafka.transactional import (
     DELIVERY_ATTEMPTS,
@@ -53,6 +58,23 @@ def send_key(held: Held) -> tuple[int, bytes] | None:
     for name, raw in held.headers:
         if name == SEND_ID_HEADER and raw:
             return (held.partition, raw)
+        if name == BORN_TIMESTAMP_HEADER:
+            break
+    return None
+
+
+def written_slots(held: Held) -> int | None:
+    """The slot count ``held``'s partition was picked with (its
+    :data:`~bridge.delay.routing.SLOTS_HEADER`), None without one (lane 0, or written
+    before the header) or when it is no positive number (the record is then read by its
+    partition). Only the coordinator's headers (those before the born time) are looked at."""
+    for name, raw in held.headers:
+        if name == SLOTS_HEADER:
+            try:
+                count = int(raw) if raw else 0
+            except ValueError:
+                return None
+            return count if count > 0 else None
         if name == BORN_TIMESTAMP_HEADER:
             break
     return None
@@ -108,23 +130,25 @@ def timer_deliver_ms(held: Held) -> int:
     return _time_ms("property", wanted) if wanted else 0
 
 
-def hop(held: Held, topic: str, deliver_ms: int, tier: int) -> PreparedRecord:
+def hop(held: Held, topic: str, deliver_ms: int, partition: int, slots: int) -> PreparedRecord:
     """The timer record ``held`` (of ``topic``), due at ``deliver_ms``, copied to partition
-    ``tier`` of ``topic``. A hop is the coordinator's own copy, written once in a Kafka
-    transaction: without the producer's send id, it can never pass for a second copy of that
-    send."""
+    ``partition`` of ``topic`` (one of the tier it goes to; ``slots`` tiers). A hop is the
+    coordinator's own copy, written once in a Kafka transaction: without the producer's send
+    id, it can never pass for a second copy of that send; with the slot count it was routed
+    with past lane 0 (:func:`~bridge.delay.routing.slots_header`)."""
     headers: Headers
+    own = (SEND_ID_HEADER, SLOTS_HEADER)
     if is_header_format(held.headers):
         # The coordinator's headers (before and with the born time) without the send id,
         # then the message's (its TIMER_DELIVER_MS among them) as they are.
         start = message_headers_start(held.headers)
-        headers = [h for h in held.headers[:start] if h[0] != SEND_ID_HEADER]
+        headers = slots_header(partition, slots)
+        headers += [h for h in held.headers[:start] if h[0] not in own]
         headers += held.headers[start:]
     else:  # an envelope record
-        headers = [
-            (k, v) for k, v in held.headers if k not in (TIMER_ROUTING_HEADER, SEND_ID_HEADER)
-        ]
+        headers = [(k, v) for k, v in held.headers if k != TIMER_ROUTING_HEADER and k not in own]
         headers.append((TIMER_ROUTING_HEADER, str(deliver_ms).encode()))
+        headers += slots_header(partition, slots)
     record = held.record
     return new_tuple(
         PreparedRecord,
@@ -135,7 +159,7 @@ def hop(held: Held, topic: str, deliver_ms: int, tier: int) -> PreparedRecord:
             headers,
             f"{topic}-{held.partition}-{held.offset}",
             0,
-            tier,
+            partition,
         ),
     )
 

@@ -36,7 +36,8 @@ from bridge.coordinator.delay.fetch import Fetcher
 from bridge.coordinator.delay.held import RECORD_ERRORS, DelayCounts, DelaySettings, Held
 from bridge.coordinator.delay.isolation import Isolation
 from bridge.coordinator.delay.recall_watch import RecallWatch, TimerRecalls
-from bridge.delay_policy import DelayPolicy
+from bridge.delay.routing import slots_header
+from bridge.delay_policy import DelayPolicy, partition_lane
 from bridge.errors import InvalidDelayError
 from bridge.kafka.clients import new_consumer
 from bridge.kafka.service import ServiceConfig, TransactionalService
@@ -48,14 +49,33 @@ from topics.catalog import SystemTopic
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DELAY_METADATA_REFRESH_MS",
     "REMOVED_ON_DELIVERY",
     "ScheduleDeliveryService",
     "TimerService",
+    "assignment_strategy",
     "timer_exit_ms",
 ]
 
 _BATCH = 2000
 _MAX_POLL_WAIT_MS = 50
+DELAY_METADATA_REFRESH_MS = 2_000
+"""How often a delay service's consumer looks up SCHEDULE or the timer topic, ms (consumers'
+default: 30 s). Partitions added beside a running coordinator (``bridge topics create
+--system`` raising the partitions per level or tier) are assigned and read within this plus a
+rebalance, not half a minute late; the cost is one metadata request for one topic per
+interval and consumer."""
+
+
+def assignment_strategy(lanes: int) -> str:
+    """The delay services' ``partition.assignment.strategy`` with ``lanes`` partitions per
+    level or tier. One: round robin spreads the levels and tiers over the coordinator
+    processes (range gave one process every tier: more processes helped no burst). More:
+    range gives each member consecutive partitions, whole lanes (every level or tier) when
+    the lanes are a multiple of the members, which round robin does not (18 slots over 4
+    members: some slots on 2). The other one stays listed so that a group with members of
+    another release agrees on one during a rolling upgrade. Both are eager."""
+    return "range,roundrobin" if lanes > 1 else "roundrobin,range"
 
 
 def timer_exit_ms(policy: DelayPolicy, held: Held) -> int:
@@ -64,7 +84,13 @@ def timer_exit_ms(policy: DelayPolicy, held: Held) -> int:
     (broker append time + :meth:`DelayPolicy.tier_delay_ms`), or its delivery time if that
     comes within the hold window after (:meth:`DelayPolicy.exit_time_ms`). A record whose
     delivery time cannot be read leaves at the end of the wait (and is quarantined then)."""
-    tier_due = int(held.record.timestamp()[1]) + policy.tier_delay_ms(held.partition)
+    tier_due = int(held.record.timestamp()[1])
+    if (
+        policy.displaced_slot(held.partition, records.written_slots(held), policy.tier_count)
+        is None
+    ):
+        tier_due += policy.tier_delay_ms(policy.partition_tier(held.partition))
+    # else written for another tier (the tier count changed): it hops at once, by its time.
     try:
         deliver_ms = records.timer_deliver_ms(held)
     except RECORD_ERRORS:
@@ -189,15 +215,19 @@ class FifoDelayService(TransactionalService):
             # Static membership: a coordinator restarted with the same id takes its
             # partitions back at once instead of after the session timeout.
             group_instance_id=self.group_instance_id,
-            # Round robin spreads the tiers and levels over several coordinator processes
-            # (range gave one process every tier: --processes helped no burst); range stays
-            # listed so a group with members of an older version agrees on it. Both eager.
-            partition_assignment_strategy="roundrobin,range",
+            partition_assignment_strategy=assignment_strategy(self._lanes()),
+            # Added partitions: read within seconds, not at the next 30 s lookup.
+            topic_metadata_refresh_interval_ms=DELAY_METADATA_REFRESH_MS,
         )
         self.isolation.start()
         if self.recalls is not None:
             self.recalls.watch.start()
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def _lanes(self) -> int:
+        """Partitions per slot of this service's topic (its setting)."""
+        policy = self.policy
+        return policy.level_partitions if self.kind == "schedule" else policy.tier_partitions
 
     def on_stop(self) -> None:
         super().on_stop()
@@ -270,8 +300,20 @@ class FifoDelayService(TransactionalService):
         return resume
 
     def due_at(self, held: Held) -> int:
-        """When ``held`` is due, epoch ms: a fixed time after it was stored."""
-        return int(held.record.timestamp()[1]) + self.partition_delay_ms(held.partition)
+        """When ``held`` is due, epoch ms: a fixed time after it was stored; at once when it
+        was written for another slot than its partition serves now (:meth:`displaced`)."""
+        stored = int(held.record.timestamp()[1])
+        if self.displaced(held) is not None:
+            return stored
+        return stored + self.partition_delay_ms(held.partition)
+
+    def displaced(self, held: Held) -> int | None:
+        """The slot ``held`` was written for when its partition serves another one now (levels
+        appended or tiers added since: :meth:`DelayPolicy.displaced_slot`), else None. Such a
+        record is re-routed at once by its own slot, never held by its partition's."""
+        policy = self.policy
+        slots = policy.level_count if self.kind == "schedule" else policy.tier_count
+        return policy.displaced_slot(held.partition, records.written_slots(held), slots)
 
     def place(self, held: Held) -> None:
         """Set when the fetched ``held`` may leave its place in its partition
@@ -286,29 +328,71 @@ class FifoDelayService(TransactionalService):
 
 
 class ScheduleDeliveryService(FifoDelayService):
-    """RocketMQ's ``ScheduleMessageService``: partition ``L - 1`` of SCHEDULE holds delay
-    level ``L``; each record is delivered the level's delay after it was stored."""
+    """RocketMQ's ``ScheduleMessageService``: the partitions of delay level ``L`` in SCHEDULE
+    (``L - 1`` and one more in each further block of levels,
+    :func:`~bridge.delay_policy.slot_partition`) hold it; each record is delivered the level's
+    delay after it was stored. The group's members share the partitions, so several
+    coordinator processes share one level."""
 
     kind = "schedule"
     system = SystemTopic.SCHEDULE
 
     def partition_delay_ms(self, partition: int) -> int:
-        delays = self.policy.level_delays_ms
-        return delays[min(partition, len(delays) - 1)]
+        return self.policy.partition_delay_ms(partition)
 
     def process(self, held: Held, now: int) -> tuple[PreparedRecord, bool]:
-        return self.deliver(held)
+        level = self.displaced(held)
+        if level is None:
+            return self.deliver(held)
+        return self.reroute(held, level, now)
+
+    def reroute(self, held: Held, level: int, now: int) -> tuple[PreparedRecord, bool]:
+        """``held``, written for level index ``level`` in a partition that serves another
+        level now (levels were appended): delivered if that level's delay since it was stored
+        is over, else copied to the timer topic due then (in this transaction), so it is
+        never early, and late by the timer's own lateness only. A level removed since is read
+        as the last one (as a level above the maximum is)."""
+        policy = self.policy
+        delays = policy.level_delays_ms
+        deliver_ms = int(held.record.timestamp()[1]) + delays[min(level, len(delays) - 1)]
+        if deliver_ms <= now:
+            return self.deliver(held)
+        if policy.out_of_reach(deliver_ms, now) is not None:
+            # A level longer than the timers reach (timer_max_delay_ms below it): to its own
+            # level's partition in this lane, where it waits that level's delay again (late,
+            # never early) rather than be parked by the timer service.
+            lane = partition_lane(held.partition, policy.level_count) % policy.level_partitions
+            target = policy.level_partition(min(level, policy.level_count - 1) + 1, lane)
+            return records.hop(held, self.topic, deliver_ms, target, policy.level_count), False
+        attempts, msg_id, msg = records.backoff_source(held, self.config.catalog.namespace)
+        value, headers = records.backoff_copy(
+            held,
+            msg,
+            attempts,
+            f"level {level + 1} moved from partition {held.partition} (levels changed)",
+            deliver_ms,
+            envelope=self.config.client.delay_record_format == "envelope",
+        )
+        tier = policy.route(deliver_ms, now, policy.tier_count) or 0
+        partition = policy.hop_partition(tier, held.partition, policy.level_count)
+        headers = [*slots_header(partition, policy.tier_count), *headers]
+        record = PreparedRecord(
+            self.timer_topic, held.record.key(), value, headers, msg_id, 0, partition
+        )
+        return record, False
 
 
 class TimerService(FifoDelayService):
-    """RocketMQ 5's timer: a record in tier ``k`` waits ``precision * 2**k``, then goes to the
-    largest tier that does not pass its delivery time, or to its real topic when due."""
+    """RocketMQ 5's timer: a record in tier ``k`` (any of its partitions,
+    :meth:`DelayPolicy.partition_tier`) waits ``precision * 2**k``, then goes to the largest
+    tier that does not pass its delivery time (in the same lane), or to its real topic when
+    due."""
 
     kind = "timer"
     system = SystemTopic.TIMER
 
     def partition_delay_ms(self, partition: int) -> int:
-        return self.policy.tier_delay_ms(partition)
+        return self.policy.tier_delay_ms(self.policy.partition_tier(partition))
 
     def new_recalls(self) -> TimerRecalls:
         """A timer recalled in time (``recall_message``) is skipped at its final delivery
@@ -352,4 +436,5 @@ class TimerService(FifoDelayService):
             # for ever); the quarantine keeps it, with the reason (logged there), for an
             # operator.
             raise InvalidDelayError(beyond)
-        return records.hop(held, self.topic, deliver_ms, tier), False
+        target = policy.hop_partition(tier, held.partition, policy.tier_count)
+        return records.hop(held, self.topic, deliver_ms, target, policy.tier_count), False
