@@ -23,7 +23,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
 import uuid
@@ -42,12 +41,9 @@ from pyspark.sql import SparkSession
 
 from bridge import (
     ClientConfig,
-    ConsumeFromWhere,
-    ConsumeStatus,
     Message,
     MessageExt,
     Producer,
-    PushConsumer,
     TransactionListener,
     TransactionMQProducer,
     TransactionStatus,
@@ -58,6 +54,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.runtime.cluster import LocalClusterConfig, LocalKafkaCluster
 from bridge.runtime.node_config import free_port
 from tests.conftest import REPO_ROOT, SPARK_JAVA_OPTIONS, wait_until
+from tests.retry_history import make_retry_history
 from topics.catalog import TopicSpec
 
 # Serial: three Kafka nodes, a master, two workers and their executors want the machine.
@@ -424,31 +421,7 @@ def run_audit(clusters: Clusters, config: ClientConfig, log_dir: Path) -> Report
 def run_dlq(clusters: Clusters, config: ClientConfig, log_dir: Path) -> ReportRun:
     """Messages consumed at once, after two failures, and dead-lettered; then the DLQ report."""
     topic, group = name("t"), name("g")
-    TopicAdmin(config).ensure_topics([TopicSpec(topic, 1)])
-    failures = {"twice": 2, "always": 99}
-    lock = threading.Lock()
-
-    def listener(msg: MessageExt) -> ConsumeStatus:
-        with lock:
-            body = msg.body.decode()
-            if failures.get(body, 0) > 0:
-                failures[body] -= 1
-                return ConsumeStatus.RECONSUME_LATER
-        return ConsumeStatus.CONSUME_SUCCESS
-
-    consumer = PushConsumer(
-        group, config=config, max_reconsume_times=2,
-        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-    )  # fmt: skip
-    consumer.subscribe(topic, listener)
-    with consumer:
-        with Producer("plain_pg", config=config) as producer:
-            for body in ("ok", "twice", "always"):
-                producer.send_sync(Message(topic, body))
-        wait_until(
-            lambda: consumer.stats().dead_lettered == 1 and consumer.stats().consumed == 2,
-            timeout_s=KAFKA_WAIT_S,
-        )
+    make_retry_history(config, topic, group, timeout_s=KAFKA_WAIT_S)
     app = submit(clusters, "spark_jobs/dlq_report.py", config.namespace, log_dir=log_dir)
     lines = (clusters.shared / "reports" / "dlq.jsonl").read_text().splitlines()
     return ReportRun(topic, group, [json.loads(x) for x in lines], app)

@@ -8,7 +8,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -22,12 +21,9 @@ from pyspark.sql import SparkSession
 
 from bridge import (
     ClientConfig,
-    ConsumeFromWhere,
-    ConsumeStatus,
     Message,
     MessageExt,
     Producer,
-    PushConsumer,
     TransactionListener,
     TransactionMQProducer,
     TransactionStatus,
@@ -40,6 +36,7 @@ from spark_jobs import dlq_report, transaction_audit
 from spark_jobs.common import TopicNotFoundError, spark_session
 from spark_jobs.ingest import IngestConfig, start_ingest
 from tests.conftest import REPO_ROOT, SPARK_JAVA_OPTIONS, wait_until
+from tests.retry_history import make_retry_history
 from topics.catalog import TopicSpec
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -268,31 +265,7 @@ def test_dlq_report_matches_the_retry_history(
 ) -> None:  # fmt: skip
     topic = unique("t")
     group = unique("g")
-    TopicAdmin(spark_config).ensure_topics([TopicSpec(topic, 1)])
-    failures = {"twice": 2, "always": 99}
-    lock = threading.Lock()
-
-    def listener(msg: MessageExt) -> ConsumeStatus:
-        with lock:
-            body = msg.body.decode()
-            if failures.get(body, 0) > 0:
-                failures[body] -= 1
-                return ConsumeStatus.RECONSUME_LATER
-        return ConsumeStatus.CONSUME_SUCCESS
-
-    consumer = PushConsumer(
-        group, config=spark_config, max_reconsume_times=2,
-        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-    )  # fmt: skip
-    consumer.subscribe(topic, listener)
-    with consumer:
-        with Producer("plain_pg", config=spark_config) as producer:
-            for body in ("ok", "twice", "always"):
-                producer.send_sync(Message(topic, body))
-        wait_until(
-            lambda: consumer.stats().dead_lettered == 1 and consumer.stats().consumed == 2,
-            timeout_s=60,
-        )
+    make_retry_history(spark_config, topic, group, timeout_s=60)
     rows = dlq_report.dlq_report(spark, spark_config.bootstrap_servers, spark_config.namespace)
     mine = {(r.kind, r.origin_topic, r.reconsume_times): r.count for r in rows if r.group == group}
     assert mine == {
