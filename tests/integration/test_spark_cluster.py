@@ -42,9 +42,7 @@ from pyspark.sql import SparkSession
 from bridge import (
     ClientConfig,
     Message,
-    MessageExt,
     Producer,
-    TransactionListener,
     TransactionMQProducer,
     TransactionStatus,
     read_messages,
@@ -54,7 +52,7 @@ from bridge.kafka.admin import TopicAdmin
 from bridge.runtime.cluster import LocalClusterConfig, LocalKafkaCluster
 from bridge.runtime.node_config import free_port
 from tests.conftest import REPO_ROOT, SPARK_JAVA_OPTIONS, wait_until
-from tests.retry_history import make_retry_history
+from tests.spark_workloads import ByBody, make_retry_history
 from topics.catalog import TopicSpec
 
 # Serial: three Kafka nodes, a master, two workers and their executors want the machine.
@@ -312,23 +310,6 @@ def assert_ran_on_workers(clusters: Clusters, app_id: str) -> None:
 
 
 # --- the Kafka side, and the runs -----------------------------------------------------------
-class ByBody(TransactionListener):
-    """Executes by the body's first letter: c commit, r rollback, anything else unknown;
-    checks answer from ``answers`` (UNKNOWN when absent)."""
-
-    def __init__(self) -> None:
-        self.answers: dict[str, TransactionStatus] = {}
-
-    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
-        first = msg.body.decode()[0]
-        return {"c": TransactionStatus.COMMIT, "r": TransactionStatus.ROLLBACK}.get(
-            first, TransactionStatus.UNKNOWN
-        )
-
-    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
-        return self.answers.get(msg.body.decode(), TransactionStatus.UNKNOWN)
-
-
 def name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 

@@ -12,7 +12,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import Producer as RawProducer
@@ -22,9 +21,7 @@ from pyspark.sql import SparkSession
 from bridge import (
     ClientConfig,
     Message,
-    MessageExt,
     Producer,
-    TransactionListener,
     TransactionMQProducer,
     TransactionStatus,
     read_messages,
@@ -36,7 +33,7 @@ from spark_jobs import dlq_report, transaction_audit
 from spark_jobs.common import TopicNotFoundError, spark_session
 from spark_jobs.ingest import IngestConfig, start_ingest
 from tests.conftest import REPO_ROOT, SPARK_JAVA_OPTIONS, wait_until
-from tests.retry_history import make_retry_history
+from tests.spark_workloads import ByBody, make_retry_history
 from topics.catalog import TopicSpec
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -73,23 +70,6 @@ def coordinator(spark_config: ClientConfig) -> Iterator[Coordinator]:
     # Checked every second but never parked while the tests run.
     with Coordinator(fast_checks(spark_config, check_max=1000)) as running:
         yield running
-
-
-class ByBody(TransactionListener):
-    """Executes by the body's first letter: c commit, r rollback, anything else unknown;
-    checks answer from ``answers`` (UNKNOWN when absent)."""
-
-    def __init__(self) -> None:
-        self.answers: dict[str, TransactionStatus] = {}
-
-    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
-        first = msg.body.decode()[0]
-        return {"c": TransactionStatus.COMMIT, "r": TransactionStatus.ROLLBACK}.get(
-            first, TransactionStatus.UNKNOWN
-        )
-
-    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
-        return self.answers.get(msg.body.decode(), TransactionStatus.UNKNOWN)
 
 
 def table_ids(spark: SparkSession, path: Path) -> list[str]:

@@ -1,9 +1,11 @@
-"""A retry history for the DLQ report's tests: messages consumed at once, after two failures,
-and dead-lettered, by a push consumer on the real broker."""
+"""What the Spark jobs' tests (local and on a standalone cluster) write before a job reads it:
+transactions decided by their body (:class:`ByBody`) and a retry history for the DLQ report
+(:func:`make_retry_history`), on the real broker."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from bridge import (
     ClientConfig,
@@ -13,10 +15,29 @@ from bridge import (
     MessageExt,
     Producer,
     PushConsumer,
+    TransactionListener,
+    TransactionStatus,
 )
 from bridge.kafka.admin import TopicAdmin
 from tests.conftest import wait_until
 from topics.catalog import TopicSpec
+
+
+class ByBody(TransactionListener):
+    """Executes by the body's first letter: c commit, r rollback, anything else unknown;
+    checks answer from ``answers`` (UNKNOWN when absent)."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, TransactionStatus] = {}
+
+    def execute_local_transaction(self, msg: MessageExt, arg: Any) -> TransactionStatus:
+        first = msg.body.decode()[0]
+        return {"c": TransactionStatus.COMMIT, "r": TransactionStatus.ROLLBACK}.get(
+            first, TransactionStatus.UNKNOWN
+        )
+
+    def check_local_transaction(self, msg: MessageExt) -> TransactionStatus:
+        return self.answers.get(msg.body.decode(), TransactionStatus.UNKNOWN)
 
 
 def make_retry_history(config: ClientConfig, topic: str, group: str, timeout_s: float) -> None:
