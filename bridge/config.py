@@ -24,9 +24,9 @@ from typing import Any, Final, Self
 from bridge.delay_policy import (
     DEFAULT_LANES,
     DEFAULT_MESSAGE_DELAY_LEVEL,
-    LANES_MAX,
     SPREAD_BY,
     DelayPolicy,
+    require_lanes,
 )
 from bridge.errors import InvalidArgumentError
 from bridge.settings import env_values, require_int
@@ -301,12 +301,7 @@ class ClientConfig:
                 f"{', '.join(repr(s) for s in SPREAD_BY)}, got {self.delay_spread_by!r}"
             )
         for name in ("delay_partitions_per_level", "timer_partitions_per_tier"):
-            value = getattr(self, name)
-            if type(value) is not int or not 1 <= value <= LANES_MAX:
-                raise InvalidArgumentError(
-                    f"{name} ({ENV_PREFIX}{name.upper()}) must be an integer from 1 to "
-                    f"{LANES_MAX}, got {value!r}"
-                )
+            require_lanes(f"{name} ({ENV_PREFIX}{name.upper()})", getattr(self, name))
         _refuse_protected(self.kafka)
         object.__setattr__(self, "kafka", MappingProxyType(dict(self.kafka)))
         policy = self.delay_policy  # validates the delay settings

@@ -48,6 +48,7 @@ __all__ = [
     "parse_delay_levels",
     "partition_lane",
     "partition_slot",
+    "require_lanes",
     "slot_partition",
 ]
 
@@ -116,6 +117,16 @@ def lane_for(spread_key: bytes, lanes: int) -> int:
     return zlib.crc32(spread_key) % lanes if lanes > 1 else 0
 
 
+def require_lanes(name: str, value: object) -> None:
+    """:class:`InvalidArgumentError` naming ``name`` (a setting, as its owner spells it)
+    unless ``value`` is a lane count, an integer from 1 to :data:`LANES_MAX`: the one check
+    of :class:`DelayPolicy`'s counts and of the client settings that give them."""
+    if type(value) is not int or not 1 <= value <= LANES_MAX:
+        raise InvalidArgumentError(
+            f"{name} must be an integer from 1 to {LANES_MAX}, got {value!r}"
+        )
+
+
 def parse_delay_levels(spec: str) -> tuple[int, ...]:
     """``"1s 5s 10s 30s 1m ..."`` -> delays in milliseconds (RocketMQ's format)."""
     levels = []
@@ -172,11 +183,7 @@ class DelayPolicy:
                 f"got {self.timer_max_delay_ms}"
             )
         for name in ("level_partitions", "tier_partitions"):
-            value = getattr(self, name)
-            if type(value) is not int or not 1 <= value <= LANES_MAX:
-                raise InvalidArgumentError(
-                    f"{name} must be an integer from 1 to {LANES_MAX}, got {value!r}"
-                )
+            require_lanes(name, getattr(self, name))
         if self.spread_by not in SPREAD_BY:
             raise InvalidArgumentError(
                 f"spread_by must be one of {', '.join(repr(s) for s in SPREAD_BY)}, "

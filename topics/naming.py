@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
 from topics.errors import InvalidArgumentError, InvalidTopicNameError
 
@@ -232,6 +233,10 @@ def unescape_group(escaped: str) -> str:
     return group
 
 
+_SYSTEM_TOPICS_KEPT = 256
+"""Names :func:`system_topic` keeps, at most (system topics times namespaces in use)."""
+
+
 def _check_kafka_name(name: str, original: str) -> str:
     if len(name) > KAFKA_TOPIC_MAX_LENGTH:
         raise InvalidTopicNameError(
@@ -269,8 +274,11 @@ def check_topic(producer_group: str, namespace: str = DEFAULT_NAMESPACE) -> str:
     )
 
 
+@lru_cache(maxsize=_SYSTEM_TOPICS_KEPT)
 def system_topic(system_name: str, namespace: str = DEFAULT_NAMESPACE) -> str:
-    """Kafka name of a system topic such as ``RMQ_SYS_TRANS_HALF_TOPIC``."""
+    """Kafka name of a system topic such as ``RMQ_SYS_TRANS_HALF_TOPIC``. Checked once per
+    name and namespace, then kept: a delayed send or retry copy names SCHEDULE or the timer
+    topic once a record, with a frozen config's namespace."""
     validate_namespace(namespace)
     return _check_kafka_name(f"{namespace}.{system_name}", system_name)
 

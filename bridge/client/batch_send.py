@@ -5,7 +5,7 @@ batch to librdkafka, each with one small report handler, and waits once for ever
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Final
 
 from confluent_kafka import KafkaError
@@ -33,8 +33,8 @@ batches at once), at most."""
 
 
 class BatchSender:
-    """Sends checked batches through ``pump``; ``records(batch, prepared, partition)`` gives
-    the record of each message of a checked batch as it is handed over
+    """Sends checked batches through ``pump``; ``records(batch, prepared, partition, start)``
+    gives the records of the messages of a checked batch from index ``start`` on
     (``RecordBuilder.batch_records``), and ``resender`` (None: records are sent alone already)
     sends again the records refused with their request batch as too large."""
 
@@ -43,7 +43,7 @@ class BatchSender:
         pump: DeliveryPump,
         resender: AloneResender | None,
         records: Callable[
-            [list[Message], list[PreparedRecord | None], int], Iterator[RecordFields]
+            [list[Message], list[PreparedRecord | None], int, int], list[RecordFields]
         ],
         timeout_ms: int,
     ) -> None:
@@ -105,15 +105,16 @@ class BatchSender:
         namespace = pump.config.namespace
         timer_topic = self._timer_topic
         stalled: SendTimeoutError | None = None
-        # Each plain message's record is built as it is handed over, the clock read per
-        # record: a hand-over that waited for room dates the next one afterwards.
-        for index, fields in enumerate(self._records(batch, prepared, partition)):
+        if prepared.count(None) != len(prepared):  # a record to the timer topic: its handle
+            for index, record in enumerate(prepared):
+                if record is not None and record.kafka_topic == timer_topic:
+                    reports.recall_handles[index] = recall_handle(
+                        record, batch[index].topic, namespace
+                    )
+        records = self._records(batch, prepared, partition, 0)
+        for index in range(len(records)):
+            fields = sent[index] = records[index]
             kafka_topic, key, value, headers, msg_id, born_ms, record_partition = fields
-            sent[index] = fields
-            if kafka_topic == timer_topic:
-                reports.recall_handles[index] = recall_handle(
-                    new_tuple(PreparedRecord, fields), batch[index].topic, namespace
-                )
             if stalled is not None:
                 outcomes[index] = SendTimeoutError(
                     f"send of {msg_id} to {kafka_topic}: not handed to Kafka, never sent (the "
@@ -138,6 +139,9 @@ class BatchSender:
                     outcomes[index] = stalled = exc
                 except KafkaClientError as exc:
                     outcomes[index] = exc
+                # The records after it are built again: dated (and their ids taken) after
+                # the wait, as a single send after it would be.
+                records[index + 1 :] = self._records(batch, prepared, partition, index + 1)
             except Exception as exc:  # KafkaException: unknown partition, ...
                 outcomes[index] = translate_error(exc, f"send of {msg_id} to {kafka_topic}")
         # flush() sends at once instead of waiting linger.ms, and serves delivery reports on

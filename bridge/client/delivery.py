@@ -133,9 +133,8 @@ class DeliveryPump:
         message's record, for a real topic), before they are handed over without
         :meth:`produce`."""
         topics = self._system_topics
-        if not topics.ready and any(
-            r is not None and r.kafka_topic in topics.names for r in records
-        ):
+        # filter(None, ...) skips the plain messages' Nones without a step each in Python.
+        if not topics.ready and any(r.kafka_topic in topics.names for r in filter(None, records)):
             topics.ensure()
 
     def produce(

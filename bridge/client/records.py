@@ -12,7 +12,7 @@ timer record instead (:mod:`bridge.delay.routing`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from bridge.client.send_checks import (
@@ -49,6 +49,9 @@ _TAGS: Final = MessageConst.TAGS
 _TRACE_PARENT: Final = MessageConst.TRACE_PARENT
 
 
+_NO_TAGS_YET: Final = object()
+"""What no message's tags are (:meth:`RecordBuilder.batch_records`' first plain message)."""
+
 _SHARED_HEADERS_KEPT: Final = 1024
 """Values whose header :func:`_shared_header` keeps, at most, per header name (the map starts
 again beyond)."""
@@ -75,7 +78,9 @@ def plain_headers(msg: Message, msg_id: str, born_host: bytes) -> list[tuple[str
     are written. Text with a lone surrogate raises ``UnicodeEncodeError``, tags that are not
     a string ``AttributeError`` or ``TypeError`` (the builder names the problem:
     ``Message.check_wire``). The ``BORN_HOST`` and ``TAGS`` headers are shared tuples
-    (:func:`_shared_header`)."""
+    (:func:`_shared_header`). The id's header comes first and the others depend on the
+    message alone: a batch writes those of a message without properties or keys once for
+    a run of messages with the same tags (:meth:`RecordBuilder.batch_records`)."""
     props, keys, tags = msg._properties, msg._keys, msg.tags
     # The lookups inline, the call on a miss only: this runs once a record.
     host = _born_host_headers.get(born_host) or _shared_header(
@@ -349,27 +354,39 @@ class RecordBuilder:
         return prepared
 
     def batch_records(
-        self, batch: list[Message], prepared: list[PreparedRecord | None], partition: int
-    ) -> Iterator[RecordFields]:
-        """The record of each message of a checked batch (``prepared``: :meth:`check_batch`),
-        in order, each built when asked for: the record :meth:`prepare` built, or a plain
-        message's fields. The clock is read per plain record, since a hand-over may have
-        waited for room in the local queue meanwhile, and an old millisecond with the shared
-        16-bit counter could repeat an id (and date the record too early).
+        self,
+        batch: list[Message],
+        prepared: list[PreparedRecord | None],
+        partition: int,
+        start: int = 0,
+    ) -> list[RecordFields]:
+        """The records of the messages of a checked batch (``prepared``: :meth:`check_batch`)
+        from index ``start`` on, in order, built in one loop: the record :meth:`prepare`
+        built, or a plain message's fields, with a new id and the clock read per record (an
+        old millisecond with the shared 16-bit counter could repeat an id). A hand-over that
+        waited for room in the local queue builds the records after it again, so that they
+        are dated after the wait (``BatchSender``).
 
         A plain record is a plain tuple, not a :class:`PreparedRecord`, and is built here
-        rather than by :meth:`prepare`'s path: a batch of thousands pays per message only
-        the id, the clock and :func:`plain_headers` (``python -m bench producer``,
-        send_batch's CPU a message)."""
+        rather than by :meth:`prepare`'s path: a batch pays per message only the id, the
+        clock and its headers list, :func:`plain_headers` being called once for each run of
+        messages with the same tags object, whose headers after the id are the same
+        (``python -m bench producer``, send_batch's CPU a message in batches of 100)."""
         next_id = self._ids.next_id
         host = self.born_host
         kafka_topics = self._kafka_topics
         time_ns = time.time_ns
         last_topic: object = None
         kafka_topic = ""
-        for msg, record in zip(batch, prepared, strict=True):
+        last_tags: object = _NO_TAGS_YET
+        after_id: list[tuple[str, bytes]] = []
+        records: list[RecordFields] = []
+        append = records.append
+        msgs = batch if start == 0 else batch[start:]
+        for index, msg in enumerate(msgs, start):
+            record = prepared[index]
             if record is not None:
-                yield record
+                append(record)
                 continue
             topic = msg.topic
             if topic is not last_topic:
@@ -377,12 +394,13 @@ class RecordBuilder:
                 last_topic = topic
             born_ms = time_ns() // 1_000_000
             msg_id = next_id(born_ms)
-            yield (
-                kafka_topic,
-                None,
-                msg._body,
-                plain_headers(msg, msg_id, host),
-                msg_id,
-                born_ms,
-                partition,
-            )
+            tags = msg.tags
+            if tags is last_tags:
+                # A plain message's headers differ from the last one's only by the id, first.
+                headers = [(_UNIQ_KEY, msg_id.encode()), *after_id]
+            else:
+                headers = plain_headers(msg, msg_id, host)
+                after_id = headers[1:]
+                last_tags = tags
+            append((kafka_topic, None, msg._body, headers, msg_id, born_ms, partition))
+        return records

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cache
-
 from bridge.codec import BORN_TIMESTAMP_HEADER, PreparedRecord, delayed_headers, encode_envelope
 from bridge.config import ClientConfig
 from bridge.delay.model import InvalidDelayError
@@ -44,13 +42,6 @@ __all__ = [
 
 def _send_id() -> tuple[str, bytes]:
     return (SEND_ID_HEADER, fresh_send_id())
-
-
-@cache
-def _system_topic(name: str, namespace: str) -> str:
-    """:func:`~topics.naming.system_topic`, checked once per name and namespace (a frozen
-    config's namespace never changes; each retry copy would check it again)."""
-    return system_topic(name, namespace)
 
 
 def slots_header(partition: int, slots: int) -> list[tuple[str, bytes | None]]:
@@ -102,7 +93,7 @@ def delayed_record(
         for name in DELAY_PROPERTIES:
             props.pop(name, None)
         props[MessageConst.DELAY_TIME_LEVEL] = str(level)
-        topic = _system_topic(SystemTopic.SCHEDULE.value, config.namespace)
+        topic = system_topic(SystemTopic.SCHEDULE.value, config.namespace)
         lane = policy.spread_lane(msg_id, msg.kafka_key(), policy.level_partitions)
         target = policy.level_partition(level, lane)
         first = [_send_id(), *slots_header(target, policy.level_count)]
@@ -123,7 +114,7 @@ def delayed_record(
     for name in DELAY_PROPERTIES:
         props.pop(name, None)
     props[MessageConst.TIMER_DELIVER_MS] = str(deliver_ms)
-    topic = _system_topic(SystemTopic.TIMER.value, config.namespace)
+    topic = system_topic(SystemTopic.TIMER.value, config.namespace)
     target = policy.tier_partition(
         tier, policy.spread_lane(msg_id, msg.kafka_key(), policy.tier_partitions)
     )

@@ -10,15 +10,14 @@ import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from bridge import ClientConfig, Message, Producer, read_messages
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.coordinator.delay.service import ScheduleDeliveryService, TimerService
 from bridge.errors import TopicProvisioningError
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_reader
 from tests.conftest import wait_until
+from tests.delay_layouts import partitions, written
 from topics.catalog import SystemTopic, TopicSpec
 
 pytestmark = pytest.mark.broker
@@ -69,23 +68,6 @@ def _send(config: ClientConfig, topic: str, tag: str, due: dict[str, int]) -> No
                 producer.send_sync(timer)
 
 
-def _written(config: ClientConfig, system: SystemTopic) -> list[int]:
-    """How many records each partition of a system topic holds (high watermarks)."""
-    kafka_topic = config.catalog().topic(system)
-    reader = new_reader(config, f"layout-check-{time.monotonic_ns()}", "layout-check")
-    try:
-        return [
-            reader.get_watermark_offsets(TopicPartition(kafka_topic, p), timeout=10)[1]
-            for p in range(_partitions(config, system))
-        ]
-    finally:
-        reader.close()
-
-
-def _partitions(config: ClientConfig, system: SystemTopic) -> int:
-    return TopicAdmin(config).list_topics()[config.catalog().topic(system)]
-
-
 def test_records_of_the_one_partition_layout_are_delivered_once_beside_spread_ones(
     kafka_bootstrap: str, namespace: str, topic: str
 ) -> None:
@@ -104,8 +86,8 @@ def test_records_of_the_one_partition_layout_are_delivered_once_beside_spread_on
     # 2. In flight with no coordinator: written in the older layout, read after the switch.
     _send(older, topic, "b", due)
     # The older layout's topics: level L in partition L - 1, tier k in k, nothing beyond.
-    assert _partitions(older, SystemTopic.SCHEDULE) == policy.level_count
-    assert _partitions(older, SystemTopic.TIMER) == policy.tier_count
+    assert partitions(older, SystemTopic.SCHEDULE) == policy.level_count
+    assert partitions(older, SystemTopic.TIMER) == policy.tier_count
     # A producer of the spread settings meets the topics of the older size: a typed error
     # that says how to add the partitions, and nothing is sent.
     early_producer = Producer("layout_early", config=spread)
@@ -114,12 +96,12 @@ def test_records_of_the_one_partition_layout_are_delivered_once_beside_spread_on
 
     # 3. The spread layout: two coordinators add the partitions and share them.
     with _coordinator(spread, "spread-a") as one, _coordinator(spread, "spread-b") as two:
-        wait_until(lambda: _partitions(older, SystemTopic.TIMER) == policy.tier_count * LANES)
-        assert _partitions(older, SystemTopic.SCHEDULE) == policy.level_count * LANES
+        wait_until(lambda: partitions(older, SystemTopic.TIMER) == policy.tier_count * LANES)
+        assert partitions(older, SystemTopic.SCHEDULE) == policy.level_count * LANES
         _send(spread, topic, "c", due)
         # The new records went to the added lanes too (15 level messages over 3 lanes).
-        assert sum(_written(older, SystemTopic.SCHEDULE)[policy.level_count :]) > 0
-        assert sum(_written(older, SystemTopic.TIMER)[policy.tier_count :]) > 0
+        assert sum(written(older, SystemTopic.SCHEDULE)[policy.level_count :]) > 0
+        assert sum(written(older, SystemTopic.TIMER)[policy.tier_count :]) > 0
         expected = set(due)
         got: Counter[str] = Counter()
         arrived: dict[str, int] = {}

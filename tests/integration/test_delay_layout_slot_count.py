@@ -14,35 +14,17 @@ import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from bridge import ClientConfig, Message, Producer, read_messages
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_reader
 from tests.conftest import wait_until
+from tests.delay_layouts import partitions, written
 from topics.catalog import SystemTopic, TopicSpec
 
 pytestmark = pytest.mark.broker
 
 DAY_MS = 86_400_000
-
-
-def _partitions(config: ClientConfig, system: SystemTopic) -> int:
-    return TopicAdmin(config).list_topics()[config.catalog().topic(system)]
-
-
-def _written(config: ClientConfig, system: SystemTopic) -> list[int]:
-    """How many records each partition of a system topic holds (high watermarks)."""
-    kafka_topic = config.catalog().topic(system)
-    reader = new_reader(config, f"slots-check-{time.monotonic_ns()}", "slots-check")
-    try:
-        return [
-            reader.get_watermark_offsets(TopicPartition(kafka_topic, p), timeout=10)[1]
-            for p in range(_partitions(config, system))
-        ]
-    finally:
-        reader.close()
 
 
 def _delivered_once_never_early(
@@ -88,7 +70,7 @@ def test_a_timer_of_a_spread_lane_is_on_time_after_timer_max_delay_is_raised(
     TopicAdmin(laid_out).ensure_topics(
         [TopicSpec(topic, 1, {"message.timestamp.type": "LogAppendTime"})]
     )
-    assert _partitions(laid_out, SystemTopic.TIMER) == 36  # 18 tiers x 2
+    assert partitions(laid_out, SystemTopic.TIMER) == 36  # 18 tiers x 2
     due: dict[str, int] = {}
     with Producer("slots_timers", config=laid_out) as producer:
         for delay_ms in (1_500, 3_000, 6_000):
@@ -99,10 +81,10 @@ def test_a_timer_of_a_spread_lane_is_on_time_after_timer_max_delay_is_raised(
                 timer.set_deliver_time_ms(due[body])
                 producer.send_sync(timer)
     # Some wait in lane 1 (tier 0: partition 19, tier 1: 20, tier 2: 21).
-    assert sum(_written(laid_out, SystemTopic.TIMER)[18:]) > 0
+    assert sum(written(laid_out, SystemTopic.TIMER)[18:]) > 0
     longer = laid_out.replace(timer_max_delay_ms=7 * DAY_MS)  # 20 tiers
     _delivered_once_never_early(laid_out, longer, topic, due, late_s=20)
-    assert _partitions(laid_out, SystemTopic.TIMER) == 40  # the coordinator added lane 1's
+    assert partitions(laid_out, SystemTopic.TIMER) == 40  # the coordinator added lane 1's
 
 
 def test_a_level_of_a_spread_lane_is_never_early_after_levels_are_appended(
@@ -121,17 +103,17 @@ def test_a_level_of_a_spread_lane_is_never_early_after_levels_are_appended(
     TopicAdmin(laid_out).ensure_topics(
         [TopicSpec(topic, 1, {"message.timestamp.type": "LogAppendTime"})]
     )
-    assert _partitions(laid_out, SystemTopic.SCHEDULE) == 8  # 4 levels x 2
+    assert partitions(laid_out, SystemTopic.SCHEDULE) == 8  # 4 levels x 2
     due: dict[str, int] = {}
     with Producer("slots_levels", config=laid_out) as producer:
         for i in range(16):
             body = f"l3-{i}"
             due[body] = int(time.time() * 1000) + 10_000
             producer.send_sync(Message(topic, body.encode(), delay_time_level=3))
-    assert _written(laid_out, SystemTopic.SCHEDULE)[7] > 0  # level 3, lane 1
+    assert written(laid_out, SystemTopic.SCHEDULE)[7] > 0  # level 3, lane 1
     appended = laid_out.replace(message_delay_level=laid_out.message_delay_level + " 30s 40s")
     _delivered_once_never_early(laid_out, appended, topic, due, late_s=20)
-    assert _partitions(laid_out, SystemTopic.SCHEDULE) == 12
+    assert partitions(laid_out, SystemTopic.SCHEDULE) == 12
 
 
 def test_partitions_added_beside_a_running_coordinator_are_read_in_time(

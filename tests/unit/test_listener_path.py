@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -280,6 +283,46 @@ def _fetcher(strategy: _Here, consume_timeout_min: float = 15) -> Any:
     return Fetcher(consumer._context, strategy, consumer._quarantine, {}, "")  # type: ignore[arg-type]
 
 
+@dataclass
+class _HeldPoll:
+    """A poll thread held by its listener while the watchdog runs (:func:`_held_poll`)."""
+
+    fetcher: Any
+    started: list[threading.Thread]
+    """The poll threads the watchdog started (never run)."""
+    result: list[bool]
+    """What the held thread's ``_run_here`` returned, once its listener returned."""
+
+
+@contextmanager
+def _held_poll(strategy: _Here) -> Iterator[_HeldPoll]:
+    """A fetcher of ``strategy`` (consume_timeout 0.01 min, 0.6 s: the poll thread may be
+    held 0.15 s) whose poll thread is held in the listener (``strategy.block``) and whose
+    watchdog runs; on leaving, the listener returns and both threads end."""
+    strategy.block = block = threading.Event()
+    fetcher = _fetcher(strategy, consume_timeout_min=0.01)
+    held_poll = _HeldPoll(fetcher, [], [])
+
+    class _NewPollThread(threading.Thread):
+        def start(self) -> None:
+            held_poll.started.append(self)
+
+    fetcher._poll_thread = lambda: _NewPollThread(target=lambda: None)
+    held = threading.Thread(target=lambda: held_poll.result.append(fetcher._run_here()))
+    fetcher._thread = held
+    watchdog = threading.Thread(target=fetcher._watch, daemon=True)
+    held.start()
+    assert strategy.entered.wait(10)
+    watchdog.start()
+    try:
+        yield held_poll
+    finally:
+        block.set()
+        held.join(10)
+        fetcher._closed.set()
+        watchdog.join(10)
+
+
 def test_a_held_poll_thread_hands_what_it_had_not_started_to_the_pool_and_stops_polling() -> None:
     pq = ProcessQueue("t", 0)
     strategy = _Here([(pq, _messages(0, 2)), (pq, _messages(2, 2)), (pq, _messages(4, 2))])
@@ -304,35 +347,13 @@ def test_a_held_poll_thread_hands_what_it_had_not_started_to_the_pool_and_stops_
 def test_the_watchdog_moves_the_poll_loop_off_a_thread_a_listener_holds() -> None:
     pq = ProcessQueue("t", 0)
     strategy = _Here([(pq, _messages(0, 1))])
-    strategy.block = threading.Event()
-    # consume_timeout 0.01 min (0.6 s): the poll thread may be held 0.15 s.
-    fetcher = _fetcher(strategy, consume_timeout_min=0.01)
-    started: list[threading.Thread] = []
-
-    class _NewPollThread(threading.Thread):
-        def start(self) -> None:
-            started.append(self)
-
-    fetcher._poll_thread = lambda: _NewPollThread(target=lambda: None)
-    result: list[bool] = []
-    held = threading.Thread(target=lambda: result.append(fetcher._run_here()))
-    fetcher._thread = held
-    watchdog = threading.Thread(target=fetcher._watch, daemon=True)
-    held.start()
-    assert strategy.entered.wait(10)
-    watchdog.start()
-    try:
+    with _held_poll(strategy) as held:
         # The watchdog reports the hold after it started the new thread.
-        wait_until(lambda: bool(started) and bool(strategy.held), timeout_s=10)
-        assert fetcher._thread is started[0], "a new poll thread took the loop"
+        wait_until(lambda: bool(held.started) and bool(strategy.held), timeout_s=10)
+        assert held.fetcher._thread is held.started[0], "a new poll thread took the loop"
         assert strategy.held[0] >= 0.15
-        assert fetcher._here_since == 0.0
-    finally:
-        strategy.block.set()
-        held.join(10)
-        fetcher._closed.set()
-        watchdog.join(10)
-    assert result == [False], "the held thread stops polling once its listener returns"
+        assert held.fetcher._here_since == 0.0
+    assert held.result == [False], "the held thread stops polling once its listener returns"
 
 
 def test_a_listener_that_never_returns_strands_none_of_its_polls_other_messages() -> None:
@@ -343,31 +364,11 @@ def test_a_listener_that_never_returns_strands_none_of_its_polls_other_messages(
     strategy = _Here(
         [(first, _messages(0, 1)), (second, _messages(10, 1)), (third, _messages(20, 1))]
     )
-    strategy.block = threading.Event()
-    fetcher = _fetcher(strategy, consume_timeout_min=0.01)
-
-    class _NewPollThread(threading.Thread):
-        def start(self) -> None:
-            pass
-
-    fetcher._poll_thread = lambda: _NewPollThread(target=lambda: None)
-    result: list[bool] = []
-    held = threading.Thread(target=lambda: result.append(fetcher._run_here()))
-    fetcher._thread = held
-    watchdog = threading.Thread(target=fetcher._watch, daemon=True)
-    held.start()
-    assert strategy.entered.wait(10)
-    watchdog.start()
-    try:
+    with _held_poll(strategy) as held:
         wait_until(lambda: bool(strategy.held), timeout_s=10)
         wait_until(lambda: sorted(strategy.submitted) == [10, 20], timeout_s=5)
         assert strategy.ran == [0], "each message runs once: on the held thread or the pool"
-    finally:
-        strategy.block.set()
-        held.join(10)
-        fetcher._closed.set()
-        watchdog.join(10)
-    assert result == [False]
+    assert held.result == [False]
     assert strategy.ran == [0] and sorted(strategy.submitted) == [10, 20], "nothing twice"
 
 
@@ -413,23 +414,9 @@ def test_while_a_held_poll_thread_is_still_held_the_next_poll_runs_on_the_pool()
     # threads are consume_thread_count at most.
     pq = ProcessQueue("t", 0)
     strategy = _Here([(pq, _messages(0, 1))])
-    strategy.block = threading.Event()
-    fetcher = _fetcher(strategy, consume_timeout_min=0.01)
-    started: list[threading.Thread] = []
-
-    class _NewPollThread(threading.Thread):
-        def start(self) -> None:
-            started.append(self)
-
-    fetcher._poll_thread = lambda: _NewPollThread(target=lambda: None)
-    held = threading.Thread(target=fetcher._run_here)
-    fetcher._thread = held
-    watchdog = threading.Thread(target=fetcher._watch, daemon=True)
-    held.start()
-    assert strategy.entered.wait(10)
-    watchdog.start()
-    try:
-        wait_until(lambda: bool(started), timeout_s=10)
+    with _held_poll(strategy) as held:
+        fetcher = held.fetcher
+        wait_until(lambda: bool(held.started), timeout_s=10)
         result: list[bool] = []
         poll = threading.Thread(target=lambda: result.append(fetcher._run_here()))
         fetcher._thread = poll
@@ -438,11 +425,6 @@ def test_while_a_held_poll_thread_is_still_held_the_next_poll_runs_on_the_pool()
         poll.join(10)
         assert result == [True]
         assert strategy.ran == [0] and strategy.submitted == [1], "the pool, not a 2nd hold"
-    finally:
-        strategy.block.set()
-        held.join(10)
-        fetcher._closed.set()
-        watchdog.join(10)
     # Once the held thread is gone, the poll thread runs the fast listener again.
     fetcher._thread = threading.current_thread()
     strategy.work = [(pq, _messages(2, 1))]

@@ -293,3 +293,49 @@ def test_ids_stay_unique_when_a_hand_over_waits_while_other_sends_take_ids() -> 
     assert log.stalled
     ids = [str(r).split("send of ")[1].split()[0] for r in results]
     assert len(set(ids)) == 3, ids
+
+
+class _Clock:
+    """Stands in for the record builder's ``time`` module: a wall clock that moves only when
+    told (ns)."""
+
+    def __init__(self) -> None:
+        self.now_ns = time.time_ns()
+
+    def time_ns(self) -> int:
+        return self.now_ns
+
+
+class FullOnceWhileTheClockMoves(ProduceLog):
+    """A client whose local queue is full once, at the second record, while ``clock`` moves
+    on 5 s; records each handed-over record's timestamp."""
+
+    def __init__(self, kafka: Any, clock: _Clock) -> None:
+        super().__init__(kafka)
+        self.clock = clock
+        self.stalled = False
+        self.timestamps: list[int] = []
+
+    def produce(self, topic: str, value: bytes, *args: Any, **kwargs: Any) -> None:
+        if len(self.values) == 1 and not self.stalled:
+            self.stalled = True
+            self.clock.now_ns += 5_000_000_000
+            raise BufferError("Local: Queue full")
+        self.timestamps.append(kwargs["timestamp"])
+        super().produce(topic, value, *args, **kwargs)
+
+
+def test_the_records_after_a_hand_over_that_waited_for_room_are_dated_after_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _Clock()
+    monkeypatch.setattr("bridge.client.records.time", clock)
+    with Producer("pg", config=nowhere(send_msg_timeout_ms=1000)) as producer:
+        log = FullOnceWhileTheClockMoves(producer._sender.pump.kafka, clock)
+        producer._sender.pump.kafka = log
+        producer.send_batch([Message("orders", f"m{i}".encode()) for i in range(3)])
+        producer._sender.pump.kafka.purge()
+    born_ms = clock.now_ns // 1_000_000 - 5_000
+    # The first two were built before the wait (the second is sent after it as it was).
+    assert log.values == [b"m0", b"m1", b"m2"]
+    assert log.timestamps == [born_ms, born_ms, born_ms + 5_000]

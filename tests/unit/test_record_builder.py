@@ -64,6 +64,37 @@ def test_prepare_builds_the_headers_plain_headers_writes() -> None:
     assert list(record.headers) == plain_headers(msg, record.msg_id, records.born_host)
 
 
+def test_a_batch_writes_the_headers_plain_headers_writes_in_runs_of_the_same_tags() -> None:
+    # A batch calls plain_headers once per run of the same tags and copies the headers after
+    # the id for the rest of the run: each record's headers are still what it writes.
+    records = builder()
+    tags_a, tags_b = "A", "B" * 20
+    msgs = [
+        Message("orders", b"1"),
+        Message("orders", b"2"),
+        Message("orders", b"3", tags=tags_a),
+        Message("orders", b"4", tags=tags_a),
+        Message("payments", b"5", tags=tags_a),
+        Message("orders", b"6", tags=tags_b),
+        Message("orders", b"7", keys="k", tags=tags_b),  # prepared alone: not a plain one
+        Message("orders", b"8", tags=tags_b),
+        Message("orders", b"9", tags=""),
+        Message("orders", b"10"),
+    ]
+    prepared = records.check_batch(msgs, -1)
+    assert [r is None for r in prepared] == [True] * 6 + [False] + [True] * 3
+    built = records.batch_records(msgs, prepared, -1)
+    assert [fields[2] for fields in built] == [msg.body for msg in msgs]
+    for msg, fields in zip(msgs, built, strict=True):
+        assert list(fields[3]) == plain_headers(msg, fields[4], records.born_host)
+    # From the middle on (after a hand-over that waited), the same records but new ids.
+    rest = records.batch_records(msgs, prepared, -1, 3)
+    assert [fields[2] for fields in rest] == [msg.body for msg in msgs[3:]]
+    for msg, fields in zip(msgs[3:], rest, strict=True):
+        assert list(fields[3]) == plain_headers(msg, fields[4], records.born_host)
+    assert not {fields[4] for fields in rest} & {fields[4] for fields in built[3:6]}
+
+
 def test_the_common_case_needs_its_topic_built_for_once() -> None:
     records = builder(namespace="ns")
     msg = Message("orders", b"x", tags="T")
