@@ -339,3 +339,48 @@ def test_the_records_after_a_hand_over_that_waited_for_room_are_dated_after_the_
     # The first two were built before the wait (the second is sent after it as it was).
     assert log.values == [b"m0", b"m1", b"m2"]
     assert log.timestamps == [born_ms, born_ms, born_ms + 5_000]
+
+
+class _CountingClock:
+    """Stands in for the record builder's ``time`` module: the wall clock, counting its reads
+    (one per plain record built)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def time_ns(self) -> int:
+        self.reads += 1
+        return time.time_ns()
+
+
+class FullAtEveryFirstTry(ProduceLog):
+    """A client whose local queue is full at the first try of every record (the second, the
+    single send's wait for room, takes it)."""
+
+    def __init__(self, kafka: Any) -> None:
+        super().__init__(kafka)
+        self.tried: set[bytes] = set()
+
+    def produce(self, topic: str, value: bytes, *args: Any, **kwargs: Any) -> None:
+        if value not in self.tried:
+            self.tried.add(value)
+            raise BufferError("Local: Queue full")
+        super().produce(topic, value, *args, **kwargs)
+
+
+def test_a_batch_whose_hand_overs_all_wait_builds_each_record_a_bounded_number_of_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A batch larger than the local queue waits for room at hand-over after hand-over: the
+    # records after each wait are dated after it, but building all the rest again at every
+    # wait costs a batch of n messages n * n / 2 records (minutes for 100,000).
+    clock = _CountingClock()
+    monkeypatch.setattr("bridge.client.records.time", clock)
+    count = 600
+    with Producer("pg", config=nowhere(send_msg_timeout_ms=1000)) as producer:
+        log = FullAtEveryFirstTry(producer._sender.pump.kafka)
+        producer._sender.pump.kafka = log
+        producer.send_batch([Message("orders", f"m{i}".encode()) for i in range(count)])
+        producer._sender.pump.kafka.purge()
+    assert log.values == [f"m{i}".encode() for i in range(count)]
+    assert clock.reads <= 4 * count, clock.reads
