@@ -33,17 +33,18 @@ batches at once), at most."""
 
 
 class BatchSender:
-    """Sends checked batches through ``pump``; ``records(batch, prepared, partition, start)``
-    gives the records of the messages of a checked batch from index ``start`` on
-    (``RecordBuilder.batch_records``), and ``resender`` (None: records are sent alone already)
-    sends again the records refused with their request batch as too large."""
+    """Sends checked batches through ``pump``; ``records(batch, prepared, partition, start,
+    stop)`` gives the records of the messages of a checked batch from index ``start`` up to
+    ``stop`` (``RecordBuilder.batch_records``), and ``resender`` (None: records are sent
+    alone already) sends again the records refused with their request batch as too large."""
 
     def __init__(
         self,
         pump: DeliveryPump,
         resender: AloneResender | None,
         records: Callable[
-            [list[Message], list[PreparedRecord | None], int, int], list[RecordFields]
+            [list[Message], list[PreparedRecord | None], int, int, int | None],
+            list[RecordFields],
         ],
         timeout_ms: int,
     ) -> None:
@@ -111,9 +112,22 @@ class BatchSender:
                     reports.recall_handles[index] = recall_handle(
                         record, batch[index].topic, namespace
                     )
-        records = self._records(batch, prepared, partition, 0)
-        for index in range(len(records)):
-            fields = sent[index] = records[index]
+        count = len(batch)
+        build = self._records
+        records = build(batch, prepared, partition, 0, None)
+        first = 0  # the index of records[0] in the batch
+        built = count  # the index of the first message whose record is not built (yet again)
+        ahead = 1  # records built at once after a wait; doubles while none waits
+        for index in range(count):
+            if index == built:
+                # After a wait, the records are built again a few at a time, twice as many
+                # each time none waited: a wait wastes at most as many as were handed over
+                # since the last one, not the rest of the batch (n * n / 2 for n waits).
+                built = min(count, index + ahead)
+                ahead *= 2
+                records = build(batch, prepared, partition, index, built)
+                first = index
+            fields = sent[index] = records[index - first]
             kafka_topic, key, value, headers, msg_id, born_ms, record_partition = fields
             if stalled is not None:
                 outcomes[index] = SendTimeoutError(
@@ -141,14 +155,14 @@ class BatchSender:
                     outcomes[index] = exc
                 # The records after it are built again: dated (and their ids taken) after
                 # the wait, as a single send after it would be.
-                records[index + 1 :] = self._records(batch, prepared, partition, index + 1)
+                built = index + 1
+                ahead = 1
             except Exception as exc:  # KafkaException: unknown partition, ...
                 outcomes[index] = translate_error(exc, f"send of {msg_id} to {kafka_topic}")
         # flush() sends at once instead of waiting linger.ms, and serves delivery reports on
         # this thread (the delivery thread serves some too).
         flush = pump.flush
         deadline = time.monotonic() + timeout_ms / 1000 + REPORT_GRACE_S
-        count = len(batch)
         done = 0
         while True:
             done = reports.reported(done)

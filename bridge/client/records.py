@@ -359,13 +359,15 @@ class RecordBuilder:
         prepared: list[PreparedRecord | None],
         partition: int,
         start: int = 0,
+        stop: int | None = None,
     ) -> list[RecordFields]:
         """The records of the messages of a checked batch (``prepared``: :meth:`check_batch`)
-        from index ``start`` on, in order, built in one loop: the record :meth:`prepare`
-        built, or a plain message's fields, with a new id and the clock read per record (an
-        old millisecond with the shared 16-bit counter could repeat an id). A hand-over that
-        waited for room in the local queue builds the records after it again, so that they
-        are dated after the wait (``BatchSender``).
+        from index ``start`` up to ``stop`` (None: the end), in order, built in one loop: the
+        record :meth:`prepare` built, or a plain message's fields, with a new id and the clock
+        read per record (an old millisecond with the shared 16-bit counter could repeat an
+        id). After a hand-over that waited for room in the local queue, the records after it
+        are built again, a few at a time, so that they are dated after the wait
+        (``BatchSender``).
 
         A plain record is a plain tuple, not a :class:`PreparedRecord`, and is built here
         rather than by :meth:`prepare`'s path: a batch pays per message only the id, the
@@ -382,7 +384,7 @@ class RecordBuilder:
         after_id: list[tuple[str, bytes]] = []
         records: list[RecordFields] = []
         append = records.append
-        msgs = batch if start == 0 else batch[start:]
+        msgs = batch if start == 0 and stop is None else batch[start:stop]
         for index, msg in enumerate(msgs, start):
             record = prepared[index]
             if record is not None:
