@@ -177,3 +177,40 @@ def test_batches_one_after_another_and_side_by_side_each_get_their_own_results(
         msg = at[(result.queue_id, result.offset)]
         assert msg.body == f"{thread}-{number}-{i}".encode()
         assert msg.msg_id == result.msg_id
+
+
+class _CountingClock:
+    """Stands in for the record builder's ``time`` module: the wall clock, counting its reads
+    (one per plain record built)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def time_ns(self) -> int:
+        self.reads += 1
+        return time.time_ns()
+
+
+def test_a_batch_many_times_the_local_queue_builds_each_record_a_bounded_number_of_times(
+    client_config: ClientConfig, unique: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A local queue of 100 messages and a batch of 5,000: hand-overs wait for room again and
+    # again; the records after each wait are dated after it without building the whole rest
+    # of the batch at every wait.
+    clock = _CountingClock()
+    monkeypatch.setattr("bridge.client.records.time", clock)
+    orders = unique("orders")  # type: ignore[operator]
+    TopicAdmin(client_config).ensure_topics([TopicSpec(orders, 1)])
+    config = ClientConfig(
+        bootstrap_servers=client_config.bootstrap_servers,
+        namespace=client_config.namespace,
+        kafka={"queue.buffering.max.messages": "100"},
+    )
+    count = 5000
+    with Producer("pg", config=config) as producer:
+        results = producer.send_batch([Message(orders, f"m{i}".encode()) for i in range(count)])
+    sent = [r for r in results if isinstance(r, SendResult)]
+    assert len(sent) == count, [r for r in results if not isinstance(r, SendResult)][:3]
+    assert [r.offset for r in sent] == sorted(r.offset for r in sent)
+    assert len({r.msg_id for r in sent}) == count
+    assert clock.reads <= 4 * count, clock.reads
