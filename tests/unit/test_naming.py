@@ -220,3 +220,16 @@ def test_topic_patterns_split_real_topics_from_the_namespaces_own(namespace: str
         assert real.fullmatch(name) and not groups.fullmatch(name)
     for name in ("__consumer_offsets", namespace + "_x"):
         assert not real.fullmatch(name)
+
+
+@pytest.mark.parametrize("namespace", ["", "a_b", "x" * 65, [], {}])
+def test_system_topic_refuses_a_bad_namespace_with_the_typed_error_every_time(
+    namespace: object,
+) -> None:
+    # system_topic keeps the names it checked: a refusal is never kept, and a value a cache
+    # cannot key on (an empty list, as an unchecked caller might pass) is refused as before
+    # the cache, not with the cache's TypeError.
+    for _ in range(2):
+        with pytest.raises(InvalidTopicNameError, match="a namespace must be"):
+            system_topic(SystemTopic.TIMER.value, namespace)  # type: ignore[arg-type]
+    assert system_topic(SystemTopic.TIMER.value, "ns") == f"ns.{SystemTopic.TIMER.value}"
