@@ -274,13 +274,24 @@ def check_topic(producer_group: str, namespace: str = DEFAULT_NAMESPACE) -> str:
     )
 
 
-@lru_cache(maxsize=_SYSTEM_TOPICS_KEPT)
+def _system_topic(system_name: str, namespace: str) -> str:
+    validate_namespace(namespace)
+    return _check_kafka_name(f"{namespace}.{system_name}", system_name)
+
+
+_kept_system_topic = lru_cache(maxsize=_SYSTEM_TOPICS_KEPT)(_system_topic)
+
+
 def system_topic(system_name: str, namespace: str = DEFAULT_NAMESPACE) -> str:
     """Kafka name of a system topic such as ``RMQ_SYS_TRANS_HALF_TOPIC``. Checked once per
     name and namespace, then kept: a delayed send or retry copy names SCHEDULE or the timer
-    topic once a record, with a frozen config's namespace."""
-    validate_namespace(namespace)
-    return _check_kafka_name(f"{namespace}.{system_name}", system_name)
+    topic once a record, with a frozen config's namespace. A refusal is never kept."""
+    try:
+        return _kept_system_topic(system_name, namespace)
+    except TypeError:
+        # A value the cache cannot key on (a list, ...): checked as it is, so that one
+        # validate_namespace refuses gets its typed error.
+        return _system_topic(system_name, namespace)
 
 
 def to_kafka_topic(name: str, namespace: str = DEFAULT_NAMESPACE) -> str:
