@@ -17,6 +17,7 @@ from bridge.client.send_results import SendResult, SendStatus
 from bridge.errors import InvalidArgumentError, InvalidMessageError, MessageTooLargeError
 from bridge.kafka.admin import TopicAdmin
 from bridge.message import MessageConst
+from tests.clocks import CountingClock
 from topics.catalog import SystemTopic, TopicSpec
 
 pytestmark = pytest.mark.broker
@@ -179,25 +180,13 @@ def test_batches_one_after_another_and_side_by_side_each_get_their_own_results(
         assert msg.msg_id == result.msg_id
 
 
-class _CountingClock:
-    """Stands in for the record builder's ``time`` module: the wall clock, counting its reads
-    (one per plain record built)."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    def time_ns(self) -> int:
-        self.reads += 1
-        return time.time_ns()
-
-
 def test_a_batch_many_times_the_local_queue_builds_each_record_a_bounded_number_of_times(
     client_config: ClientConfig, unique: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A local queue of 100 messages and a batch of 5,000: hand-overs wait for room again and
     # again; the records after each wait are dated after it without building the whole rest
     # of the batch at every wait.
-    clock = _CountingClock()
+    clock = CountingClock()
     monkeypatch.setattr("bridge.client.records.time", clock)
     orders = unique("orders")  # type: ignore[operator]
     TopicAdmin(client_config).ensure_topics([TopicSpec(orders, 1)])

@@ -24,6 +24,7 @@ from bridge.errors import (
     SendTimeoutError,
 )
 from bridge.message import RESERVED_PROPERTIES, MessageConst
+from tests.clocks import CountingClock
 
 NOWHERE = "127.0.0.1:1"
 any_text = st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from("\ud800\udfff"))
@@ -341,18 +342,6 @@ def test_the_records_after_a_hand_over_that_waited_for_room_are_dated_after_the_
     assert log.timestamps == [born_ms, born_ms, born_ms + 5_000]
 
 
-class _CountingClock:
-    """Stands in for the record builder's ``time`` module: the wall clock, counting its reads
-    (one per plain record built)."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    def time_ns(self) -> int:
-        self.reads += 1
-        return time.time_ns()
-
-
 class FullAtEveryFirstTry(ProduceLog):
     """A client whose local queue is full at the first try of every record (the second, the
     single send's wait for room, takes it)."""
@@ -374,7 +363,7 @@ def test_a_batch_whose_hand_overs_all_wait_builds_each_record_a_bounded_number_o
     # A batch larger than the local queue waits for room at hand-over after hand-over: the
     # records after each wait are dated after it, but building all the rest again at every
     # wait costs a batch of n messages n * n / 2 records (minutes for 100,000).
-    clock = _CountingClock()
+    clock = CountingClock()
     monkeypatch.setattr("bridge.client.records.time", clock)
     count = 600
     with Producer("pg", config=nowhere(send_msg_timeout_ms=1000)) as producer:
