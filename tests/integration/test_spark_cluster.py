@@ -55,10 +55,9 @@ from tests.conftest import REPO_ROOT, SPARK_JAVA_OPTIONS, wait_until
 from tests.spark_workloads import ByBody, make_retry_history
 from topics.catalog import TopicSpec
 
-# Not serial: nothing here is bounded by the wall clock but the waits below, which allow for a
-# loaded machine, so the module runs on one worker (its Spark group) beside the others.
+# Serial: three Kafka nodes, a master, two workers and their executors want the machine.
 pytestmark = [
-    pytest.mark.broker, pytest.mark.spark, pytest.mark.slow,
+    pytest.mark.broker, pytest.mark.spark, pytest.mark.slow, pytest.mark.serial,
     # The first test waits for the clusters and a job queued behind the others (their bounds
     # below): on a loaded 2-core machine that outlasts the suite's 300 s.
     pytest.mark.timeout(900),
