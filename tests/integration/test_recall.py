@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import random
 import signal
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -393,6 +395,54 @@ def test_the_recall_topic_keeps_every_marker_and_only_the_last_ticks(
         assert all(fresh.applies(msg_id, d) for msg_id, d in expected)
     finally:
         fresh.stop()
+
+
+def test_an_idle_recall_watch_sends_the_broker_no_fetches(
+    recall_config: ClientConfig, topic: str
+) -> None:
+    # Its reader's fetches do not wait at the broker (a tick is read as soon as it is there):
+    # were the partition fetched while nothing reads it, an idle coordinator would send the
+    # broker about 100 requests a second for it.
+    fetches: list[tuple[float, int]] = []
+    """(librdkafka's monotonic clock, s; the reader's fetch requests so far)."""
+
+    def stats(text: str) -> None:
+        report = json.loads(text)
+        if report["type"] == "consumer":
+            sent = sum(b["req"].get("Fetch", 0) for b in report["brokers"].values())
+            fetches.append((report["ts"] / 1e6, sent))
+
+    config = dataclasses.replace(
+        recall_config, kafka={"statistics.interval.ms": "100", "stats_cb": stats}
+    )
+    spec = config.catalog().spec(SystemTopic.RECALL)
+    TopicAdmin(config).ensure_topics([spec])
+    watch = RecallWatch(config, spec.kafka_name, "test")
+    watch.start()
+    try:
+        watch.advance()
+        idle_from = time.monotonic()
+        time.sleep(IDLE_S)  # the idle time is what is measured: no condition to poll for
+        idle_to = time.monotonic()
+        watch.advance()  # serves the statistics reported meanwhile
+        before = max((n for ts, n in fetches if ts <= idle_from), default=0)
+        after = max(n for ts, n in fetches if ts <= idle_to)
+        # A few at most (those of the first read that the report before it missed); fetched
+        # all along, the partition takes a hundred or more.
+        assert after - before <= 10, f"{after - before} fetches in {IDLE_S} s idle"
+        # And it still reads what comes while it is idle: a marker written then applies.
+        with Producer("pg", config=config) as producer:
+            due = now_ms() + 3_600_000
+            sent = producer.send_sync(_timer(topic, "recalled", due))
+            producer.recall_message(topic, sent.recall_handle or "")
+        watch.ensure(now_ms())
+        assert watch.applies(sent.msg_id, due)
+    finally:
+        watch.stop()
+
+
+IDLE_S = 2.0
+"""How long the watch is left idle in the test above, s."""
 
 
 def test_a_recall_topic_created_again_is_read_from_its_beginning(
