@@ -3,9 +3,10 @@
 .PHONY: up test check check-tests bench lint docs bootstrap clean chaos soak differential
 SEED ?= 1
 # Worker processes for pytest (pytest-xdist), sharing one broker; tests marked serial run after
-# them, alone. 3 on 2 cores: most integration tests wait on timers and session timeouts more
-# than they compute. 0 runs the suite in one process.
-WORKERS ?= 3
+# them, alone. 4 on 2 cores: most integration tests wait on timers and session timeouts more
+# than they compute (with 3 the cores were busy half of the parallel part; with 5, 80-84%, and
+# the Spark tests slowed the most). 0 runs the suite in one process.
+WORKERS ?= 4
 PYTEST_PARALLEL = .venv/bin/python -m pytest -n $(WORKERS) --dist loadgroup
 
 up:
