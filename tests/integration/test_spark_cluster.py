@@ -35,25 +35,19 @@ from typing import Any
 
 import pyspark
 import pytest
-from confluent_kafka import Producer as RawProducer
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from bridge import (
     ClientConfig,
     Message,
-    Producer,
     TransactionMQProducer,
-    TransactionStatus,
-    read_messages,
 )
 from bridge.coordinator import Coordinator, CoordinatorConfig
-from bridge.kafka.admin import TopicAdmin
 from bridge.runtime.cluster import LocalClusterConfig, LocalKafkaCluster
 from bridge.runtime.node_config import free_port
 from tests.conftest import REPO_ROOT, SPARK_JAVA_OPTIONS, wait_until
-from tests.spark_workloads import ByBody, make_retry_history
-from topics.catalog import TopicSpec
+from tests.spark_workloads import ByBody, ingest_workload, make_retry_history, visible
 
 # Serial: three Kafka nodes, a master, two workers and their executors want the machine.
 pytestmark = [
@@ -323,10 +317,6 @@ def table_ids(spark: SparkSession, path: Path) -> list[str]:
     return [r["msg_id"] for r in rows]
 
 
-def visible(config: ClientConfig, topic: str) -> set[str]:
-    return {m.msg_id for m in read_messages(config, [topic], timeout_ms=500)}
-
-
 @dataclass(frozen=True)
 class IngestRun:
     committed_before: set[str]
@@ -345,34 +335,19 @@ class IngestRun:
 def run_ingest(clusters: Clusters, config: ClientConfig, log_dir: Path) -> IngestRun:
     """Committed, rolled back and undecided messages, a duplicate record, the ingest; then a
     late commit and the ingest again."""
-    topic = name("t")
-    TopicAdmin(config).ensure_topics([TopicSpec(topic, 2)])  # replicated on the three nodes
-    with Producer("plain_pg", config=config) as producer:
-        plain = [producer.send_sync(Message(topic, f"p{i}", keys=f"k{i}")).msg_id for i in range(5)]
-    listener = ByBody()
-    with TransactionMQProducer(name("txg"), listener, config=config) as tx:
-        ids = {
-            body: tx.send_message_in_transaction(Message(topic, body), None).msg_id
-            for body in ("c1", "c2", "r1", "u1", "late")
-        }
-        # A duplicate record of a landed message (same id), as a replay would write.
-        raw = RawProducer({"bootstrap.servers": config.bootstrap_servers})
-        raw.produce(topic, b"p0", headers=[("UNIQ_KEY", plain[0].encode())])
-        raw.flush(10)
-        committed = {*plain, ids["c1"], ids["c2"]}
-        wait_until(lambda: visible(config, topic) >= committed, timeout_s=KAFKA_WAIT_S)
-        job = "spark_jobs/ingest.py"
+    job = "spark_jobs/ingest.py"
+    # The topic is replicated on the three nodes.
+    with ingest_workload(config, name("t"), name("txg"), timeout_s=KAFKA_WAIT_S) as work:
         first_app = submit(
-            clusters, job, config.namespace, "--topics", topic, log_dir=log_dir / "1"
+            clusters, job, config.namespace, "--topics", work.topic, log_dir=log_dir / "1"
         )
         first = table_ids(clusters.reader, clusters.shared / "messages")
-        listener.answers["late"] = TransactionStatus.COMMIT  # the check-back commits it
-        wait_until(lambda: ids["late"] in visible(config, topic), timeout_s=KAFKA_WAIT_S)
-    second_app = submit(clusters, job, config.namespace, "--topics", topic, log_dir=log_dir / "2")
-    final = table_ids(clusters.reader, clusters.shared / "messages")
-    return IngestRun(
-        committed, ids["late"], {ids["r1"], ids["u1"]}, first, final, (first_app, second_app)
+        work.commit_late(timeout_s=KAFKA_WAIT_S)  # the check-back commits it
+    second_app = submit(
+        clusters, job, config.namespace, "--topics", work.topic, log_dir=log_dir / "2"
     )
+    final = table_ids(clusters.reader, clusters.shared / "messages")
+    return IngestRun(work.committed, work.late, work.never, first, final, (first_app, second_app))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer as RawProducer
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
@@ -33,7 +32,7 @@ from spark_jobs import dlq_report, transaction_audit
 from spark_jobs.common import TopicNotFoundError, spark_session
 from spark_jobs.ingest import IngestConfig, start_ingest
 from tests.conftest import REPO_ROOT, SPARK_JAVA_OPTIONS, wait_until
-from tests.spark_workloads import ByBody, make_retry_history
+from tests.spark_workloads import ByBody, ingest_workload, make_retry_history
 from topics.catalog import TopicSpec
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -92,58 +91,27 @@ def test_ingest_lands_committed_messages_once_and_late_commits_later(
     spark: SparkSession, spark_config: ClientConfig, coordinator: Coordinator,
     unique: Callable[[str], str], tmp_path: Path,
 ) -> None:  # fmt: skip
-    topic = unique("t")
-    TopicAdmin(spark_config).ensure_topics([TopicSpec(topic, 2)])
-    with Producer("plain_pg", config=spark_config) as producer:
-        plain = [
-            producer.send_sync(
-                Message(topic, f"p{i}", keys=f"k{i}", tags="TagP", properties={"region": "eu"})
-            ).msg_id
-            for i in range(5)
-        ]
-    listener = ByBody()
-    with TransactionMQProducer(unique("txg"), listener, config=spark_config) as tx:
-        ids = {
-            body: tx.send_message_in_transaction(Message(topic, body), None).msg_id
-            for body in ("c1", "c2", "r1", "u1", "late")
-        }
-        # A duplicate record of a landed message (same id), as a replay would write.
-        raw = RawProducer({"bootstrap.servers": spark_config.bootstrap_servers})
-        raw.produce(topic, b"p0", headers=[("UNIQ_KEY", plain[0].encode())])
-        raw.flush(10)
-        committed_now = {*plain, ids["c1"], ids["c2"]}
-        wait_until(
-            lambda: (
-                {m.msg_id for m in read_messages(spark_config, [topic], timeout_ms=500)}
-                >= committed_now
-            )
-        )
+    with ingest_workload(spark_config, unique("t"), unique("txg"), timeout_s=30) as work:
         config = IngestConfig(
             bootstrap_servers=spark_config.bootstrap_servers, output=str(tmp_path / "table"),
-            checkpoint=str(tmp_path / "ckpt"), topics=(topic,),
+            checkpoint=str(tmp_path / "ckpt"), topics=(work.topic,),
         )  # fmt: skip
         run_available_now(spark, config)
         first = table_ids(spark, tmp_path / "table")
-        assert Counter(first) == Counter(committed_now), "each committed message once, no other"
-        row = spark.read.parquet(str(tmp_path / "table")).where(f"msg_id = '{plain[1]}'").first()
+        assert Counter(first) == Counter(work.committed), "each committed message once, no other"
+        row = (
+            spark.read.parquet(str(tmp_path / "table")).where(f"msg_id = '{work.plain[1]}'").first()
+        )
         assert row is not None
         assert (bytes(row["body"]), row["tags"], row["keys"], row["properties"]["region"]) == (
             b"p1", "TagP", "k1", "eu",
         )  # fmt: skip
         assert row["born_timestamp"] is not None and row["offset"] >= 0
-
-        listener.answers["late"] = TransactionStatus.COMMIT  # the check-back commits it
-        wait_until(
-            lambda: (
-                ids["late"]
-                in {m.msg_id for m in read_messages(spark_config, [topic], timeout_ms=500)}
-            ),
-            timeout_s=60,
-        )
+        work.commit_late(timeout_s=60)  # the check-back commits it
     run_available_now(spark, config)
     second = table_ids(spark, tmp_path / "table")
-    assert Counter(second) == Counter({*committed_now, ids["late"]})
-    assert ids["r1"] not in second and ids["u1"] not in second
+    assert Counter(second) == Counter({*work.committed, work.late})
+    assert not work.never & set(second)
 
 
 def test_ingest_stopped_mid_stream_and_restarted_loses_and_duplicates_nothing(
