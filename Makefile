@@ -3,10 +3,11 @@
 .PHONY: up test check check-tests bench lint docs bootstrap clean chaos soak differential
 SEED ?= 1
 # Worker processes for pytest (pytest-xdist), sharing one broker; tests marked serial run after
-# them, alone. 4 on 2 cores: most integration tests wait on timers and session timeouts more
-# than they compute (with 3 the cores were busy half of the parallel part; with 5, 80-84%, and
-# the Spark tests slowed the most). 0 runs the suite in one process.
-WORKERS ?= 4
+# them, alone. 5 on 2 cores: most integration tests wait on timers and session timeouts more
+# than they compute (the cores were busy 52% of the parallel part with 3 workers, 58% with 4,
+# once an idle coordinator stopped costing the broker most of its CPU). 0 runs the suite in one
+# process.
+WORKERS ?= 5
 PYTEST_PARALLEL = .venv/bin/python -m pytest -n $(WORKERS) --dist loadgroup
 
 up:
