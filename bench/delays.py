@@ -1,4 +1,5 @@
-"""Delayed delivery: timer lateness on an idle system (a few hundred timers of random delays),
+"""Delayed delivery: what an idle coordinator costs the broker (its CPU beside the broker's
+alone), timer lateness on an idle system (a few hundred timers of random delays),
 at a steady rate, and at a steady rate beside thousands of timers hopping between tiers in
 bulk, a burst due in one second (in the one-partition layout, then with each tier spread over
 :data:`SPREAD_PARTITIONS` partitions read by one and by two coordinator processes),
@@ -12,6 +13,7 @@ same number of records (what any Kafka pipeline moving them once would cost).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -45,8 +47,10 @@ BURST = int(os.environ.get("BENCH_BURST", "500000"))
 SPREAD_PARTITIONS = int(os.environ.get("BENCH_SPREAD_PARTITIONS", "2"))
 """Partitions per timer tier (and delay level) of the spread burst rows."""
 PENDING = int(os.environ.get("BENCH_PENDING", "1000000"))
+QUIET_S = float(os.environ.get("BENCH_QUIET_S", "30"))
+"""How long the quiet row measures the broker's CPU alone and beside an idle coordinator, s."""
 DAY_MS = 86_400_000
-ROWS = ("idle", "steady", "beside", "burst", "spread", "pending")
+ROWS = ("quiet", "idle", "steady", "beside", "burst", "spread", "pending")
 """The rows of this part, in the order they run; ``BENCH_DELAYS_ROWS`` (comma-separated)
 picks some of them (all by default)."""
 
@@ -396,6 +400,46 @@ def _spread(config: ClientConfig) -> list[Row]:
     ]
 
 
+def _quiet(config: ClientConfig) -> list[Row]:
+    """The broker's CPU a minute beside one idle coordinator (started, its services running,
+    nothing sent), against the same broker alone just before; empty where the broker's process
+    cannot be found (a remote broker)."""
+    broker = listening_pid(config.bootstrap_servers)
+    if broker is None:
+        print("quiet: the broker's process is not on this machine; row left out")
+        return []
+
+    def per_minute(pid: int) -> float:
+        before = cpu_seconds(pid) or 0.0
+        time.sleep(QUIET_S)  # the measured time itself: nothing to poll for
+        return ((cpu_seconds(pid) or 0.0) - before) * 60 / QUIET_S
+
+    alone = per_minute(broker)
+    coordinator = _coordinator(config, "bench-quiet")
+    try:
+        _await_coordinator(config)
+        own_before = cpu_seconds(coordinator.pid) or 0.0
+        beside = per_minute(broker)
+        own = ((cpu_seconds(coordinator.pid) or 0.0) - own_before) * 60 / QUIET_S
+    finally:
+        coordinator.terminate()
+        coordinator.wait(30)
+    print(
+        f"an idle coordinator: broker CPU {beside:.2f} s a minute beside it, {alone:.2f} s "
+        f"alone; the coordinator's own {own:.2f} s a minute"
+    )
+    return [
+        Row(
+            "idle coordinator: broker CPU",
+            "CPU ms a minute",
+            beside * 1000,
+            alone * 1000,
+            "the broker alone",
+            higher_is_better=False,
+        )
+    ]
+
+
 def _pending(config: ClientConfig) -> None:
     idle = _coordinator(config, "bench-memory")
     _await_coordinator(config)
@@ -447,6 +491,8 @@ def run(bootstrap: str) -> list[Row]:
     wanted = _rows_wanted()
     measures = {"idle": _idle, "steady": _steady, "beside": _beside_hops, "burst": _burst}
     rows: list[Row] = []
+    if "quiet" in wanted:  # before any other coordinator runs
+        rows += _quiet(dataclasses.replace(config, namespace=f"{config.namespace}q"))
     if any(name in measures for name in wanted):
         coordinator = _coordinator(config, "bench")
         try:

@@ -87,8 +87,9 @@ written and read back: 52 ms at the median either way, on a local broker); the r
 only other request, an offset lookup after the topic was created again, is rare enough to
 wait behind a fetch. Librdkafka fetches an assigned
 partition whether or not it is polled: with fetches that did not wait (10 ms), an idle
-coordinator's reader sent the broker about 85 requests a second, and an idle coordinator cost
-a local broker 4.2 s of CPU a minute (1.6 s with this wait)."""
+coordinator's reader sent the broker about 85 requests a second, and an idle coordinator cost a
+local broker 3.7-4.3 s of CPU a minute more than it spent alone; 1.5-2.4 s with this wait
+(``BENCH_DELAYS_ROWS=quiet python -m bench delays``)."""
 AHEAD_MS: Final = 200
 """A timer in the final window this close to its time gets its tick ahead of it, ms, if the
 horizon does not cover it yet: the tick's round trip is then spent before the time rather
