@@ -4,9 +4,9 @@
 SEED ?= 1
 # Worker processes for pytest (pytest-xdist), sharing one broker; tests marked serial run after
 # them, alone. 5 on 2 cores: most integration tests wait on timers and session timeouts more
-# than they compute (the cores were busy 52% of the parallel part with 3 workers, 58% with 4,
-# once an idle coordinator stopped costing the broker most of its CPU). 0 runs the suite in one
-# process.
+# than they compute (once an idle coordinator stopped costing the broker most of its CPU, the
+# cores were busy 58% of the parallel part with 4 workers and 70% with 5, its slowest test
+# 92 s of its 300). 0 runs the suite in one process.
 WORKERS ?= 5
 PYTEST_PARALLEL = .venv/bin/python -m pytest -n $(WORKERS) --dist loadgroup
 

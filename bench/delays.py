@@ -409,18 +409,24 @@ def _quiet(config: ClientConfig) -> list[Row]:
         print("quiet: the broker's process is not on this machine; row left out")
         return []
 
+    def used(pid: int) -> float:
+        seconds = cpu_seconds(pid)
+        if seconds is None:
+            raise RuntimeError(f"quiet: process {pid} is gone; its CPU cannot be read")
+        return seconds
+
     def per_minute(pid: int) -> float:
-        before = cpu_seconds(pid) or 0.0
+        before = used(pid)
         time.sleep(QUIET_S)  # the measured time itself: nothing to poll for
-        return ((cpu_seconds(pid) or 0.0) - before) * 60 / QUIET_S
+        return (used(pid) - before) * 60 / QUIET_S
 
     alone = per_minute(broker)
     coordinator = _coordinator(config, "bench-quiet")
     try:
         _await_coordinator(config)
-        own_before = cpu_seconds(coordinator.pid) or 0.0
+        own_before = used(coordinator.pid)
         beside = per_minute(broker)
-        own = ((cpu_seconds(coordinator.pid) or 0.0) - own_before) * 60 / QUIET_S
+        own = (used(coordinator.pid) - own_before) * 60 / QUIET_S
     finally:
         coordinator.terminate()
         coordinator.wait(30)
@@ -497,7 +503,7 @@ def run(bootstrap: str) -> list[Row]:
         coordinator = _coordinator(config, "bench")
         try:
             _await_coordinator(config)
-            rows = [measure(config) for name, measure in measures.items() if name in wanted]
+            rows += [measure(config) for name, measure in measures.items() if name in wanted]
         finally:
             coordinator.terminate()
             coordinator.wait(30)

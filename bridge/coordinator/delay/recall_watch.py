@@ -84,8 +84,8 @@ RECALL_FETCH_WAIT_MS: Final = 500
 """How long the reader's fetch waits at the broker for records, ms (librdkafka's default). A
 tick or marker written meanwhile ends the wait at once, so it does not delay a read (a tick
 written and read back: 52 ms at the median either way, on a local broker); the reader's
-only other request, an offset lookup after the topic was created again, is rare enough to
-wait behind a fetch. Librdkafka fetches an assigned
+other requests (an offset lookup after the topic was created again, metadata refreshes) are
+rare enough to wait behind a fetch. Librdkafka fetches an assigned
 partition whether or not it is polled: with fetches that did not wait (10 ms), an idle
 coordinator's reader sent the broker about 85 requests a second, and an idle coordinator cost a
 local broker 3.7-4.3 s of CPU a minute more than it spent alone; 1.5-2.4 s with this wait
