@@ -31,6 +31,7 @@ from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.runtime.rocketmq import LocalRocketMQ, LocalRocketMQConfig
 from tests.differential import settings
 from tests.differential.bridge_side import BridgeEnv
+from tests.differential.lanes import Lanes, Sides, needed
 from tests.differential.rocketmq_side import compile_driver
 
 MEASURED: dict[str, Any] = {}
@@ -90,7 +91,9 @@ def _rocketmq_starting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_St
         rmq = starting.rmq
         if rmq.is_running:
             MEASURED["rss_end"] = rmq.rss_bytes()
-        rmq.stop()
+        # Killed, not stopped: its data dies with the session, and its broker's clean shutdown
+        # took 11-19 s of the suite.
+        rmq.kill()
 
 
 @pytest.fixture(scope="session")
@@ -129,6 +132,21 @@ def bridge_env(kafka_bootstrap: str) -> Iterator[BridgeEnv]:
     with Coordinator(config):
         _warm_up(client)
         yield BridgeEnv(client)
+
+
+@pytest.fixture(scope="session")
+def workload_lanes(
+    request: pytest.FixtureRequest,
+    rocketmq: LocalRocketMQ,
+    bridge_env: BridgeEnv,
+    driver_home: Path,
+) -> Iterator[Lanes]:
+    """Every workload the session's tests read, started at once (:mod:`.lanes`)."""
+    lanes = Lanes(Sides(rocketmq, bridge_env, driver_home), needed(request.session.items))
+    try:
+        yield lanes
+    finally:
+        lanes.close()
 
 
 class _Commit(TransactionListener):

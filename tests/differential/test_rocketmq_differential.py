@@ -5,14 +5,13 @@ scaled settings of :mod:`tests.differential.settings`, then asserts, for each si
 hold on both, and asserts every difference listed in ``docs/compatibility.md`` as it is, so a
 difference that appears, disappears or changes fails here. Timings are compared within
 ``SLACK_MS``: the suite runs on a shared 2-core machine. Measured figures are printed in the
-session summary.
+session summary. The workloads run ahead of their tests, two at a time (:mod:`.lanes`).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -23,6 +22,7 @@ from bridge.runtime.rocketmq import LocalRocketMQ
 from tests.differential import settings as s
 from tests.differential.bridge_side import BridgeEnv, Event
 from tests.differential.conftest import MEASURED
+from tests.differential.lanes import Sides, scenario
 from tests.differential.observe import (
     BRIDGE_ONLY,
     FAILURE_METADATA,
@@ -70,15 +70,13 @@ def pct(values: list[int], q: float) -> int:
 # --- seed 003: 30 transactional messages, three check answers -----------------------------
 
 
-@pytest.fixture(scope="module")
-def seed003(
-    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
-) -> Iterator[dict[str, list[Event]]]:
+@scenario(expected_s=33)
+def seed003(sides: Sides) -> dict[str, list[Event]]:
     rmq, bridge = run_both(
-        "transaction", rocketmq, bridge_env, driver_home,
+        "transaction", sides.rocketmq, sides.bridge_env, sides.driver_home,
         count=s.TRANSACTIONS, deadline_ms=60_000, quiet_ms=2000,
     )  # fmt: skip
-    yield {"rocketmq": rmq, "bridge": bridge}
+    return {"rocketmq": rmq, "bridge": bridge}
 
 
 UNKNOWN = {f"KEY{i}" for i in range(s.TRANSACTIONS) if i % 3 == 0}
@@ -188,6 +186,9 @@ def test_rocketmq_checks_decided_transactions_again_when_op_records_lag(
     each committed message once (its run above, with the same check settings)."""
     from tests.differential.rocketmq_side import DriverRun
 
+    # It sets RocketMQ's OP batch interval for the whole broker while it runs, so no other
+    # transactional workload may run beside it: the only one, seed003's, has ended (its result
+    # is an argument here), and the workloads still running in the lanes send no transaction.
     run = DriverRun(
         "transaction", rocketmq.namesrv_addr, driver_home, 240,
         topic="diff-transaction-lagging-op", producer_group="diff_lag_p",
@@ -225,12 +226,10 @@ DELAYS = {
 TIMERS = {"delayms1500", "delaysec2", "at2700"}
 
 
-@pytest.fixture(scope="module")
-def delays(
-    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
-) -> dict[str, list[Event]]:
+@scenario(expected_s=9)
+def delays(sides: Sides) -> dict[str, list[Event]]:
     rmq, bridge = run_both(
-        "delay", rocketmq, bridge_env, driver_home,
+        "delay", sides.rocketmq, sides.bridge_env, sides.driver_home,
         messages=",".join(DELAYS), deadline_ms=30_000, quiet_ms=1500,
     )  # fmt: skip
     return {"rocketmq": rmq, "bridge": bridge}
@@ -292,12 +291,10 @@ def test_delivered_delayed_messages_differ_only_as_documented(
 # --- the retry ladder --------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def retries(
-    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
-) -> dict[str, list[Event]]:
+@scenario(expected_s=14)
+def retries(sides: Sides) -> dict[str, list[Event]]:
     rmq, bridge = run_both(
-        "retry", rocketmq, bridge_env, driver_home,
+        "retry", sides.rocketmq, sides.bridge_env, sides.driver_home,
         max_reconsume=s.MAX_RECONSUME_TIMES, deadline_ms=60_000, quiet_ms=2000,
     )  # fmt: skip
     return {"rocketmq": rmq, "bridge": bridge}
@@ -356,12 +353,10 @@ def test_retried_messages_differ_only_as_documented(retries: dict[str, list[Even
 # --- orderly consumption with a failing message -------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def orderly(
-    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
-) -> dict[str, list[Event]]:
+@scenario(expected_s=10)
+def orderly(sides: Sides) -> dict[str, list[Event]]:
     rmq, bridge = run_both(
-        "orderly", rocketmq, bridge_env, driver_home,
+        "orderly", sides.rocketmq, sides.bridge_env, sides.driver_home,
         count=6, max_reconsume=s.MAX_RECONSUME_TIMES, suspend_ms=s.SUSPEND_MS,
         deadline_ms=60_000, quiet_ms=2000,
     )  # fmt: skip
@@ -407,12 +402,10 @@ def test_orderly_messages_differ_only_as_documented(orderly: dict[str, list[Even
 # --- broadcasting with a failure ---------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def broadcasting(
-    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
-) -> dict[str, list[Event]]:
+@scenario(expected_s=7)
+def broadcasting(sides: Sides) -> dict[str, list[Event]]:
     rmq, bridge = run_both(
-        "broadcasting", rocketmq, bridge_env, driver_home,
+        "broadcasting", sides.rocketmq, sides.bridge_env, sides.driver_home,
         deadline_ms=60_000, quiet_ms=s.LEVEL_DELAYS_MS[2] + 1500,
     )  # fmt: skip
     return {"rocketmq": rmq, "bridge": bridge}
@@ -489,16 +482,14 @@ def _sql_message(key: str) -> str:
     return urlencode({**fields, **props}, quote_via=quote)
 
 
-@pytest.fixture(scope="module")
-def sql92(
-    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
-) -> dict[str, dict[str, set[str] | None]]:
+@scenario(expected_s=9)
+def sql92(sides: Sides) -> dict[str, dict[str, set[str] | None]]:
     """Each side's outcome per expression: the keys it delivered, or None if it refused it."""
     args: dict[str, Any] = {f"m{i}": _sql_message(key) for i, key in enumerate(SQL_MESSAGES)}
     args |= {f"e{i}": quote(expression) for i, expression in enumerate(SQL_ALL)}
     rmq, bridge = run_both(
-        "sql", rocketmq, bridge_env, driver_home,
-        rocketmq_only={"broker_addr": rocketmq.broker_addr}, **args,
+        "sql", sides.rocketmq, sides.bridge_env, sides.driver_home,
+        rocketmq_only={"broker_addr": sides.rocketmq.broker_addr}, **args,
     )  # fmt: skip
     outcomes: dict[str, dict[str, set[str] | None]] = {}
     for side, events in (("rocketmq", rmq), ("bridge", bridge)):
@@ -566,13 +557,11 @@ REVIVE_LATE_MS = REVIVE_WAIT_MS + s.TIMER_PRECISION_MS + 1000 + LATE_SLACK_MS
 checkpoint records, its 1 s ``reviveInterval``, and the busy machine's slack."""
 
 
-@pytest.fixture(scope="module")
-def simple_v5(
-    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
-) -> dict[str, list[Event]]:
+@scenario(expected_s=29)
+def simple_v5(sides: Sides) -> dict[str, list[Event]]:
     started = time.monotonic()
     rmq, bridge = run_both_v5(
-        "simple", rocketmq, bridge_env, driver_home,
+        "simple", sides.rocketmq, sides.bridge_env, sides.driver_home,
         setup={"queues": 4, "message_type": "NORMAL", "fifo": "false",
                "retry_max_times": s.MAX_DELIVERY_ATTEMPTS - 1, "backoff_ms": s.INVISIBLE_MS},
         invisible_ms=s.INVISIBLE_MS, extend_ms=s.EXTEND_MS, max_attempts=s.MAX_DELIVERY_ATTEMPTS,
@@ -684,10 +673,8 @@ FIFO_SENT = [f"{g}-{i}" for i in range(FIFO_PER_GROUP) for g in FIFO_GROUPS]
 """Send order: round robin over the groups. g1-1 always fails, g2-1 fails once."""
 
 
-@pytest.fixture(scope="module")
-def fifo_v5(
-    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
-) -> dict[str, list[Event]]:
+@scenario(expected_s=31)
+def fifo_v5(sides: Sides) -> dict[str, list[Event]]:
     """The FIFO workload on a topic of one queue on both sides; RocketMQ's consumer as
     configured by default, and (``rocketmq_accelerated``) with the v5 client's FIFO consume
     accelerator, which runs the groups of one received batch in parallel: there every message
@@ -705,12 +692,12 @@ def fifo_v5(
     started = time.monotonic()
     # The accelerated run goes on in the background, beside the other two.
     accelerated = RocketMQV5Run(
-        "fifo", rocketmq, driver_home, v5_names("fifo"), setup,
+        "fifo", sides.rocketmq, sides.driver_home, v5_names("fifo"), setup,
         accelerator="true", preload="true", **args,
     )  # fmt: skip
     try:
         rmq, bridge = run_both_v5(
-            "fifo", rocketmq, bridge_env, driver_home, setup=setup,
+            "fifo", sides.rocketmq, sides.bridge_env, sides.driver_home, setup=setup,
             rocketmq_only={"accelerator": "false", "preload": "false"}, **args,
         )  # fmt: skip
     except BaseException:
@@ -806,16 +793,14 @@ DELIVERED = ("kept", "late")
 """Never recalled in time: "kept" is not recalled, "late" only once it was received."""
 
 
-@pytest.fixture(scope="module")
-def recall_v5(
-    rocketmq: LocalRocketMQ, bridge_env: BridgeEnv, driver_home: Path
-) -> dict[str, list[Event]]:
+@scenario(expected_s=16)
+def recall_v5(sides: Sides) -> dict[str, list[Event]]:
     """Timer messages recalled before their time and after their delivery, on a topic of
     message type DELAY (RocketMQ's proxy recalls only on such a topic, and takes only timers
     there); RocketMQ's broker runs with ``recallMessageEnable=true``."""
     started = time.monotonic()
     rmq, bridge = run_both_v5(
-        "recall", rocketmq, bridge_env, driver_home,
+        "recall", sides.rocketmq, sides.bridge_env, sides.driver_home,
         setup={"queues": 4, "message_type": "DELAY", "fifo": "false",
                "retry_max_times": s.MAX_DELIVERY_ATTEMPTS - 1, "backoff_ms": s.INVISIBLE_MS},
         due_ms=s.RECALL_DUE_MS, late_due_ms=s.RECALL_LATE_DUE_MS, invisible_ms=s.INVISIBLE_MS,
