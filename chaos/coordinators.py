@@ -29,15 +29,16 @@ logger = logging.getLogger("chaos")
 COORDINATOR_NAMES: Final = ("coordinator-1", "coordinator-2")
 
 _COORDINATOR_MAIN: Final = (
-    "import faulthandler, signal, sys\n"
-    "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+    "import signal, sys\n"
+    "from chaos.stacks import dump_stacks_on\n"
+    "dump_stacks_on(signal.SIGUSR1)\n"
     "from bridge.cli import main\n"
     "sys.argv[0] = 'bridge'\n"
     "main()\n"
 )
 """``bridge coordinator`` as the CLI runs it, plus a dump of every thread's stack on stderr
-(the coordinator's log) on SIGUSR1: the runner asks for one when the load ends and before
-it stops the coordinators, so a service stuck in a call shows where."""
+(the coordinator's log) on SIGUSR1 (:mod:`chaos.stacks`): the runner asks for one when the load
+ends and before it stops the coordinators, so a service stuck in a call shows where."""
 
 
 class CoordinatorProcess:
