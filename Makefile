@@ -3,11 +3,11 @@
 .PHONY: up test check check-tests bench lint docs bootstrap clean chaos soak differential
 SEED ?= 1
 # Worker processes for pytest (pytest-xdist), sharing one broker; tests marked serial run after
-# them, alone. 5 on 2 cores: most integration tests wait on timers and session timeouts more
+# them, alone. 6 on 2 cores: most integration tests wait on timers and session timeouts more
 # than they compute (once an idle coordinator stopped costing the broker most of its CPU, the
-# cores were busy 58% of the parallel part with 4 workers and 70% with 5, its slowest test
-# 92 s of its 300). 0 runs the suite in one process.
-WORKERS ?= 5
+# cores were busy 58% of the parallel part with 4 workers, 70% with 5 and 80% with 6, which
+# took 543-559 s against 591-599 with 5). 0 runs the suite in one process.
+WORKERS ?= 6
 PYTEST_PARALLEL = .venv/bin/python -m pytest -n $(WORKERS) --dist loadgroup
 
 up:

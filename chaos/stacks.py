@@ -6,9 +6,13 @@ dump of all threads walks the other threads' states from the C signal handler, w
 interpreter's lock: a thread starting or ending meanwhile (the coordinator starts one per
 transactional call it bounds) crashed the process with SIGSEGV, once in a 6-worker run of the
 suite, and in a few dozen to a few hundred signals beside threads that come and go. This
-handler runs as a Python signal handler instead, in the main thread between two bytecodes, with
-the lock held, so no thread state changes while it reads them; it writes with one ``write``
-call a thread, so a second signal during a dump only adds a dump.
+handler runs as a Python signal handler instead, in the main thread between two bytecodes: it
+takes a snapshot of the threads' frames with the lock held (``sys._current_frames``) and formats
+them afterwards, and a second signal during a dump only adds a dump.
+
+What it gives up: it runs only once the main thread runs Python code again. A coordinator's main
+thread waits in :meth:`~bridge.coordinator.Coordinator.run_until`, which wakes every 0.2 s;
+one stuck in a call that never returns would write no dump.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ def dump_stacks_on(signum: int, fd: int = 2) -> None:
     (standard error by default). Call it from the main thread."""
 
     def dump(_signum: int, _frame: FrameType | None) -> None:
-        os.write(fd, format_stacks().encode(errors="replace") + b"\n")
+        data = memoryview(format_stacks().encode(errors="replace") + b"\n")
+        while data:  # a pipe may take part of it
+            data = data[os.write(fd, data) :]
 
     signal.signal(signum, dump)

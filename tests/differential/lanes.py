@@ -8,9 +8,12 @@ and a test waits only for the workload it reads.
 
 A workload is declared with :func:`scenario`: the decorated function (one argument, the
 :class:`Sides`) is registered under its name, and the name becomes a module-scoped fixture
-whose value is the workload's result (its exception, if it raised). Each workload uses names
-of its own (:func:`~tests.differential.observe.run_both`), so two never read each other's
+whose value is the workload's result (raising its exception, if it raised). Each workload uses
+names of its own (:func:`~tests.differential.observe.run_both`), so two never read each other's
 messages; what they share is the two brokers and the bridge's coordinator.
+
+A workload stops on its own bounds (each side's deadline, a driver JVM's ``timeout_s``), not
+on pytest's: a test that times out waiting for one leaves it running until then.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from bridge.runtime.rocketmq import LocalRocketMQ
 from tests.differential.bridge_side import BridgeEnv
 
 LANES: Final = 2
-"""Workloads run at once. Their timings are compared with ``SLACK_MS`` of the machine's
-scheduling; two at a time keep the cores about half busy, where one left them 27% busy."""
+"""Workloads run at once (a test that runs its own workload, in the main thread, adds one).
+Their timings are compared within ``SLACK_MS`` of the machine's scheduling: two at a time kept
+the cores 38% busy, where one left them 27% busy."""
 
 T = TypeVar("T")
 
@@ -87,8 +91,10 @@ class Lanes:
         return self._futures[name].result()
 
     def close(self) -> None:
-        """Drop the workloads not started yet and wait for those running."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Drop the workloads not started yet. Those running (none, unless a test failed or the
+        session was interrupted) are not waited for: the brokers stop after this, which ends
+        them sooner than their own bounds would."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def needed(items: Iterable[pytest.Item]) -> set[str]:

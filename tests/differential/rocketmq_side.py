@@ -33,6 +33,7 @@ import os
 import shutil
 import subprocess
 import threading
+import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -117,7 +118,8 @@ class DriverRun:
         ]
         self.workload = workload
         self.timeout_s = timeout_s
-        self._stderr = home / f"{workload}.stderr"
+        # A file of its own: runs of one workload overlap (the suite runs workloads at once).
+        self._stderr = home / f"{workload}-{uuid.uuid4().hex[:8]}.stderr"
         self._proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=self._stderr.open("wb"), text=True
         )

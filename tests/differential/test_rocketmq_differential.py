@@ -1,9 +1,9 @@
 """The same workloads against Apache RocketMQ 5.3 and against the bridge; the outcomes compared.
 
-Each test runs one workload on both sides at once (RocketMQ's in a JVM of its own) with the
-scaled settings of :mod:`tests.differential.settings`, then asserts, for each side, what must
-hold on both, and asserts every difference listed in ``docs/compatibility.md`` as it is, so a
-difference that appears, disappears or changes fails here. Timings are compared within
+Each workload runs on both sides at once (RocketMQ's in a JVM of its own) with the scaled
+settings of :mod:`tests.differential.settings`; each test reads one and asserts, for each side,
+what must hold on both, and asserts every difference listed in ``docs/compatibility.md`` as it
+is, so a difference that appears, disappears or changes fails here. Timings are compared within
 ``SLACK_MS``: the suite runs on a shared 2-core machine. Measured figures are printed in the
 session summary. The workloads run ahead of their tests, two at a time (:mod:`.lanes`).
 """
