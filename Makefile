@@ -14,8 +14,11 @@ up:
 	@BRIDGE_EXTRAS=db ./scripts/bootstrap.sh
 	.venv/bin/bridge -v up
 
-# The whole suite: unit and integration tests against a real broker, the side-by-side run
-# against Apache RocketMQ, and the fault suite.
+# The whole suite: unit and integration tests against a real broker, then the side-by-side run
+# against Apache RocketMQ beside the fault suite. The side-by-side run mostly waits (the cores
+# were 51% busy); the fault suite checks what no load excuses (nothing lost, duplicated, early
+# or reordered) and runs at the lowest CPU and I/O priority, so that the side-by-side run's
+# timings keep their slack. Each one's output is printed when it ends; either failing fails.
 test: bootstrap
 ifeq ($(WORKERS),0)
 	.venv/bin/python -m pytest
@@ -23,8 +26,8 @@ else
 	$(PYTEST_PARALLEL) -m "not serial"
 	.venv/bin/python -m pytest -m serial || [ $$? -eq 5 ]  # 5: no test is marked serial
 endif
-	.venv/bin/python -m pytest tests/differential
-	.venv/bin/python -m chaos run --seed $(SEED) --duration 150
+	$(MAKE) --no-print-directory -j2 --output-sync=target differential chaos \
+		CHAOS_PRIORITY="nice -n 19 ionice -c2 -n7"
 
 # The inner loop: lint, the unit tests and the broker tests marked check (one a guarantee), on
 # CHECK_WORKERS pytest-xdist processes sharing one broker (0: one process). Lint runs beside the
@@ -38,8 +41,10 @@ check-tests: bootstrap
 	.venv/bin/python -m pytest -n $(CHECK_WORKERS) --dist loadgroup -m "unit or check"
 
 # Fault injection on a three-broker cluster (fixed seed, a few minutes; fails on a violation).
+# CHAOS_PRIORITY: a command prefix it runs under (make test lowers its priority).
+CHAOS_PRIORITY ?=
 chaos: bootstrap
-	.venv/bin/python -m chaos run --seed $(SEED) --duration 150
+	$(CHAOS_PRIORITY) .venv/bin/python -m chaos run --seed $(SEED) --duration 150
 
 # The same with every nemesis for as long as DURATION says (seconds), e.g. make soak DURATION=1800.
 DURATION ?= 1800
