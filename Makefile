@@ -16,9 +16,10 @@ up:
 
 # The whole suite: unit and integration tests against a real broker, then the side-by-side run
 # against Apache RocketMQ beside the fault suite. The side-by-side run mostly waits (the cores
-# were 51% busy); the fault suite checks what no load excuses (nothing lost, duplicated, early
-# or reordered) and runs at the lowest CPU and I/O priority, so that the side-by-side run's
-# timings keep their slack. Each one's output is printed when it ends; either failing fails.
+# were 38-51% busy) and compares timings within a slack; the fault suite checks that nothing is
+# lost, duplicated, early or reordered, with time bounds of tens of seconds, and runs at the
+# lowest CPU priority (and the lowest best-effort I/O priority, where the disk's scheduler
+# honours one). Each one's output is printed when it ends; either failing fails the target.
 test: bootstrap
 ifeq ($(WORKERS),0)
 	.venv/bin/python -m pytest
@@ -27,7 +28,7 @@ else
 	.venv/bin/python -m pytest -m serial || [ $$? -eq 5 ]  # 5: no test is marked serial
 endif
 	$(MAKE) --no-print-directory -j2 --output-sync=target differential chaos \
-		CHAOS_PRIORITY="nice -n 19 ionice -c2 -n7"
+		CHAOS_PRIORITY="nice -n 19 ionice -t -c2 -n7"
 
 # The inner loop: lint, the unit tests and the broker tests marked check (one a guarantee), on
 # CHECK_WORKERS pytest-xdist processes sharing one broker (0: one process). Lint runs beside the

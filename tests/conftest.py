@@ -197,10 +197,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
       measured against the wall clock) runs after the parallel run, alone (``make test``
       runs ``-m "not serial"`` on the workers, then ``-m serial`` without them).
 
-    Tests under ``tests/unit`` get the ``unit`` marker (``make check`` selects them). On
-    workers they run after the others: xdist hands out the groups first (the most tests
-    first), then the other tests in collection order, so the many short unit tests fill the
-    run's end rather than a long integration test starting last.
+    Tests under ``tests/unit`` get the ``unit`` marker (``make check`` selects them).
     """
     for item in items:
         for mark in item.iter_markers("check"):
@@ -216,8 +213,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("authorizing-broker"))
         if UNIT_TESTS in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.unit)
-    if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: item.get_closest_marker("unit") is not None)
 
 
 @pytest.fixture(scope="session")

@@ -140,6 +140,13 @@ class TopicAdmin:
                 raise TopicProvisioningError(
                     f"adding partitions to topic {spec.kafka_name} timed out"
                 ) from exc
+        # The controller answers before every broker has applied the change: a client started
+        # right after (a producer checking the topic) could still be told the old count.
+        if not self._has_partitions(spec):
+            raise TopicProvisioningError(
+                f"topic {spec.kafka_name}: partitions were added ({spec.partitions} now), but "
+                f"metadata did not show them within {self._config.request_timeout_ms} ms"
+            )
         logger.warning(
             "topic %s: %d partitions added (%d now): the delay settings ask for more "
             "partitions per level or tier; the existing ones keep their records",

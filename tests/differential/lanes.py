@@ -32,7 +32,7 @@ from tests.differential.bridge_side import BridgeEnv
 LANES: Final = 2
 """Workloads run at once (a test that runs its own workload, in the main thread, adds one).
 Their timings are compared within ``SLACK_MS`` of the machine's scheduling: two at a time kept
-the cores 38% busy, where one left them 27% busy."""
+the cores 38-51% busy, where one left them 27% busy."""
 
 T = TypeVar("T")
 

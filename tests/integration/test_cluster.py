@@ -64,6 +64,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaClus
             proxied=True,
             # Kafka's default before 2.5, a third of today's: a paused node leaves the ISR
             # (and a transaction coordinator that waited on it answers again) 20 s sooner.
+            # The fault suite's cluster keeps Kafka's default.
             properties={"replica.lag.time.max.ms": str(PAUSED_OUT_OF_ISR_MS)},
         )
     )
