@@ -5,8 +5,8 @@ SEED ?= 1
 # Worker processes for pytest (pytest-xdist), sharing one broker; tests marked serial run after
 # them, alone. 6 on 2 cores: most integration tests wait on timers and session timeouts more
 # than they compute (once an idle coordinator stopped costing the broker most of its CPU, the
-# cores were busy 58% of the parallel part with 4 workers, 70% with 5 and 80% with 6, which
-# took 543-559 s against 591-599 with 5). 0 runs the suite in one process.
+# cores were busy 58% of the parallel part with 4 workers, 70% with 5 and 79-84% with 6, which
+# took 543-585 s against 591-599 with 5). 0 runs the suite in one process.
 WORKERS ?= 6
 PYTEST_PARALLEL = .venv/bin/python -m pytest -n $(WORKERS) --dist loadgroup
 
