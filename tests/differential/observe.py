@@ -5,12 +5,11 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any
 
-from bridge.runtime.rocketmq import LocalRocketMQ
 from tests.differential import bridge_side
-from tests.differential.bridge_side import BridgeEnv, Event
+from tests.differential.bridge_side import Event
+from tests.differential.lanes import Sides
 from tests.differential.rocketmq_side import DriverRun, V5DriverRun
 
 # Properties only RocketMQ shows, whatever the message (see docs/compatibility.md).
@@ -39,15 +38,14 @@ returning a status (no exception, so no CONSUME_EXCEPTION_*): RocketMQ records n
 
 def run_both(
     workload: str,
-    rocketmq: LocalRocketMQ,
-    bridge_env: BridgeEnv,
-    driver_home: Path,
+    sides: Sides,
     timeout_s: float = 240,
     rocketmq_only: dict[str, Any] | None = None,
     **args: Any,
 ) -> tuple[list[Event], list[Event]]:
-    """Run ``workload`` against RocketMQ (its JVM in the background) and the bridge at the same
-    time, with the same arguments and names; return (RocketMQ's events, the bridge's)."""
+    """Run ``workload`` against RocketMQ (its JVM in the background) and the bridge of ``sides``
+    at the same time, with the same arguments and names; return (RocketMQ's events, the
+    bridge's)."""
     suffix = uuid.uuid4().hex[:6]
     names = {
         "topic": f"diff-{workload}-{suffix}",
@@ -55,11 +53,11 @@ def run_both(
         "consumer_group": f"diff_{workload}_c_{suffix}",
     }
     run = DriverRun(
-        workload, rocketmq.namesrv_addr, driver_home, timeout_s,
+        workload, sides.rocketmq.namesrv_addr, sides.driver_home, timeout_s,
         **names, **args, **(rocketmq_only or {}),
     )  # fmt: skip
     try:
-        bridge_events = getattr(bridge_side, workload)(bridge_env, **names, **args)
+        bridge_events = getattr(bridge_side, workload)(sides.bridge_env, **names, **args)
         return run.events(), bridge_events
     finally:
         run.kill()
@@ -129,25 +127,23 @@ class RocketMQV5Run:
     def __init__(
         self,
         workload: str,
-        rocketmq: LocalRocketMQ,
-        driver_home: Path,
+        sides: Sides,
         names: dict[str, str],
         setup: dict[str, Any],
         timeout_s: float = 240,
         **args: Any,
     ) -> None:
-        self.rocketmq = rocketmq
-        self.driver_home = driver_home
+        self.rocketmq, self.driver_home = sides.rocketmq, sides.driver_home
         self.admin = {
             "consumer_group": names["consumer_group"],
-            "broker_addr": rocketmq.broker_addr,
+            "broker_addr": self.rocketmq.broker_addr,
         }
         DriverRun(
-            "v5admin", rocketmq.namesrv_addr, driver_home, 120,
+            "v5admin", self.rocketmq.namesrv_addr, self.driver_home, 120,
             action="setup", topic=names["topic"], **self.admin, **setup,
         ).events()  # fmt: skip
         self.run = V5DriverRun(
-            workload, rocketmq.proxy_addr, driver_home, timeout_s, **names, **args
+            workload, self.rocketmq.proxy_addr, self.driver_home, timeout_s, **names, **args
         )
 
     def kill(self) -> None:
@@ -168,9 +164,7 @@ class RocketMQV5Run:
 
 def run_both_v5(
     workload: str,
-    rocketmq: LocalRocketMQ,
-    bridge_env: BridgeEnv,
-    driver_home: Path,
+    sides: Sides,
     setup: dict[str, Any],
     timeout_s: float = 240,
     rocketmq_only: dict[str, Any] | None = None,
@@ -179,12 +173,9 @@ def run_both_v5(
     """Run one of ``RocketMQV5Driver``'s workloads against RocketMQ (:class:`RocketMQV5Run`)
     and the bridge at the same time; return (RocketMQ's events, the bridge's)."""
     names = v5_names(workload)
-    run = RocketMQV5Run(
-        workload, rocketmq, driver_home, names, setup, timeout_s,
-        **args, **(rocketmq_only or {}),
-    )  # fmt: skip
+    run = RocketMQV5Run(workload, sides, names, setup, timeout_s, **args, **(rocketmq_only or {}))
     try:
-        bridge_events = getattr(bridge_side, workload)(bridge_env, **names, **args)
+        bridge_events = getattr(bridge_side, workload)(sides.bridge_env, **names, **args)
     except BaseException:
         run.kill()
         raise

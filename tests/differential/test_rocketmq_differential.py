@@ -73,7 +73,7 @@ def pct(values: list[int], q: float) -> int:
 @scenario(expected_s=33)
 def seed003(sides: Sides) -> dict[str, list[Event]]:
     rmq, bridge = run_both(
-        "transaction", sides.rocketmq, sides.bridge_env, sides.driver_home,
+        "transaction", sides,
         count=s.TRANSACTIONS, deadline_ms=60_000, quiet_ms=2000,
     )  # fmt: skip
     return {"rocketmq": rmq, "bridge": bridge}
@@ -229,7 +229,7 @@ TIMERS = {"delayms1500", "delaysec2", "at2700"}
 @scenario(expected_s=9)
 def delays(sides: Sides) -> dict[str, list[Event]]:
     rmq, bridge = run_both(
-        "delay", sides.rocketmq, sides.bridge_env, sides.driver_home,
+        "delay", sides,
         messages=",".join(DELAYS), deadline_ms=30_000, quiet_ms=1500,
     )  # fmt: skip
     return {"rocketmq": rmq, "bridge": bridge}
@@ -294,7 +294,7 @@ def test_delivered_delayed_messages_differ_only_as_documented(
 @scenario(expected_s=14)
 def retries(sides: Sides) -> dict[str, list[Event]]:
     rmq, bridge = run_both(
-        "retry", sides.rocketmq, sides.bridge_env, sides.driver_home,
+        "retry", sides,
         max_reconsume=s.MAX_RECONSUME_TIMES, deadline_ms=60_000, quiet_ms=2000,
     )  # fmt: skip
     return {"rocketmq": rmq, "bridge": bridge}
@@ -356,7 +356,7 @@ def test_retried_messages_differ_only_as_documented(retries: dict[str, list[Even
 @scenario(expected_s=10)
 def orderly(sides: Sides) -> dict[str, list[Event]]:
     rmq, bridge = run_both(
-        "orderly", sides.rocketmq, sides.bridge_env, sides.driver_home,
+        "orderly", sides,
         count=6, max_reconsume=s.MAX_RECONSUME_TIMES, suspend_ms=s.SUSPEND_MS,
         deadline_ms=60_000, quiet_ms=2000,
     )  # fmt: skip
@@ -405,7 +405,7 @@ def test_orderly_messages_differ_only_as_documented(orderly: dict[str, list[Even
 @scenario(expected_s=7)
 def broadcasting(sides: Sides) -> dict[str, list[Event]]:
     rmq, bridge = run_both(
-        "broadcasting", sides.rocketmq, sides.bridge_env, sides.driver_home,
+        "broadcasting", sides,
         deadline_ms=60_000, quiet_ms=s.LEVEL_DELAYS_MS[2] + 1500,
     )  # fmt: skip
     return {"rocketmq": rmq, "bridge": bridge}
@@ -488,7 +488,7 @@ def sql92(sides: Sides) -> dict[str, dict[str, set[str] | None]]:
     args: dict[str, Any] = {f"m{i}": _sql_message(key) for i, key in enumerate(SQL_MESSAGES)}
     args |= {f"e{i}": quote(expression) for i, expression in enumerate(SQL_ALL)}
     rmq, bridge = run_both(
-        "sql", sides.rocketmq, sides.bridge_env, sides.driver_home,
+        "sql", sides,
         rocketmq_only={"broker_addr": sides.rocketmq.broker_addr}, **args,
     )  # fmt: skip
     outcomes: dict[str, dict[str, set[str] | None]] = {}
@@ -561,7 +561,7 @@ checkpoint records, its 1 s ``reviveInterval``, and the busy machine's slack."""
 def simple_v5(sides: Sides) -> dict[str, list[Event]]:
     started = time.monotonic()
     rmq, bridge = run_both_v5(
-        "simple", sides.rocketmq, sides.bridge_env, sides.driver_home,
+        "simple", sides,
         setup={"queues": 4, "message_type": "NORMAL", "fifo": "false",
                "retry_max_times": s.MAX_DELIVERY_ATTEMPTS - 1, "backoff_ms": s.INVISIBLE_MS},
         invisible_ms=s.INVISIBLE_MS, extend_ms=s.EXTEND_MS, max_attempts=s.MAX_DELIVERY_ATTEMPTS,
@@ -692,12 +692,12 @@ def fifo_v5(sides: Sides) -> dict[str, list[Event]]:
     started = time.monotonic()
     # The accelerated run goes on in the background, beside the other two.
     accelerated = RocketMQV5Run(
-        "fifo", sides.rocketmq, sides.driver_home, v5_names("fifo"), setup,
+        "fifo", sides, v5_names("fifo"), setup,
         accelerator="true", preload="true", **args,
     )  # fmt: skip
     try:
         rmq, bridge = run_both_v5(
-            "fifo", sides.rocketmq, sides.bridge_env, sides.driver_home, setup=setup,
+            "fifo", sides, setup=setup,
             rocketmq_only={"accelerator": "false", "preload": "false"}, **args,
         )  # fmt: skip
     except BaseException:
@@ -800,7 +800,7 @@ def recall_v5(sides: Sides) -> dict[str, list[Event]]:
     there); RocketMQ's broker runs with ``recallMessageEnable=true``."""
     started = time.monotonic()
     rmq, bridge = run_both_v5(
-        "recall", sides.rocketmq, sides.bridge_env, sides.driver_home,
+        "recall", sides,
         setup={"queues": 4, "message_type": "DELAY", "fifo": "false",
                "retry_max_times": s.MAX_DELIVERY_ATTEMPTS - 1, "backoff_ms": s.INVISIBLE_MS},
         due_ms=s.RECALL_DUE_MS, late_due_ms=s.RECALL_LATE_DUE_MS, invisible_ms=s.INVISIBLE_MS,
