@@ -117,6 +117,7 @@ class TopicAdmin:
         futures = self._admin.create_partitions(
             [NewPartitions(spec.kafka_name, spec.partitions)], request_timeout=self._timeout_s
         )
+        shown = False  # metadata already showed them (added by another process)
         for future in futures.values():
             try:
                 future.result(timeout=self._timeout_s)
@@ -127,7 +128,8 @@ class TopicAdmin:
                     and err.code() == KafkaError.INVALID_PARTITIONS
                     and self._has_partitions(spec)
                 ):
-                    continue  # raised meanwhile by another process
+                    shown = True  # raised meanwhile by another process
+                    continue
                 raise TopicProvisioningError(
                     f"topic {spec.kafka_name} has {count} partitions, {spec.partitions} "
                     f"needed, and adding them failed: {exc.args[0] if exc.args else exc} "
@@ -142,7 +144,7 @@ class TopicAdmin:
                 ) from exc
         # The controller answers before every broker has applied the change: a client started
         # right after (a producer checking the topic) could still be told the old count.
-        if not self._has_partitions(spec):
+        if not shown and not self._has_partitions(spec):
             raise TopicProvisioningError(
                 f"topic {spec.kafka_name}: partitions were added ({spec.partitions} now), but "
                 f"metadata did not show them within {self._config.request_timeout_ms} ms"

@@ -59,6 +59,29 @@ def test_an_existing_topic_with_too_few_partitions_is_refused(client_config: Cli
         admin.ensure_system_topics(catalog)
 
 
+def test_partitions_another_process_added_meanwhile_are_taken_as_added(
+    client_config: ClientConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two coordinators expanding SCHEDULE at once: the one the controller refuses
+    # (INVALID_PARTITIONS) finds them in metadata, once, and goes on.
+    catalog = TopicCatalog(namespace=client_config.namespace)
+    spec = dataclasses.replace(catalog.spec(SystemTopic.SCHEDULE), partitions=4)
+    admin = TopicAdmin(client_config)
+    admin.ensure_topics([dataclasses.replace(spec, partitions=2)])
+    admin.ensure_topics([spec], expand=True)  # the other process
+    lookups: list[str] = []
+    has_partitions = admin._has_partitions
+
+    def counted(looked_up: TopicSpec) -> bool:
+        lookups.append(looked_up.kafka_name)
+        return has_partitions(looked_up)
+
+    monkeypatch.setattr(admin, "_has_partitions", counted)
+    admin._add_partitions(spec, 2)  # what this process saw before the other one's change
+    assert lookups == [spec.kafka_name]
+    assert admin.list_topics()[spec.kafka_name] == 4
+
+
 def test_admin_against_no_broker_fails_within_the_timeout() -> None:
     config = ClientConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", request_timeout_ms=1000)
     with pytest.raises(BrokerUnreachableError, match="listing topics"):
