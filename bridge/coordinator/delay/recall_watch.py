@@ -85,10 +85,10 @@ RECALL_FETCH_WAIT_MS: Final = 500
 tick or marker written meanwhile ends the wait at once, so it does not delay a read (a tick
 written and read back: 52 ms at the median either way, on a local broker); the reader's
 other requests (an offset lookup after the topic was created again, metadata refreshes) are
-rare enough to wait behind a fetch. Librdkafka fetches an assigned
-partition whether or not it is polled: with fetches that did not wait (10 ms), an idle
-coordinator's reader sent the broker about 85 requests a second, and an idle coordinator cost a
-local broker 3.7-4.3 s of CPU a minute more than it spent alone; 1.5-2.4 s with this wait
+rare enough to wait behind a fetch. Librdkafka fetches an assigned partition whether or not
+it is polled: with fetches that did not wait (10 ms), an idle coordinator's reader sent the
+broker about 85 requests a second, and an idle coordinator cost a local broker 3.7-4.3 s of CPU
+a minute more than it spent alone; 1.5-2.4 s with this wait
 (``BENCH_DELAYS_ROWS=quiet python -m bench delays``)."""
 AHEAD_MS: Final = 200
 """A timer in the final window this close to its time gets its tick ahead of it, ms, if the
