@@ -24,12 +24,13 @@ import uuid
 from pathlib import Path
 
 from confluent_kafka import Producer as RawProducer
+from confluent_kafka import TopicPartition
 
 from bench.harness import Row, cpu_seconds, listening_pid, print_rows
 from bridge import ClientConfig, Message, Producer, read_messages
 from bridge.kafka.admin import TopicAdmin
-from bridge.kafka.clients import new_admin, new_consumer, producer_config
-from topics.catalog import TopicSpec
+from bridge.kafka.clients import new_admin, new_consumer, new_reader, producer_config
+from topics.catalog import SystemTopic, TopicSpec
 from topics.naming import coordinator_group
 
 IDLE_TIMERS = int(os.environ.get("BENCH_IDLE_TIMERS", "200"))
@@ -259,10 +260,29 @@ def _produce(raw: RawProducer, topic: str, value: bytes | None) -> None:
             raw.poll(0.05)
 
 
+def _timer_records(config: ClientConfig) -> int:
+    """Offsets the timer topic of ``config``'s namespace has taken so far, over all its
+    partitions: records (timers sent, and hops between tiers) and transaction markers."""
+    kafka_topic = config.catalog().topic(SystemTopic.TIMER)
+    reader = new_reader(config, f"bench-timer-offsets-{uuid.uuid4().hex[:8]}", "bench-offsets")
+    try:
+        partitions = reader.list_topics(kafka_topic, timeout=10).topics[kafka_topic].partitions
+        return sum(
+            reader.get_watermark_offsets(TopicPartition(kafka_topic, p), timeout=10)[1]
+            for p in partitions
+        )
+    finally:
+        reader.close()
+
+
 def _burst_rate(config: ClientConfig, label: str) -> float:
     """Send :data:`BURST` timers due in one second and return the rate they are all delivered
-    at, msg/s (the count over the time from the due time to the last delivery)."""
+    at, msg/s (the count over the time from the due time to the last delivery). Also prints
+    how many offsets the timer topic took a timer: one for the send, one for each hop to a
+    lower tier, and the transaction markers of the hops (so, with the cost of one timer's
+    move, how much of the row's work is hops)."""
     topic = _stamped(config, f"bench-burst-{uuid.uuid4().hex[:6]}")
+    offsets_before = _timer_records(config)
     due = time.time_ns() // 1_000_000 + 25_000
     with Producer("bench_burst", config=config) as producer:
         for _ in range(BURST):
@@ -273,10 +293,12 @@ def _burst_rate(config: ClientConfig, label: str) -> float:
     late = _lateness(config, topic, BURST, 180_000)
     all_in_ms = max(late, default=0)
     early = sum(1 for v in late if v < 0)
+    offsets = _timer_records(config) - offsets_before
     print(
         f"burst of {BURST} due in the same second ({label}): all delivered "
         f"{all_in_ms / 1000:.1f} s after the due time (p50 {_pct(late, 0.5):.0f} ms, "
-        f"p99 {_pct(late, 0.99):.0f} ms), {len(late)}/{BURST} delivered, early {early}"
+        f"p99 {_pct(late, 0.99):.0f} ms), {len(late)}/{BURST} delivered, early {early}; "
+        f"the timer topic took {offsets / BURST:.2f} offsets a timer (send, hops, markers)"
     )
     return BURST / max((all_in_ms + 1) / 1000, 0.001)
 
