@@ -311,7 +311,7 @@ class _Undecoded(MessageExt):
 
     def _decode(self) -> None:
         with _DECODE_LOCK:
-            if type(self) is not _Undecoded:
+            if type(self) is MessageExt:
                 return  # another thread decoded it meanwhile
             headers = _SLOTS["_properties"].__get__(self, MessageExt)
             if copied_born_timestamp(headers) is not None:
@@ -340,6 +340,21 @@ class _Undecoded(MessageExt):
             self.__class__ = MessageExt  # type: ignore[assignment]
 
 
+class _UndecodedFirst(_Undecoded):
+    """An :class:`_Undecoded` first delivery: a message of a real topic, whose headers hold
+    none that only the retry path writes (the push consumer's intake leaves such headers out
+    of a record read there), so :attr:`reconsume_times` is 0 without a look at them (a
+    listener reading it first pays nothing per header). Decoded, it is a plain
+    :class:`MessageExt` like any other, whose ``RECONSUME_TIME`` is missing: 0 too."""
+
+    __slots__ = ()
+
+    @property
+    def reconsume_times(self) -> int:
+        """:attr:`MessageExt.reconsume_times`: 0, a first delivery."""
+        return 0
+
+
 _new_undecoded = _Undecoded.__new__
 _set_topic: Final = Message.__dict__["topic"].__set__
 _set_body: Final = Message.__dict__["_body"].__set__
@@ -347,15 +362,22 @@ _set_headers: Final = _SLOTS["_properties"].__set__
 
 
 def undecoded_message(
-    record: Any, topic: str, kafka_topic: str, partition: int, headers: RawHeaders | None
+    record: Any,
+    topic: str,
+    kafka_topic: str,
+    partition: int,
+    headers: RawHeaders | None,
+    *,
+    first_delivery: bool = False,
 ) -> MessageExt:
     """:func:`received_message`, with the headers decoded only when the message's properties,
     keys, tags, id or born host are first read (see :class:`_Undecoded`). The push consumer
     hands these to listeners. ``headers`` other than confluent-kafka's list are decoded at
-    once."""
+    once. ``first_delivery``: ``headers`` hold none that only the retry path writes
+    (``RECONSUME_TIME`` among them), so the message was never consumed before."""
     if headers is not None and type(headers) is not list:
         return received_message(record, topic, kafka_topic, partition, headers)
-    msg = _new_undecoded(_Undecoded)
+    msg = _new_undecoded(_UndecodedFirst if first_delivery else _Undecoded)
     _set_topic(msg, topic)
     value = record.value()
     _set_body(msg, value if value is not None else b"")

@@ -186,7 +186,9 @@ class Intake:
                         if header in _RETRY_PATH_ONLY:
                             headers = self._first_delivery(record, headers)
                             break
-                msg = undecoded_message(record, name, kafka_topic, partition, headers)
+                msg = undecoded_message(
+                    record, name, kafka_topic, partition, headers, first_delivery=first_delivery
+                )
                 if retry:
                     malformed = _retry_origin(msg)
                     if malformed is not None:

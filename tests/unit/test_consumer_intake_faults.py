@@ -91,10 +91,10 @@ def test_a_fault_of_the_code_quarantines_nothing_and_the_poll_is_read_again(
     intake, kafka = _intake()
     decode = undecoded_message
 
-    def broken(record: Any, *args: Any) -> Any:
+    def broken(record: Any, *args: Any, **kwargs: Any) -> Any:
         if record.offset() == 9:
             raise TypeError("a fault of the code")
-        return decode(record, *args)
+        return decode(record, *args, **kwargs)
 
     monkeypatch.setattr(intake_module, "undecoded_message", broken)
     with pytest.raises(TypeError, match="a fault of the code"):
