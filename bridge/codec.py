@@ -373,8 +373,9 @@ def undecoded_message(
     """:func:`received_message`, with the headers decoded only when the message's properties,
     keys, tags, id or born host are first read (see :class:`_Undecoded`). The push consumer
     hands these to listeners. ``headers`` other than confluent-kafka's list are decoded at
-    once. ``first_delivery``: ``headers`` hold none that only the retry path writes
-    (``RECONSUME_TIME`` among them), so the message was never consumed before."""
+    once. ``first_delivery``: the caller left out of ``headers`` every one that only the retry
+    path writes (``RECONSUME_TIME`` among them), as the push consumer's intake does for a
+    record of a real topic: the message was never consumed before."""
     if headers is not None and type(headers) is not list:
         return received_message(record, topic, kafka_topic, partition, headers)
     msg = _new_undecoded(_UndecodedFirst if first_delivery else _Undecoded)

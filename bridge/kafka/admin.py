@@ -150,11 +150,12 @@ class TopicAdmin:
                 f"metadata did not show them within {self._config.request_timeout_ms} ms"
             )
         logger.warning(
-            "topic %s: %d partitions added (%d now): the delay settings ask for more "
+            "topic %s: %d partitions added (%d now)%s: the delay settings ask for more "
             "partitions per level or tier; the existing ones keep their records",
             spec.kafka_name,
             spec.partitions - count,
             spec.partitions,
+            " by another process meanwhile" if shown else "",
         )
 
     def _has_partitions(self, spec: TopicSpec) -> bool:

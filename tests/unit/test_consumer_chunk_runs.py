@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge import ConsumeStatus, MessageExt
+from bridge.codec import _SLOTS
 from bridge.consumer import PushConsumer
 from bridge.consumer.concurrent import ConcurrentConsumption
 from bridge.consumer.intake import Intake
@@ -69,6 +70,33 @@ def test_a_received_message_can_be_copied_and_pickled() -> None:
         msg = _received(consumer, headers)
         copied = how(msg)
         assert (copied.msg_id, copied.tags, copied.body) == ("ID1", "T", b"body"), name
+
+
+def test_a_first_delivery_reads_no_header_for_its_reconsume_times() -> None:
+    # A record of a real topic was never consumed before: the intake left out the headers
+    # only the retry path writes, so the count is 0 without a scan of the rest (a listener
+    # reading it first pays nothing per header). A header slipped into the held list after
+    # the intake shows whether it is scanned.
+    consumer = PushConsumer("g")
+    consumer.subscribe("t", lambda m: ConsumeStatus.CONSUME_SUCCESS)
+    msg = _received(consumer, [("UNIQ_KEY", b"ID1"), ("RECONSUME_TIME", b"3")])
+    held = _SLOTS["_properties"].__get__(msg, MessageExt)
+    assert held == [("UNIQ_KEY", b"ID1")]
+    held.append(("RECONSUME_TIME", b"5"))
+    assert msg.reconsume_times == 0
+
+
+def test_a_copy_read_from_the_retry_topic_or_a_dlq_reads_its_reconsume_times() -> None:
+    consumer = PushConsumer("g")
+    consumer.subscribe("t", lambda m: ConsumeStatus.CONSUME_SUCCESS)
+    headers = [("UNIQ_KEY", b"ID1"), ("RETRY_TOPIC", b"t"), ("RECONSUME_TIME", b"3")]
+    for kafka_topic, name in (("rmq.RETRY.g", "%RETRY%g"), ("rmq.DLQ.g", "%DLQ%g")):
+        pq = ProcessQueue(kafka_topic, 0)
+        intake = Intake(
+            consumer._context, {(kafka_topic, 0): pq}, None, {kafka_topic: name}, "rmq.RETRY.g"
+        )
+        batches = intake.sort([_Record(kafka_topic, 5, b"body", headers)])
+        assert batches[(kafka_topic, 0)].msgs[0].reconsume_times == 3, name
 
 
 def _consumption(subs: dict[str, Any]) -> tuple[PushConsumer, ConcurrentConsumption]:
