@@ -16,7 +16,9 @@ coordinator and the broker are other processes): on a shared machine the rates o
 with the load while the CPU a message moves much less. The same consumer with an SQL92 selector
 (:data:`SQL92`, which every message passes, so the listener's work is the same) is measured
 beside it with ``*``: the figure is what evaluating the filter costs, reading the headers it
-needs included (a listener that reads no property never decodes them).
+needs included (a listener that reads no property never decodes them). Last, without a broker,
+what a listener pays to read fields of a message the push consumer made of a record
+(:func:`_read_costs`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from bridge import (
     MessageSelector,
     Producer,
 )
+from bridge.client.records import plain_headers
+from bridge.codec import undecoded_message
 from bridge.consumer import PushConsumer
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_consumer
@@ -208,6 +212,72 @@ def _ours(
     return MESSAGES, elapsed, cpu
 
 
+READS = 20_000
+"""Messages read per timing of :func:`_read_costs`."""
+
+
+class _Record:
+    """A consumed record as confluent-kafka hands it over: what :func:`_read_costs` needs of
+    one, a benchmark message's value and headers."""
+
+    def __init__(self, offset: int, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+        self._offset, self._value, self._headers = offset, value, headers
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, 1_700_000_000_000
+
+
+def _read_costs() -> list[Row]:
+    """What a listener pays to read a field of a received message, ns a read (best of 5
+    timings of :data:`READS` messages): ``reconsume_times`` (what a RocketMQ listener often
+    checks first) and ``msg_id`` (which decodes every header), against ``queue_offset`` (a
+    plain slot). The messages are what the push consumer makes of a benchmark message read
+    from its topic: a first delivery, its 4 headers not decoded yet."""
+    msg = Message("t", b"x" * 100, keys="k1", tags="TagA")
+    headers = plain_headers(msg, uuid.uuid4().hex.upper(), b"127.0.0.1:1234")
+
+    def best(read: Callable[[Any], object]) -> float:
+        timings = []
+        for _ in range(5):
+            received = [
+                undecoded_message(
+                    _Record(i, msg.body, headers), "t", "t", 0, list(headers), first_delivery=True
+                )
+                for i in range(READS)
+            ]
+            started = time.perf_counter()
+            for each in received:
+                read(each)
+            timings.append(time.perf_counter() - started)
+        return min(timings) / READS * 1e9
+
+    plain = best(lambda m: m.queue_offset)
+    return [
+        Row(
+            "read reconsume_times (received)",
+            "ns",
+            best(lambda m: m.reconsume_times),
+            plain,
+            "read queue_offset",
+            higher_is_better=False,
+        ),
+        Row(
+            "read msg_id (decodes the headers)",
+            "ns",
+            best(lambda m: m.msg_id),
+            plain,
+            "read queue_offset",
+            higher_is_better=False,
+        ),
+    ]
+
+
 def _noting_cpu(
     name: str, measure: Callable[[], tuple[int, float, float]], cpu_ns: dict[str, list[float]]
 ) -> Callable[[], tuple[int, float]]:
@@ -362,3 +432,4 @@ def run(bootstrap: str) -> None:
         ]
     print_rows(f"push consumer ({MESSAGES:,} messages x 100 B, {PARTITIONS} partitions)", rows)
     print(f"retries measured: {len(retries)}")
+    print_rows("a listener's reads of a received message (no broker)", _read_costs())
