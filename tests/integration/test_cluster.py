@@ -32,6 +32,7 @@ from bridge.errors import (
     IllegalStateError,
     InvalidArgumentError,
 )
+from bridge.kafka.acls import await_acls_shown
 from bridge.kafka.admin import TopicAdmin
 from bridge.runtime.cluster import (
     BROKER_SESSION_TIMEOUT_MS,
@@ -515,6 +516,7 @@ def test_a_secured_cluster_serves_sasl_ssl_and_mtls_clients_with_acls(tmp_path: 
         ]
         for future in admin.create_acls(bindings, request_timeout=30).values():
             future.result()
+        await_acls_shown(admin, bindings, 30_000)
         for servers, settings in (
             (secured.bootstrap_servers, secured.client_settings("alice", password)),
             (str(secured.mtls_bootstrap_servers), secured.client_settings("carol")),

@@ -37,6 +37,7 @@ from bridge.codec import BORN_TIMESTAMP_HEADER, decode_envelope, encode_envelope
 from bridge.coordinator import Coordinator
 from bridge.coordinator.delay.service import ScheduleDeliveryService, TimerService
 from bridge.delay.routing import SEND_ID_HEADER
+from bridge.kafka.acls import await_acls_shown
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import QuarantinedRecord, read_quarantine
@@ -262,6 +263,7 @@ def test_targets_the_acls_deny_are_quarantined_and_the_others_flow(
     admin = new_admin(config)
     for future in admin.create_acls(acls).values():
         future.result(10)
+    await_acls_shown(admin, acls, 10_000)
     sent: dict[str, tuple[float, int]] = {}
     poisons: dict[str, str] = {}
     with Coordinator(coordinator_config(config, "acl")):

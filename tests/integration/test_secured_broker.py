@@ -44,6 +44,7 @@ from bridge import (
 from bridge.consumer.admin import read_dead_letters
 from bridge.coordinator import Coordinator, CoordinatorConfig
 from bridge.errors import AuthorizationError, BridgeError, KafkaClientError, SendAuthorizationError
+from bridge.kafka.acls import await_acls_shown
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
 from bridge.runtime.local_kafka import BROKER_PRINCIPAL, LocalKafka, LocalKafkaConfig
@@ -113,6 +114,7 @@ def grant_acls(broker: LocalKafka) -> None:
     ]  # fmt: skip
     for future in admin.create_acls(bindings, request_timeout=30).values():
         future.result()
+    await_acls_shown(admin, bindings, 30_000)
 
 
 def security_env(broker: LocalKafka, protocol: str) -> dict[str, str]:

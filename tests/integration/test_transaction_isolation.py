@@ -43,6 +43,7 @@ from bridge.coordinator.transaction import recovery as recovery_module
 from bridge.coordinator.transaction.service import TransactionService
 from bridge.errors import BridgeError, KafkaClientError
 from bridge.kafka import clients as clients_module
+from bridge.kafka.acls import await_acls_shown
 from bridge.kafka.admin import TopicAdmin
 from bridge.kafka.clients import new_admin
 from bridge.kafka.quarantine import read_quarantine
@@ -688,6 +689,7 @@ def deny(config: ClientConfig, topic: str, operation: AclOperation) -> None:
     admin = new_admin(config)  # kept alive until the futures complete
     for future in admin.create_acls(acls).values():
         future.result(10)
+    await_acls_shown(admin, acls, 10_000)
 
 
 def test_a_topic_the_acls_deny_writing_to_is_parked_and_the_other_commits_flow(
