@@ -31,6 +31,7 @@ from bridge.errors import (
     BrokerUnreachableError,
     IllegalStateError,
     InvalidArgumentError,
+    SendAuthorizationError,
 )
 from bridge.kafka.acls import await_acls_shown
 from bridge.kafka.admin import TopicAdmin
@@ -472,6 +473,15 @@ def test_bad_node_configs_are_typed_errors(
         LocalKafkaConfig(data_dir=tmp_path, **kwargs)
 
 
+def _sent_when_authorized(producer: Producer, msg: Message) -> bool:
+    """Send ``msg``; False if a broker refused it for want of an ACL (not stored)."""
+    try:
+        producer.send_sync(msg)
+    except SendAuthorizationError:
+        return False
+    return True
+
+
 def test_a_secured_cluster_serves_sasl_ssl_and_mtls_clients_with_acls(tmp_path: Path) -> None:
     from confluent_kafka.admin import (
         AclBinding,
@@ -524,7 +534,9 @@ def test_a_secured_cluster_serves_sasl_ssl_and_mtls_clients_with_acls(tmp_path: 
             config = ClientConfig(bootstrap_servers=servers, kafka=settings)
             topic = f"secured-{settings['security.protocol'].lower()}"
             with Producer("secured_pg", config=config) as producer:
-                producer.send_sync(Message(topic, b"replicated"))
+                # The brokers apply the ACLs one by one: the leader may not have them yet.
+                msg = Message(topic, b"replicated")
+                wait_until(lambda: _sent_when_authorized(producer, msg))  # noqa: B023 - called here
             assert [m.body for m in read_messages(config, [topic], max_messages=1)] == [
                 b"replicated"
             ]
