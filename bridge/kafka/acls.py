@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import wait as futures_wait
 from typing import Any, Final
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -25,6 +26,11 @@ from topics.acls import Acl, ResourceType
 logger = logging.getLogger(__name__)
 
 _SHOWN_POLL_S: Final = 0.05
+_ASK_AGAIN: Final = frozenset(
+    {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
+)
+"""Errors of a describe asked again within the deadline even if librdkafka does not flag them
+retriable: the request, not the question, failed."""
 """How often :func:`await_acls_shown` asks whether the broker shows the ACLs, s."""
 
 
@@ -44,10 +50,10 @@ def acl_binding(acl: Acl) -> AclBinding:
 
 def create_acls(config: ClientConfig, acls: Iterable[Acl]) -> list[Acl]:
     """Create ``acls`` (creating an existing ACL again changes nothing); return them once the
-    broker answering shows them all (:func:`await_acls_shown`, at most ``request_timeout_ms``
-    more), so that a client started right after is not refused by a broker that has not
-    applied them yet. The principal of ``config`` needs ALTER on the cluster. A refusal raises
-    :class:`~bridge.errors.AuthorizationError` (or another
+    brokers asked show them all (:func:`await_acls_shown`: about ``request_timeout_ms`` more
+    at most, then a warning), so that a client started right after is not refused by a broker
+    that has not applied them yet. The principal of ``config`` needs ALTER on the cluster. A
+    refusal raises :class:`~bridge.errors.AuthorizationError` (or another
     :class:`~bridge.errors.KafkaClientError`) naming the first ACL that failed."""
     wanted = list(acls)
     if not wanted:
@@ -75,15 +81,18 @@ def create_acls(config: ClientConfig, acls: Iterable[Acl]) -> list[Acl]:
 
 
 def await_acls_shown(admin: Any, bindings: Iterable[AclBinding], timeout_ms: int) -> bool:
-    """Wait until the broker the confluent-kafka ``admin`` asks shows every one of
-    ``bindings`` (ALLOW or DENY), at most ``timeout_ms``; True once it does. The controller
-    accepts ACLs before the brokers apply them, so a client started as soon as Kafka's
-    ``create_acls`` answered may still be authorized (or denied) by the ACLs before; on a
-    cluster, the brokers other than the one answering may apply them a moment later still.
+    """Wait until the brokers the confluent-kafka ``admin`` asks show every one of
+    ``bindings`` (ALLOW or DENY), at most about ``timeout_ms``; True once they do. The
+    controller accepts ACLs before the brokers apply them, so a client started as soon as
+    Kafka's ``create_acls`` answered may still be authorized (or denied) by the ACLs before.
+    Each round asks one broker per principal (librdkafka picks it), so on a cluster another
+    broker may apply them a moment later still.
 
     False, with a warning naming an ACL not shown, when they are not shown in time or cannot be
-    read back: reading them needs DESCRIBE on the cluster (which ALTER implies), and a broker
-    that refuses it answers with no ACLs. They were created all the same."""
+    read back (an error Kafka does not deem retriable; reading them needs DESCRIBE on the
+    cluster, which ALTER implies, and a broker refusing it answers with no ACLs). Errors worth
+    retrying (a timed-out or lost request) are asked again until the time is up. They were
+    created all the same."""
     missing = set(bindings)
     filters = [
         # None matches any name and host (confluent-kafka's stubs say str only).
@@ -103,26 +112,34 @@ def await_acls_shown(admin: Any, bindings: Iterable[AclBinding], timeout_ms: int
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        try:
-            for acl_filter in filters:
-                shown = admin.describe_acls(acl_filter, request_timeout=left)
-                missing.difference_update(shown.result(timeout=left))
-        except TimeoutError:
-            break
-        except KafkaException as exc:
-            logger.warning(
-                "%d ACLs created, but they cannot be read back to see the broker apply them "
-                "(%s): a client started now may be refused for a moment",
-                len(missing),
-                exc,
-            )
-            return False
+        # Every principal asked at once, all answers awaited within what is left.
+        asked = [
+            admin.describe_acls(acl_filter, request_timeout=max(left, 0.001))
+            for acl_filter in filters
+        ]
+        done, _ = futures_wait(asked, timeout=left)
+        for answer in done:
+            error = answer.exception()
+            if error is None:
+                missing.difference_update(answer.result())
+                continue
+            kafka_error = error.args[0] if error.args else None
+            if not isinstance(kafka_error, KafkaError) or not (
+                kafka_error.retriable() or kafka_error.code() in _ASK_AGAIN
+            ):
+                logger.warning(
+                    "%d ACLs created, but they cannot be read back to see the brokers apply "
+                    "them (%s): a client started now may be refused for a moment",
+                    len(missing),
+                    error,
+                )
+                return False
         if missing:
             time.sleep(min(_SHOWN_POLL_S, max(deadline - time.monotonic(), 0.0)))
     if not missing:
         return True
     logger.warning(
-        "%d ACLs created, but the broker did not show them within %d ms, such as %s (reading "
+        "%d ACLs created, but the brokers did not show them within %d ms, such as %s (reading "
         "them needs DESCRIBE on the cluster): a client started now may be refused for a moment",
         len(missing),
         timeout_ms,

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from bridge.errors import (
     BrokerUnreachableError,
     IllegalStateError,
     InvalidArgumentError,
-    SendAuthorizationError,
+    SendError,
 )
 from bridge.kafka.acls import await_acls_shown
 from bridge.kafka.admin import TopicAdmin
@@ -473,11 +474,15 @@ def test_bad_node_configs_are_typed_errors(
         LocalKafkaConfig(data_dir=tmp_path, **kwargs)
 
 
-def _sent_when_authorized(producer: Producer, msg: Message) -> bool:
-    """Send ``msg``; False if a broker refused it for want of an ACL (not stored)."""
+def _sent_when_authorized(config: ClientConfig, msg: Message) -> bool:
+    """Send ``msg`` with a new producer; False if a broker that has not applied the ACLs yet
+    refused it: the write (``SendAuthorizationError``), or the producer id the idempotent
+    producer asks for first (a ``SendError``: librdkafka takes that refusal as fatal, so the
+    next try needs a new producer). Nothing is stored then."""
     try:
-        producer.send_sync(msg)
-    except SendAuthorizationError:
+        with Producer("secured_pg", config=config) as producer:
+            producer.send_sync(msg)
+    except SendError:
         return False
     return True
 
@@ -533,10 +538,8 @@ def test_a_secured_cluster_serves_sasl_ssl_and_mtls_clients_with_acls(tmp_path: 
         ):
             config = ClientConfig(bootstrap_servers=servers, kafka=settings)
             topic = f"secured-{settings['security.protocol'].lower()}"
-            with Producer("secured_pg", config=config) as producer:
-                # The brokers apply the ACLs one by one: the leader may not have them yet.
-                msg = Message(topic, b"replicated")
-                wait_until(lambda: _sent_when_authorized(producer, msg))  # noqa: B023 - called here
+            # The brokers apply the ACLs one by one: those it meets may not have them yet.
+            wait_until(partial(_sent_when_authorized, config, Message(topic, b"replicated")))
             assert [m.body for m in read_messages(config, [topic], max_messages=1)] == [
                 b"replicated"
             ]
