@@ -26,12 +26,12 @@ from topics.acls import Acl, ResourceType
 logger = logging.getLogger(__name__)
 
 _SHOWN_POLL_S: Final = 0.05
+"""How often :func:`await_acls_shown` asks whether the broker shows the ACLs, s."""
 _ASK_AGAIN: Final = frozenset(
     {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
 )
 """Errors of a describe asked again within the deadline even if librdkafka does not flag them
 retriable: the request, not the question, failed."""
-"""How often :func:`await_acls_shown` asks whether the broker shows the ACLs, s."""
 
 
 def acl_binding(acl: Acl) -> AclBinding:

@@ -49,12 +49,17 @@ class _Record:
         return list(self._h)
 
 
-def _received(consumer: PushConsumer, headers: list[Any]) -> MessageExt:
-    """The message the push consumer's intake makes of one record of topic t."""
-    pq = ProcessQueue("t", 0)
-    intake = Intake(consumer._context, {("t", 0): pq}, None, {"t": "t"}, "rmq.RETRY.g")
-    batches = intake.sort([_Record("t", 5, b"body", headers)])
-    return batches[("t", 0)].msgs[0]
+def _received(
+    consumer: PushConsumer, headers: list[Any], kafka_topic: str = "t", name: str = "t"
+) -> MessageExt:
+    """The message the push consumer's intake makes of one record of ``kafka_topic`` (the
+    RocketMQ topic ``name``; the group's retry topic is rmq.RETRY.g)."""
+    pq = ProcessQueue(kafka_topic, 0)
+    intake = Intake(
+        consumer._context, {(kafka_topic, 0): pq}, None, {kafka_topic: name}, "rmq.RETRY.g"
+    )
+    batches = intake.sort([_Record(kafka_topic, 5, b"body", headers)])
+    return batches[(kafka_topic, 0)].msgs[0]
 
 
 def test_a_received_message_can_be_copied_and_pickled() -> None:
@@ -91,12 +96,7 @@ def test_a_copy_read_from_the_retry_topic_or_a_dlq_reads_its_reconsume_times() -
     consumer.subscribe("t", lambda m: ConsumeStatus.CONSUME_SUCCESS)
     headers = [("UNIQ_KEY", b"ID1"), ("RETRY_TOPIC", b"t"), ("RECONSUME_TIME", b"3")]
     for kafka_topic, name in (("rmq.RETRY.g", "%RETRY%g"), ("rmq.DLQ.g", "%DLQ%g")):
-        pq = ProcessQueue(kafka_topic, 0)
-        intake = Intake(
-            consumer._context, {(kafka_topic, 0): pq}, None, {kafka_topic: name}, "rmq.RETRY.g"
-        )
-        batches = intake.sort([_Record(kafka_topic, 5, b"body", headers)])
-        assert batches[(kafka_topic, 0)].msgs[0].reconsume_times == 3, name
+        assert _received(consumer, headers, kafka_topic, name).reconsume_times == 3, name
 
 
 def _consumption(subs: dict[str, Any]) -> tuple[PushConsumer, ConcurrentConsumption]:
